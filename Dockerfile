@@ -1,0 +1,93 @@
+# One image for every asyncps role: parameter server, chief and worker.
+#   asyncps ps --port 8470 --chief chief:8470
+#   asyncps chief --port 8470 --ps ps-0:8470,ps-1:8470 --workers 2 --run-dir /runs/NAME
+#   asyncps worker --chief chief:8470
+#
+# Build (our machines have no image registry, so make the base and the wheels first):
+#   scripts/docker-base.sh      # local asyncps-base:bookworm from Debian packages
+#   scripts/wheelhouse.sh       # .wheelhouse/: linux x86_64 cp311 wheels
+#   docker build --build-arg BASE_IMAGE=asyncps-base:bookworm -t asyncps:dev .
+# Anywhere with Docker Hub and a package index, a plain `docker build -t asyncps .`
+# works too: python:3.11-slim base and, without .wheelhouse/, wheels from the index.
+#
+# Stages (plain Dockerfile syntax, so the classic builder of Docker 20.10 works):
+#   base  - the base image plus the runtime settings and the asyncps user
+#   deps  - a venv at /opt/asyncps with the third-party dependencies; its only
+#           inputs are pyproject.toml and .wheelhouse/*.whl, so code changes
+#           don't rebuild it
+#   wheel - builds the project wheel from the source in the build context
+#   final - base + the deps venv + the project wheel (installed --no-deps); the
+#           wheels themselves never reach a layer of the final image
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS base
+ARG ASYNCPS_UID=10001
+# TF: several roles share a few cores, so one thread per TF pool unless told
+# otherwise (override per service). glibc malloc: keep large tensor buffers in
+# the heap instead of an mmap/munmap per RPC, and don't give memory back to the
+# OS after every free.
+ENV VIRTUAL_ENV=/opt/asyncps \
+    PATH=/opt/asyncps/bin:${PATH} \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    TF_NUM_INTRAOP_THREADS=1 \
+    TF_NUM_INTEROP_THREADS=1 \
+    OMP_NUM_THREADS=1 \
+    TF_CPP_MIN_LOG_LEVEL=1 \
+    MALLOC_MMAP_THRESHOLD_=268435456 \
+    MALLOC_TRIM_THRESHOLD_=268435456 \
+    MALLOC_TOP_PAD_=67108864
+RUN useradd --system --uid "${ASYNCPS_UID}" --user-group --create-home \
+        --home-dir /home/asyncps --shell /usr/sbin/nologin asyncps \
+    && mkdir -p /runs \
+    && chown asyncps:asyncps /runs
+
+# --- deps ------------------------------------------------------------------
+FROM base AS deps
+# The wheelhouse is optional. pyproject.toml always matches, so this COPY never
+# fails for want of sources, and the wildcard adds the wheels only when
+# scripts/wheelhouse.sh has filled .wheelhouse/ (a wildcard that matches
+# nothing is allowed beside a source that exists, by both the classic builder
+# and BuildKit). A plain `COPY .wheelhouse/` would fail without it.
+COPY pyproject.toml .wheelhouse/*.whl /tmp/wheelhouse/
+RUN set -eu; \
+    python3 -m venv /opt/asyncps; \
+    if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then \
+        echo "deps: installing from the wheelhouse (.wheelhouse/, no index)"; \
+        set -- --no-index --find-links /tmp/wheelhouse; \
+    else \
+        echo "deps: no .wheelhouse/ in the build context: installing from the package index"; \
+        set --; \
+    fi; \
+    /opt/asyncps/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("/tmp/wheelhouse/pyproject.toml", "rb"))["project"]["dependencies"]))' \
+        > /tmp/requirements.txt; \
+    /opt/asyncps/bin/pip install "$@" --requirement /tmp/requirements.txt
+
+# --- wheel -----------------------------------------------------------------
+FROM deps AS wheel
+COPY . /src
+RUN set -eu; \
+    if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then \
+        set -- --no-index --find-links /tmp/wheelhouse; \
+    else \
+        set --; \
+    fi; \
+    /opt/asyncps/bin/pip wheel "$@" --no-deps --wheel-dir /dist /src
+
+# --- final -----------------------------------------------------------------
+FROM base
+COPY --from=deps /opt/asyncps /opt/asyncps
+COPY --from=wheel /dist/ /tmp/dist/
+RUN /opt/asyncps/bin/pip install --no-index --no-deps /tmp/dist/*.whl \
+    && rm -rf /tmp/dist \
+    && /opt/asyncps/bin/pip check
+
+USER asyncps
+WORKDIR /home/asyncps
+EXPOSE 8470
+HEALTHCHECK --interval=15s --timeout=10s --start-period=60s --retries=3 \
+    CMD asyncps health 127.0.0.1:${ASYNCPS_PORT:-8470}
+ENTRYPOINT ["asyncps"]
+CMD ["--help"]

@@ -1,0 +1,1 @@
+"""asyncps: a parameter-server training system for asynchronous SGD with staleness tracking."""

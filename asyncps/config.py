@@ -1,0 +1,80 @@
+"""The run configuration: everything that defines a training run, resolved and validated once."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncps.codec import DEFAULT_CHUNK_BYTES
+from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A training run; the chief owns it and hands it to every worker when it registers."""
+
+    model: str = "mlp"
+    dataset: str = "digits"
+    batch_size: int = 32
+    optimizer: str = "sgd"
+    learning_rate: float = 0.1
+    optimizer_params: dict[str, float] = field(default_factory=dict)
+    mode: str = "async"
+    staleness_policy: str = "none"
+    backup_workers: int = 0
+    staleness_bound: int = 0
+    num_workers: int = 2
+    num_ps: int = 2
+    max_updates: int = 0  # stop after this many applied updates (0: no limit)
+    epochs: float = 30.0  # stop after this many passes over the training set (0: no limit)
+    max_seconds: float = 0.0  # stop after this much training time (0: no limit)
+    eval_every_s: float = 2.0
+    seed: int = 0
+    compute_delay: str = "none"
+    slice_threshold_bytes: int = DEFAULT_SLICE_THRESHOLD_BYTES
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 10.0
+    rpc_deadline_s: float = 60.0
+    tf_threads: int = 1
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.batch_size < 1:
+            problems.append("batch_size must be >= 1")
+        if self.learning_rate <= 0:
+            problems.append("learning_rate must be > 0")
+        if self.num_workers < 1 or self.num_ps < 1:
+            problems.append("num_workers and num_ps must be >= 1")
+        if self.max_updates < 0 or self.epochs < 0 or self.max_seconds < 0:
+            problems.append("max_updates, epochs and max_seconds must be >= 0")
+        if self.max_updates == 0 and self.epochs == 0 and self.max_seconds == 0:
+            problems.append("set a stop condition: max_updates, epochs or max_seconds")
+        if self.backup_workers >= self.num_workers:
+            problems.append("backup_workers must be < num_workers")
+        if self.eval_every_s <= 0 or self.heartbeat_interval_s <= 0:
+            problems.append("eval_every_s and heartbeat_interval_s must be > 0")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            problems.append("heartbeat_timeout_s must exceed heartbeat_interval_s")
+        if self.chunk_bytes < 1024:
+            problems.append("chunk_bytes must be >= 1024")
+        if self.tf_threads < 0:
+            problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
+        if problems:
+            raise ValueError("invalid run configuration: " + "; ".join(problems))
+
+    def to_json(self) -> str:
+        """Serialize (for config.json and for workers)."""
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        """Parse what to_json wrote; unknown keys are an error (a version mismatch)."""
+        data: dict[str, Any] = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown run configuration keys {sorted(unknown)}")
+        return cls(**data)

@@ -1,0 +1,63 @@
+"""Client of the chief's Coordinator service (workers, the launcher, health tools)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import grpc
+
+from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.pb import coordinator_pb2_grpc
+from asyncps.rpc import call_with_retry, make_channel
+
+T = TypeVar("T")
+
+
+class CoordinatorClient:
+    """Typed calls to the chief with deadlines; UNAVAILABLE is retried until deadline_s."""
+
+    def __init__(
+        self, address: str, deadline_s: float = 60.0, credentials: grpc.ChannelCredentials | None = None,
+        call_timeout_s: float = 10.0,
+    ) -> None:
+        self.address = address
+        self._deadline_s = deadline_s
+        self._call_timeout_s = call_timeout_s
+        self._channel = make_channel(address, credentials)
+        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+        self._rng = random.Random()
+
+    def _retry(self, fn: Callable[[], T], deadline_s: float | None) -> T:
+        return call_with_retry(fn, f"the chief at {self.address}",
+                               self._deadline_s if deadline_s is None else deadline_s, rng=self._rng)
+
+    def register(self, member_id: str, role: str = "worker", requested_index: int = -1,
+                 address: str = "") -> cpb.RegisterResponse:
+        """Join the run; returns this member's index and the plan."""
+        request = cpb.RegisterRequest(member_id=member_id, role=role, requested_index=requested_index,
+                                      address=address)
+        return self._retry(lambda: self._stub.Register(request, timeout=self._call_timeout_s), None)
+
+    def heartbeat(self, member_id: str, role: str, step: int, deadline_s: float | None = None) -> cpb.HeartbeatResponse:
+        """Say this member is alive; the reply says continue or stop."""
+        request = cpb.HeartbeatRequest(member_id=member_id, role=role, step=step)
+        return self._retry(lambda: self._stub.Heartbeat(request, timeout=self._call_timeout_s), deadline_s)
+
+    def report(self, member_id: str, worker_index: int, pushes: Sequence[cpb.PushRecord],
+               steps: Sequence[cpb.StepTiming], final: bool = False,
+               deadline_s: float | None = None) -> cpb.ReportResponse:
+        """Send telemetry (push records and step timings)."""
+        request = cpb.ReportRequest(member_id=member_id, worker_index=worker_index, pushes=pushes,
+                                    steps=steps, final=final)
+        return self._retry(lambda: self._stub.Report(request, timeout=self._call_timeout_s), deadline_s)
+
+    def status(self, deadline_s: float | None = None) -> cpb.ClusterStatus:
+        """Progress of the run."""
+        return self._retry(lambda: self._stub.GetStatus(cpb.StatusRequest(), timeout=self._call_timeout_s),
+                           deadline_s)
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()

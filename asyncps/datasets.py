@@ -1,0 +1,297 @@
+"""Dataset loading shared by workers and the chief: flat float32 features, int64 class labels.
+
+Importing this module is cheap on purpose: keras is imported only inside the loaders that
+download MNIST-style data, so processes that train on ``digits`` never pay for it here.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+#: Named dataset specs accepted by :func:`load_dataset`; ``npz:PATH`` is accepted in addition.
+DATASET_NAMES: tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "synthetic-logreg")
+
+#: Prefix of the spec form that loads a local ``.npz`` file.
+NPZ_PREFIX = "npz:"
+
+_NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+# synthetic-logreg geometry: enough rows per feature that the maximum-likelihood fit exists
+# (label noise makes the data non-separable) and is cheap to compute exactly.
+_SYN_FEATURES = 20
+_SYN_TRAIN = 4000
+_SYN_TEST = 1000
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: arrays make field-wise == ambiguous
+class Dataset:
+    """A train/test split with flat float32 features and int64 class ids."""
+
+    name: str
+    x_train: np.ndarray  # float32 [n, features]; images are flattened row-major (h, w, c)
+    y_train: np.ndarray  # int64 [n]
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    image_shape: tuple[int, ...] | None  # (h, w, c) for images, None otherwise
+    optimal_loss: float | None = None  # synthetic-logreg only: min mean training cross-entropy
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            x: np.ndarray = getattr(self, f"x_{split}")
+            y: np.ndarray = getattr(self, f"y_{split}")
+            if x.dtype != np.float32 or x.ndim != 2:
+                raise ValueError(
+                    f"x_{split} must be float32 [n, features], got {x.dtype} {x.shape}"
+                )
+            if y.dtype != np.int64 or y.shape != (x.shape[0],):
+                raise ValueError(f"y_{split} must be int64 [{x.shape[0]}], got {y.dtype} {y.shape}")
+            if y.size and (y.min() < 0 or y.max() >= self.num_classes):
+                raise ValueError(f"y_{split} has labels outside [0, {self.num_classes})")
+        if self.x_train.shape[1] != self.x_test.shape[1]:
+            raise ValueError("x_train and x_test have different feature counts")
+        if self.image_shape is not None and int(np.prod(self.image_shape)) != self.num_features:
+            raise ValueError(f"image_shape {self.image_shape} != {self.num_features} features")
+
+    @property
+    def num_features(self) -> int:
+        """Number of flat input features per example."""
+        return int(self.x_train.shape[1])
+
+
+def load_dataset(spec: str, seed: int = 0) -> Dataset:
+    """Load the dataset named by ``spec``; cached per (spec, seed), arrays are read-only."""
+    return _load_cached(spec, seed)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(spec: str, seed: int) -> Dataset:
+    # The cached arrays are shared by every caller in the process, so freeze them: an in-place
+    # edit by one component would otherwise silently change the data seen by another.
+    ds = _load_uncached(spec, seed)
+    for arr in (ds.x_train, ds.y_train, ds.x_test, ds.y_test):
+        arr.setflags(write=False)
+    return ds
+
+
+def _load_uncached(spec: str, seed: int) -> Dataset:
+    if spec == "digits":
+        return _load_digits(seed)
+    if spec in ("mnist", "fashion_mnist"):
+        return _load_keras_images(spec, seed)
+    if spec == "synthetic-logreg":
+        return _make_synthetic_logreg(seed)
+    if spec.startswith(NPZ_PREFIX):
+        return _load_npz(spec[len(NPZ_PREFIX) :])
+    valid = ", ".join((*DATASET_NAMES, f"{NPZ_PREFIX}PATH"))
+    raise ValueError(f"unknown dataset spec {spec!r}; valid: {valid}")
+
+
+def worker_shard(n: int, index: int, num_workers: int) -> np.ndarray:
+    """Indices of worker ``index``'s contiguous shard of ``range(n)`` (np.array_split sizes)."""
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    if not 0 <= index < num_workers:
+        raise ValueError(f"worker index {index} out of range [0, {num_workers})")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    # np.array_split gives the first n % num_workers shards one extra element.
+    base, extra = divmod(n, num_workers)
+    start = index * base + min(index, extra)
+    stop = start + base + (1 if index < extra else 0)
+    return np.arange(start, stop, dtype=np.int64)
+
+
+def _stratified_split(
+    y: np.ndarray, test_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Shuffle within each class and split every class by ``test_fraction``."""
+    train_parts: list[np.ndarray] = []
+    test_parts: list[np.ndarray] = []
+    for label in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == label))
+        n_test = round(len(idx) * test_fraction)
+        test_parts.append(idx[:n_test])
+        train_parts.append(idx[n_test:])
+    # Shuffle across classes too: workers take contiguous shards, which must not be class-sorted.
+    return rng.permutation(np.concatenate(train_parts)), rng.permutation(np.concatenate(test_parts))
+
+
+def _load_digits(seed: int) -> Dataset:
+    """The 8x8 UCI digits shipped inside scikit-learn (offline), scaled to [0, 1]."""
+    from sklearn.datasets import load_digits  # local import: sklearn is slow to import
+
+    bunch = load_digits()
+    x = (np.asarray(bunch.data, dtype=np.float64) / 16.0).astype(np.float32)
+    y = np.asarray(bunch.target, dtype=np.int64)
+    train, test = _stratified_split(y, 0.2, np.random.default_rng(seed))
+    return Dataset(
+        name="digits",
+        x_train=x[train],
+        y_train=y[train],
+        x_test=x[test],
+        y_test=y[test],
+        num_classes=10,
+        image_shape=(8, 8, 1),
+    )
+
+
+def _load_keras_images(name: str, seed: int) -> Dataset:
+    """MNIST or Fashion-MNIST through keras.datasets (downloads on first use), scaled to [0, 1]."""
+    import keras  # lazy: keeps `import asyncps.datasets` free of TensorFlow
+
+    loader = keras.datasets.mnist if name == "mnist" else keras.datasets.fashion_mnist
+    (x_train, y_train), (x_test, y_test) = loader.load_data()
+    # Seeded shuffle of the training set so that contiguous worker shards differ only by seed.
+    order = np.random.default_rng(seed).permutation(len(y_train))
+    return Dataset(
+        name=name,
+        x_train=_flatten_images(np.asarray(x_train)[order]),
+        y_train=np.asarray(y_train, dtype=np.int64)[order],
+        x_test=_flatten_images(np.asarray(x_test)),
+        y_test=np.asarray(y_test, dtype=np.int64),
+        num_classes=10,
+        image_shape=(28, 28, 1),
+    )
+
+
+def _flatten_images(x: np.ndarray) -> np.ndarray:
+    """uint8 [n, h, w] -> float32 [n, h*w] in [0, 1]."""
+    return (x.reshape(len(x), -1).astype(np.float32) / np.float32(255.0)).astype(np.float32)
+
+
+def _load_npz(path: str) -> Dataset:
+    """A local .npz with x_train, y_train, x_test, y_test; images are flattened."""
+    if not path:
+        raise ValueError(f"npz spec needs a path: {NPZ_PREFIX}PATH")
+    with np.load(Path(path), allow_pickle=False) as data:
+        missing = [k for k in _NPZ_KEYS if k not in data.files]
+        if missing:
+            raise ValueError(
+                f"{path}: missing keys {missing}; need {list(_NPZ_KEYS)}, found {data.files}"
+            )
+        x_train, y_train, x_test, y_test = (np.asarray(data[k]) for k in _NPZ_KEYS)
+
+    image_shape = _npz_image_shape(x_train, path)
+    if _npz_image_shape(x_test, path) != image_shape or x_train.shape[1:] != x_test.shape[1:]:
+        raise ValueError(f"{path}: x_train {x_train.shape} and x_test {x_test.shape} differ")
+    y_train = _npz_labels(y_train, len(x_train), "y_train", path)
+    y_test = _npz_labels(y_test, len(x_test), "y_test", path)
+    num_classes = int(max(y_train.max(initial=-1), y_test.max(initial=-1))) + 1
+    return Dataset(
+        name=f"{NPZ_PREFIX}{path}",
+        x_train=_npz_features(x_train),
+        y_train=y_train,
+        x_test=_npz_features(x_test),
+        y_test=y_test,
+        num_classes=max(num_classes, 2),
+        image_shape=image_shape,
+    )
+
+
+def _npz_image_shape(x: np.ndarray, path: str) -> tuple[int, ...] | None:
+    """(h, w, c) for [n, h, w] / [n, h, w, c] arrays, None for flat [n, f]."""
+    if x.ndim == 2:
+        return None
+    if x.ndim == 3:
+        return (int(x.shape[1]), int(x.shape[2]), 1)
+    if x.ndim == 4:
+        return (int(x.shape[1]), int(x.shape[2]), int(x.shape[3]))
+    raise ValueError(f"{path}: features must be [n,f], [n,h,w] or [n,h,w,c], got {x.shape}")
+
+
+def _npz_features(x: np.ndarray) -> np.ndarray:
+    """Flatten to float32 [n, f]; uint8 pixels are scaled to [0, 1] like the keras loaders."""
+    flat = x.reshape(len(x), -1)
+    if flat.dtype == np.uint8:
+        return (flat.astype(np.float32) / np.float32(255.0)).astype(np.float32)
+    return flat.astype(np.float32)
+
+
+def _npz_labels(y: np.ndarray, n: int, key: str, path: str) -> np.ndarray:
+    """Class ids as int64 [n]; accepts [n] or [n, 1] integer arrays."""
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.shape != (n,):
+        raise ValueError(f"{path}: {key} must have shape ({n},), got {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"{path}: {key} must hold integer class ids, got {y.dtype}")
+    if y.size and y.min() < 0:
+        raise ValueError(f"{path}: {key} has negative class ids")
+    return y.astype(np.int64)
+
+
+def _make_synthetic_logreg(seed: int) -> Dataset:
+    """Binary logistic data with label noise: convex, non-separable, known optimum."""
+    rng = np.random.default_rng(seed)
+    # ||w*|| ~ 2 keeps P(y=1|x) away from 0/1 for most rows, so noise keeps it non-separable.
+    w_star = rng.normal(size=_SYN_FEATURES) * (2.0 / np.sqrt(_SYN_FEATURES))
+    b_star = 0.5
+    x = rng.normal(size=(_SYN_TRAIN + _SYN_TEST, _SYN_FEATURES))
+    p = _sigmoid(x @ w_star + b_star)
+    y = (rng.random(len(p)) < p).astype(np.int64)
+    x32 = x.astype(np.float32)
+    x_train, y_train = x32[:_SYN_TRAIN], y[:_SYN_TRAIN]
+    # Optimum over the float32 features the model actually sees.
+    _, _, opt = logreg_optimum(x_train.astype(np.float64), y_train)
+    return Dataset(
+        name="synthetic-logreg",
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x32[_SYN_TRAIN:],
+        y_test=y[_SYN_TRAIN:],
+        num_classes=2,
+        image_shape=None,
+        optimal_loss=opt,
+    )
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """Numerically stable logistic function."""
+    out: np.ndarray = np.exp(-np.logaddexp(0.0, -z))
+    return out
+
+
+def binary_cross_entropy(x: np.ndarray, y: np.ndarray, w: np.ndarray, b: float) -> float:
+    """Mean binary cross-entropy of labels y in {0, 1} under logits x @ w + b (float64)."""
+    z = x.astype(np.float64) @ w + b
+    # log(1 + e^z) - y z, computed stably.
+    return float(np.mean(np.logaddexp(0.0, z) - y * z))
+
+
+def logreg_optimum(
+    x: np.ndarray, y: np.ndarray, iters: int = 50, tol: float = 1e-12
+) -> tuple[np.ndarray, float, float]:
+    """Unregularised logistic-regression minimiser (w, b, loss) by damped Newton in float64."""
+    xa = np.hstack([x.astype(np.float64), np.ones((len(x), 1))])
+    yf = y.astype(np.float64)
+    theta = np.zeros(xa.shape[1])
+
+    def loss(t: np.ndarray) -> float:
+        z = xa @ t
+        return float(np.mean(np.logaddexp(0.0, z) - yf * z))
+
+    current = loss(theta)
+    for _ in range(iters):
+        p = _sigmoid(xa @ theta)
+        grad = xa.T @ (p - yf) / len(yf)
+        if float(np.max(np.abs(grad))) < tol:
+            break
+        hess = (xa * (p * (1.0 - p))[:, None]).T @ xa / len(yf)
+        step = np.linalg.solve(hess + 1e-12 * np.eye(len(theta)), grad)
+        # Backtracking keeps Newton monotone even from a poor start.
+        t = 1.0
+        while t > 1e-10:
+            candidate = loss(theta - t * step)
+            if candidate <= current:
+                theta, current = theta - t * step, candidate
+                break
+            t *= 0.5
+        else:
+            break  # no descent possible at float64 precision: converged
+    return theta[:-1], float(theta[-1]), current
+    return theta[:-1], float(theta[-1]), current

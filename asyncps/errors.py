@@ -1,0 +1,35 @@
+"""Domain errors. Each kind maps to one gRPC status code in asyncps.rpc; no grpc import here."""
+
+from __future__ import annotations
+
+
+class AsyncpsError(Exception):
+    """Base class of errors a server reports to its caller with a specific status code."""
+
+
+class NotFoundError(AsyncpsError):
+    """A named thing (variable, worker) does not exist."""
+
+
+class InvalidArgumentError(AsyncpsError):
+    """The request is malformed: shape, dtype, byte length, NaN/Inf, versions from the future."""
+
+
+class FailedPreconditionError(AsyncpsError):
+    """The server is not in a state where the request can run (e.g. push before initialize)."""
+
+
+class AlreadyExistsError(AsyncpsError):
+    """A conflicting initialization was already accepted."""
+
+
+class ResourceExhaustedError(AsyncpsError):
+    """The request is larger than the configured limit."""
+
+
+class UnauthenticatedError(AsyncpsError):
+    """The caller did not present a valid token."""
+
+
+class AbortedError(AsyncpsError):
+    """The operation was cancelled because the server is stopping."""

@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC code for the asyncps wire contract (see proto/)."""

@@ -1,0 +1,186 @@
+"""gRPC plumbing shared by every role: server factory, channels, error mapping, retries."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from asyncps import errors
+
+log = logging.getLogger(__name__)
+
+# Large enough for any single chunk plus headers; tensors themselves always travel chunked.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+_STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (errors.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.AbortedError, grpc.StatusCode.ABORTED),
+)
+
+
+def status_of(exc: Exception) -> grpc.StatusCode:
+    """The status code a domain error maps to; anything unexpected is INTERNAL."""
+    for kind, code in _STATUS_OF:
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _abort(context: grpc.ServicerContext, method: str, exc: Exception) -> None:
+    code = status_of(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        log.exception("%s failed unexpectedly", method)
+        context.abort(code, f"{method}: internal error ({type(exc).__name__}); see the server log")
+    log.info("%s -> %s: %s", method, code.name, exc)
+    context.abort(code, str(exc))
+
+
+def handles_errors(method: F) -> F:
+    """Turn domain exceptions raised by a servicer method into a gRPC status and message."""
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def stream(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                yield from method(self, request, context)
+            except Exception as exc:
+                _abort(context, method.__name__, exc)
+
+        return stream  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    def unary(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except Exception as exc:
+            _abort(context, method.__name__, exc)
+            raise  # unreachable: abort raises
+
+    return unary  # type: ignore[return-value]
+
+
+def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """Channel arguments used by every server."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """Channel arguments used by every client."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.enable_retries", 0),  # retries are ours: only UNAVAILABLE, with backoff and jitter
+    ]
+
+
+def create_server(
+    address: str,
+    register: Sequence[Callable[[grpc.Server], None]],
+    max_workers: int = 32,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    credentials: grpc.ServerCredentials | None = None,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """Build a started server with the standard health service; return it and its bound port."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+        interceptors=list(interceptors),
+        options=server_options(max_message_bytes),
+    )
+    for add in register:
+        add(server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    server.start()
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    return server, port, health_servicer
+
+
+def make_channel(
+    address: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+) -> grpc.Channel:
+    """Open a client channel with the project's options."""
+    if credentials is None:
+        return grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+    return grpc.secure_channel(address, credentials, options=channel_options(max_message_bytes))
+
+
+T = TypeVar("T")
+
+
+class Unreachable(ConnectionError):
+    """A peer stayed UNAVAILABLE until the caller's overall deadline."""
+
+
+def call_with_retry(
+    fn: Callable[[], T],
+    what: str,
+    deadline_s: float,
+    retry_codes: Sequence[grpc.StatusCode] = (grpc.StatusCode.UNAVAILABLE,),
+    initial_backoff_s: float = 0.05,
+    max_backoff_s: float = 2.0,
+    rng: random.Random | None = None,
+) -> T:
+    """Call fn, retrying only the given codes with exponential backoff and full jitter.
+
+    Raises Unreachable naming `what` once deadline_s has passed; other errors propagate at once.
+    """
+    rng = rng or random.Random()
+    give_up = time.monotonic() + deadline_s
+    backoff = initial_backoff_s
+    while True:
+        try:
+            return fn()
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            if code not in retry_codes:
+                raise
+            left = give_up - time.monotonic()
+            if left <= 0:
+                detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+                raise Unreachable(
+                    f"could not reach {what} within {deadline_s:.0f}s ({code.name if code else '?'}: "
+                    f"{detail})"
+                ) from exc
+            time.sleep(min(left, rng.uniform(0, backoff)))
+            backoff = min(max_backoff_s, backoff * 2)
+
+
+def check_health(address: str, timeout_s: float = 3.0) -> bool:
+    """True when the server at address answers SERVING on the standard health service."""
+    with make_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

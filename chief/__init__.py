@@ -1,0 +1,1 @@
+"""asyncps chief role."""

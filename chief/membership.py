@@ -1,0 +1,122 @@
+"""Who is in the cluster: worker registration, indices, heartbeats, dead-worker detection, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from asyncps.errors import InvalidArgumentError, NotFoundError
+
+
+@dataclass
+class Member:
+    """One process incarnation that registered."""
+
+    member_id: str
+    role: str
+    index: int
+    last_seen: float
+    alive: bool = True
+    finished: bool = False
+    step: int = 0
+
+
+class Membership:
+    """Registration and liveness, guarded by one lock; no grpc here."""
+
+    def __init__(self, num_workers: int, heartbeat_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.num_workers = num_workers
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._members: dict[str, Member] = {}
+        self._stop_reason: str | None = None
+        self.first_registration: float | None = None
+
+    def register(self, member_id: str, role: str, requested_index: int = -1) -> int:
+        """Admit a worker and return its index: the requested one, or the lowest not held by a
+        live worker. A new incarnation asking for a live worker's index takes it over (the old
+        one is declared dead: a restarted pod keeps its index)."""
+        if not member_id:
+            raise InvalidArgumentError("register needs a member_id")
+        if role != "worker":
+            raise InvalidArgumentError(f"unknown role {role!r}; only workers register")
+        with self._lock:
+            now = self._clock()
+            if self.first_registration is None:
+                self.first_registration = now
+            existing = self._members.get(member_id)
+            if existing is not None:
+                existing.last_seen, existing.alive = now, True
+                return existing.index
+            live = {m.index: m for m in self._members.values() if m.alive and not m.finished}
+            if requested_index >= 0:
+                index = requested_index
+                if index in live:
+                    live[index].alive = False
+            else:
+                index = next(i for i in range(len(live) + 1) if i not in live)
+            self._members[member_id] = Member(member_id, role, index, now)
+            return index
+
+    def heartbeat(self, member_id: str, step: int = 0) -> None:
+        """Record that a member is alive; unknown members must register first."""
+        with self._lock:
+            member = self._members.get(member_id)
+            if member is None:
+                raise NotFoundError(f"unknown member {member_id!r}: register first")
+            member.last_seen = self._clock()
+            member.alive = True
+            member.step = max(member.step, step)
+
+    def finish(self, member_id: str) -> None:
+        """A worker sent its final report and is exiting."""
+        with self._lock:
+            member = self._members.get(member_id)
+            if member is None:
+                raise NotFoundError(f"unknown member {member_id!r}")
+            member.finished = True
+
+    def reap(self) -> list[Member]:
+        """Declare dead the members silent for longer than the heartbeat timeout; return them."""
+        with self._lock:
+            now = self._clock()
+            dead = []
+            for m in self._members.values():
+                if m.alive and not m.finished and now - m.last_seen > self.heartbeat_timeout_s:
+                    m.alive = False
+                    dead.append(m)
+            return dead
+
+    def request_stop(self, reason: str) -> None:
+        """From now on every heartbeat is answered with STOP."""
+        with self._lock:
+            if self._stop_reason is None:
+                self._stop_reason = reason
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run is stopping, once it is."""
+        with self._lock:
+            return self._stop_reason
+
+    def live_workers(self) -> list[Member]:
+        """Workers alive and not finished."""
+        with self._lock:
+            return [m for m in self._members.values() if m.alive and not m.finished]
+
+    def all_done(self) -> bool:
+        """True when every registered worker finished or died."""
+        with self._lock:
+            return all(m.finished or not m.alive for m in self._members.values())
+
+    def index_of(self, member_id: str) -> int:
+        """The index of a registered member."""
+        with self._lock:
+            member = self._members.get(member_id)
+            if member is None:
+                raise NotFoundError(f"unknown member {member_id!r}")
+            return member.index

@@ -1,0 +1,90 @@
+"""The run's telemetry: push records, step timings, staleness statistics, written as CSV."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from asyncps.pb import coordinator_pb2 as cpb
+
+PUSH_COLUMNS = ["wall_time", "worker", "shard", "step", "base_version", "version", "staleness",
+                "accepted", "drop_reason", "effective_lr", "loss"]
+STEP_COLUMNS = ["worker", "step", "start", "pull_s", "compute_s", "push_s", "wait_s", "examples"]
+
+
+def staleness_summary(histogram: dict[int, int]) -> dict[str, Any]:
+    """mean, p50, p95, max and the histogram of integer staleness counts."""
+    total = sum(histogram.values())
+    if total == 0:
+        return {"mean": 0.0, "p50": 0, "p95": 0, "max": 0, "count": 0, "histogram": {}}
+    keys = sorted(histogram)
+
+    def quantile(q: float) -> int:
+        target, seen = q * total, 0
+        for k in keys:
+            seen += histogram[k]
+            if seen >= target:
+                return k
+        return keys[-1]
+
+    return {
+        "mean": sum(k * c for k, c in histogram.items()) / total,
+        "p50": quantile(0.5),
+        "p95": quantile(0.95),
+        "max": keys[-1],
+        "count": total,
+        "histogram": {str(k): histogram[k] for k in keys},
+    }
+
+
+class Recorder:
+    """Appends telemetry to pushes.csv and timeline.csv and keeps running statistics."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self._lock = threading.Lock()
+        self._push_file: IO[str] = open(run_dir / "pushes.csv", "w", newline="")  # noqa: SIM115
+        self._step_file: IO[str] = open(run_dir / "timeline.csv", "w", newline="")  # noqa: SIM115
+        self._pushes = csv.writer(self._push_file)
+        self._steps = csv.writer(self._step_file)
+        self._pushes.writerow(PUSH_COLUMNS)
+        self._steps.writerow(STEP_COLUMNS)
+        self.staleness: collections.Counter[int] = collections.Counter()
+        self.recent_staleness: collections.deque[int] = collections.deque(maxlen=4096)
+        self.dropped_reasons: collections.Counter[str] = collections.Counter()
+        self.examples = 0
+        self.pushes_recorded = 0
+        self.last_loss = float("nan")
+
+    def add(self, worker: int, pushes: Sequence[cpb.PushRecord], steps: Sequence[cpb.StepTiming]) -> None:
+        """Record one report from a worker."""
+        with self._lock:
+            for p in pushes:
+                self._pushes.writerow([f"{p.wall_time:.6f}", worker, p.shard, p.step, p.base_version,
+                                       p.version, p.staleness, int(p.accepted), p.drop_reason,
+                                       f"{p.effective_lr:.6g}", f"{p.loss:.6g}"])
+                self.staleness[p.staleness] += 1
+                self.recent_staleness.append(p.staleness)
+                if not p.accepted:
+                    self.dropped_reasons[p.drop_reason.split(" ")[0] or "dropped"] += 1
+                self.last_loss = p.loss
+            for s in steps:
+                self._steps.writerow([worker, s.step, f"{s.start:.6f}", f"{s.pull_s:.6f}",
+                                      f"{s.compute_s:.6f}", f"{s.push_s:.6f}", f"{s.wait_s:.6f}",
+                                      s.examples])
+                self.examples += s.examples
+            self.pushes_recorded += len(pushes)
+
+    def snapshot(self) -> tuple[dict[int, int], list[int], int, float]:
+        """(staleness histogram, recent staleness values, examples seen, last worker loss)."""
+        with self._lock:
+            return dict(self.staleness), list(self.recent_staleness), self.examples, self.last_loss
+
+    def close(self) -> None:
+        """Flush and close the CSV files."""
+        with self._lock:
+            self._push_file.close()
+            self._step_file.close()

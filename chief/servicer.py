@@ -1,0 +1,64 @@
+"""gRPC adapter for the chief's Coordinator service."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.pb import coordinator_pb2_grpc
+from asyncps.rpc import handles_errors
+from chief.membership import Membership
+from chief.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
+    """Registration, heartbeats, telemetry and status, over the chief's state objects."""
+
+    def __init__(self, membership: Membership, recorder: Recorder, ps_addresses: Sequence[str],
+                 run_config_json: str, status: Callable[[], cpb.ClusterStatus]) -> None:
+        self._membership = membership
+        self._recorder = recorder
+        self._ps_addresses = list(ps_addresses)
+        self._run_config_json = run_config_json
+        self._status = status
+
+    def _command(self) -> tuple[int, str]:
+        reason = self._membership.stop_reason
+        return (cpb.STOP, reason) if reason is not None else (cpb.CONTINUE, "")
+
+    @handles_errors
+    def Register(self, request: cpb.RegisterRequest, context: grpc.ServicerContext) -> cpb.RegisterResponse:
+        """Admit a worker and hand it the plan."""
+        index = self._membership.register(request.member_id, request.role or "worker",
+                                          request.requested_index)
+        log.info("registered %s as worker %d", request.member_id, index)
+        return cpb.RegisterResponse(index=index, num_workers=self._membership.num_workers,
+                                    ps_addresses=self._ps_addresses,
+                                    run_config_json=self._run_config_json)
+
+    @handles_errors
+    def Heartbeat(self, request: cpb.HeartbeatRequest, context: grpc.ServicerContext) -> cpb.HeartbeatResponse:
+        """Record liveness; answer continue or stop."""
+        self._membership.heartbeat(request.member_id, request.step)
+        command, reason = self._command()
+        return cpb.HeartbeatResponse(command=command, reason=reason)  # type: ignore[arg-type]
+
+    @handles_errors
+    def Report(self, request: cpb.ReportRequest, context: grpc.ServicerContext) -> cpb.ReportResponse:
+        """Record a worker's telemetry; a final report marks it finished."""
+        index = self._membership.index_of(request.member_id)
+        self._recorder.add(index, request.pushes, request.steps)
+        if request.final:
+            self._membership.finish(request.member_id)
+            log.info("worker %d (%s) finished", index, request.member_id)
+        return cpb.ReportResponse(command=self._command()[0])  # type: ignore[arg-type]
+
+    @handles_errors
+    def GetStatus(self, request: cpb.StatusRequest, context: grpc.ServicerContext) -> cpb.ClusterStatus:
+        """Progress of the run."""
+        return self._status()

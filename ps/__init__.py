@@ -1,0 +1,1 @@
+"""asyncps ps role."""

@@ -1,0 +1,52 @@
+"""Parameter-server process: serve one shard until asked to shut down (or signalled)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from asyncps.codec import DEFAULT_CHUNK_BYTES
+from asyncps.pb import ps_pb2_grpc
+from asyncps.rpc import create_server
+from asyncps.rundir import write_port_file
+from ps.servicer import DEFAULT_MAX_REQUEST_BYTES, ParameterServerServicer
+from ps.store import ShardStore
+
+log = logging.getLogger("asyncps.ps")
+
+
+@dataclass(frozen=True)
+class PsConfig:
+    """Where one shard serves."""
+
+    host: str = "0.0.0.0"
+    port: int = 8470
+    index: int = 0
+    port_file: str = ""
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port {self.port} out of range")
+        if self.index < 0:
+            raise ValueError("index must be >= 0")
+
+
+def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
+    """Serve until Shutdown or interrupt; return the exit code."""
+    stop = interrupt or threading.Event()
+    store = ShardStore(config.index)
+    servicer = ParameterServerServicer(store, config.chunk_bytes, config.max_request_bytes,
+                                       on_shutdown=lambda reason: stop.set())
+    server, port, health = create_server(
+        f"{config.host}:{config.port}",
+        [lambda s: ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, s)])
+    write_port_file(config.port_file, port)
+    log.info("shard %d serving on port %d", config.index, port)
+    stop.wait()
+    log.info("shard %d stopping at version %d", config.index, store.version)
+    health.enter_graceful_shutdown()
+    server.stop(grace=2.0).wait()
+    return 0

@@ -1,0 +1,353 @@
+"""Optimizer update rules for a parameter-server shard, written in pure numpy.
+
+Each rule reproduces the float32 arithmetic of its keras 3 counterpart
+(``keras.optimizers.SGD`` with and without (Nesterov) momentum, ``Adam`` and
+``Adagrad``), including keras' defaults and epsilon placement, so a model
+trained through the parameter server follows the same trajectory as one
+trained locally with keras.
+
+An :class:`Optimizer` holds only hyperparameters. Per-variable state (the
+"slots") is created by :meth:`Optimizer.init_slots` and owned by the caller,
+so one optimizer instance can serve every variable of a shard, from any
+number of threads, as long as each variable is updated by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float32]
+IndexArray = npt.NDArray[np.int64]
+Slots = dict[str, FloatArray]
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Which update rule a shard applies, its base learning rate and hyperparameters."""
+
+    name: str
+    learning_rate: float
+    params: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or self.name not in _REGISTRY:
+            raise ValueError(
+                f"unknown optimizer {self.name!r}; expected one of {sorted(_REGISTRY)}"
+            )
+        lr = _as_real("learning_rate", self.learning_rate)
+        if not lr > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        if not isinstance(self.params, Mapping):
+            raise ValueError(f"params must be a mapping, got {type(self.params).__name__}")
+        accepted = _REGISTRY[self.name].hyperparameters
+        unknown = sorted(set(self.params) - accepted)
+        if unknown:
+            raise ValueError(
+                f"unknown parameter(s) {unknown} for optimizer {self.name!r}; "
+                f"accepted: {sorted(accepted)}"
+            )
+        # Normalised copies: the frozen config must not alias a dict the caller may mutate.
+        object.__setattr__(self, "learning_rate", lr)
+        object.__setattr__(
+            self,
+            "params",
+            {key: _check_hyperparameter(key, value) for key, value in self.params.items()},
+        )
+
+
+class Optimizer(abc.ABC):
+    """Update rule for one variable at a time; state lives in `slots` owned by the caller."""
+
+    name: ClassVar[str]
+    # Names of the state arrays init_slots creates, each shaped like the variable.
+    slot_names: ClassVar[tuple[str, ...]] = ()
+    # Keys an OptimizerConfig may set in `params` for this rule.
+    hyperparameters: ClassVar[frozenset[str]] = frozenset()
+
+    def init_slots(self, value: FloatArray) -> Slots:
+        """Return fresh optimizer state for `value`: one zero array per slot name."""
+        return {slot: np.zeros_like(value) for slot in self.slot_names}
+
+    def apply_dense(
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: float, step: int
+    ) -> None:
+        """Apply one update with a full-shape gradient, in place on `value` and `slots`.
+
+        `lr` is the learning rate for this update (callers may have scaled it);
+        `step` is the 1-based number of updates applied to this variable,
+        counting this one. `grad` is never modified.
+        """
+        grad = np.asarray(grad, dtype=value.dtype)
+        if grad.shape != value.shape:
+            raise ValueError(f"gradient shape {grad.shape} != variable shape {value.shape}")
+        _check_step(step)
+        self._apply(value, grad, slots, value.dtype.type(lr), step)
+
+    def apply_sparse(
+        self,
+        value: FloatArray,
+        indices: IndexArray,
+        rows: FloatArray,
+        slots: Slots,
+        lr: float,
+        step: int,
+    ) -> None:
+        """Apply one update given as gradient rows for some rows (axis 0) of `value`, in place.
+
+        `indices` is an integer array of shape ``[k]`` and `rows` has shape
+        ``[k, *value.shape[1:]]``. Rows named more than once are summed first,
+        so for plain SGD the result equals :meth:`apply_dense` with the
+        scattered gradient.
+
+        The update is *lazy*, like TensorFlow's ``LazyAdam``: only the touched
+        rows of `value` and of every slot change; untouched rows are left
+        bit-for-bit as they were, rather than having momentum decay or Adam
+        moments shrink as a dense zero-gradient step would do. Adam's bias
+        correction still uses the variable-wide `step`. Consequently, for
+        momentum, Nesterov, Adam and Adagrad a sparse update equals the dense
+        one only when it touches every row.
+        """
+        if value.ndim == 0:
+            raise ValueError("sparse updates need a variable with at least one axis")
+        _check_step(step)
+        unique, summed = _coalesce(value, indices, rows)
+        if unique.size == 0:
+            return
+        # Gather the touched rows, run the dense rule on them, scatter back: the
+        # per-row arithmetic is then identical to the dense path by construction.
+        value_rows = value[unique]
+        slot_rows = {slot: state[unique] for slot, state in slots.items()}
+        self._apply(value_rows, summed, slot_rows, value.dtype.type(lr), step)
+        value[unique] = value_rows
+        for slot, state_rows in slot_rows.items():
+            slots[slot][unique] = state_rows
+
+    @abc.abstractmethod
+    def _apply(
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+    ) -> None:
+        """Update `value` and `slots` in place from a validated, same-dtype, same-shape `grad`."""
+
+    def __repr__(self) -> str:
+        settings = ", ".join(
+            f"{key}={getattr(self, key)!r}" for key in sorted(self.hyperparameters)
+        )
+        return f"{type(self).__name__}({settings})"
+
+
+class SGD(Optimizer):
+    """Plain gradient descent: ``value -= lr * grad`` (keras ``SGD()``)."""
+
+    name = "sgd"
+
+    def _apply(
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+    ) -> None:
+        value -= np.multiply(grad, lr)
+
+
+class Momentum(Optimizer):
+    """Heavy-ball momentum (keras ``SGD(momentum=m)``): ``v = m*v - lr*g; value += v``."""
+
+    name = "momentum"
+    slot_names = ("momentum",)
+    hyperparameters = frozenset({"momentum"})
+
+    def __init__(self, momentum: float = 0.9) -> None:
+        self.momentum = _check_hyperparameter("momentum", momentum)
+
+    def _apply(
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+    ) -> None:
+        velocity = slots["momentum"]
+        mu = value.dtype.type(self.momentum)
+        scaled_grad = np.multiply(grad, lr)
+        velocity *= mu
+        velocity -= scaled_grad
+        self._move(value, velocity, scaled_grad, mu)
+
+    def _move(
+        self, value: FloatArray, velocity: FloatArray, scaled_grad: FloatArray, mu: np.float32
+    ) -> None:
+        """Step `value` once `velocity` holds this update's new velocity."""
+        value += velocity
+
+
+class Nesterov(Momentum):
+    """Nesterov momentum (keras ``SGD(momentum=m, nesterov=True)``): ``value += m*v - lr*g``."""
+
+    name = "nesterov"
+
+    def _move(
+        self, value: FloatArray, velocity: FloatArray, scaled_grad: FloatArray, mu: np.float32
+    ) -> None:
+        """Step `value` by the look-ahead ``mu * velocity - lr * grad``."""
+        look_ahead = np.multiply(velocity, mu)
+        look_ahead -= scaled_grad
+        value += look_ahead
+
+
+class Adam(Optimizer):
+    """Adam (keras ``Adam``), with bias correction folded into the step size as keras does.
+
+    As in keras, bias correction is folded into the step size,
+    ``alpha = lr * sqrt(1 - beta_2**t) / (1 - beta_1**t)`` and
+    ``value -= alpha * m / (sqrt(v) + epsilon)``, which is *not* the
+    paper's ``m_hat / (sqrt(v_hat) + epsilon)``: epsilon is effectively scaled by
+    ``sqrt(1 - beta_2**t)``.
+    """
+
+    name = "adam"
+    slot_names = ("momentum", "velocity")
+    hyperparameters = frozenset({"beta_1", "beta_2", "epsilon"})
+
+    def __init__(self, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7) -> None:
+        self.beta_1 = _check_hyperparameter("beta_1", beta_1)
+        self.beta_2 = _check_hyperparameter("beta_2", beta_2)
+        self.epsilon = _check_hyperparameter("epsilon", epsilon)
+
+    def _apply(
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+    ) -> None:
+        m, v = slots["momentum"], slots["velocity"]
+        dtype = value.dtype.type
+        t = dtype(step)
+        # keras computes the beta powers and alpha in the variable dtype, but
+        # 1 - beta in Python double precision; mirror both roundings.
+        alpha = lr * np.sqrt(1 - dtype(self.beta_2) ** t) / (1 - dtype(self.beta_1) ** t)
+        one_minus_beta_1 = dtype(1.0 - self.beta_1)
+        one_minus_beta_2 = dtype(1.0 - self.beta_2)
+
+        # One scratch buffer serves the moment updates and the denominator.
+        scratch = np.subtract(grad, m)
+        scratch *= one_minus_beta_1
+        m += scratch  # m += (g - m) * (1 - beta_1), keras' form of the EMA
+        np.square(grad, out=scratch)
+        scratch -= v
+        scratch *= one_minus_beta_2
+        v += scratch
+        # A second buffer keeps keras' (m * alpha) / denom operation order: the
+        # cheaper (m / denom) * alpha drifts by ulps that compound over steps.
+        step_size = np.multiply(m, alpha)
+        np.sqrt(v, out=scratch)
+        scratch += dtype(self.epsilon)
+        step_size /= scratch
+        value -= step_size
+
+
+class Adagrad(Optimizer):
+    """Adagrad (keras ``Adagrad``): ``acc += g**2; value -= lr * g / sqrt(acc + epsilon)``."""
+
+    name = "adagrad"
+    slot_names = ("accumulator",)
+    hyperparameters = frozenset({"initial_accumulator_value", "epsilon"})
+
+    def __init__(self, initial_accumulator_value: float = 0.1, epsilon: float = 1e-7) -> None:
+        self.initial_accumulator_value = _check_hyperparameter(
+            "initial_accumulator_value", initial_accumulator_value
+        )
+        self.epsilon = _check_hyperparameter("epsilon", epsilon)
+
+    def init_slots(self, value: FloatArray) -> Slots:
+        """Return an accumulator filled with `initial_accumulator_value`, shaped like `value`."""
+        return {"accumulator": np.full_like(value, self.initial_accumulator_value)}
+
+    def _apply(
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+    ) -> None:
+        accumulator = slots["accumulator"]
+        scratch = np.square(grad)
+        accumulator += scratch
+        # keras puts epsilon inside the square root (unlike its Adam).
+        np.add(accumulator, value.dtype.type(self.epsilon), out=scratch)
+        np.sqrt(scratch, out=scratch)
+        # A second buffer keeps keras' (lr * g) / denom operation order, which
+        # makes the result bit-identical rather than ulps apart.
+        step_size = np.multiply(grad, lr)
+        step_size /= scratch
+        value -= step_size
+
+
+_REGISTRY: dict[str, type[Optimizer]] = {
+    cls.name: cls for cls in (SGD, Momentum, Nesterov, Adam, Adagrad)
+}
+
+
+def make_optimizer(config: OptimizerConfig) -> Optimizer:
+    """Build the optimizer `config` names, with its params overriding keras' defaults."""
+    return _REGISTRY[config.name](**config.params)
+
+
+# Allowed range of every hyperparameter: (low, high, low inclusive, high inclusive).
+_BOUNDS: dict[str, tuple[float, float, bool, bool]] = {
+    "momentum": (0.0, 1.0, True, True),
+    # beta == 1 would make the bias correction 1 - beta**t zero.
+    "beta_1": (0.0, 1.0, True, False),
+    "beta_2": (0.0, 1.0, True, False),
+    # epsilon == 0 lets an all-zero slot row turn into 0/0 = NaN.
+    "epsilon": (0.0, math.inf, False, False),
+    "initial_accumulator_value": (0.0, math.inf, True, False),
+}
+
+
+def _as_real(key: str, value: object) -> float:
+    """Return `value` as a finite float, or raise ValueError naming `key`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{key} must be a real number, got {value!r}")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ValueError(f"{key} must be finite, got {value!r}")
+    return result
+
+
+def _check_hyperparameter(key: str, value: object) -> float:
+    """Return hyperparameter `key` as a float after checking it lies in its allowed range."""
+    result = _as_real(key, value)
+    low, high, low_inclusive, high_inclusive = _BOUNDS[key]
+    above = result >= low if low_inclusive else result > low
+    below = result <= high if high_inclusive else result < high
+    if not (above and below):
+        interval = f"{'[' if low_inclusive else '('}{low}, {high}{']' if high_inclusive else ')'}"
+        raise ValueError(f"{key} must be in {interval}, got {value!r}")
+    return result
+
+
+def _check_step(step: int) -> None:
+    """Reject step counts below 1 (Adam's bias correction divides by 1 - beta_1**step)."""
+    if step < 1:
+        raise ValueError(f"step is the 1-based update count and must be >= 1, got {step}")
+
+
+def _coalesce(
+    value: FloatArray, indices: IndexArray, rows: FloatArray
+) -> tuple[IndexArray, FloatArray]:
+    """Validate a sparse gradient for `value` and sum the rows of duplicate indices."""
+    indices = np.asarray(indices)
+    if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
+        raise ValueError(
+            f"indices must be a 1-D integer array, got shape {indices.shape} dtype {indices.dtype}"
+        )
+    rows = np.asarray(rows, dtype=value.dtype)
+    expected = (indices.shape[0], *value.shape[1:])
+    if rows.shape != expected:
+        raise ValueError(f"rows shape {rows.shape} != expected {expected}")
+    if indices.size == 0:
+        return indices, rows
+    # Negative ids would silently wrap around under numpy indexing.
+    if indices.min() < 0 or indices.max() >= value.shape[0]:
+        raise IndexError(f"row indices must lie in [0, {value.shape[0]})")
+    unique, inverse = np.unique(indices, return_inverse=True)
+    if unique.size == indices.size:
+        # No duplicates: skip the scatter-add and its [k, ...] allocation.
+        return indices, rows
+    summed = np.zeros((unique.size, *rows.shape[1:]), dtype=value.dtype)
+    np.add.at(summed, inverse, rows)
+    return unique, summed

@@ -1,0 +1,213 @@
+"""gRPC adapter for a shard: proto <-> domain objects, domain errors -> status codes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+
+from asyncps.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler, dtype_to_proto, iter_chunks
+from asyncps.errors import InvalidArgumentError
+from asyncps.pb import ps_pb2, ps_pb2_grpc, tensor_pb2
+from asyncps.rpc import handles_errors
+from ps.optimizers import OptimizerConfig
+from ps.store import PushOutcome, ShardStore, UpdateRuleConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_REQUEST_BYTES = 2 << 30
+
+
+def rule_to_proto(rule: UpdateRuleConfig) -> ps_pb2.UpdateRule:
+    """Encode an update rule for the wire."""
+    opt = rule.optimizer
+    return ps_pb2.UpdateRule(
+        optimizer=ps_pb2.OptimizerSpec(
+            name=opt.name, learning_rate=opt.learning_rate, params=dict(opt.params)
+        ),
+        mode=rule.mode,
+        staleness_policy=rule.staleness_policy,
+        num_workers=rule.num_workers,
+        backup_workers=rule.backup_workers,
+        staleness_bound=rule.staleness_bound,
+    )
+
+
+def rule_from_proto(msg: ps_pb2.UpdateRule) -> UpdateRuleConfig:
+    """Decode and validate an update rule; invalid ones are InvalidArgumentError."""
+    try:
+        return UpdateRuleConfig(
+            optimizer=OptimizerConfig(
+                name=msg.optimizer.name,
+                learning_rate=msg.optimizer.learning_rate,
+                params=dict(msg.optimizer.params),
+            ),
+            mode=msg.mode or "async",
+            staleness_policy=msg.staleness_policy or "none",
+            num_workers=msg.num_workers or 1,
+            backup_workers=msg.backup_workers,
+            staleness_bound=msg.staleness_bound,
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(f"bad update rule: {exc}") from None
+
+
+def outcome_to_proto(outcome: PushOutcome) -> ps_pb2.PushResult:
+    """Encode a push outcome."""
+    return ps_pb2.PushResult(
+        accepted=outcome.accepted,
+        staleness=outcome.staleness,
+        version=outcome.version,
+        effective_lr=outcome.effective_lr,
+        drop_reason=outcome.drop_reason,
+    )
+
+
+def _read_stream(
+    messages: Iterable[Any], assembler: TensorAssembler, what: str
+) -> Any:
+    """Consume a header-then-tensors stream; return the header (tensors go to the assembler)."""
+    header = None
+    for msg in messages:
+        kind = msg.WhichOneof("kind")
+        if kind == "header":
+            if header is not None:
+                raise InvalidArgumentError(f"{what}: more than one header")
+            header = msg.header
+        elif kind == "tensor":
+            if header is None:
+                raise InvalidArgumentError(f"{what}: tensor before the header")
+            assembler.add(msg.tensor)
+        else:
+            raise InvalidArgumentError(f"{what}: empty stream message")
+    if header is None:
+        raise InvalidArgumentError(f"{what}: stream without a header")
+    return header
+
+
+class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
+    """Serves one ShardStore over gRPC."""
+
+    def __init__(
+        self,
+        store: ShardStore,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        on_shutdown: Callable[[str], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._chunk_bytes = chunk_bytes
+        self._max_request_bytes = max_request_bytes
+        self._on_shutdown = on_shutdown
+        self._counter_lock = threading.Lock()
+        self._bytes_pulled = 0
+        self._bytes_pushed = 0
+
+    def _count(self, pulled: int = 0, pushed: int = 0) -> None:
+        with self._counter_lock:
+            self._bytes_pulled += pulled
+            self._bytes_pushed += pushed
+
+    @handles_errors
+    def Initialize(
+        self, request_iterator: Iterator[ps_pb2.InitializeChunk], context: grpc.ServicerContext
+    ) -> ps_pb2.InitializeResponse:
+        """Create the shard's variables and update rule (idempotent)."""
+        assembler = TensorAssembler(self._max_request_bytes)
+        header = _read_stream(request_iterator, assembler, "Initialize")
+        rule = rule_from_proto(header.rule)
+        values: dict[str, Array] = {}
+        for name, value in assembler.finish().items():
+            if isinstance(value, SparseRows):
+                raise InvalidArgumentError(f"{name}: initial values must be dense")
+            values[name] = value
+        created = self._store.initialize(rule, values)
+        log.info("Initialize from %s: %s (%d variables)", header.worker_id,
+                 "created" if created else "identical, accepted", len(values))
+        return ps_pb2.InitializeResponse(created=created, version=self._store.version)
+
+    def _pull_stream(
+        self, if_newer_than: int, push: ps_pb2.PushResult | None = None
+    ) -> Iterator[ps_pb2.PullChunk]:
+        def encode(name: str, value: Array) -> list[tensor_pb2.TensorChunk]:
+            return list(iter_chunks(name, value, chunk_bytes=self._chunk_bytes))
+
+        version, encoded = self._store.pull(if_newer_than, encode)
+        yield ps_pb2.PullChunk(header=ps_pb2.PullHeader(
+            version=version, not_modified=encoded is None, shard_index=self._store.shard_index,
+            push=push,
+        ))
+        sent = 0
+        for chunks in encoded or ():
+            for chunk in chunks:
+                sent += len(chunk.data)
+                yield ps_pb2.PullChunk(tensor=chunk)
+        self._count(pulled=sent)
+
+    @handles_errors
+    def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[ps_pb2.PullChunk]:
+        """Stream the values (optionally after a long-poll for a newer version)."""
+        if request.wait_timeout_s > 0:
+            remaining = context.time_remaining()
+            limit = request.wait_timeout_s if remaining is None else min(request.wait_timeout_s, remaining)
+            self._store.wait_newer(request.if_newer_than, limit)
+        yield from self._pull_stream(request.if_newer_than)
+
+    def _push(self, request_iterator: Iterator[ps_pb2.PushChunk]) -> tuple[ps_pb2.PushHeader, PushOutcome]:
+        assembler = TensorAssembler(self._max_request_bytes)
+        header = _read_stream(request_iterator, assembler, "Push")
+        grads = assembler.finish()
+        outcome = self._store.push(header.worker_id, header.base_version, grads)
+        self._count(pushed=assembler.total_bytes)
+        return header, outcome
+
+    @handles_errors
+    def Push(
+        self, request_iterator: Iterator[ps_pb2.PushChunk], context: grpc.ServicerContext
+    ) -> ps_pb2.PushResult:
+        """Apply or drop one gradient."""
+        _, outcome = self._push(request_iterator)
+        return outcome_to_proto(outcome)
+
+    @handles_errors
+    def PushPull(
+        self, request_iterator: Iterator[ps_pb2.PushChunk], context: grpc.ServicerContext
+    ) -> Iterator[ps_pb2.PullChunk]:
+        """Push, then stream the values back in the same call."""
+        header, outcome = self._push(request_iterator)
+        yield from self._pull_stream(header.pull_if_newer_than, outcome_to_proto(outcome))
+
+    @handles_errors
+    def GetStats(self, request: ps_pb2.StatsRequest, context: grpc.ServicerContext) -> ps_pb2.ShardStats:
+        """Counters and variable metadata."""
+        stats = self._store.stats()
+        with self._counter_lock:
+            pulled, pushed = self._bytes_pulled, self._bytes_pushed
+        return ps_pb2.ShardStats(
+            shard_index=self._store.shard_index,
+            initialized=stats.initialized,
+            version=stats.version,
+            pushes_accepted=stats.pushes_accepted,
+            pushes_dropped=stats.pushes_dropped,
+            variables=[
+                ps_pb2.VariableInfo(name=n, dtype=dtype_to_proto(np.dtype(d)), shape=s)
+                for n, d, s in stats.variables
+            ],
+            rule=rule_to_proto(stats.rule) if stats.rule else None,
+            bytes_pulled=pulled,
+            bytes_pushed=pushed,
+        )
+
+    @handles_errors
+    def Shutdown(
+        self, request: ps_pb2.ShutdownRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.ShutdownResponse:
+        """Ask the hosting process to exit cleanly."""
+        log.info("shutdown requested: %s", request.reason or "(no reason)")
+        if self._on_shutdown is not None:
+            self._on_shutdown(request.reason)
+        return ps_pb2.ShutdownResponse()

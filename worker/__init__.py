@@ -1,0 +1,1 @@
+"""asyncps worker role."""

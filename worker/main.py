@@ -1,0 +1,133 @@
+"""Worker process: register with the chief, train until told to stop, report telemetry."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from asyncps.config import RunConfig
+from asyncps.coordclient import CoordinatorClient
+from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.rpc import Unreachable
+from asyncps.tfutil import limit_threads, quiet_tensorflow
+from worker.trainer import Telemetry
+
+log = logging.getLogger("asyncps.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How one worker process reaches the cluster."""
+
+    chief: str
+    index: int = -1  # -1: the chief assigns one
+    deadline_s: float = 60.0  # how long to keep trying an unreachable chief or shard
+    max_steps: int = 0  # stop on its own after this many steps (0: only when the chief says)
+
+    def __post_init__(self) -> None:
+        if not self.chief:
+            raise ValueError("worker needs the chief's address (--chief HOST:PORT)")
+        if self.deadline_s <= 0:
+            raise ValueError("deadline_s must be > 0")
+
+
+def new_member_id(role: str) -> str:
+    """A unique id for this process incarnation."""
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class HeartbeatLoop(threading.Thread):
+    """Sends heartbeats and telemetry to the chief; sets `stop` when the chief says so."""
+
+    def __init__(self, coord: CoordinatorClient, member_id: str, index: int, interval_s: float,
+                 deadline_s: float, telemetry: Telemetry, stop: threading.Event,
+                 step_of: Callable[[], int]) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self._coord, self._member_id, self._index = coord, member_id, index
+        self._interval_s, self._deadline_s = interval_s, deadline_s
+        self._telemetry = telemetry
+        self._stop_event = stop
+        self._step_of = step_of
+        self.finished = threading.Event()
+        self.lost_chief: str | None = None
+
+    def run(self) -> None:
+        """Beat until stopped; losing the chief for deadline_s stops the worker with a reason."""
+        while not self.finished.wait(self._interval_s):
+            try:
+                reply = self._coord.heartbeat(self._member_id, "worker", self._step_of(), self._deadline_s)
+                pushes, steps = self._telemetry.drain()
+                if pushes or steps:
+                    self._coord.report(self._member_id, self._index, pushes, steps, False, self._deadline_s)
+            except Unreachable as exc:
+                self.lost_chief = str(exc)
+                self._stop_event.set()
+                return
+            if reply.command == cpb.STOP:
+                log.info("chief says stop: %s", reply.reason)
+                self._stop_event.set()
+
+
+def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -> int:
+    """Run one worker to completion; return the process exit code."""
+    quiet_tensorflow()
+    member_id = new_member_id("worker")
+    coord = CoordinatorClient(config.chief, config.deadline_s)
+    try:
+        reg = coord.register(member_id, "worker", config.index)
+    except Unreachable as exc:
+        log.error("%s", exc)
+        return 2
+    run = RunConfig.from_json(reg.run_config_json)
+    log.info("registered as worker %d of %d (%s); shards: %s", reg.index, reg.num_workers, member_id,
+             ", ".join(reg.ps_addresses))
+    limit_threads(run.tf_threads)
+
+    from asyncps.datasets import load_dataset, worker_shard
+    from asyncps.models import build_model, loss_fn
+    from asyncps.placement import VariableSpec, place
+    from asyncps.psclient import ModelClient
+    from worker.delays import parse_delay
+    from worker.trainer import BatchStream, Trainer, make_grad_fn
+
+    data = load_dataset(run.dataset, run.seed)
+    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
+    names = [v.path for v in model.trainable_variables]
+    specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
+    placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
+    rows = worker_shard(len(data.x_train), reg.index, reg.num_workers)
+    batches = BatchStream(data.x_train[rows], data.y_train[rows], run.batch_size, run.seed * 7919 + reg.index)
+    client = ModelClient(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes)
+    telemetry = Telemetry()
+    delay = parse_delay(run.compute_delay, run.seed * 104729 + reg.index)
+    trainer = Trainer(client, names, make_grad_fn(model, loss_fn), batches, delay, telemetry)
+    stop = interrupt or threading.Event()
+    beats = HeartbeatLoop(coord, member_id, reg.index, run.heartbeat_interval_s, config.deadline_s,
+                          telemetry, stop, lambda: trainer.step)
+    beats.start()
+    code = 0
+    try:
+        trainer.run(stop, config.max_steps)
+    except Unreachable as exc:
+        log.error("%s", exc)
+        code = 3
+    finally:
+        beats.finished.set()
+        beats.join(timeout=5)
+        client.close()
+    if beats.lost_chief:
+        log.error("%s", beats.lost_chief)
+        return 3
+    pushes, steps = telemetry.drain()
+    try:
+        coord.report(member_id, reg.index, pushes, steps, final=True, deadline_s=10.0)
+    except Unreachable as exc:
+        log.warning("final report not delivered: %s", exc)
+    coord.close()
+    log.info("worker %d done after %d steps", reg.index, trainer.step)
+    return code

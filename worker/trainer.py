@@ -1,0 +1,164 @@
+"""The worker's training loop: pull -> gradients (TensorFlow) -> push with base versions."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from asyncps.codec import Array, Gradient, SparseRows
+from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.psclient import ModelClient
+from worker.delays import ComputeDelay
+
+log = logging.getLogger(__name__)
+
+
+class BatchStream:
+    """Endless minibatches from one worker's data shard, reshuffled (seeded) every pass."""
+
+    def __init__(self, x: Array, y: Array, batch_size: int, seed: int) -> None:
+        if len(x) == 0:
+            raise ValueError("this worker's data shard is empty")
+        self._x, self._y = x, y
+        self._batch = batch_size
+        self._rng = np.random.default_rng(seed)
+        self._order = self._rng.permutation(len(x))
+        self._pos = 0
+
+    def next(self) -> tuple[Array, Array]:
+        """The next batch of exactly batch_size examples (wrapping into the next pass)."""
+        picks = []
+        need = self._batch
+        while need:
+            take = self._order[self._pos:self._pos + need]
+            picks.append(take)
+            need -= len(take)
+            self._pos += len(take)
+            if self._pos >= len(self._order):
+                self._order = self._rng.permutation(len(self._x))
+                self._pos = 0
+        idx = np.concatenate(picks) if len(picks) > 1 else picks[0]
+        return self._x[idx], self._y[idx]
+
+
+GradFn = Callable[[list[Array], Array, Array], tuple[float, list[Gradient]]]
+
+
+def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any]) -> GradFn:
+    """A tf.function that loads the given values into the model and returns (loss, gradients).
+
+    Loading the weights inside the same graph call as the gradient saves one Python round trip
+    per variable; IndexedSlices gradients (embeddings) come back as SparseRows.
+    """
+    import tensorflow as tf
+
+    variables = list(model.trainable_variables)
+
+    @tf.function(reduce_retracing=True)
+    def step(values: list[Any], x: Any, y: Any) -> tuple[Any, list[Any]]:
+        for var, value in zip(variables, values, strict=True):
+            var.assign(value)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model(x, training=True), y)
+        return loss, tape.gradient(loss, variables)
+
+    def run(values: list[Array], x: Array, y: Array) -> tuple[float, list[Gradient]]:
+        loss, grads = step(values, x, y)
+        out: list[Gradient] = []
+        for g in grads:
+            if isinstance(g, tf.IndexedSlices):
+                out.append(SparseRows(g.indices.numpy().astype(np.int64), g.values.numpy()))
+            else:
+                out.append(g.numpy())
+        return float(loss.numpy()), out
+
+    return run
+
+
+@dataclass
+class Telemetry:
+    """Push records and step timings waiting to be reported to the chief (thread-safe)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    pushes: list[cpb.PushRecord] = field(default_factory=list)
+    steps: list[cpb.StepTiming] = field(default_factory=list)
+
+    def add(self, pushes: list[cpb.PushRecord], step: cpb.StepTiming) -> None:
+        """Queue one step's records."""
+        with self.lock:
+            self.pushes.extend(pushes)
+            self.steps.append(step)
+
+    def drain(self) -> tuple[list[cpb.PushRecord], list[cpb.StepTiming]]:
+        """Take everything queued so far."""
+        with self.lock:
+            pushes, steps = self.pushes, self.steps
+            self.pushes, self.steps = [], []
+            return pushes, steps
+
+
+class Trainer:
+    """Runs steps until told to stop."""
+
+    def __init__(
+        self,
+        client: ModelClient,
+        variable_names: list[str],
+        grad_fn: GradFn,
+        batches: BatchStream,
+        delay: ComputeDelay,
+        telemetry: Telemetry,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._client = client
+        self._names = variable_names
+        self._grad_fn = grad_fn
+        self._batches = batches
+        self._delay = delay
+        self._telemetry = telemetry
+        self._sleep = sleep
+        self.step = 0
+        self.examples = 0
+
+    def run(self, stop: threading.Event, max_steps: int = 0) -> None:
+        """Pull once, then loop: compute gradients, push-and-pull, until stop (or max_steps)."""
+        t0 = time.time()
+        self._client.pull()
+        pull_s = time.time() - t0
+        while not stop.is_set() and (max_steps == 0 or self.step < max_steps):
+            pull_s = self.run_step(pull_s)
+
+    def run_step(self, pull_s: float = 0.0) -> float:
+        """One step: gradients at the current values, then push them with their base versions."""
+        start = time.time()
+        x, y = self._batches.next()
+        values = [self._client.values[n] for n in self._names]
+        loss, grads = self._grad_fn(values, x, y)
+        extra = self._delay.sample()
+        if extra > 0:
+            self._sleep(extra)
+        computed = time.time()
+        base = list(self._client.versions)
+        results = self._client.push_pull(dict(zip(self._names, grads, strict=True)), self.step, loss)
+        done = time.time()
+        self.step += 1
+        self.examples += len(x)
+        records = [
+            cpb.PushRecord(
+                wall_time=done, shard=r.shard, base_version=base[r.shard], version=r.result.version,
+                staleness=r.result.staleness, accepted=r.result.accepted,
+                effective_lr=r.result.effective_lr, loss=loss, step=self.step,
+                drop_reason=r.result.drop_reason,
+            )
+            for r in results if r.result.drop_reason != "empty"
+        ]
+        timing = cpb.StepTiming(step=self.step, start=start, pull_s=pull_s, compute_s=computed - start,
+                                push_s=done - computed, wait_s=0.0, examples=len(x))
+        self._telemetry.add(records, timing)
+        return 0.0
