@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncps.codec import DEFAULT_CHUNK_BYTES
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
+
+if TYPE_CHECKING:
+    from ps.store import UpdateRuleConfig
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,20 @@ class RunConfig:
             problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
         if problems:
             raise ValueError("invalid run configuration: " + "; ".join(problems))
+        self.update_rule()  # validates optimizer, mode and staleness policy
+        from worker.delays import parse_delay
+
+        parse_delay(self.compute_delay, self.seed)
+
+    def update_rule(self) -> UpdateRuleConfig:
+        """The shards' update rule for this run."""
+        from ps.optimizers import OptimizerConfig
+        from ps.store import UpdateRuleConfig
+
+        return UpdateRuleConfig(
+            optimizer=OptimizerConfig(self.optimizer, self.learning_rate, self.optimizer_params),
+            mode=self.mode, staleness_policy=self.staleness_policy, num_workers=self.num_workers,
+            backup_workers=self.backup_workers, staleness_bound=self.staleness_bound)
 
     def to_json(self) -> str:
         """Serialize (for config.json and for workers)."""

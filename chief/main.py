@@ -103,15 +103,9 @@ class Chief:
 
     def _initialize_shards(self) -> None:
         from asyncps.placement import split_for_shards
-        from ps.optimizers import OptimizerConfig
         from ps.servicer import rule_to_proto
-        from ps.store import UpdateRuleConfig
 
-        rule = rule_to_proto(UpdateRuleConfig(
-            optimizer=OptimizerConfig(self.run.optimizer, self.run.learning_rate, self.run.optimizer_params),
-            mode=self.run.mode, staleness_policy=self.run.staleness_policy,
-            num_workers=self.run.num_workers, backup_workers=self.run.backup_workers,
-            staleness_bound=self.run.staleness_bound))
+        rule = rule_to_proto(self.run.update_rule())
         per_shard = split_for_shards(self.placement, self.evaluator.values())
         n = len(self.config.ps)
 

@@ -1,0 +1,48 @@
+# asyncps: the two commands a newcomer needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-dev
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint typecheck proto proto-check bench e2e clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+## demo: train the default local cluster (2 shards, 2 workers, mlp on digits) with live progress
+demo: $(VENV)/.installed
+	$(VENV)/bin/asyncps local
+
+## test: generated code current, ruff, mypy, then the test suite (fast tests + marked slow ones)
+test: $(STAMP) proto-check lint typecheck
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+## proto: regenerate asyncps/pb from proto/
+proto: $(STAMP)
+	$(PY) scripts/gen_proto.py
+
+proto-check: $(STAMP)
+	$(PY) scripts/gen_proto.py --check
+
+## bench: steps/s against a local Keras loop and TF's ParameterServerStrategy, transfer MB/s
+bench: $(STAMP)
+	$(PY) -m benchmarks.bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

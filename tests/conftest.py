@@ -1,0 +1,135 @@
+"""Shared fixtures: real parameter-server shard processes, each bound to port 0."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from asyncps.rundir import wait_port_file
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Generous: the test machine is shared and a cold interpreter imports grpc and numpy.
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+
+
+@dataclass
+class ShardProcess:
+    """One running `asyncps ps` process and where it serves."""
+
+    index: int
+    address: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, chars: int = 4000) -> str:
+        """The end of the shard's combined stdout/stderr, for failure messages."""
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+
+def _shard_env() -> dict[str, str]:
+    # Flags must come from the command line only: ASYNCPS_* and TF_CONFIG would override them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCPS_") and k != "TF_CONFIG"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return env
+
+
+class ShardLauncher:
+    """Starts shard processes on port 0 and stops them all in teardown.
+
+    Call it with a count to start that many shards at once (they boot in parallel); it returns
+    them in index order once every one has published its port.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self._workdir = workdir
+        self._started: list[ShardProcess] = []
+
+    def __call__(self, count: int = 1, first_index: int = 0) -> list[ShardProcess]:
+        """Start `count` shards with indices first_index.. and wait until all serve."""
+        pending = []
+        for index in range(first_index, first_index + count):
+            serial = len(self._started) + len(pending)
+            port_file = self._workdir / f"shard{serial}.port"
+            log_path = self._workdir / f"shard{serial}.log"
+            with open(log_path, "wb") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "asyncps.cli", "ps", "--host", "127.0.0.1",
+                     "--port", "0", "--port-file", str(port_file), "--index", str(index)],
+                    stdout=log, stderr=subprocess.STDOUT, env=_shard_env(), cwd=REPO_ROOT,
+                )
+            pending.append((index, process, port_file, log_path))
+        shards = []
+        for index, process, port_file, log_path in pending:
+            shard = ShardProcess(index, "", process, log_path)
+            self._started.append(shard)
+            try:
+                port = wait_port_file(port_file, START_TIMEOUT_S,
+                                      alive=lambda p=process: p.poll() is None)
+            except (RuntimeError, TimeoutError) as exc:
+                raise RuntimeError(
+                    f"shard {index} did not start: {exc}\n{shard.log_tail()}") from exc
+            shard.address = f"127.0.0.1:{port}"
+            shards.append(shard)
+        return shards
+
+    def stop_all(self) -> list[str]:
+        """Terminate every shard still running; return a problem line per unclean exit."""
+        for shard in self._started:
+            if shard.process.poll() is None:
+                shard.process.terminate()  # SIGTERM: the shard stops gracefully and returns 0
+        problems = []
+        for shard in self._started:
+            try:
+                code = shard.process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                shard.process.kill()
+                shard.process.wait()
+                problems.append(f"shard {shard.index} ignored SIGTERM for {STOP_TIMEOUT_S:.0f}s")
+                continue
+            if code != 0:
+                problems.append(f"shard {shard.index} exited with {code}:\n{shard.log_tail()}")
+        return problems
+
+
+@pytest.fixture
+def shard_factory(tmp_path: Path) -> Iterator[ShardLauncher]:
+    """Start N real shard processes with `shard_factory(n)`; all are stopped in teardown."""
+    launcher = ShardLauncher(tmp_path)
+    yield launcher
+    problems = launcher.stop_all()
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def module_shard_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardLauncher]:
+    """Like shard_factory, but the shards live for the whole test module."""
+    launcher = ShardLauncher(tmp_path_factory.mktemp("shards"))
+    yield launcher
+    problems = launcher.stop_all()
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture
+def shard_server(shard_factory: ShardLauncher) -> str:
+    """The address (host:port) of one fresh, uninitialized shard process."""
+    return shard_factory(1)[0].address
+
+
+@pytest.fixture
+def start_shards(shard_factory: ShardLauncher) -> Callable[[int], list[str]]:
+    """`start_shards(n)` starts n fresh shard processes and returns their addresses."""
+
+    def start(count: int) -> list[str]:
+        return [shard.address for shard in shard_factory(count)]
+
+    return start

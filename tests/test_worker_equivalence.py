@@ -1,0 +1,71 @@
+"""One asynchronous worker against real shard processes computes exactly sequential SGD."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from asyncps.datasets import load_dataset  # noqa: E402
+from asyncps.models import build_model, loss_fn  # noqa: E402
+from asyncps.placement import VariableSpec, place, split_for_shards  # noqa: E402
+from asyncps.psclient import ModelClient  # noqa: E402
+from ps.optimizers import OptimizerConfig  # noqa: E402
+from ps.servicer import rule_to_proto  # noqa: E402
+from ps.store import UpdateRuleConfig  # noqa: E402
+from worker.delays import NoDelay  # noqa: E402
+from worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn  # noqa: E402
+
+STEPS = 25
+LR = 0.1
+
+
+def test_one_worker_equals_sequential_sgd(start_shards: Callable[[int], list[str]]) -> None:
+    addresses = start_shards(2)
+    data = load_dataset("digits", 0)
+    x, y = data.x_train[:600], data.y_train[:600]
+    model = build_model("mlp", data.num_features, data.num_classes, seed=3)
+    names = [v.path for v in model.trainable_variables]
+    specs = [VariableSpec(v.path, tuple(v.shape), "float32") for v in model.trainable_variables]
+    # a low threshold slices the hidden kernels over both shards, so reassembly is exercised too
+    placement = place(specs, 2, slice_threshold_bytes=16 * 1024)
+    assert any(p.sliced for p in placement.parts)
+    initial = {v.path: np.array(v.numpy()) for v in model.trainable_variables}
+    client = ModelClient("worker-0", addresses, placement)
+    rule = rule_to_proto(UpdateRuleConfig(OptimizerConfig("sgd", LR)))
+    for shard, values in enumerate(split_for_shards(placement, initial)):
+        client.shards[shard].initialize("test", shard, 2, rule, values)
+
+    telemetry = Telemetry()
+    trainer = Trainer(client, names, make_grad_fn(model, loss_fn), BatchStream(x, y, 32, seed=5),
+                      NoDelay(), telemetry)
+    trainer.run(threading.Event(), max_steps=STEPS)
+    pushes, steps = telemetry.drain()
+    assert len(steps) == STEPS and len(pushes) == 2 * STEPS
+    assert all(p.accepted and p.staleness == 0 for p in pushes)
+    assert client.versions == [STEPS, STEPS]
+
+    reference = build_model("mlp", data.num_features, data.num_classes, seed=3)
+    optimizer = keras.optimizers.SGD(LR)
+    batches = BatchStream(x, y, 32, seed=5)
+    for _ in range(STEPS):
+        bx, by = batches.next()
+        with tf.GradientTape() as tape:
+            loss = loss_fn(reference(bx, training=True), by)
+        grads = tape.gradient(loss, reference.trainable_variables)
+        optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
+
+    client.pull()
+    for var in reference.trainable_variables:
+        np.testing.assert_allclose(client.values[var.path], var.numpy(), rtol=1e-6, atol=1e-6,
+                                   err_msg=var.path)
+    moved = max(float(np.abs(client.values[n] - initial[n]).max()) for n in names)
+    assert moved > 1e-3, "training did not move the parameters"
+    client.close()
