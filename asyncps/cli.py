@@ -25,7 +25,7 @@ def _env_default(dest: str, default: Any) -> Any:
     return os.environ.get(ENV_PREFIX + dest.upper(), default)
 
 
-def _add(parser: argparse.ArgumentParser, flag: str, default: Any, help: str, **kwargs: Any) -> None:
+def _add(parser: argparse._ActionsContainer, flag: str, default: Any, help: str, **kwargs: Any) -> None:
     dest = flag.lstrip("-").replace("-", "_")
     env = ENV_PREFIX + dest.upper()
     parser.add_argument(flag, dest=dest, default=_env_default(dest, default),
@@ -51,29 +51,31 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     """Flags that define a training run (chief and local)."""
     d = RunConfig()
     g = p.add_argument_group("training run")
-    _add(g, "--run-config", "", "JSON file with a RunConfig (flags given explicitly override it)")  # type: ignore[arg-type]
-    _add(g, "--model", d.model, "logreg | mlp | mlp:H1,H2,... | cnn | embedding")  # type: ignore[arg-type]
-    _add(g, "--dataset", d.dataset, "digits | mnist | fashion_mnist | npz:PATH | synthetic-logreg")  # type: ignore[arg-type]
-    _add(g, "--batch-size", d.batch_size, "examples per worker step", type=int)  # type: ignore[arg-type]
-    _add(g, "--optimizer", d.optimizer, "sgd | momentum | nesterov | adam | adagrad")  # type: ignore[arg-type]
-    _add(g, "--lr", d.learning_rate, "learning rate", type=float)  # type: ignore[arg-type]
-    _add(g, "--opt-param", [], "optimizer hyperparameter KEY=VALUE (repeatable), e.g. beta_1=0.9",  # type: ignore[arg-type]
+    _add(g, "--run-config", "", "JSON file with a RunConfig (flags given explicitly override it)")
+    _add(g, "--model", d.model, "logreg | mlp | mlp:H1,H2,... | cnn | embedding")
+    _add(g, "--dataset", d.dataset, "digits | mnist | fashion_mnist | npz:PATH | synthetic-logreg")
+    _add(g, "--batch-size", d.batch_size, "examples per worker step", type=int)
+    _add(g, "--optimizer", d.optimizer, "sgd | momentum | nesterov | adam | adagrad")
+    _add(g, "--lr", d.learning_rate, "learning rate", type=float)
+    _add(g, "--opt-param", [], "optimizer hyperparameter KEY=VALUE (repeatable), e.g. beta_1=0.9",
          action="append")
-    _add(g, "--mode", d.mode, "consistency model")  # type: ignore[arg-type]
-    _add(g, "--staleness-policy", d.staleness_policy, "none | drop:K | lr-scale")  # type: ignore[arg-type]
-    _add(g, "--max-updates", d.max_updates, "stop after this many updates (0: no limit)", type=int)  # type: ignore[arg-type]
+    _add(g, "--mode", d.mode, "consistency model")
+    _add(g, "--staleness-policy", d.staleness_policy, "none | drop:K | lr-scale")
+    _add(g, "--max-updates", d.max_updates, "stop after this many updates (0: no limit)", type=int)
     _add(g, "--epochs", None, f"stop after this many passes over the training data (0: no limit; "
-         f"{d.epochs:g} unless --max-updates or --max-seconds is given)", type=float)  # type: ignore[arg-type]
-    _add(g, "--max-seconds", d.max_seconds, "stop after this much training time (0: no limit)", type=float)  # type: ignore[arg-type]
-    _add(g, "--eval-every", d.eval_every_s, "seconds between evaluations", type=float)  # type: ignore[arg-type]
-    _add(g, "--seed", d.seed, "seed of model init, data order and injected delays", type=int)  # type: ignore[arg-type]
-    _add(g, "--compute-delay", d.compute_delay, "injected delay per step: none | const:S | uniform:A,B | exp:MEAN")  # type: ignore[arg-type]
-    _add(g, "--slice-threshold", d.slice_threshold_bytes, "variables larger than this many bytes are sliced over shards", type=int)  # type: ignore[arg-type]
-    _add(g, "--chunk-bytes", d.chunk_bytes, "bytes per streamed tensor chunk", type=int)  # type: ignore[arg-type]
-    _add(g, "--heartbeat-interval", d.heartbeat_interval_s, "seconds between worker heartbeats", type=float)  # type: ignore[arg-type]
-    _add(g, "--heartbeat-timeout", d.heartbeat_timeout_s, "silence after which a worker is dead", type=float)  # type: ignore[arg-type]
-    _add(g, "--rpc-deadline", d.rpc_deadline_s, "seconds to keep retrying an unreachable peer", type=float)  # type: ignore[arg-type]
-    _add(g, "--tf-threads", d.tf_threads, "TensorFlow intra/inter-op threads per process (0: TF default)", type=int)  # type: ignore[arg-type]
+         f"{d.epochs:g} unless --max-updates or --max-seconds is given)", type=float)
+    _add(g, "--max-seconds", d.max_seconds, "stop after this much training time (0: no limit)", type=float)
+    _add(g, "--eval-every", d.eval_every_s, "seconds between evaluations", type=float)
+    _add(g, "--seed", d.seed, "seed of model init, data order and injected delays", type=int)
+    _add(g, "--compute-delay", d.compute_delay,
+         "injected delay per step: none | const:S | uniform:A,B | exp:MEAN")
+    _add(g, "--slice-threshold", d.slice_threshold_bytes,
+         "variables larger than this many bytes are sliced over shards", type=int)
+    _add(g, "--chunk-bytes", d.chunk_bytes, "bytes per streamed tensor chunk", type=int)
+    _add(g, "--heartbeat-interval", d.heartbeat_interval_s, "seconds between worker heartbeats", type=float)
+    _add(g, "--heartbeat-timeout", d.heartbeat_timeout_s, "silence after which a worker is dead", type=float)
+    _add(g, "--rpc-deadline", d.rpc_deadline_s, "seconds to keep retrying an unreachable peer", type=float)
+    _add(g, "--tf-threads", d.tf_threads, "TensorFlow intra/inter-op threads per process (0: TF default)", type=int)
 
 
 def run_config_from(args: argparse.Namespace, num_workers: int, num_ps: int) -> RunConfig:
@@ -112,6 +114,15 @@ def _tf_config() -> TFConfig | None:
     return parse_tf_config(text) if text else None
 
 
+def _port(args: argparse.Namespace, tf: TFConfig | None, role: str) -> int:
+    """--port if given, else this task's port in TF_CONFIG, else the default port."""
+    if args.port is not None:
+        return int(args.port)
+    if tf is not None and tf.task_type == role:
+        return tf.own_port
+    return DEFAULT_PORT
+
+
 def _install_signals(event: threading.Event) -> None:
     def handler(signum: int, frame: Any) -> None:
         event.set()
@@ -130,9 +141,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from ps.main import PsConfig, run_ps
 
     tf = _tf_config()
-    port, index = int(args.port), int(args.index)
+    port, index = _port(args, tf, "ps"), int(args.index)
     if tf is not None and tf.task_type == "ps":
-        port, index = (tf.own_port if args.port == str(DEFAULT_PORT) or args.port == DEFAULT_PORT else port), tf.task_index
+        index = tf.task_index
     config = PsConfig(host=args.host, port=port, index=index, port_file=args.port_file,
                       chunk_bytes=int(args.chunk_bytes))
     _setup_logging(args.log_level, f"ps-{index}")
@@ -165,13 +176,11 @@ def cmd_chief(args: argparse.Namespace) -> int:
 
     ps = tuple(a for a in args.ps.split(",") if a)
     workers = int(args.workers)
-    port = int(args.port)
     tf = _tf_config()
+    port = _port(args, tf, "chief")
     if tf is not None:
         ps = ps or tf.ps
         workers = workers if args.workers_set else len(tf.worker)
-        if tf.task_type == "chief" and port == DEFAULT_PORT:
-            port = tf.own_port
     run = run_config_from(args, workers, len(ps))
     config = ChiefConfig(ps=ps, run=run, run_dir=Path(args.run_dir), host=args.host, port=port,
                          port_file=args.port_file)
@@ -207,38 +216,39 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, role_port: bool) -> None:
-        _add(p, "--log-level", "INFO", "DEBUG | INFO | WARNING | ERROR")  # type: ignore[arg-type]
+        _add(p, "--log-level", "INFO", "DEBUG | INFO | WARNING | ERROR")
         if role_port:
-            _add(p, "--host", "0.0.0.0", "interface to bind")  # type: ignore[arg-type]
-            _add(p, "--port", DEFAULT_PORT, "port to bind (0: any free port)", type=int)  # type: ignore[arg-type]
-            _add(p, "--port-file", "", "write the bound port to this file (for --port 0)")  # type: ignore[arg-type]
+            _add(p, "--host", "0.0.0.0", "interface to bind")
+            _add(p, "--port", None, f"port to bind (0: any free port; default: TF_CONFIG's, else {DEFAULT_PORT})",
+                 type=int)
+            _add(p, "--port-file", "", "write the bound port to this file (for --port 0)")
 
     p = sub.add_parser("ps", help="run one parameter-server shard")
     common(p, True)
-    _add(p, "--index", 0, "shard index (TF_CONFIG task.index wins)", type=int)  # type: ignore[arg-type]
-    _add(p, "--chunk-bytes", RunConfig().chunk_bytes, "bytes per streamed chunk", type=int)  # type: ignore[arg-type]
+    _add(p, "--index", 0, "shard index (TF_CONFIG task.index wins)", type=int)
+    _add(p, "--chunk-bytes", RunConfig().chunk_bytes, "bytes per streamed chunk", type=int)
     p.set_defaults(fn=cmd_ps)
 
     p = sub.add_parser("worker", help="run one worker")
     common(p, False)
-    _add(p, "--chief", "", "the chief's HOST:PORT (or TF_CONFIG cluster.chief)")  # type: ignore[arg-type]
-    _add(p, "--index", -1, "worker index (-1: assigned by the chief)", type=int)  # type: ignore[arg-type]
-    _add(p, "--deadline", 60.0, "seconds to keep retrying an unreachable chief or shard", type=float)  # type: ignore[arg-type]
-    _add(p, "--max-steps", 0, "stop after this many steps (0: when the chief says)", type=int)  # type: ignore[arg-type]
+    _add(p, "--chief", "", "the chief's HOST:PORT (or TF_CONFIG cluster.chief)")
+    _add(p, "--index", -1, "worker index (-1: assigned by the chief)", type=int)
+    _add(p, "--deadline", 60.0, "seconds to keep retrying an unreachable chief or shard", type=float)
+    _add(p, "--max-steps", 0, "stop after this many steps (0: when the chief says)", type=int)
     p.set_defaults(fn=cmd_worker)
 
     p = sub.add_parser("chief", help="run the chief (coordinator, evaluation, run directory)")
     common(p, True)
-    _add(p, "--ps", "", "comma-separated shard addresses (or TF_CONFIG cluster.ps)")  # type: ignore[arg-type]
-    _add(p, "--workers", 2, "number of workers (or len(TF_CONFIG cluster.worker))", type=int)  # type: ignore[arg-type]
-    _add(p, "--run-dir", "runs/chief", "run directory")  # type: ignore[arg-type]
+    _add(p, "--ps", "", "comma-separated shard addresses (or TF_CONFIG cluster.ps)")
+    _add(p, "--workers", 2, "number of workers (or len(TF_CONFIG cluster.worker))", type=int)
+    _add(p, "--run-dir", "runs/chief", "run directory")
     add_run_flags(p)
     p.set_defaults(fn=cmd_chief)
 
     p = sub.add_parser("local", help="run a whole cluster as local processes, with progress")
-    _add(p, "--ps", 2, "number of parameter-server shards", type=int)  # type: ignore[arg-type]
-    _add(p, "--workers", 2, "number of workers", type=int)  # type: ignore[arg-type]
-    _add(p, "--run-dir", "", "run directory (default: runs/<timestamp>)")  # type: ignore[arg-type]
+    _add(p, "--ps", 2, "number of parameter-server shards", type=int)
+    _add(p, "--workers", 2, "number of workers", type=int)
+    _add(p, "--run-dir", "", "run directory (default: runs/<timestamp>)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     add_run_flags(p)
     p.set_defaults(fn=cmd_local)

@@ -17,14 +17,14 @@ DEFAULT_CHUNK_BYTES = 1 << 20  # 1 MiB chunks stream fastest here (4 MiB measure
 
 Array: TypeAlias = npt.NDArray[Any]
 
-_TO_NUMPY: dict[int, np.dtype[Any]] = {
+_TO_NUMPY: dict[tensor_pb2.DType.ValueType, np.dtype[Any]] = {
     tensor_pb2.FLOAT32: np.dtype("<f4"),
     tensor_pb2.FLOAT64: np.dtype("<f8"),
     tensor_pb2.FLOAT16: np.dtype("<f2"),
     tensor_pb2.INT32: np.dtype("<i4"),
     tensor_pb2.INT64: np.dtype("<i8"),
 }
-_TO_PROTO: dict[np.dtype[Any], int] = {v: k for k, v in _TO_NUMPY.items()}
+_TO_PROTO: dict[np.dtype[Any], tensor_pb2.DType.ValueType] = {v: k for k, v in _TO_NUMPY.items()}
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class SparseRows:
 Gradient: TypeAlias = "Array | SparseRows"
 
 
-def dtype_to_proto(dtype: np.dtype[Any]) -> int:
+def dtype_to_proto(dtype: np.dtype[Any]) -> tensor_pb2.DType.ValueType:
     """Map a numpy dtype to the wire enum; unsupported dtypes are an InvalidArgumentError."""
     try:
         return _TO_PROTO[np.dtype(dtype).newbyteorder("<")]
@@ -49,7 +49,7 @@ def dtype_to_proto(dtype: np.dtype[Any]) -> int:
 def dtype_from_proto(code: int) -> np.dtype[Any]:
     """Map the wire enum to a numpy dtype; unknown codes are an InvalidArgumentError."""
     try:
-        return _TO_NUMPY[code]
+        return _TO_NUMPY[code]  # type: ignore[index]
     except KeyError:
         raise InvalidArgumentError(f"unknown dtype code {code}") from None
 
@@ -84,13 +84,13 @@ def decode_tensor(msg: tensor_pb2.Tensor, limit: int = 1 << 31) -> Array:
 def iter_chunks(
     name: str,
     array: Array,
-    role: int = tensor_pb2.DENSE,
+    role: tensor_pb2.TensorRole.ValueType = tensor_pb2.DENSE,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Iterator[tensor_pb2.TensorChunk]:
     """Split one array into TensorChunks of at most chunk_bytes (an empty array is one chunk)."""
     arr = np.ascontiguousarray(array)
     dtype = dtype_to_proto(arr.dtype)
-    raw = memoryview(arr.reshape(-1)).cast("B")
+    raw = memoryview(arr.reshape(-1)).cast("B")  # type: ignore[arg-type]
     total = raw.nbytes
     offset = 0
     while True:
@@ -208,3 +208,24 @@ class TensorAssembler:
     def total_bytes(self) -> int:
         """Bytes of tensor data announced so far."""
         return self._total
+
+
+def frames(
+    chunks: Iterable[tensor_pb2.TensorChunk], frame_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[list[tensor_pb2.TensorChunk]]:
+    """Group chunks into frames of at most frame_bytes of data (at least one chunk each).
+
+    Many small tensors then share one stream message: per-message cost, not bytes, dominates
+    small models over Python gRPC.
+    """
+    frame: list[tensor_pb2.TensorChunk] = []
+    size = 0
+    for chunk in chunks:
+        n = len(chunk.data)
+        if frame and size + n > frame_bytes:
+            yield frame
+            frame, size = [], 0
+        frame.append(chunk)
+        size += n
+    if frame:
+        yield frame

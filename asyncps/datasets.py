@@ -17,6 +17,7 @@ DATASET_NAMES: tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "synthetic
 
 #: Prefix of the spec form that loads a local ``.npz`` file.
 NPZ_PREFIX = "npz:"
+SYNTHETIC_PREFIX = "synthetic:"
 
 _NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -87,7 +88,9 @@ def _load_uncached(spec: str, seed: int) -> Dataset:
         return _make_synthetic_logreg(seed)
     if spec.startswith(NPZ_PREFIX):
         return _load_npz(spec[len(NPZ_PREFIX) :])
-    valid = ", ".join((*DATASET_NAMES, f"{NPZ_PREFIX}PATH"))
+    if spec.startswith(SYNTHETIC_PREFIX):
+        return _make_synthetic_classification(spec, seed)
+    valid = ", ".join((*DATASET_NAMES, f"{NPZ_PREFIX}PATH", f"{SYNTHETIC_PREFIX}FEATURESxCLASSES"))
     raise ValueError(f"unknown dataset spec {spec!r}; valid: {valid}")
 
 
@@ -295,3 +298,22 @@ def logreg_optimum(
             break  # no descent possible at float64 precision: converged
     return theta[:-1], float(theta[-1]), current
     return theta[:-1], float(theta[-1]), current
+
+
+def _make_synthetic_classification(spec: str, seed: int) -> Dataset:
+    """`synthetic:784x10`: Gaussian features labelled by a random linear teacher (benchmarks).
+
+    It has the shape of MNIST without a download, so throughput runs need no network.
+    """
+    try:
+        features, classes = (int(v) for v in spec[len(SYNTHETIC_PREFIX):].split("x"))
+    except ValueError:
+        raise ValueError(f"bad dataset spec {spec!r}: expected {SYNTHETIC_PREFIX}FEATURESxCLASSES") from None
+    if features < 1 or classes < 2:
+        raise ValueError(f"bad dataset spec {spec!r}: needs >= 1 feature and >= 2 classes")
+    rng = np.random.default_rng(seed)
+    teacher = rng.standard_normal((features, classes)).astype(np.float32)
+    x = rng.standard_normal((6000, features)).astype(np.float32)
+    y = np.argmax(x @ teacher, axis=1).astype(np.int64)
+    return Dataset(name=spec, x_train=x[:5000], y_train=y[:5000], x_test=x[5000:], y_test=y[5000:],
+                   num_classes=classes, image_shape=None)

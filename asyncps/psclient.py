@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -11,7 +11,16 @@ from typing import TypeVar
 import grpc
 import numpy as np
 
-from asyncps.codec import DEFAULT_CHUNK_BYTES, Array, Gradient, SparseRows, TensorAssembler, gradient_chunks, iter_chunks
+from asyncps.codec import (
+    DEFAULT_CHUNK_BYTES,
+    Array,
+    Gradient,
+    SparseRows,
+    TensorAssembler,
+    frames,
+    gradient_chunks,
+    iter_chunks,
+)
 from asyncps.errors import InvalidArgumentError
 from asyncps.pb import ps_pb2, ps_pb2_grpc
 from asyncps.placement import Placement
@@ -28,14 +37,16 @@ class PullReply:
     values: dict[str, Array] | None
 
 
-def _assemble(stream: Iterator[ps_pb2.PullChunk], buffers: Mapping[str, Array] | None) -> tuple[ps_pb2.PullHeader, dict[str, Array] | None]:
+def _assemble(
+    stream: Iterable[ps_pb2.PullChunk], buffers: Mapping[str, Array] | None
+) -> tuple[ps_pb2.PullHeader, dict[str, Array] | None]:
     assembler = TensorAssembler(buffers=buffers)
     header = None
     for msg in stream:
-        if msg.WhichOneof("kind") == "header":
+        if msg.HasField("header"):
             header = msg.header
-        else:
-            assembler.add(msg.tensor)
+        for chunk in msg.tensors:
+            assembler.add(chunk)
     if header is None:
         raise InvalidArgumentError("pull stream without a header")
     if header.not_modified:
@@ -78,11 +89,12 @@ class ShardClient:
     ) -> ps_pb2.InitializeResponse:
         """Send initial values and the update rule (idempotent on the shard)."""
         def stream() -> Iterator[ps_pb2.InitializeChunk]:
-            yield ps_pb2.InitializeChunk(header=ps_pb2.InitializeHeader(
-                worker_id=member_id, shard_index=shard_index, num_shards=num_shards, rule=rule))
-            for name, value in values.items():
-                for chunk in iter_chunks(name, value, chunk_bytes=self._chunk_bytes):
-                    yield ps_pb2.InitializeChunk(tensor=chunk)
+            header = ps_pb2.InitializeHeader(
+                worker_id=member_id, shard_index=shard_index, num_shards=num_shards, rule=rule)
+            chunks = (c for name, value in values.items()
+                      for c in iter_chunks(name, value, chunk_bytes=self._chunk_bytes))
+            for i, frame in enumerate(frames(chunks, self._chunk_bytes)):
+                yield ps_pb2.InitializeChunk(header=header if i == 0 else None, tensors=frame)
 
         return self._retry(lambda: self._stub.Initialize(stream(), timeout=self._call_timeout_s))
 
@@ -102,10 +114,13 @@ class ShardClient:
         return self._retry(call)
 
     def _push_stream(self, header: ps_pb2.PushHeader, grads: Mapping[str, Gradient]) -> Iterator[ps_pb2.PushChunk]:
-        yield ps_pb2.PushChunk(header=header)
-        for name, grad in grads.items():
-            for chunk in gradient_chunks(name, grad, self._chunk_bytes):
-                yield ps_pb2.PushChunk(tensor=chunk)
+        chunks = (c for name, grad in grads.items() for c in gradient_chunks(name, grad, self._chunk_bytes))
+        first = True
+        for frame in frames(chunks, self._chunk_bytes):
+            yield ps_pb2.PushChunk(header=header if first else None, tensors=frame)
+            first = False
+        if first:
+            yield ps_pb2.PushChunk(header=header)
 
     def push(
         self, member_id: str, base_version: int, grads: Mapping[str, Gradient], step: int = 0,

@@ -98,7 +98,7 @@ def create_server(
     address: str,
     register: Sequence[Callable[[grpc.Server], None]],
     max_workers: int = 32,
-    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    interceptors: Sequence[grpc.ServerInterceptor[Any, Any]] = (),
     credentials: grpc.ServerCredentials | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
@@ -112,10 +112,7 @@ def create_server(
         add(server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if credentials is None:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, credentials)
+    port = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"could not bind {address}")
     server.start()

@@ -20,7 +20,7 @@ class Evaluator:
         self._variables = {v.path: v for v in model.trainable_variables}
         self._batch = batch_size
 
-        @tf.function(reduce_retracing=True)
+        @tf.function(reduce_retracing=True)  # type: ignore[untyped-decorator]
         def batch_metrics(x: Any, y: Any) -> tuple[Any, Any]:
             logits = model(x, training=False)
             loss = loss_fn(logits, y) * tf.cast(tf.shape(y)[0], tf.float32)

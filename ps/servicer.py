@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from asyncps.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler, dtype_to_proto, iter_chunks
+from asyncps.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler, dtype_to_proto, frames, iter_chunks
 from asyncps.errors import InvalidArgumentError
 from asyncps.pb import ps_pb2, ps_pb2_grpc, tensor_pb2
 from asyncps.rpc import handles_errors
@@ -67,25 +67,20 @@ def outcome_to_proto(outcome: PushOutcome) -> ps_pb2.PushResult:
     )
 
 
-def _read_stream(
-    messages: Iterable[Any], assembler: TensorAssembler, what: str
-) -> Any:
-    """Consume a header-then-tensors stream; return the header (tensors go to the assembler)."""
+def _read_stream(messages: Iterable[Any], assembler: TensorAssembler, what: str) -> Any:
+    """Consume a stream of frames; the header must be in the first frame and only there."""
     header = None
-    for msg in messages:
-        kind = msg.WhichOneof("kind")
-        if kind == "header":
-            if header is not None:
-                raise InvalidArgumentError(f"{what}: more than one header")
+    for i, msg in enumerate(messages):
+        if msg.HasField("header"):
+            if i > 0:
+                raise InvalidArgumentError(f"{what}: header in frame {i}; it belongs in the first frame only")
             header = msg.header
-        elif kind == "tensor":
-            if header is None:
-                raise InvalidArgumentError(f"{what}: tensor before the header")
-            assembler.add(msg.tensor)
-        else:
-            raise InvalidArgumentError(f"{what}: empty stream message")
+        elif i == 0:
+            raise InvalidArgumentError(f"{what}: the first frame has no header")
+        for chunk in msg.tensors:
+            assembler.add(chunk)
     if header is None:
-        raise InvalidArgumentError(f"{what}: stream without a header")
+        raise InvalidArgumentError(f"{what}: empty stream (no header)")
     return header
 
 
@@ -137,15 +132,16 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             return list(iter_chunks(name, value, chunk_bytes=self._chunk_bytes))
 
         version, encoded = self._store.pull(if_newer_than, encode)
-        yield ps_pb2.PullChunk(header=ps_pb2.PullHeader(
-            version=version, not_modified=encoded is None, shard_index=self._store.shard_index,
-            push=push,
-        ))
+        header = ps_pb2.PullHeader(version=version, not_modified=encoded is None,
+                                   shard_index=self._store.shard_index, push=push)
         sent = 0
-        for chunks in encoded or ():
-            for chunk in chunks:
-                sent += len(chunk.data)
-                yield ps_pb2.PullChunk(tensor=chunk)
+        first = True
+        for frame in frames((c for chunks in encoded or () for c in chunks), self._chunk_bytes):
+            sent += sum(len(c.data) for c in frame)
+            yield ps_pb2.PullChunk(header=header if first else None, tensors=frame)
+            first = False
+        if first:
+            yield ps_pb2.PullChunk(header=header)
         self._count(pulled=sent)
 
     @handles_errors

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -29,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def mlp(*widths: int) -> tuple[VariableSpec, ...]:
     """Kernels and biases of a dense MLP with the given layer widths (input first)."""
     specs = []
-    for i, (n_in, n_out) in enumerate(zip(widths, widths[1:], strict=False)):
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(widths)):
         specs += [VariableSpec(f"dense_{i}/kernel", (n_in, n_out)),
                   VariableSpec(f"dense_{i}/bias", (n_out,))]
     return tuple(specs)
@@ -49,7 +50,7 @@ def check_complete(placement: Placement) -> None:
         parts = placement.parts_of(spec.name)
         rows = spec.shape[0] if spec.shape else 1
         assert parts[0].row_start == 0 and parts[-1].row_stop == rows, spec
-        for before, after in zip(parts, parts[1:], strict=False):
+        for before, after in itertools.pairwise(parts):
             assert before.row_stop == after.row_start, spec
         assert all(0 <= p.shard < placement.num_shards for p in parts)
         if len(parts) > 1:
@@ -91,11 +92,13 @@ def test_placement_is_identical_in_another_process_with_another_hash_seed() -> N
         "import json, sys\n"
         "from asyncps.placement import place, specs_of\n"
         "specs = specs_of([(n, tuple(s), d) for n, s, d in json.load(sys.stdin)])\n"
-        "print(json.dumps([[p.name, p.shard, p.row_start, p.row_stop] for p in place(specs, 3).parts]))\n"
+        "parts = place(specs, 3).parts\n"
+        "print(json.dumps([[p.name, p.shard, p.row_start, p.row_stop] for p in parts]))\n"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     result = subprocess.run(
-        [sys.executable, "-c", script], input=json.dumps([[s.name, s.shape, s.dtype] for s in specs]),
+        [sys.executable, "-c", script],
+        input=json.dumps([[s.name, s.shape, s.dtype] for s in specs]),
         capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120, check=True)
     there = json.loads(result.stdout)
     here = [[p.name, p.shard, p.row_start, p.row_stop] for p in place(specs, 3).parts]

@@ -10,18 +10,18 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import tensorflow as tf
 
-from asyncps.datasets import load_dataset  # noqa: E402
-from asyncps.models import build_model, loss_fn  # noqa: E402
-from asyncps.placement import VariableSpec, place, split_for_shards  # noqa: E402
-from asyncps.psclient import ModelClient  # noqa: E402
-from ps.optimizers import OptimizerConfig  # noqa: E402
-from ps.servicer import rule_to_proto  # noqa: E402
-from ps.store import UpdateRuleConfig  # noqa: E402
-from worker.delays import NoDelay  # noqa: E402
-from worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn  # noqa: E402
+from asyncps.datasets import load_dataset
+from asyncps.models import build_model, loss_fn
+from asyncps.placement import VariableSpec, place, split_for_shards
+from asyncps.psclient import ModelClient
+from ps.optimizers import OptimizerConfig
+from ps.servicer import rule_to_proto
+from ps.store import UpdateRuleConfig
+from worker.delays import NoDelay
+from worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
 
 STEPS = 25
 LR = 0.1

@@ -60,7 +60,7 @@ def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any]) -> GradFn:
 
     variables = list(model.trainable_variables)
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True)  # type: ignore[untyped-decorator]
     def step(values: list[Any], x: Any, y: Any) -> tuple[Any, list[Any]]:
         for var, value in zip(variables, values, strict=True):
             var.assign(value)

@@ -140,29 +140,29 @@ Global___InitializeHeader: _TypeAlias = InitializeHeader  # noqa: Y015
 
 @_typing.final
 class InitializeChunk(_message.Message):
+    """Streams are frames of up to ~chunk_bytes of tensor data each; the header rides in the first
+    frame (and only there), so a small model moves in a single message each way.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     HEADER_FIELD_NUMBER: _builtins.int
-    TENSOR_FIELD_NUMBER: _builtins.int
+    TENSORS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def header(self) -> Global___InitializeHeader:
-        """first message"""
-
+    def header(self) -> Global___InitializeHeader: ...
     @_builtins.property
-    def tensor(self) -> _tensor_pb2.TensorChunk: ...
+    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]: ...
     def __init__(
         self,
         *,
         header: Global___InitializeHeader | None = ...,
-        tensor: _tensor_pb2.TensorChunk | None = ...,
+        tensors: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "kind", b"kind", "tensor", b"tensor"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "kind", b"kind", "tensor", b"tensor"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "tensors", b"tensors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["header", "tensor"]  # noqa: Y015
-    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InitializeChunk: _TypeAlias = InitializeChunk  # noqa: Y015
 
@@ -256,26 +256,24 @@ class PushChunk(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HEADER_FIELD_NUMBER: _builtins.int
-    TENSOR_FIELD_NUMBER: _builtins.int
+    TENSORS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def header(self) -> Global___PushHeader:
-        """first message"""
+        """first frame only"""
 
     @_builtins.property
-    def tensor(self) -> _tensor_pb2.TensorChunk: ...
+    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]: ...
     def __init__(
         self,
         *,
         header: Global___PushHeader | None = ...,
-        tensor: _tensor_pb2.TensorChunk | None = ...,
+        tensors: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "kind", b"kind", "tensor", b"tensor"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "kind", b"kind", "tensor", b"tensor"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "tensors", b"tensors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["header", "tensor"]  # noqa: Y015
-    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PushChunk: _TypeAlias = PushChunk  # noqa: Y015
 
@@ -351,26 +349,24 @@ class PullChunk(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HEADER_FIELD_NUMBER: _builtins.int
-    TENSOR_FIELD_NUMBER: _builtins.int
+    TENSORS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def header(self) -> Global___PullHeader:
-        """first message"""
+        """first frame only"""
 
     @_builtins.property
-    def tensor(self) -> _tensor_pb2.TensorChunk: ...
+    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]: ...
     def __init__(
         self,
         *,
         header: Global___PullHeader | None = ...,
-        tensor: _tensor_pb2.TensorChunk | None = ...,
+        tensors: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "kind", b"kind", "tensor", b"tensor"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "kind", b"kind", "tensor", b"tensor"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "tensors", b"tensors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["header", "tensor"]  # noqa: Y015
-    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PullChunk: _TypeAlias = PullChunk  # noqa: Y015
 
