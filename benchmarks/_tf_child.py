@@ -11,7 +11,7 @@ Roles (``JSON`` is one object of keyword arguments):
     Plain single-process Keras training loop; prints ``RESULT {"values": [...]}``.
 ``server``
     A ``tf.distribute.Server`` for one ``ps``/``worker`` task; prints ``READY`` once it
-    listens, then serves until killed.
+    listens, then serves until killed or until its parent process is gone.
 ``coordinator``
     The ParameterServerStrategy coordinator (TF's "chief"): builds the model under the
     strategy, schedules training steps on the workers through ``ClusterCoordinator`` and
@@ -27,12 +27,15 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 NUM_FEATURES = 784
 NUM_CLASSES = 10
 LEARNING_RATE = 0.01
+#: Scheduled-but-unfinished PS steps allowed per worker (see ``run_coordinator``).
+IN_FLIGHT_PER_WORKER = 4
 
 
 def _configure_threads(intra_op: int, inter_op: int) -> None:
@@ -123,8 +126,12 @@ def run_local(hidden: list[int], batch: int, repeats: int, seconds: float, warmu
 
 
 def run_server(cluster: dict[str, list[str]], job_name: str, task_index: int, intra_op: int,
-               inter_op: int) -> None:
-    """Start one ``tf.distribute.Server``, print ``READY`` and serve until killed."""
+               inter_op: int, parent_pid: int) -> None:
+    """Start one ``tf.distribute.Server``, print ``READY``, serve until ``parent_pid`` exits.
+
+    The parent normally kills us; watching it as well means a SIGKILLed benchmark cannot
+    leave TF servers behind.
+    """
     import tensorflow as tf
 
     config = tf.compat.v1.ConfigProto()
@@ -137,7 +144,10 @@ def run_server(cluster: dict[str, list[str]], job_name: str, task_index: int, in
         protocol="grpc", config=config, start=True,
     )
     print("READY", flush=True)
-    server.join()
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    del server
+    os._exit(0)
 
 
 def run_coordinator(cluster: dict[str, list[str]], hidden: list[int], batch: int, repeats: int,
@@ -169,22 +179,29 @@ def run_coordinator(cluster: dict[str, list[str]], hidden: list[int], batch: int
 
     per_worker_iter = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
-    @tf.function
-    def worker_fn(iterator: Any) -> Any:
+    def one_step(iterator: Any) -> Any:
         x, y = next(iterator)
         return strategy.run(train_step, args=(x, y))
 
+    worker_fn = tf.function(one_step)
+
+    max_in_flight = IN_FLIGHT_PER_WORKER * len(cluster["worker"])
     for _ in range(warmup_steps):
         coordinator.schedule(worker_fn, args=(per_worker_iter,))
     coordinator.join()
 
     def run_for(duration: float) -> tuple[int, float]:
+        # schedule() is non-blocking and its closure queue holds 256Ki entries, so keeping it
+        # "fed" would just pile up minutes of backlog. Bound the steps in flight instead (a
+        # few per worker keeps every worker busy), stop scheduling at the deadline and count
+        # the time until every scheduled step has finished.
+        in_flight: deque[Any] = deque()
         steps = 0
         start = time.perf_counter()
-        # schedule() only blocks once the closure queue is full, so keep it fed until the
-        # deadline, then count the time until every scheduled step has finished.
         while time.perf_counter() - start < duration:
-            coordinator.schedule(worker_fn, args=(per_worker_iter,))
+            if len(in_flight) >= max_in_flight:
+                in_flight.popleft().fetch()
+            in_flight.append(coordinator.schedule(worker_fn, args=(per_worker_iter,)))
             steps += 1
         coordinator.join()
         return steps, time.perf_counter() - start
@@ -198,7 +215,10 @@ def main(argv: Sequence[str]) -> int:
     if role == "server":
         run_server(**kwargs)
         return 0
-    runner = {"local": run_local, "coordinator": run_coordinator}[role]
+    runners: dict[str, Callable[..., dict[str, Any]]] = {
+        "local": run_local, "coordinator": run_coordinator,
+    }
+    runner = runners[role]
     result = runner(**kwargs)
     print("RESULT " + json.dumps(result), flush=True)
     sys.stdout.flush()

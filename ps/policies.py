@@ -9,6 +9,8 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 
+from asyncps.codec import Array
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -20,13 +22,30 @@ class Decision:
 
 
 class StalenessPolicy(abc.ABC):
-    """Decides, from a gradient's staleness, whether and how strongly to apply it."""
+    """Decides, from a gradient's staleness, whether and how strongly to apply it.
+
+    Policies that correct the gradient itself (DC-ASGD, gap-aware) set `needs_read_values`; the
+    store then keeps, per worker, a copy of the values that worker last pulled and calls
+    `adjust` for every (dense, or the touched rows of a sparse) gradient before applying it.
+    """
 
     spec: str
+    needs_read_values: bool = False
 
     @abc.abstractmethod
     def decide(self, staleness: int) -> Decision:
         """The decision for one gradient with the given staleness (>= 0)."""
+
+    def adjust(
+        self, name: str, grad: Array, value_now: Array, value_read: Array, state: dict[str, Array]
+    ) -> Array:
+        """The gradient to apply, given the current values and those the worker read.
+
+        All arrays have the gradient's shape (for sparse gradients: the touched rows). `state`
+        is this policy's per-variable scratch space, owned by the store, for running averages.
+        Must not modify grad, value_now or value_read in place.
+        """
+        return grad
 
 
 class ApplyAll(StalenessPolicy):

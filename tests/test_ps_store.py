@@ -219,6 +219,10 @@ def test_pull_if_newer_than() -> None:
     assert store.pull(7, copy_encode) == (1, None)
 
 
+def sparse(indices: list[int], rows: np.ndarray) -> SparseRows:
+    return SparseRows(np.array(indices, np.int64), rows.astype(np.float32))
+
+
 def _nan_w() -> np.ndarray:
     w = np.zeros((6, 4), np.float32)
     w[5, 3] = np.nan
@@ -240,13 +244,13 @@ def _bad_pushes() -> dict[str, tuple[Callable[[int], int], Mapping[str, Any], ty
                 "NaN or Inf"),
         "nan-beside-valid": (lambda v: v, {"w": ok_w, "b": np.array([0, 0, np.nan], np.float32)},
                              InvalidArgumentError, "b: gradient contains NaN"),
-        "sparse-index-too-big": (lambda v: v, {"w": SparseRows(np.array([0, 6]), np.ones((2, 4), np.float32))},
+        "sparse-index-too-big": (lambda v: v, {"w": sparse([0, 6], np.ones((2, 4)))},
                                  InvalidArgumentError, "index outside \\[0, 6\\)"),
-        "sparse-index-negative": (lambda v: v, {"w": SparseRows(np.array([-1]), np.ones((1, 4), np.float32))},
+        "sparse-index-negative": (lambda v: v, {"w": sparse([-1], np.ones((1, 4)))},
                                   InvalidArgumentError, "index outside"),
-        "sparse-row-width": (lambda v: v, {"w": SparseRows(np.array([0]), np.ones((1, 3), np.float32))},
+        "sparse-row-width": (lambda v: v, {"w": sparse([0], np.ones((1, 3)))},
                              InvalidArgumentError, "do not fit"),
-        "sparse-nan": (lambda v: v, {"w": SparseRows(np.array([1]), np.full((1, 4), np.nan, np.float32))},
+        "sparse-nan": (lambda v: v, {"w": sparse([1], np.full((1, 4), np.nan))},
                        InvalidArgumentError, "NaN or Inf"),
         "future-base-version": (lambda v: v + 1, {"w": ok_w}, InvalidArgumentError,
                                 "from the future"),
@@ -296,6 +300,7 @@ def test_malformed_sparse_push_is_invalid_and_not_partially_applied(sparse: Spar
     "sum of large finite values overflows to inf, so a finite gradient is rejected as NaN/Inf",
     strict=True,
 )
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_large_finite_float64_gradient_is_accepted() -> None:
     store = ShardStore()
     store.initialize(rule(), {"d": np.zeros(2, np.float64)})
@@ -321,7 +326,7 @@ def test_sparse_push_touches_only_its_rows() -> None:
 def test_empty_sparse_push_changes_no_values() -> None:
     store = make_store()
     before = store.values()
-    outcome = store.push("w0", 0, {"w": SparseRows(np.zeros(0, np.int64), np.zeros((0, 4), np.float32))})
+    outcome = store.push("w0", 0, {"w": sparse([], np.zeros((0, 4)))})
     assert outcome.accepted and outcome.version == 1
     assert store.values()["w"].tobytes() == before["w"].tobytes()
 
@@ -369,7 +374,7 @@ def test_lr_scale_policy_divides_the_learning_rate_by_staleness(staleness: int) 
 def test_concurrent_pushes_lose_nothing_and_pulls_are_consistent() -> None:
     threads_n, pushes_n = 8, 25
     store = make_store()
-    start = threading.Barrier(threads_n + 1)
+    start = threading.Barrier(threads_n + 1)  # the pushers and the puller
     outcomes: list[list[PushOutcome]] = [[] for _ in range(threads_n)]
     pushers_done = threading.Event()
     pulled_versions: list[int] = []
@@ -394,10 +399,10 @@ def test_concurrent_pushes_lose_nothing_and_pulls_are_consistent() -> None:
                 problems.append(f"torn model at version {version}: {dw.flat[0]} vs {db}")
             pulled_versions.append(version)
 
-    pushers = [threading.Thread(target=pusher, args=(t,), name=f"pusher{t}") for t in range(threads_n)]
+    pushers = [threading.Thread(target=pusher, args=(t,), name=f"pusher{t}")
+               for t in range(threads_n)]
     reader = threading.Thread(target=puller, name="puller")
     start_all([*pushers, reader])
-    start.wait()
     join_all(pushers)
     pushers_done.set()
     join_all([reader])

@@ -100,7 +100,9 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
     names = [v.path for v in model.trainable_variables]
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
-    rows = worker_shard(len(data.x_train), reg.index, reg.num_workers)
+    # A worker beyond the planned count (scaled up mid-run) shares a shard until data tasks
+    # replace static sharding.
+    rows = worker_shard(len(data.x_train), reg.index % reg.num_workers, reg.num_workers)
     batches = BatchStream(data.x_train[rows], data.y_train[rows], run.batch_size, run.seed * 7919 + reg.index)
     client = ModelClient(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes)
     telemetry = Telemetry()

@@ -1,0 +1,481 @@
+"""Baseline measurements that asyncps is compared against.
+
+Three baselines, all on the same synthetic workload (an MLP ``784 -> hidden... -> 10`` trained
+with plain SGD on random 784-feature / 10-class data, so nothing is downloaded):
+
+* :func:`keras_local_loop`: the plain single-process Keras loop (``GradientTape`` step inside
+  ``tf.function``): the "no distribution at all" reference.
+* :func:`tf_ps_strategy`: TensorFlow's own ``tf.distribute.ParameterServerStrategy`` driven by
+  a ``ClusterCoordinator``, with ``num_ps`` PS and ``num_workers`` worker servers as separate
+  OS processes on 127.0.0.1: the closest off-the-shelf equivalent of asyncps.
+* :func:`raw_grpc_streaming`: raw gRPC byte streaming through a generic handler (no protobuf
+  schema): the transport ceiling any gRPC-based parameter server lives under.
+
+Process layout. Every TensorFlow measurement runs in fresh child processes
+(``benchmarks/_tf_child.py``), including the local loop and the PS coordinator, because
+
+* TF thread-pool sizes can only be set before TF's runtime initialises, and the glibc
+  ``MALLOC_*`` tunables of :func:`tune_malloc_env` are only read at process start;
+* ``ParameterServerStrategy`` installs a process-global remote eager context pointing at the
+  cluster, which must not leak into the caller (who may run asyncps or another cluster next);
+* the numbers then do not depend on what the calling process did before.
+
+The gRPC server likewise runs in a child (``benchmarks/_grpc_child.py``); the gRPC client runs
+in the calling process. ``python -m benchmarks.baselines`` re-executes itself with
+:func:`tune_malloc_env` applied (see :func:`reexec_with_tuned_malloc`) so that the client side
+gets the same allocator settings. Children are always killed on exit, exceptions and
+timeouts, and additionally exit on their own once the benchmark process is gone.
+
+Thread settings (2-core machine; see ``DEFAULT_*`` constants below):
+
+* local loop: ``intra_op=2`` (the one process may use both cores), ``inter_op=1`` (the MLP
+  step is a single dependency chain, so parallel op scheduling only adds contention);
+* PS strategy: workers ``intra_op=1`` (two workers = two cores) with ``inter_op=num_workers +
+  1``: remote-variable reads block inter-op threads, and with ``inter_op=1`` workers are known
+  to hang (TF's own tutorial uses the same ``num_workers + 1`` rule on small machines); PS
+  tasks and the coordinator ``intra_op=1`` (they only apply element-wise SGD updates and
+  dispatch RPCs), ``inter_op`` left at TF's default.
+
+Units: ``MB`` is 10**6 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import grpc
+
+from benchmarks import _grpc_child
+
+__all__ = [
+    "BaselineError",
+    "Samples",
+    "keras_local_loop",
+    "raw_grpc_streaming",
+    "reexec_with_tuned_malloc",
+    "tf_ps_strategy",
+    "tune_malloc_env",
+]
+
+MB = 1_000_000
+_MIB = 1 << 20
+
+_HERE = Path(__file__).resolve().parent
+_TF_CHILD = _HERE / "_tf_child.py"
+_GRPC_CHILD = _HERE / "_grpc_child.py"
+
+#: TF thread pools of the local-loop process (see module docstring).
+DEFAULT_LOCAL_INTRA_OP = 2
+DEFAULT_LOCAL_INTER_OP = 1
+#: TF ``intra_op`` threads of every PS-strategy process (PS, workers and coordinator).
+DEFAULT_PS_INTRA_OP = 1
+
+#: Seconds a child gets to import TensorFlow / start serving. TF's import alone takes 5-25 s
+#: on this 2-core machine depending on load, and several children start at once.
+_STARTUP_TIMEOUT_S = 240.0
+#: Fixed warm-up step counts (tf.function tracing, first RPCs, allocator warm-up).
+_LOCAL_WARMUP_STEPS = 20
+_PS_WARMUP_STEPS = 40
+
+
+class BaselineError(RuntimeError):
+    """A baseline child process failed, exited early or timed out."""
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Repeated measurements of one benchmark: one value per repetition."""
+
+    name: str
+    unit: str
+    values: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        """Median over repetitions."""
+        return float(statistics.median(self.values))
+
+    @property
+    def min(self) -> float:
+        """Smallest repetition."""
+        return min(self.values)
+
+    @property
+    def max(self) -> float:
+        """Largest repetition."""
+        return max(self.values)
+
+    def summary(self) -> str:
+        """One line: ``name: median unit (min-max, n=...)``."""
+        return (
+            f"{self.name}: {self.median:.1f} {self.unit} "
+            f"(min-max {self.min:.1f}-{self.max:.1f}, n={len(self.values)})"
+        )
+
+
+def tune_malloc_env() -> dict[str, str]:
+    """Return glibc malloc tunables that make large-buffer allocation fast here.
+
+    By default glibc serves every allocation above the (dynamic, at most 32 MiB) mmap
+    threshold with a fresh ``mmap`` and returns it on free, so each 40 MB buffer pays ~10k
+    page faults: ``ndarray.tobytes()`` of 40 MB took ~24 ms on this machine, ~3 ms with these
+    values. Raising the mmap threshold keeps such buffers on the heap, and raising the trim
+    threshold / top pad keeps freed heap memory mapped for reuse. glibc reads these only at
+    process start, so put them into a child's environment (or re-exec, see
+    :func:`reexec_with_tuned_malloc`).
+    """
+    return {
+        "MALLOC_MMAP_THRESHOLD_": str(256 * _MIB),
+        "MALLOC_TRIM_THRESHOLD_": str(512 * _MIB),
+        "MALLOC_TOP_PAD_": str(256 * _MIB),
+    }
+
+
+def malloc_is_tuned(environ: dict[str, str] | None = None) -> bool:
+    """Whether ``environ`` (default: ``os.environ``) already carries :func:`tune_malloc_env`."""
+    env = dict(os.environ) if environ is None else environ
+    return all(env.get(key) == value for key, value in tune_malloc_env().items())
+
+
+def reexec_with_tuned_malloc() -> None:
+    """Re-execute the current interpreter command line with :func:`tune_malloc_env` applied.
+
+    A no-op when the variables are already set (so it cannot loop); otherwise it does not
+    return. Call it first thing in a benchmark ``main`` so in-process clients get the same
+    allocator behaviour as the child processes.
+    """
+    if malloc_is_tuned():
+        return
+    env = {**os.environ, **tune_malloc_env()}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def _child_env() -> dict[str, str]:
+    """Environment for child processes: ours + tuned malloc + quieter TF logging."""
+    env = {**os.environ, **tune_malloc_env()}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _free_ports(count: int) -> list[int]:
+    """Return ``count`` distinct currently-free TCP ports on 127.0.0.1.
+
+    TF servers need their address before they start, so bind port 0, read the port back and
+    release it (all sockets are held until every port is picked, so they are distinct).
+    """
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
+class _Child:
+    """One child process: stdout is a pipe we parse, stderr goes to a temporary log file."""
+
+    def __init__(self, name: str, argv: Sequence[str]) -> None:
+        self.name = name
+        # Closed in kill(); its lifetime is the child's, not a block's.
+        self._log: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
+            prefix=f"asyncps-bench-{name}-"
+        )
+        self._buffer = b""
+        self.proc: subprocess.Popen[bytes] = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=_child_env(),
+            # Own session: a terminal Ctrl-C reaches only us, and we clean up the children.
+            start_new_session=True,
+        )
+
+    def log_tail(self, limit: int = 3000) -> str:
+        """Return the last ``limit`` characters the child wrote to stderr."""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-limit:]
+
+    def _fail(self, what: str) -> BaselineError:
+        return BaselineError(f"{self.name}: {what}; stderr tail:\n{self.log_tail()}")
+
+    def read_tagged_line(self, tag: str, timeout: float) -> str:
+        """Wait for a stdout line ``"<tag> <payload>"`` (or just ``tag``); return the payload."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        prefix = tag.encode()
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self._buffer:
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                if line == prefix or line.startswith(prefix + b" "):
+                    return line[len(prefix) :].strip().decode()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._fail(f"no {tag!r} line within {timeout:.0f} s")
+            ready, _, _ = select.select([fd], [], [], min(remaining, 1.0))
+            if ready:
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    rc = self.proc.wait()
+                    raise self._fail(f"exited with status {rc} before printing {tag!r}")
+                self._buffer += data
+
+    def kill(self) -> None:
+        """Kill the child (if still running), reap it and drop its log."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+class _Children(contextlib.AbstractContextManager["_Children"]):
+    """Starts child processes and guarantees they are all killed when the block exits."""
+
+    def __init__(self) -> None:
+        self._children: list[_Child] = []
+
+    def start(self, name: str, argv: Sequence[str]) -> _Child:
+        """Start ``argv`` as a tracked child named ``name``."""
+        child = _Child(name, argv)
+        self._children.append(child)
+        return child
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for child in reversed(self._children):
+            child.kill()
+        self._children.clear()
+
+
+def _tf_child_argv(role: str, **kwargs: Any) -> list[str]:
+    return [sys.executable, str(_TF_CHILD), role, json.dumps(kwargs)]
+
+
+def _model_name(hidden: Sequence[int]) -> str:
+    return "-".join(str(n) for n in (784, *hidden, 10))
+
+
+def keras_local_loop(
+    hidden: tuple[int, ...],
+    batch: int = 64,
+    repeats: int = 5,
+    seconds: float = 3.0,
+    *,
+    intra_op: int = DEFAULT_LOCAL_INTRA_OP,
+    inter_op: int = DEFAULT_LOCAL_INTER_OP,
+) -> Samples:
+    """Measure a plain single-process Keras training loop in steps/s.
+
+    MLP ``784 -> hidden... -> 10`` (ReLU), SGD (lr 0.01), sparse softmax cross-entropy, one
+    ``GradientTape`` step per ``tf.function`` call on a fixed synthetic batch of ``batch``
+    rows. After a warm-up, each of the ``repeats`` repetitions steps for ``seconds`` and
+    yields one steps/s value. Runs in a fresh child process with ``intra_op`` / ``inter_op``
+    TF threads (0 = TF's default) and :func:`tune_malloc_env`.
+    """
+    with _Children() as children:
+        child = children.start(
+            "keras-local",
+            _tf_child_argv(
+                "local", hidden=list(hidden), batch=batch, repeats=repeats, seconds=seconds,
+                warmup_steps=_LOCAL_WARMUP_STEPS, intra_op=intra_op, inter_op=inter_op,
+            ),
+        )
+        result = json.loads(
+            child.read_tagged_line("RESULT", _STARTUP_TIMEOUT_S + 3 * repeats * seconds)
+        )
+    return Samples(f"keras local loop {_model_name(hidden)}", "steps/s", result["values"])
+
+
+def tf_ps_strategy(
+    hidden: tuple[int, ...],
+    batch: int = 64,
+    num_ps: int = 2,
+    num_workers: int = 2,
+    repeats: int = 3,
+    seconds: float = 5.0,
+    *,
+    intra_op: int = DEFAULT_PS_INTRA_OP,
+) -> Samples:
+    """Measure TensorFlow's ``ParameterServerStrategy`` in aggregate steps/s.
+
+    Starts ``num_ps`` PS and ``num_workers`` worker ``tf.distribute.Server`` processes on
+    free 127.0.0.1 ports plus a coordinator process that builds the same model as
+    :func:`keras_local_loop` under ``tf.distribute.ParameterServerStrategy`` (variables
+    round-robin on the PS tasks) and schedules one-batch training steps on the workers through
+    ``tf.distribute.coordinator.ClusterCoordinator``, with at most a few steps in flight per
+    worker. Input batches are generated on the workers. Each of the ``repeats`` repetitions
+    schedules steps for ``seconds``, waits for all of them to finish and reports steps done by
+    all workers per second. ``intra_op`` applies to every process; workers get
+    ``inter_op = num_workers + 1`` (``inter_op=1`` hangs). All processes are killed on return,
+    on error and on timeout.
+    """
+    ports = _free_ports(num_ps + num_workers)
+    cluster = {
+        "ps": [f"127.0.0.1:{port}" for port in ports[:num_ps]],
+        "worker": [f"127.0.0.1:{port}" for port in ports[num_ps:]],
+    }
+    tasks = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]
+    with _Children() as children:
+        servers = [
+            children.start(
+                f"tf-{job}-{index}",
+                _tf_child_argv(
+                    "server", cluster=cluster, job_name=job, task_index=index,
+                    intra_op=intra_op, inter_op=num_workers + 1 if job == "worker" else 0,
+                    parent_pid=os.getpid(),
+                ),
+            )
+            for job, index in tasks
+        ]
+        for server in servers:
+            server.read_tagged_line("READY", _STARTUP_TIMEOUT_S)
+        coordinator = children.start(
+            "tf-coordinator",
+            _tf_child_argv(
+                "coordinator", cluster=cluster, hidden=list(hidden), batch=batch,
+                repeats=repeats, seconds=seconds, warmup_steps=_PS_WARMUP_STEPS,
+                intra_op=intra_op, inter_op=0,
+            ),
+        )
+        result = json.loads(
+            coordinator.read_tagged_line("RESULT", _STARTUP_TIMEOUT_S + 4 * repeats * seconds)
+        )
+    return Samples(
+        f"TF ParameterServerStrategy {num_ps}ps+{num_workers}w {_model_name(hidden)}",
+        "steps/s",
+        result["values"],
+    )
+
+
+def raw_grpc_streaming(
+    megabytes: int = 40, chunk_bytes: int = 1 << 20, repeats: int = 5
+) -> tuple[Samples, Samples]:
+    """Measure raw gRPC streaming throughput; return ``(download MB/s, upload MB/s)``.
+
+    A generic-handler gRPC server with identity (bytes) serializers runs in a separate
+    process on 127.0.0.1 (see ``benchmarks/_grpc_child.py``). The client, in this process,
+    downloads ``megabytes`` MB via server streaming and uploads the same amount via client
+    streaming, in ``chunk_bytes`` messages, ``repeats`` times each after one warm-up round.
+    Chunks are pre-built on both sides and the receiver only counts bytes, so this is the
+    transport ceiling, without serialization or copying into tensors.
+    """
+    total = megabytes * MB
+    rpc_timeout = 120.0
+    with _Children() as children:
+        server = children.start(
+            "grpc-server", [sys.executable, str(_GRPC_CHILD), str(os.getpid())]
+        )
+        port = int(server.read_tagged_line("PORT", _STARTUP_TIMEOUT_S))
+        with grpc.insecure_channel(
+            f"127.0.0.1:{port}", options=_grpc_child.GRPC_OPTIONS
+        ) as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+            # No (de)serializers: messages are raw bytes on both ends.
+            download_rpc = channel.unary_stream(_grpc_child.DOWNLOAD, None, None)
+            upload_rpc = channel.stream_unary(_grpc_child.UPLOAD, None, None)
+            request = struct.pack("<QQ", total, chunk_bytes)
+
+            def download() -> float:
+                start = time.perf_counter()
+                received = sum(len(message) for message in download_rpc(request, timeout=rpc_timeout))
+                elapsed = time.perf_counter() - start
+                if received != total:
+                    raise BaselineError(f"downloaded {received} bytes, expected {total}")
+                return total / MB / elapsed
+
+            def upload() -> float:
+                start = time.perf_counter()
+                reply = upload_rpc(
+                    _grpc_child.iter_chunks(total, chunk_bytes), timeout=rpc_timeout
+                )
+                elapsed = time.perf_counter() - start
+                (received,) = struct.unpack("<Q", reply)
+                if received != total:
+                    raise BaselineError(f"uploaded {received} bytes, expected {total}")
+                return total / MB / elapsed
+
+            download()
+            upload()
+            down = [download() for _ in range(repeats)]
+            up = [upload() for _ in range(repeats)]
+    label = f"{megabytes} MB in {chunk_bytes}-byte chunks"
+    return (
+        Samples(f"raw gRPC download {label}", "MB/s", down),
+        Samples(f"raw gRPC upload {label}", "MB/s", up),
+    )
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.baselines",
+        description="Run the asyncps comparison baselines and print median and min-max.",
+    )
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write all samples as JSON to PATH"
+    )
+    parser.add_argument(
+        "--no-reexec", action="store_true",
+        help="do not re-execute with the tuned MALLOC_* environment first",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run all baselines for hidden (512, 512) and (2048, 2048) and print the results."""
+    args = _parse_args(argv)
+    if not args.no_reexec:
+        reexec_with_tuned_malloc()
+    cpus = os.cpu_count()
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"# asyncps baselines: {cpus} CPUs, load average {load}, "
+          f"malloc tuned: {malloc_is_tuned()}", flush=True)
+    started = time.perf_counter()
+    results: list[Samples] = []
+
+    def report(samples: Samples) -> None:
+        results.append(samples)
+        print(samples.summary(), flush=True)
+
+    for hidden in ((512, 512), (2048, 2048)):
+        report(keras_local_loop(hidden))
+        report(tf_ps_strategy(hidden))
+    for samples in raw_grpc_streaming():
+        report(samples)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"# done in {time.perf_counter() - started:.0f} s, load average {load}")
+    if args.json is not None:
+        args.json.write_text(json.dumps([asdict(s) for s in results], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
