@@ -59,8 +59,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     _add(g, "--lr", d.learning_rate, "learning rate", type=float)
     _add(g, "--opt-param", [], "optimizer hyperparameter KEY=VALUE (repeatable), e.g. beta_1=0.9",
          action="append")
-    _add(g, "--mode", d.mode, "consistency model")
-    _add(g, "--staleness-policy", d.staleness_policy, "none | drop:K | lr-scale")
+    _add(g, "--mode", d.mode, "consistency model: async | sync | ssp")
+    _add(g, "--staleness-policy", d.staleness_policy,
+         "async: none | drop:K | lr-scale | dc-asgd[:L] | dc-asgd-a[:L0[,M]] | gap-aware[:C]")
     _add(g, "--max-updates", d.max_updates, "stop after this many updates (0: no limit)", type=int)
     _add(g, "--epochs", None, f"stop after this many passes over the training data (0: no limit; "
          f"{d.epochs:g} unless --max-updates or --max-seconds is given)", type=float)
@@ -69,6 +70,13 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     _add(g, "--seed", d.seed, "seed of model init, data order and injected delays", type=int)
     _add(g, "--compute-delay", d.compute_delay,
          "injected delay per step: none | const:S | uniform:A,B | exp:MEAN")
+    _add(g, "--stragglers", d.stragglers, "permanent slow workers, e.g. 0:4x,3:2x (seeded experiments)")
+    _add(g, "--slowdown", d.slowdown, "random slowdowns P:F: with probability P a step is F times slower")
+    _add(g, "--rpc-latency", d.rpc_latency_s, "seconds added before every worker round trip", type=float)
+    _add(g, "--read-wait", d.read_wait_s, "longest a shard holds a sync/ssp worker before answering", type=float)
+    _add(g, "--backup-workers", d.backup_workers, "sync: apply each step after the first (workers - b) gradients",
+         type=int)
+    _add(g, "--staleness-bound", d.staleness_bound, "ssp: the largest clock lead s", type=int)
     _add(g, "--slice-threshold", d.slice_threshold_bytes,
          "variables larger than this many bytes are sliced over shards", type=int)
     _add(g, "--chunk-bytes", d.chunk_bytes, "bytes per streamed tensor chunk", type=int)
@@ -90,7 +98,10 @@ def run_config_from(args: argparse.Namespace, num_workers: int, num_ps: int) -> 
         "staleness_policy": args.staleness_policy, "max_updates": int(args.max_updates),
         "epochs": _epochs(args), "max_seconds": float(args.max_seconds),
         "eval_every_s": float(args.eval_every), "seed": int(args.seed),
-        "compute_delay": args.compute_delay, "slice_threshold_bytes": int(args.slice_threshold),
+        "compute_delay": args.compute_delay, "stragglers": args.stragglers, "slowdown": args.slowdown,
+        "rpc_latency_s": float(args.rpc_latency), "read_wait_s": float(args.read_wait),
+        "backup_workers": int(args.backup_workers), "staleness_bound": int(args.staleness_bound),
+        "slice_threshold_bytes": int(args.slice_threshold),
         "chunk_bytes": int(args.chunk_bytes), "heartbeat_interval_s": float(args.heartbeat_interval),
         "heartbeat_timeout_s": float(args.heartbeat_timeout), "rpc_deadline_s": float(args.rpc_deadline),
         "tf_threads": int(args.tf_threads), "num_workers": num_workers, "num_ps": num_ps,

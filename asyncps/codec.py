@@ -64,9 +64,17 @@ def _checked_nbytes(shape: Iterable[int], dtype: np.dtype[Any], limit: int) -> i
     return nbytes
 
 
+def wire_array(array: Array) -> Array:
+    """The array as it travels: C-contiguous, little-endian, original shape (0-d included)."""
+    arr = np.asarray(array)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(arr).reshape(arr.shape)
+
+
 def encode_tensor(array: Array) -> tensor_pb2.Tensor:
     """Encode a whole array in one message (small payloads only)."""
-    arr = np.ascontiguousarray(array)
+    arr = wire_array(array)
     return tensor_pb2.Tensor(dtype=dtype_to_proto(arr.dtype), shape=arr.shape, data=arr.tobytes())
 
 
@@ -88,7 +96,7 @@ def iter_chunks(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Iterator[tensor_pb2.TensorChunk]:
     """Split one array into TensorChunks of at most chunk_bytes (an empty array is one chunk)."""
-    arr = np.ascontiguousarray(array)
+    arr = wire_array(array)
     dtype = dtype_to_proto(arr.dtype)
     raw = memoryview(arr.reshape(-1)).cast("B")  # type: ignore[arg-type]
     total = raw.nbytes

@@ -12,6 +12,7 @@ from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
 
 if TYPE_CHECKING:
     from ps.store import UpdateRuleConfig
+    from worker.delays import StepDelay
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,15 @@ class RunConfig:
     eval_every_s: float = 2.0
     seed: int = 0
     compute_delay: str = "none"
+    stragglers: str = ""  # permanent slow factors, e.g. "0:4x,3:2x"
+    slowdown: str = ""  # random slowdowns "P:F": with probability P a step is F times slower
+    rpc_latency_s: float = 0.0  # added before every worker round trip
     slice_threshold_bytes: int = DEFAULT_SLICE_THRESHOLD_BYTES
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 10.0
     rpc_deadline_s: float = 60.0
+    read_wait_s: float = 30.0  # how long a shard may hold a sync/ssp worker before answering anyway
     tf_threads: int = 1
 
     def __post_init__(self) -> None:
@@ -68,9 +73,14 @@ class RunConfig:
         if problems:
             raise ValueError("invalid run configuration: " + "; ".join(problems))
         self.update_rule()  # validates optimizer, mode and staleness policy
-        from worker.delays import parse_delay
+        self.step_delay(0)
 
-        parse_delay(self.compute_delay, self.seed)
+    def step_delay(self, worker_index: int) -> StepDelay:
+        """The injected delays of one worker (seeded by run seed and worker index)."""
+        from worker.delays import StepDelay
+
+        return StepDelay.for_worker(worker_index, self.compute_delay, self.stragglers, self.slowdown,
+                                    self.rpc_latency_s, self.seed)
 
     def update_rule(self) -> UpdateRuleConfig:
         """The shards' update rule for this run."""

@@ -35,6 +35,7 @@ class PullReply:
 
     version: int
     values: dict[str, Array] | None
+    waited_s: float = 0.0  # time the shard held the reply back (sync/ssp)
 
 
 def _assemble(
@@ -93,8 +94,12 @@ class ShardClient:
                 worker_id=member_id, shard_index=shard_index, num_shards=num_shards, rule=rule)
             chunks = (c for name, value in values.items()
                       for c in iter_chunks(name, value, chunk_bytes=self._chunk_bytes))
-            for i, frame in enumerate(frames(chunks, self._chunk_bytes)):
-                yield ps_pb2.InitializeChunk(header=header if i == 0 else None, tensors=frame)
+            first = True
+            for frame in frames(chunks, self._chunk_bytes):
+                yield ps_pb2.InitializeChunk(header=header if first else None, tensors=frame)
+                first = False
+            if first:  # a shard that placement left empty still gets its rule
+                yield ps_pb2.InitializeChunk(header=header)
 
         return self._retry(lambda: self._stub.Initialize(stream(), timeout=self._call_timeout_s))
 
@@ -133,15 +138,17 @@ class ShardClient:
     def push_pull(
         self, member_id: str, base_version: int, grads: Mapping[str, Gradient], step: int = 0,
         loss: float = 0.0, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+        read_wait_s: float = 0.0,
     ) -> tuple[ps_pb2.PushResult, PullReply]:
-        """Push, then receive the values, in one round trip."""
+        """Push, then receive the values, in one round trip (held up to read_wait_s by sync/ssp)."""
         header = ps_pb2.PushHeader(worker_id=member_id, base_version=base_version, step=step,
-                                   loss=loss, pull_if_newer_than=pull_if_newer_than)
+                                   loss=loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s)
 
         def call() -> tuple[ps_pb2.PushResult, PullReply]:
             reply_header, values = _assemble(
-                self._stub.PushPull(self._push_stream(header, grads), timeout=self._call_timeout_s), buffers)
-            return reply_header.push, PullReply(reply_header.version, values)
+                self._stub.PushPull(self._push_stream(header, grads), timeout=self._call_timeout_s + read_wait_s),
+                buffers)
+            return reply_header.push, PullReply(reply_header.version, values, reply_header.waited_s)
 
         return self._retry(call)
 
@@ -149,6 +156,11 @@ class ShardClient:
         """The shard's counters."""
         return self._retry(lambda: self._stub.GetStats(ps_pb2.StatsRequest(), timeout=self._call_timeout_s),
                            deadline_s)
+
+    def set_live_workers(self, worker_ids: Sequence[str]) -> None:
+        """Tell the shard which workers are alive."""
+        request = ps_pb2.LiveWorkersRequest(worker_ids=worker_ids)
+        self._retry(lambda: self._stub.SetLiveWorkers(request, timeout=self._call_timeout_s))
 
     def shutdown(self, reason: str, deadline_s: float = 5.0) -> None:
         """Ask the shard process to exit."""
@@ -167,6 +179,7 @@ class ShardPush:
     shard: int
     result: ps_pb2.PushResult
     version: int
+    waited_s: float = 0.0
 
 
 class ModelClient:
@@ -244,7 +257,9 @@ class ModelClient:
                 per_shard[part.shard][part.name] = grad[part.rows()]
         return per_shard
 
-    def push_pull(self, grads: Mapping[str, Gradient], step: int, loss: float) -> list[ShardPush]:
+    def push_pull(
+        self, grads: Mapping[str, Gradient], step: int, loss: float, read_wait_s: float = 0.0
+    ) -> list[ShardPush]:
         """Push one step's gradient to every shard with the versions it was computed from, and
         receive the new values in the same round trip."""
         per_shard = self.split(grads)
@@ -256,9 +271,9 @@ class ModelClient:
                 self._accept(shard, reply)
                 return ShardPush(shard, ps_pb2.PushResult(accepted=False, drop_reason="empty"), reply.version)
             result, reply = self.shards[shard].push_pull(
-                self.member_id, base[shard], per_shard[shard], step, loss, -1, self._views[shard])
+                self.member_id, base[shard], per_shard[shard], step, loss, -1, self._views[shard], read_wait_s)
             self._accept(shard, reply)
-            return ShardPush(shard, result, reply.version)
+            return ShardPush(shard, result, reply.version, reply.waited_s)
 
         return self._on_all(one)
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import select
@@ -53,8 +54,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -104,7 +105,7 @@ class Samples:
 
     name: str
     unit: str
-    values: list[float] = field(default_factory=list)
+    values: list[float]
 
     @property
     def median(self) -> float:
@@ -201,15 +202,19 @@ class _Child:
             prefix=f"asyncps-bench-{name}-"
         )
         self._buffer = b""
-        self.proc: subprocess.Popen[bytes] = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=_child_env(),
-            # Own session: a terminal Ctrl-C reaches only us, and we clean up the children.
-            start_new_session=True,
-        )
+        try:
+            self.proc: subprocess.Popen[bytes] = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=self._log,
+                env=_child_env(),
+                # Own session: a terminal Ctrl-C reaches only us, and we clean up children.
+                start_new_session=True,
+            )
+        except BaseException:
+            self._log.close()
+            raise
 
     def log_tail(self, limit: int = 3000) -> str:
         """Return the last ``limit`` characters the child wrote to stderr."""
@@ -324,6 +329,7 @@ def tf_ps_strategy(
     seconds: float = 5.0,
     *,
     intra_op: int = DEFAULT_PS_INTRA_OP,
+    worker_inter_op: int | None = None,
 ) -> Samples:
     """Measure TensorFlow's ``ParameterServerStrategy`` in aggregate steps/s.
 
@@ -335,9 +341,11 @@ def tf_ps_strategy(
     worker. Input batches are generated on the workers. Each of the ``repeats`` repetitions
     schedules steps for ``seconds``, waits for all of them to finish and reports steps done by
     all workers per second. ``intra_op`` applies to every process; workers get
-    ``inter_op = num_workers + 1`` (``inter_op=1`` hangs). All processes are killed on return,
-    on error and on timeout.
+    ``worker_inter_op`` inter-op threads, by default ``num_workers + 1`` (``inter_op=1``
+    hangs). All processes are killed on return, on error and on timeout.
     """
+    if worker_inter_op is None:
+        worker_inter_op = num_workers + 1
     ports = _free_ports(num_ps + num_workers)
     cluster = {
         "ps": [f"127.0.0.1:{port}" for port in ports[:num_ps]],
@@ -350,7 +358,7 @@ def tf_ps_strategy(
                 f"tf-{job}-{index}",
                 _tf_child_argv(
                     "server", cluster=cluster, job_name=job, task_index=index,
-                    intra_op=intra_op, inter_op=num_workers + 1 if job == "worker" else 0,
+                    intra_op=intra_op, inter_op=worker_inter_op if job == "worker" else 0,
                     parent_pid=os.getpid(),
                 ),
             )
@@ -460,21 +468,29 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"malloc tuned: {malloc_is_tuned()}", flush=True)
     started = time.perf_counter()
     results: list[Samples] = []
+    failures = 0
 
-    def report(samples: Samples) -> None:
-        results.append(samples)
-        print(samples.summary(), flush=True)
+    def run(label: str, measure: Callable[[], Samples | tuple[Samples, ...]]) -> None:
+        nonlocal failures
+        try:
+            measured = measure()
+        except BaselineError as exc:  # report and go on with the other baselines
+            failures += 1
+            print(f"{label}: FAILED: {exc}", flush=True)
+            return
+        for samples in measured if isinstance(measured, tuple) else (measured,):
+            results.append(samples)
+            print(samples.summary(), flush=True)
 
     for hidden in ((512, 512), (2048, 2048)):
-        report(keras_local_loop(hidden))
-        report(tf_ps_strategy(hidden))
-    for samples in raw_grpc_streaming():
-        report(samples)
+        run(f"keras local loop {hidden}", functools.partial(keras_local_loop, hidden))
+        run(f"TF ParameterServerStrategy {hidden}", functools.partial(tf_ps_strategy, hidden))
+    run("raw gRPC streaming", raw_grpc_streaming)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"# done in {time.perf_counter() - started:.0f} s, load average {load}")
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(s) for s in results], indent=2) + "\n")
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

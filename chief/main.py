@@ -54,6 +54,8 @@ class Progress:
     versions: list[int] = dataclasses.field(default_factory=list)
     accepted: list[int] = dataclasses.field(default_factory=list)
     dropped: list[int] = dataclasses.field(default_factory=list)
+    dropped_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
+    max_clock_lead: float = 0.0
     updates_per_s: float = 0.0
     eval_loss: float = math.nan
     eval_accuracy: float = math.nan
@@ -188,11 +190,29 @@ class Chief:
             p.versions = [s.version for s in stats]
             p.accepted = [s.pushes_accepted for s in stats]
             p.dropped = [s.pushes_dropped for s in stats]
+            reasons: dict[str, int] = {}
+            for s in stats:
+                for reason, count in s.dropped_by_reason.items():
+                    reasons[reason] = reasons.get(reason, 0) + count
+            p.dropped_by_reason = reasons
+            p.max_clock_lead = max((s.mode_stats.get("max_clock_lead", 0.0) for s in stats), default=0.0)
             now = time.monotonic()
             if t_before is not None and now > t_before:
                 rate = (p.updates - before) / (now - t_before)
                 p.updates_per_s = rate if p.updates_per_s == 0 else 0.7 * p.updates_per_s + 0.3 * rate
             self._last_poll = now
+
+    def _sync_live_workers(self) -> None:
+        """Tell the shards who is alive once every planned worker has joined, and on every change."""
+        if self.membership.indices_seen() < self.run.num_workers:
+            return
+        live = sorted(m.member_id for m in self.membership.live_workers())
+        if live == getattr(self, "_sent_live", None):
+            return
+        for shard in self.client.shards:
+            shard.set_live_workers(live)
+        self._sent_live = live
+        log.info("live workers: %d", len(live))
 
     def _stop_reason(self) -> str | None:
         run, p = self.run, self.progress
@@ -216,6 +236,7 @@ class Chief:
                 log.warning("worker %d (%s) missed heartbeats for %.0fs: declared dead", member.index,
                             member.member_id, self.run.heartbeat_timeout_s)
             try:
+                self._sync_live_workers()
                 self._poll_shards()
             except Unreachable as exc:
                 log.error("%s", exc)
@@ -282,7 +303,11 @@ class Chief:
             "epochs": examples / max(1, len(self.data.x_train)),
             "stop_reason": self.membership.stop_reason,
             "pushes_recorded": self.recorder.pushes_recorded,
-            "dropped_by_reason": dict(self.recorder.dropped_reasons),
+            "dropped_by_reason": p.dropped_by_reason,
+            "idle_fraction": self.recorder.idle_fractions(),
+            "max_clock_lead": p.max_clock_lead,
+            "backup_workers": self.run.backup_workers,
+            "staleness_bound": self.run.staleness_bound,
             "shards": [{"version": v, "accepted": a, "dropped": d}
                        for v, a, d in zip(p.versions, p.accepted, p.dropped, strict=True)],
         }

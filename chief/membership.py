@@ -113,6 +113,11 @@ class Membership:
         with self._lock:
             return all(m.finished or not m.alive for m in self._members.values())
 
+    def indices_seen(self) -> int:
+        """How many distinct worker indices ever registered (training starts once all did)."""
+        with self._lock:
+            return len({m.index for m in self._members.values()})
+
     def index_of(self, member_id: str) -> int:
         """The index of a registered member."""
         with self._lock:

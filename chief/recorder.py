@@ -56,6 +56,8 @@ class Recorder:
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=4096)
         self.dropped_reasons: collections.Counter[str] = collections.Counter()
         self.examples = 0
+        self.busy_s: collections.defaultdict[int, float] = collections.defaultdict(float)
+        self.wait_s: collections.defaultdict[int, float] = collections.defaultdict(float)
         self.pushes_recorded = 0
         self.last_loss = float("nan")
 
@@ -76,12 +78,20 @@ class Recorder:
                                       f"{s.compute_s:.6f}", f"{s.push_s:.6f}", f"{s.wait_s:.6f}",
                                       s.examples])
                 self.examples += s.examples
+                self.busy_s[worker] += s.pull_s + s.compute_s + s.push_s
+                self.wait_s[worker] += s.wait_s
             self.pushes_recorded += len(pushes)
 
     def snapshot(self) -> tuple[dict[int, int], list[int], int, float]:
         """(staleness histogram, recent staleness values, examples seen, last worker loss)."""
         with self._lock:
             return dict(self.staleness), list(self.recent_staleness), self.examples, self.last_loss
+
+    def idle_fractions(self) -> dict[str, float]:
+        """Per worker: the share of its step time spent held back by the consistency model."""
+        with self._lock:
+            return {str(w): self.wait_s[w] / (self.busy_s[w] + self.wait_s[w])
+                    for w in sorted(self.busy_s) if self.busy_s[w] + self.wait_s[w] > 0}
 
     def close(self) -> None:
         """Flush and close the CSV files."""

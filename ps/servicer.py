@@ -126,14 +126,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return ps_pb2.InitializeResponse(created=created, version=self._store.version)
 
     def _pull_stream(
-        self, if_newer_than: int, push: ps_pb2.PushResult | None = None
+        self, worker_id: str, if_newer_than: int, push: ps_pb2.PushResult | None = None, waited_s: float = 0.0
     ) -> Iterator[ps_pb2.PullChunk]:
         def encode(name: str, value: Array) -> list[tensor_pb2.TensorChunk]:
             return list(iter_chunks(name, value, chunk_bytes=self._chunk_bytes))
 
-        version, encoded = self._store.pull(if_newer_than, encode)
+        version, encoded = self._store.pull(if_newer_than, encode, worker_id)
         header = ps_pb2.PullHeader(version=version, not_modified=encoded is None,
-                                   shard_index=self._store.shard_index, push=push)
+                                   shard_index=self._store.shard_index, push=push, waited_s=waited_s)
         sent = 0
         first = True
         for frame in frames((c for chunks in encoded or () for c in chunks), self._chunk_bytes):
@@ -151,7 +151,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             remaining = context.time_remaining()
             limit = request.wait_timeout_s if remaining is None else min(request.wait_timeout_s, remaining)
             self._store.wait_newer(request.if_newer_than, limit)
-        yield from self._pull_stream(request.if_newer_than)
+        yield from self._pull_stream(request.worker_id, request.if_newer_than)
 
     def _push(self, request_iterator: Iterator[ps_pb2.PushChunk]) -> tuple[ps_pb2.PushHeader, PushOutcome]:
         assembler = TensorAssembler(self._max_request_bytes)
@@ -175,7 +175,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> Iterator[ps_pb2.PullChunk]:
         """Push, then stream the values back in the same call."""
         header, outcome = self._push(request_iterator)
-        yield from self._pull_stream(header.pull_if_newer_than, outcome_to_proto(outcome))
+        waited = 0.0
+        if header.read_wait_s > 0:
+            remaining = context.time_remaining()
+            limit = header.read_wait_s if remaining is None else min(header.read_wait_s, max(0.0, remaining - 1.0))
+            waited = self._store.wait_readable(header.worker_id, header.base_version, limit)
+        yield from self._pull_stream(header.worker_id, header.pull_if_newer_than, outcome_to_proto(outcome),
+                                     waited)
 
     @handles_errors
     def GetStats(self, request: ps_pb2.StatsRequest, context: grpc.ServicerContext) -> ps_pb2.ShardStats:
@@ -196,7 +202,17 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             rule=rule_to_proto(stats.rule) if stats.rule else None,
             bytes_pulled=pulled,
             bytes_pushed=pushed,
+            dropped_by_reason=stats.dropped_by_reason,
+            mode_stats=stats.mode_stats,
         )
+
+    @handles_errors
+    def SetLiveWorkers(
+        self, request: ps_pb2.LiveWorkersRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.LiveWorkersResponse:
+        """Update the live set used by the consistency model."""
+        self._store.set_live_workers(request.worker_ids)
+        return ps_pb2.LiveWorkersResponse(version=self._store.version)
 
     @handles_errors
     def Shutdown(

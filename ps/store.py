@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,10 +26,9 @@ from asyncps.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
+from ps.consistency import MODES, Consistency, Verdict, make_consistency
 from ps.optimizers import Optimizer, OptimizerConfig, make_optimizer
 from ps.policies import StalenessPolicy, parse_policy
-
-MODES = ("async",)
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,35 @@ class _Variable:
     slots: dict[str, Array]
     lock: threading.Lock = field(default_factory=threading.Lock)
     updates: int = 0
+    policy_state: dict[str, Array] = field(default_factory=dict)
+
+
+@dataclass
+class _PendingStep:
+    """Gradients accumulated for one synchronous step (sums of dense, lists of sparse)."""
+
+    count: int = 0
+    dense: dict[str, Array] = field(default_factory=dict)
+    sparse: dict[str, list[SparseRows]] = field(default_factory=dict)
+
+    def add(self, grads: Mapping[str, Gradient]) -> None:
+        """Add one worker's gradient."""
+        self.count += 1
+        for name, grad in grads.items():
+            if isinstance(grad, SparseRows):
+                self.sparse.setdefault(name, []).append(grad)
+            elif name in self.dense:
+                self.dense[name] += grad
+            else:
+                self.dense[name] = np.array(grad, copy=True)
+
+    def average(self) -> dict[str, Gradient]:
+        """The mean gradient over the accumulated workers."""
+        out: dict[str, Gradient] = {name: total / np.float32(self.count) for name, total in self.dense.items()}
+        for name, parts in self.sparse.items():
+            values = np.concatenate([p.values for p in parts]) / np.float32(self.count)
+            out[name] = SparseRows(np.concatenate([p.indices for p in parts]), values.astype(parts[0].values.dtype))
+        return out
 
 
 @dataclass(frozen=True)
@@ -80,6 +108,8 @@ class StoreStats:
     pushes_dropped: int
     variables: tuple[tuple[str, str, tuple[int, ...]], ...]
     rule: UpdateRuleConfig | None
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
+    mode_stats: dict[str, float] = field(default_factory=dict)
 
 
 T = TypeVar("T")
@@ -90,9 +120,13 @@ def _is_float(dtype: np.dtype[Any]) -> bool:
 
 
 def _all_finite(a: Array) -> bool:
-    # A float64 sum propagates NaN/Inf without a bool temporary the size of the tensor, and
-    # cannot overflow on float32 inputs.
-    return a.size == 0 or bool(np.isfinite(np.add.reduce(a, axis=None, dtype=np.float64)))
+    if a.size == 0:
+        return True
+    if a.dtype.itemsize <= 4:
+        # A float64 sum propagates NaN/Inf without a bool temporary the size of the tensor, and
+        # cannot overflow on float32/float16 inputs.
+        return bool(np.isfinite(np.add.reduce(a, axis=None, dtype=np.float64)))
+    return bool(np.isfinite(a).all())
 
 
 class ShardStore:
@@ -107,9 +141,13 @@ class ShardStore:
         self._rule: UpdateRuleConfig | None = None
         self._optimizer: Optimizer | None = None
         self._policy: StalenessPolicy | None = None
+        self._mode: Consistency | None = None
+        self._pending = _PendingStep()
+        self._read: dict[str, dict[str, Array]] = {}  # worker -> values it last pulled (policies)
         self._version = 0
         self._accepted = 0
         self._dropped = 0
+        self._dropped_by_reason: dict[str, int] = {}
 
     # -- initialization -------------------------------------------------------------------
     def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array]) -> bool:
@@ -118,8 +156,7 @@ class ShardStore:
         A conflicting re-initialization (other rule, names, shapes, dtypes or values) raises
         AlreadyExistsError and changes nothing.
         """
-        if not values:
-            raise InvalidArgumentError("initialize without variables")
+        # A shard may hold no variables: placement can leave one empty (fewer variables than shards).
         for name, value in values.items():
             if not _is_float(value.dtype):
                 raise InvalidArgumentError(f"{name}: variables must be floating point, got {value.dtype}")
@@ -136,6 +173,7 @@ class ShardStore:
             }
             self._optimizer = optimizer
             self._policy = parse_policy(rule.staleness_policy)
+            self._mode = make_consistency(rule.mode, rule.num_workers, rule.backup_workers, rule.staleness_bound)
             self._rule = rule
             return True
 
@@ -161,20 +199,44 @@ class ShardStore:
 
     # -- pull -----------------------------------------------------------------------------
     def pull(
-        self, if_newer_than: int, encode: Callable[[str, Array], T]
+        self, if_newer_than: int, encode: Callable[[str, Array], T], worker_id: str = ""
     ) -> tuple[int, list[T] | None]:
         """Encode every variable under the locks (one consistent model) unless not newer.
 
         `encode(name, value)` runs while the locks are held and must copy what it keeps.
-        Returns (version, encoded) with encoded None when version <= if_newer_than.
+        Returns (version, encoded) with encoded None when version <= if_newer_than. When the
+        staleness policy corrects gradients with the values a worker read, a copy is kept.
         """
         self._require_initialized()
+        assert self._policy is not None
         with self._version_cond:
             if self._version <= if_newer_than:
                 return self._version, None
         with self._all_locks():
             version = self._version
+            if self._policy.needs_read_values and worker_id:
+                self._read[worker_id] = {name: var.value.copy() for name, var in self._vars.items()}
             return version, [encode(name, var.value) for name, var in self._vars.items()]
+
+    def wait_readable(self, worker_id: str, base_version: int, timeout_s: float) -> float:
+        """Block until the consistency model lets worker_id read (or timeout); return seconds waited."""
+        self._require_initialized()
+        assert self._mode is not None
+        mode = self._mode
+        start = self._clock()
+        with self._version_cond:
+            self._version_cond.wait_for(lambda: mode.readable(worker_id, base_version, self._version),
+                                        timeout=max(0.0, timeout_s))
+        return self._clock() - start
+
+    def set_live_workers(self, workers: Iterable[str]) -> None:
+        """The chief's live set: a synchronous quorum shrinks or grows, SSP stops waiting for the dead."""
+        self._require_initialized()
+        assert self._mode is not None
+        with self._all_locks(), self._version_cond:
+            self._mode.set_live(workers)
+            self._maybe_complete_step()
+            self._version_cond.notify_all()
 
     def wait_newer(self, version: int, timeout_s: float) -> int:
         """Block until the shard's version exceeds `version` or timeout; return the version."""
@@ -190,7 +252,7 @@ class ShardStore:
 
     # -- push -----------------------------------------------------------------------------
     def push(self, worker_id: str, base_version: int, grads: Mapping[str, Gradient]) -> PushOutcome:
-        """Apply (or drop) one gradient computed from `base_version`; never partially.
+        """Apply, accumulate (sync) or drop one gradient computed from `base_version`; never partially.
 
         Everything is validated before any state changes: unknown names (NotFoundError), shape,
         dtype, indices, NaN/Inf and versions from the future (InvalidArgumentError).
@@ -203,31 +265,71 @@ class ShardStore:
         for name, grad in grads.items():
             self._validate_gradient(name, grad)
         assert self._optimizer is not None and self._policy is not None and self._rule is not None
-        touched = [self._vars[name] for name in sorted(grads)]
+        assert self._mode is not None
+        names = sorted(self._vars) if self._mode.exclusive else sorted(grads)
         with contextlib.ExitStack() as stack:
-            for var in touched:
-                stack.enter_context(var.lock)
+            for name in names:
+                stack.enter_context(self._vars[name].lock)
             with self._version_cond:
                 version_now = self._version
-            if base_version > version_now:
-                raise InvalidArgumentError(
-                    f"base_version {base_version} is from the future: shard version is {version_now}"
-                )
-            staleness = version_now - base_version
-            decision = self._policy.decide(staleness)
+                if base_version > version_now:
+                    raise InvalidArgumentError(
+                        f"base_version {base_version} is from the future: shard version is {version_now}"
+                    )
+                staleness = version_now - base_version
+                admission = self._mode.admit(worker_id, base_version, version_now)
+                self._mode.pushed(worker_id)
+                if admission.verdict is Verdict.ACCUMULATE:
+                    self._pending.add(grads)
+                    self._maybe_complete_step()
+                    self._version_cond.notify_all()
+                    return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
+                decision = self._policy.decide(staleness)
+                if admission.verdict is Verdict.DROP or not decision.accept:
+                    reason = admission.reason or decision.reason
+                    self._count_drop(reason)
+                    self._version_cond.notify_all()
+                    return PushOutcome(False, staleness, version_now, 0.0, reason)
             lr = self._rule.optimizer.learning_rate * decision.lr_scale
-            if not decision.accept:
-                with self._version_cond:
-                    self._dropped += 1
-                return PushOutcome(False, staleness, version_now, 0.0, decision.reason)
+            read = self._read.get(worker_id) if self._policy.needs_read_values else None
             for name in sorted(grads):
-                self._apply(self._vars[name], grads[name], lr)
+                self._apply(self._vars[name], self._adjusted(name, grads[name], read), lr)
             with self._version_cond:
                 self._version += 1
                 self._accepted += 1
                 version = self._version
                 self._version_cond.notify_all()
         return PushOutcome(True, staleness, version, lr)
+
+    def _adjusted(self, name: str, grad: Gradient, read: dict[str, Array] | None) -> Gradient:
+        """The gradient after the policy's correction with the values the worker read."""
+        assert self._policy is not None
+        if read is None:
+            return grad
+        var = self._vars[name]
+        if isinstance(grad, SparseRows):
+            rows = grad.indices
+            values = self._policy.adjust(name, grad.values, var.value[rows], read[name][rows], var.policy_state)
+            return SparseRows(rows, values)
+        return self._policy.adjust(name, grad, var.value, read[name], var.policy_state)
+
+    def _maybe_complete_step(self) -> None:
+        """Apply the averaged synchronous step once the quorum is reached (all locks held)."""
+        assert self._mode is not None and self._rule is not None
+        if self._pending.count == 0 or self._pending.count < self._mode.quorum():
+            return
+        lr = self._rule.optimizer.learning_rate
+        for name, grad in sorted(self._pending.average().items()):
+            self._apply(self._vars[name], grad, lr)
+        self._version += 1
+        self._accepted += 1
+        self._pending = _PendingStep()
+        self._mode.applied()
+
+    def _count_drop(self, reason: str) -> None:
+        self._dropped += 1
+        kind = reason.split(":")[0].split(" ")[0] or "dropped"
+        self._dropped_by_reason[kind] = self._dropped_by_reason.get(kind, 0) + 1
 
     def _apply(self, var: _Variable, grad: Gradient, lr: float) -> None:
         assert self._optimizer is not None
@@ -244,6 +346,12 @@ class ShardStore:
         shape, dtype = var.value.shape, var.value.dtype
         if isinstance(grad, SparseRows):
             values = grad.values
+            indices = grad.indices
+            if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
+                raise InvalidArgumentError(f"{name}: sparse indices must be a 1-D integer array")
+            rows = values.shape[0] if values.ndim else 0
+            if values.ndim == 0 or indices.shape[0] != rows:
+                raise InvalidArgumentError(f"{name}: {indices.shape[0]} sparse indices for {rows} rows of values")
             if values.shape[1:] != shape[1:] or values.ndim != len(shape):
                 raise InvalidArgumentError(
                     f"{name}: sparse rows of shape {list(values.shape)} do not fit a variable "
@@ -278,6 +386,8 @@ class ShardStore:
         """Counters and variable metadata."""
         with self._version_cond:
             version, accepted, dropped = self._version, self._accepted, self._dropped
+            by_reason = dict(self._dropped_by_reason)
+            mode_stats = self._mode.stats() if self._mode else {}
         return StoreStats(
             initialized=self._rule is not None,
             version=version,
@@ -285,6 +395,8 @@ class ShardStore:
             pushes_dropped=dropped,
             variables=tuple((n, v.value.dtype.name, v.value.shape) for n, v in self._vars.items()),
             rule=self._rule,
+            dropped_by_reason=by_reason,
+            mode_stats=mode_stats,
         )
 
     def _require_initialized(self) -> None:

@@ -132,11 +132,6 @@ def test_scalar_chunk_from_the_wire_assembles_to_a_0d_array() -> None:
     assert decoded.shape == () and float(decoded) == 2.5
 
 
-@pytest.mark.xfail(
-    reason="codec.py encode_tensor/iter_chunks use np.ascontiguousarray, which turns a 0-d "
-    "array into shape (1,): a scalar is sent as shape [1]",
-    strict=True,
-)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_scalar_round_trip_keeps_shape(dtype: type) -> None:
     value = np.array(7, dtype=dtype)
@@ -144,11 +139,6 @@ def test_scalar_round_trip_keeps_shape(dtype: type) -> None:
     assert same_bits(assemble(iter_chunks("s", value))["s"], value)
 
 
-@pytest.mark.xfail(
-    reason="codec.py dtype_to_proto maps a big-endian dtype to the little-endian code but "
-    "encode_tensor/iter_chunks send the array's big-endian bytes unconverted: values corrupt",
-    strict=True,
-)
 @pytest.mark.parametrize("dtype", [">f4", ">f8", ">i4"])
 def test_big_endian_input_round_trips_by_value(dtype: str) -> None:
     value = np.arange(1, 6).astype(dtype)

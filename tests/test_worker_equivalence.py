@@ -20,7 +20,7 @@ from asyncps.psclient import ModelClient
 from ps.optimizers import OptimizerConfig
 from ps.servicer import rule_to_proto
 from ps.store import UpdateRuleConfig
-from worker.delays import NoDelay
+from worker.delays import NoDelay, StepDelay
 from worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
 
 STEPS = 25
@@ -45,7 +45,7 @@ def test_one_worker_equals_sequential_sgd(start_shards: Callable[[int], list[str
 
     telemetry = Telemetry()
     trainer = Trainer(client, names, make_grad_fn(model, loss_fn), BatchStream(x, y, 32, seed=5),
-                      NoDelay(), telemetry)
+                      StepDelay(NoDelay()), telemetry)
     trainer.run(threading.Event(), max_steps=STEPS)
     pushes, steps = telemetry.drain()
     assert len(steps) == STEPS and len(pushes) == 2 * STEPS

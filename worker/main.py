@@ -92,7 +92,6 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
     from asyncps.models import build_model, loss_fn
     from asyncps.placement import VariableSpec, place
     from asyncps.psclient import ModelClient
-    from worker.delays import parse_delay
     from worker.trainer import BatchStream, Trainer, make_grad_fn
 
     data = load_dataset(run.dataset, run.seed)
@@ -106,8 +105,10 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
     batches = BatchStream(data.x_train[rows], data.y_train[rows], run.batch_size, run.seed * 7919 + reg.index)
     client = ModelClient(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes)
     telemetry = Telemetry()
-    delay = parse_delay(run.compute_delay, run.seed * 104729 + reg.index)
-    trainer = Trainer(client, names, make_grad_fn(model, loss_fn), batches, delay, telemetry)
+    delay = run.step_delay(reg.index)
+    log.info("injected delays: %s", delay.describe())
+    trainer = Trainer(client, names, make_grad_fn(model, loss_fn), batches, delay, telemetry,
+                      read_wait_s=run.read_wait_s)
     stop = interrupt or threading.Event()
     beats = HeartbeatLoop(coord, member_id, reg.index, run.heartbeat_interval_s, config.deadline_s,
                           telemetry, stop, lambda: trainer.step)

@@ -14,7 +14,7 @@ import numpy as np
 from asyncps.codec import Array, Gradient, SparseRows
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.psclient import ModelClient
-from worker.delays import ComputeDelay
+from worker.delays import StepDelay
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,10 @@ class Trainer:
         variable_names: list[str],
         grad_fn: GradFn,
         batches: BatchStream,
-        delay: ComputeDelay,
+        delay: StepDelay,
         telemetry: Telemetry,
         sleep: Callable[[float], None] = time.sleep,
+        read_wait_s: float = 30.0,
     ) -> None:
         self._client = client
         self._names = variable_names
@@ -123,6 +124,7 @@ class Trainer:
         self._delay = delay
         self._telemetry = telemetry
         self._sleep = sleep
+        self._read_wait_s = read_wait_s
         self.step = 0
         self.examples = 0
 
@@ -140,13 +142,17 @@ class Trainer:
         x, y = self._batches.next()
         values = [self._client.values[n] for n in self._names]
         loss, grads = self._grad_fn(values, x, y)
-        extra = self._delay.sample()
+        extra = self._delay.extra_compute_s(time.time() - start)
         if extra > 0:
             self._sleep(extra)
         computed = time.time()
+        if self._delay.rpc_latency_s > 0:
+            self._sleep(self._delay.rpc_latency_s)
         base = list(self._client.versions)
-        results = self._client.push_pull(dict(zip(self._names, grads, strict=True)), self.step, loss)
+        results = self._client.push_pull(dict(zip(self._names, grads, strict=True)), self.step, loss,
+                                         self._read_wait_s)
         done = time.time()
+        waited = max((r.waited_s for r in results), default=0.0)
         self.step += 1
         self.examples += len(x)
         records = [
@@ -159,6 +165,6 @@ class Trainer:
             for r in results if r.result.drop_reason != "empty"
         ]
         timing = cpb.StepTiming(step=self.step, start=start, pull_s=pull_s, compute_s=computed - start,
-                                push_s=done - computed, wait_s=0.0, examples=len(x))
+                                push_s=done - computed - waited, wait_s=waited, examples=len(x))
         self._telemetry.add(records, timing)
         return 0.0

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from asyncps.pb import tensor_pb2 as asyncps_dot_pb_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61syncps/pb/ps.proto\x12\nasyncps.pb\x1a\x17\x61syncps/pb/tensor.proto\"\x9a\x01\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rlearning_rate\x18\x02 \x01(\x01\x12\x35\n\x06params\x18\x03 \x03(\x0b\x32%.asyncps.pb.OptimizerSpec.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xa8\x01\n\nUpdateRule\x12,\n\toptimizer\x18\x01 \x01(\x0b\x32\x19.asyncps.pb.OptimizerSpec\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\x18\n\x10staleness_policy\x18\x03 \x01(\t\x12\x13\n\x0bnum_workers\x18\x04 \x01(\x05\x12\x16\n\x0e\x62\x61\x63kup_workers\x18\x05 \x01(\x05\x12\x17\n\x0fstaleness_bound\x18\x06 \x01(\x05\"t\n\x10InitializeHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bshard_index\x18\x02 \x01(\x05\x12\x12\n\nnum_shards\x18\x03 \x01(\x05\x12$\n\x04rule\x18\x04 \x01(\x0b\x32\x16.asyncps.pb.UpdateRule\"i\n\x0fInitializeChunk\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.asyncps.pb.InitializeHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.asyncps.pb.TensorChunk\"6\n\x12InitializeResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"O\n\x0bPullRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rif_newer_than\x18\x02 \x01(\x03\x12\x16\n\x0ewait_timeout_s\x18\x03 \x01(\x01\"m\n\nPushHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x1a\n\x12pull_if_newer_than\x18\x05 \x01(\x03\"]\n\tPushChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x16.asyncps.pb.PushHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.asyncps.pb.TensorChunk\"m\n\nPushResult\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x11\n\tstaleness\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x14\n\x0c\x65\x66\x66\x65\x63tive_lr\x18\x04 \x01(\x01\x12\x13\n\x0b\x64rop_reason\x18\x05 \x01(\t\"n\n\nPullHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x14\n\x0cnot_modified\x18\x02 \x01(\x08\x12\x13\n\x0bshard_index\x18\x03 \x01(\x05\x12$\n\x04push\x18\x04 \x01(\x0b\x32\x16.asyncps.pb.PushResult\"]\n\tPullChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x16.asyncps.pb.PullHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.asyncps.pb.TensorChunk\"\x0e\n\x0cStatsRequest\"M\n\x0cVariableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.asyncps.pb.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xf7\x01\n\nShardStats\x12\x13\n\x0bshard_index\x18\x01 \x01(\x05\x12\x13\n\x0binitialized\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x17\n\x0fpushes_accepted\x18\x04 \x01(\x03\x12\x16\n\x0epushes_dropped\x18\x05 \x01(\x03\x12+\n\tvariables\x18\x06 \x03(\x0b\x32\x18.asyncps.pb.VariableInfo\x12$\n\x04rule\x18\x07 \x01(\x0b\x32\x16.asyncps.pb.UpdateRule\x12\x14\n\x0c\x62ytes_pulled\x18\x08 \x01(\x03\x12\x14\n\x0c\x62ytes_pushed\x18\t \x01(\x03\"!\n\x0fShutdownRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x12\n\x10ShutdownResponse2\x94\x03\n\x0fParameterServer\x12K\n\nInitialize\x12\x1b.asyncps.pb.InitializeChunk\x1a\x1e.asyncps.pb.InitializeResponse(\x01\x12\x38\n\x04Pull\x12\x17.asyncps.pb.PullRequest\x1a\x15.asyncps.pb.PullChunk0\x01\x12\x37\n\x04Push\x12\x15.asyncps.pb.PushChunk\x1a\x16.asyncps.pb.PushResult(\x01\x12<\n\x08PushPull\x12\x15.asyncps.pb.PushChunk\x1a\x15.asyncps.pb.PullChunk(\x01\x30\x01\x12<\n\x08GetStats\x12\x18.asyncps.pb.StatsRequest\x1a\x16.asyncps.pb.ShardStats\x12\x45\n\x08Shutdown\x12\x1b.asyncps.pb.ShutdownRequest\x1a\x1c.asyncps.pb.ShutdownResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61syncps/pb/ps.proto\x12\nasyncps.pb\x1a\x17\x61syncps/pb/tensor.proto\"\x9a\x01\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rlearning_rate\x18\x02 \x01(\x01\x12\x35\n\x06params\x18\x03 \x03(\x0b\x32%.asyncps.pb.OptimizerSpec.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xa8\x01\n\nUpdateRule\x12,\n\toptimizer\x18\x01 \x01(\x0b\x32\x19.asyncps.pb.OptimizerSpec\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\x18\n\x10staleness_policy\x18\x03 \x01(\t\x12\x13\n\x0bnum_workers\x18\x04 \x01(\x05\x12\x16\n\x0e\x62\x61\x63kup_workers\x18\x05 \x01(\x05\x12\x17\n\x0fstaleness_bound\x18\x06 \x01(\x05\"t\n\x10InitializeHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bshard_index\x18\x02 \x01(\x05\x12\x12\n\nnum_shards\x18\x03 \x01(\x05\x12$\n\x04rule\x18\x04 \x01(\x0b\x32\x16.asyncps.pb.UpdateRule\"i\n\x0fInitializeChunk\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.asyncps.pb.InitializeHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.asyncps.pb.TensorChunk\"6\n\x12InitializeResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"O\n\x0bPullRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rif_newer_than\x18\x02 \x01(\x03\x12\x16\n\x0ewait_timeout_s\x18\x03 \x01(\x01\"\x82\x01\n\nPushHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x1a\n\x12pull_if_newer_than\x18\x05 \x01(\x03\x12\x13\n\x0bread_wait_s\x18\x06 \x01(\x01\"]\n\tPushChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x16.asyncps.pb.PushHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.asyncps.pb.TensorChunk\"m\n\nPushResult\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x11\n\tstaleness\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x14\n\x0c\x65\x66\x66\x65\x63tive_lr\x18\x04 \x01(\x01\x12\x13\n\x0b\x64rop_reason\x18\x05 \x01(\t\"\x80\x01\n\nPullHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x14\n\x0cnot_modified\x18\x02 \x01(\x08\x12\x13\n\x0bshard_index\x18\x03 \x01(\x05\x12$\n\x04push\x18\x04 \x01(\x0b\x32\x16.asyncps.pb.PushResult\x12\x10\n\x08waited_s\x18\x05 \x01(\x01\"]\n\tPullChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x16.asyncps.pb.PullHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.asyncps.pb.TensorChunk\"\x0e\n\x0cStatsRequest\"M\n\x0cVariableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.asyncps.pb.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xe4\x03\n\nShardStats\x12\x13\n\x0bshard_index\x18\x01 \x01(\x05\x12\x13\n\x0binitialized\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x17\n\x0fpushes_accepted\x18\x04 \x01(\x03\x12\x16\n\x0epushes_dropped\x18\x05 \x01(\x03\x12+\n\tvariables\x18\x06 \x03(\x0b\x32\x18.asyncps.pb.VariableInfo\x12$\n\x04rule\x18\x07 \x01(\x0b\x32\x16.asyncps.pb.UpdateRule\x12\x14\n\x0c\x62ytes_pulled\x18\x08 \x01(\x03\x12\x14\n\x0c\x62ytes_pushed\x18\t \x01(\x03\x12\x46\n\x11\x64ropped_by_reason\x18\n \x03(\x0b\x32+.asyncps.pb.ShardStats.DroppedByReasonEntry\x12\x39\n\nmode_stats\x18\x0b \x03(\x0b\x32%.asyncps.pb.ShardStats.ModeStatsEntry\x1a\x36\n\x14\x44roppedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x30\n\x0eModeStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"(\n\x12LiveWorkersRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\"&\n\x13LiveWorkersResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\"!\n\x0fShutdownRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x12\n\x10ShutdownResponse2\xe7\x03\n\x0fParameterServer\x12K\n\nInitialize\x12\x1b.asyncps.pb.InitializeChunk\x1a\x1e.asyncps.pb.InitializeResponse(\x01\x12\x38\n\x04Pull\x12\x17.asyncps.pb.PullRequest\x1a\x15.asyncps.pb.PullChunk0\x01\x12\x37\n\x04Push\x12\x15.asyncps.pb.PushChunk\x1a\x16.asyncps.pb.PushResult(\x01\x12<\n\x08PushPull\x12\x15.asyncps.pb.PushChunk\x1a\x15.asyncps.pb.PullChunk(\x01\x30\x01\x12<\n\x08GetStats\x12\x18.asyncps.pb.StatsRequest\x1a\x16.asyncps.pb.ShardStats\x12Q\n\x0eSetLiveWorkers\x12\x1e.asyncps.pb.LiveWorkersRequest\x1a\x1f.asyncps.pb.LiveWorkersResponse\x12\x45\n\x08Shutdown\x12\x1b.asyncps.pb.ShutdownRequest\x1a\x1c.asyncps.pb.ShutdownResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,6 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPTIMIZERSPEC_PARAMSENTRY']._loaded_options = None
   _globals['_OPTIMIZERSPEC_PARAMSENTRY']._serialized_options = b'8\001'
+  _globals['_SHARDSTATS_DROPPEDBYREASONENTRY']._loaded_options = None
+  _globals['_SHARDSTATS_DROPPEDBYREASONENTRY']._serialized_options = b'8\001'
+  _globals['_SHARDSTATS_MODESTATSENTRY']._loaded_options = None
+  _globals['_SHARDSTATS_MODESTATSENTRY']._serialized_options = b'8\001'
   _globals['_OPTIMIZERSPEC']._serialized_start=61
   _globals['_OPTIMIZERSPEC']._serialized_end=215
   _globals['_OPTIMIZERSPEC_PARAMSENTRY']._serialized_start=170
@@ -48,26 +52,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INITIALIZERESPONSE']._serialized_end=667
   _globals['_PULLREQUEST']._serialized_start=669
   _globals['_PULLREQUEST']._serialized_end=748
-  _globals['_PUSHHEADER']._serialized_start=750
-  _globals['_PUSHHEADER']._serialized_end=859
-  _globals['_PUSHCHUNK']._serialized_start=861
-  _globals['_PUSHCHUNK']._serialized_end=954
-  _globals['_PUSHRESULT']._serialized_start=956
-  _globals['_PUSHRESULT']._serialized_end=1065
-  _globals['_PULLHEADER']._serialized_start=1067
-  _globals['_PULLHEADER']._serialized_end=1177
-  _globals['_PULLCHUNK']._serialized_start=1179
-  _globals['_PULLCHUNK']._serialized_end=1272
-  _globals['_STATSREQUEST']._serialized_start=1274
-  _globals['_STATSREQUEST']._serialized_end=1288
-  _globals['_VARIABLEINFO']._serialized_start=1290
-  _globals['_VARIABLEINFO']._serialized_end=1367
-  _globals['_SHARDSTATS']._serialized_start=1370
-  _globals['_SHARDSTATS']._serialized_end=1617
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1619
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1652
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=1654
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=1672
-  _globals['_PARAMETERSERVER']._serialized_start=1675
-  _globals['_PARAMETERSERVER']._serialized_end=2079
+  _globals['_PUSHHEADER']._serialized_start=751
+  _globals['_PUSHHEADER']._serialized_end=881
+  _globals['_PUSHCHUNK']._serialized_start=883
+  _globals['_PUSHCHUNK']._serialized_end=976
+  _globals['_PUSHRESULT']._serialized_start=978
+  _globals['_PUSHRESULT']._serialized_end=1087
+  _globals['_PULLHEADER']._serialized_start=1090
+  _globals['_PULLHEADER']._serialized_end=1218
+  _globals['_PULLCHUNK']._serialized_start=1220
+  _globals['_PULLCHUNK']._serialized_end=1313
+  _globals['_STATSREQUEST']._serialized_start=1315
+  _globals['_STATSREQUEST']._serialized_end=1329
+  _globals['_VARIABLEINFO']._serialized_start=1331
+  _globals['_VARIABLEINFO']._serialized_end=1408
+  _globals['_SHARDSTATS']._serialized_start=1411
+  _globals['_SHARDSTATS']._serialized_end=1895
+  _globals['_SHARDSTATS_DROPPEDBYREASONENTRY']._serialized_start=1791
+  _globals['_SHARDSTATS_DROPPEDBYREASONENTRY']._serialized_end=1845
+  _globals['_SHARDSTATS_MODESTATSENTRY']._serialized_start=1847
+  _globals['_SHARDSTATS_MODESTATSENTRY']._serialized_end=1895
+  _globals['_LIVEWORKERSREQUEST']._serialized_start=1897
+  _globals['_LIVEWORKERSREQUEST']._serialized_end=1937
+  _globals['_LIVEWORKERSRESPONSE']._serialized_start=1939
+  _globals['_LIVEWORKERSRESPONSE']._serialized_end=1977
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1979
+  _globals['_SHUTDOWNREQUEST']._serialized_end=2012
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=2014
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=2032
+  _globals['_PARAMETERSERVER']._serialized_start=2035
+  _globals['_PARAMETERSERVER']._serialized_end=2522
 # @@protoc_insertion_point(module_scope)

@@ -225,6 +225,7 @@ class PushHeader(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     LOSS_FIELD_NUMBER: _builtins.int
     PULL_IF_NEWER_THAN_FIELD_NUMBER: _builtins.int
+    READ_WAIT_S_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     base_version: _builtins.int
     """the shard version the gradient was computed from"""
@@ -234,6 +235,10 @@ class PushHeader(_message.Message):
     """the worker's batch loss, recorded for telemetry"""
     pull_if_newer_than: _builtins.int
     """PushPull only"""
+    read_wait_s: _builtins.float
+    """PushPull only: how long the shard may hold the reply until the consistency model lets this
+    worker read (sync: the step completed; ssp: within the staleness bound). 0: do not wait.
+    """
     def __init__(
         self,
         *,
@@ -242,10 +247,11 @@ class PushHeader(_message.Message):
         step: _builtins.int = ...,
         loss: _builtins.float = ...,
         pull_if_newer_than: _builtins.int = ...,
+        read_wait_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "step", b"step", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "read_wait_s", b"read_wait_s", "step", b"step", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -320,10 +326,13 @@ class PullHeader(_message.Message):
     NOT_MODIFIED_FIELD_NUMBER: _builtins.int
     SHARD_INDEX_FIELD_NUMBER: _builtins.int
     PUSH_FIELD_NUMBER: _builtins.int
+    WAITED_S_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     not_modified: _builtins.bool
     """values omitted: version <= if_newer_than"""
     shard_index: _builtins.int
+    waited_s: _builtins.float
+    """time held back by the consistency model (sync/ssp)"""
     @_builtins.property
     def push(self) -> Global___PushResult:
         """set by PushPull"""
@@ -335,10 +344,11 @@ class PullHeader(_message.Message):
         not_modified: _builtins.bool = ...,
         shard_index: _builtins.int = ...,
         push: Global___PushResult | None = ...,
+        waited_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["push", b"push"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_modified", b"not_modified", "push", b"push", "shard_index", b"shard_index", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_modified", b"not_modified", "push", b"push", "shard_index", b"shard_index", "version", b"version", "waited_s", b"waited_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -415,6 +425,46 @@ Global___VariableInfo: _TypeAlias = VariableInfo  # noqa: Y015
 class ShardStats(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class DroppedByReasonEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ModeStatsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SHARD_INDEX_FIELD_NUMBER: _builtins.int
     INITIALIZED_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
@@ -424,6 +474,8 @@ class ShardStats(_message.Message):
     RULE_FIELD_NUMBER: _builtins.int
     BYTES_PULLED_FIELD_NUMBER: _builtins.int
     BYTES_PUSHED_FIELD_NUMBER: _builtins.int
+    DROPPED_BY_REASON_FIELD_NUMBER: _builtins.int
+    MODE_STATS_FIELD_NUMBER: _builtins.int
     shard_index: _builtins.int
     initialized: _builtins.bool
     version: _builtins.int
@@ -435,6 +487,12 @@ class ShardStats(_message.Message):
     def variables(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariableInfo]: ...
     @_builtins.property
     def rule(self) -> Global___UpdateRule: ...
+    @_builtins.property
+    def dropped_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def mode_stats(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """e.g. ssp: max_clock_lead"""
+
     def __init__(
         self,
         *,
@@ -447,14 +505,55 @@ class ShardStats(_message.Message):
         rule: Global___UpdateRule | None = ...,
         bytes_pulled: _builtins.int = ...,
         bytes_pushed: _builtins.int = ...,
+        dropped_by_reason: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        mode_stats: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pulled", b"bytes_pulled", "bytes_pushed", b"bytes_pushed", "initialized", b"initialized", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "shard_index", b"shard_index", "variables", b"variables", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pulled", b"bytes_pulled", "bytes_pushed", b"bytes_pushed", "dropped_by_reason", b"dropped_by_reason", "initialized", b"initialized", "mode_stats", b"mode_stats", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "shard_index", b"shard_index", "variables", b"variables", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ShardStats: _TypeAlias = ShardStats  # noqa: Y015
+
+@_typing.final
+class LiveWorkersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def worker_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        worker_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["worker_ids", b"worker_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LiveWorkersRequest: _TypeAlias = LiveWorkersRequest  # noqa: Y015
+
+@_typing.final
+class LiveWorkersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LiveWorkersResponse: _TypeAlias = LiveWorkersResponse  # noqa: Y015
 
 @_typing.final
 class ShutdownRequest(_message.Message):

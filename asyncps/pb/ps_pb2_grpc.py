@@ -59,6 +59,11 @@ class ParameterServerStub:
                 request_serializer=asyncps_dot_pb_dot_ps__pb2.StatsRequest.SerializeToString,
                 response_deserializer=asyncps_dot_pb_dot_ps__pb2.ShardStats.FromString,
                 _registered_method=True)
+        self.SetLiveWorkers = channel.unary_unary(
+                '/asyncps.pb.ParameterServer/SetLiveWorkers',
+                request_serializer=asyncps_dot_pb_dot_ps__pb2.LiveWorkersRequest.SerializeToString,
+                response_deserializer=asyncps_dot_pb_dot_ps__pb2.LiveWorkersResponse.FromString,
+                _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/asyncps.pb.ParameterServer/Shutdown',
                 request_serializer=asyncps_dot_pb_dot_ps__pb2.ShutdownRequest.SerializeToString,
@@ -105,6 +110,13 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetLiveWorkers(self, request, context):
+        """The chief's current set of live workers: a sync quorum shrinks/grows, SSP stops waiting for the dead.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Shutdown(self, request, context):
         """Asks the shard process to exit cleanly (sent by the chief when training is done).
         """
@@ -139,6 +151,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=asyncps_dot_pb_dot_ps__pb2.StatsRequest.FromString,
                     response_serializer=asyncps_dot_pb_dot_ps__pb2.ShardStats.SerializeToString,
+            ),
+            'SetLiveWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLiveWorkers,
+                    request_deserializer=asyncps_dot_pb_dot_ps__pb2.LiveWorkersRequest.FromString,
+                    response_serializer=asyncps_dot_pb_dot_ps__pb2.LiveWorkersResponse.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
@@ -281,6 +298,33 @@ class ParameterServer:
             '/asyncps.pb.ParameterServer/GetStats',
             asyncps_dot_pb_dot_ps__pb2.StatsRequest.SerializeToString,
             asyncps_dot_pb_dot_ps__pb2.ShardStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLiveWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncps.pb.ParameterServer/SetLiveWorkers',
+            asyncps_dot_pb_dot_ps__pb2.LiveWorkersRequest.SerializeToString,
+            asyncps_dot_pb_dot_ps__pb2.LiveWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,8 @@ class ParameterServerStub:
     """Push then pull in one round trip: the header of the reply carries the push result."""
     GetStats: _grpc.UnaryUnaryMultiCallable[_ps_pb2.StatsRequest, _ps_pb2.ShardStats]
     """Counters and variable metadata, no values."""
+    SetLiveWorkers: _grpc.UnaryUnaryMultiCallable[_ps_pb2.LiveWorkersRequest, _ps_pb2.LiveWorkersResponse]
+    """The chief's current set of live workers: a sync quorum shrinks/grows, SSP stops waiting for the dead."""
     Shutdown: _grpc.UnaryUnaryMultiCallable[_ps_pb2.ShutdownRequest, _ps_pb2.ShutdownResponse]
     """Asks the shard process to exit cleanly (sent by the chief when training is done)."""
 
@@ -61,6 +63,8 @@ class ParameterServerAsyncStub(ParameterServerStub):
     """Push then pull in one round trip: the header of the reply carries the push result."""
     GetStats: _aio.UnaryUnaryMultiCallable[_ps_pb2.StatsRequest, _ps_pb2.ShardStats]  # type: ignore[assignment]
     """Counters and variable metadata, no values."""
+    SetLiveWorkers: _aio.UnaryUnaryMultiCallable[_ps_pb2.LiveWorkersRequest, _ps_pb2.LiveWorkersResponse]  # type: ignore[assignment]
+    """The chief's current set of live workers: a sync quorum shrinks/grows, SSP stops waiting for the dead."""
     Shutdown: _aio.UnaryUnaryMultiCallable[_ps_pb2.ShutdownRequest, _ps_pb2.ShutdownResponse]  # type: ignore[assignment]
     """Asks the shard process to exit cleanly (sent by the chief when training is done)."""
 
@@ -106,6 +110,14 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.ShardStats, _abc.Awaitable[_ps_pb2.ShardStats]]:
         """Counters and variable metadata, no values."""
+
+    @_abc_1.abstractmethod
+    def SetLiveWorkers(
+        self,
+        request: _ps_pb2.LiveWorkersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.LiveWorkersResponse, _abc.Awaitable[_ps_pb2.LiveWorkersResponse]]:
+        """The chief's current set of live workers: a sync quorum shrinks/grows, SSP stops waiting for the dead."""
 
     @_abc_1.abstractmethod
     def Shutdown(
