@@ -137,19 +137,18 @@ class SSPConsistency(Consistency):
         return Admission(Verdict.APPLY)
 
     def pushed(self, worker_id: str) -> None:
-        """Advance the worker's clock; a newcomer joins at the slowest live clock."""
+        """Advance the worker's clock; a worker the model has not seen joins at the slowest clock."""
         if worker_id not in self.clocks:
             self.clocks[worker_id] = self._min_clock()
         self.clocks[worker_id] += 1
 
     def _min_clock(self) -> int:
-        live = self.clocks.keys() if self.live is None else (self.live & self.clocks.keys())
-        clocks = [self.clocks[w] for w in live]
-        if self.live is None and len(clocks) < self.num_workers:
-            clocks.append(0)  # workers not seen yet are at clock 0 until the chief says otherwise
-        elif self.live is not None and self.live - self.clocks.keys():
-            clocks.append(min(clocks, default=0))  # live but not pushed yet: joins at the frontier
-        return min(clocks, default=0)
+        if self.live is None:
+            clocks = list(self.clocks.values())
+            if len(clocks) < self.num_workers:
+                clocks.append(0)  # planned workers not seen yet are at clock 0
+            return min(clocks, default=0)
+        return min((self.clocks[w] for w in self.live if w in self.clocks), default=0)
 
     def lead(self, worker_id: str) -> int:
         """How far worker_id's clock is ahead of the slowest live worker."""
@@ -164,8 +163,16 @@ class SSPConsistency(Consistency):
         return False
 
     def set_live(self, workers: Iterable[str]) -> None:
-        """Dead workers no longer hold the others back."""
+        """Dead workers no longer hold the others back; new ones start at the slowest live clock.
+
+        Workers named in the first live set are the run's initial workers and start at 0.
+        """
+        first = self.live is None
+        joining = set(workers) - self.clocks.keys()
+        frontier = 0 if first else self._min_clock()
         super().set_live(workers)
+        for worker in joining:
+            self.clocks[worker] = frontier
 
     def stats(self) -> dict[str, float]:
         """The largest lead with which any worker started a step."""

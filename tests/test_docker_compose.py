@@ -1,0 +1,332 @@
+"""End to end with docker-compose: the image, docker-compose.yml and the roles as containers.
+
+Needs a Docker engine and docker-compose (v1, or the `docker compose` v2 plugin); skipped when
+either is missing unless ASYNCPS_REQUIRE_DOCKER=1, which turns the skip into a failure (CI).
+
+The image is built once per session from the repository (scripts/docker-base.sh and
+scripts/wheelhouse.sh first: there is no registry on the project's machines, and containers
+install wheels from .wheelhouse/). ASYNCPS_TEST_IMAGE=TAG uses an image built elsewhere instead;
+ASYNCPS_BASE_IMAGE=IMAGE builds on that base instead of the local asyncps-base:bookworm.
+
+Every test runs its own compose project (`-p asyncps-test-<random>`) and tears it down with
+`down -v --remove-orphans`, then checks that no container, volume or network of it is left.
+
+Scenarios:
+  A  `up --exit-code-from chief` trains to the end: exit status 0, accuracy >= 0.90, nothing running.
+  B  (to come with checkpoints) kill ps-1 mid-run; `restart: on-failure` brings it back and the
+     chief restores it from the checkpoint volume. Use `Compose.hard_kill`, not `docker kill`
+     (see there), then `wait_for_log`/`wait_for_exit` and the run files as below.
+  C  a third worker joins a running cluster (`up -d --scale worker=3 --no-recreate`) and its pushes
+     (worker index 2) reach pushes.csv.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+LOCAL_BASE = "asyncps-base:bookworm"
+TEST_IMAGE = "asyncps:test"
+BUILD_TIMEOUT_S = 1200  # a cold build (base image, deps layer) takes ~5 min on 2 cores
+SCENARIO_TIMEOUT_S = 300
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.slow,
+    # Covers the session's image build too when it falls into this test's setup.
+    pytest.mark.timeout(BUILD_TIMEOUT_S + SCENARIO_TIMEOUT_S),
+]
+
+
+# -- is there a Docker engine with compose? ------------------------------------------------------
+def _unavailable(reason: str) -> None:
+    if os.environ.get("ASYNCPS_REQUIRE_DOCKER") == "1":
+        pytest.fail(f"ASYNCPS_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
+    pytest.skip(f"docker tests skipped: {reason} (set ASYNCPS_REQUIRE_DOCKER=1 to fail instead)")
+
+
+def _probe(cmd: list[str]) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _compose_command() -> list[str]:
+    """docker-compose v1, else the `docker compose` v2 plugin; skip (or fail) without either."""
+    if shutil.which("docker") is None:
+        _unavailable("no `docker` command on PATH")
+    info = _probe(["docker", "info", "--format", "{{.ServerVersion}}"])
+    if info is None or info.returncode != 0:
+        detail = "timed out" if info is None else (info.stderr.strip() or info.stdout.strip())
+        _unavailable(f"no Docker engine is reachable (`docker info`: {detail})")
+    candidates = [["docker-compose"]] if shutil.which("docker-compose") else []
+    candidates.append(["docker", "compose"])
+    for cmd in candidates:
+        probe = _probe([*cmd, "version"])
+        if probe is not None and probe.returncode == 0:
+            return cmd
+    _unavailable("neither `docker-compose` nor the `docker compose` plugin works")
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def compose_cmd() -> list[str]:
+    return _compose_command()
+
+
+# -- the image ----------------------------------------------------------------------------------
+def _run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> None:
+    start = time.monotonic()
+    with log.open("w") as out:
+        try:
+            result = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
+                                    env=env)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{' '.join(cmd)} took over {timeout:.0f}s; log: {log}\n{_tail(log)}", pytrace=False)
+    print(f"{' '.join(cmd)}: {time.monotonic() - start:.1f}s")
+    if result.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} failed ({result.returncode}); log: {log}\n{_tail(log)}", pytrace=False)
+
+
+def _tail(path: Path, chars: int = 6000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no log)"
+
+
+@pytest.fixture(scope="session")
+def image(compose_cmd: list[str], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The asyncps image the compose file runs, built once per session."""
+    given = os.environ.get("ASYNCPS_TEST_IMAGE")
+    if given:
+        if subprocess.run(["docker", "image", "inspect", given], capture_output=True).returncode != 0:
+            pytest.fail(f"ASYNCPS_TEST_IMAGE={given} does not exist", pytrace=False)
+        return given
+    logs = tmp_path_factory.mktemp("docker-build")
+    base = os.environ.get("ASYNCPS_BASE_IMAGE", LOCAL_BASE)
+    if base == LOCAL_BASE:  # idempotent: seconds when the image exists
+        _run_logged([str(ROOT / "scripts" / "docker-base.sh"), "--tag", LOCAL_BASE], logs / "base.log", 900)
+    _run_logged([str(ROOT / "scripts" / "wheelhouse.sh")], logs / "wheelhouse.log", 900)  # idempotent
+    _run_logged(["docker", "build", "--build-arg", f"BASE_IMAGE={base}", "-t", TEST_IMAGE, str(ROOT)],
+                logs / "build.log", BUILD_TIMEOUT_S)
+    return TEST_IMAGE
+
+
+# -- one compose project ------------------------------------------------------------------------
+class Compose:
+    """A compose project of docker-compose.yml with its own name, environment and image."""
+
+    def __init__(self, cmd: list[str], image: str, workdir: Path) -> None:
+        self.cmd = cmd
+        self.image = image
+        self.project = f"asyncps-test-{secrets.token_hex(4)}"
+        self.run_name = "test"
+        self.workdir = workdir
+        # Only what the test sets reaches the file's ${...}: no ASYNCPS_*/COMPOSE_* from outside.
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("ASYNCPS_", "COMPOSE_")) and k != "TF_CONFIG"}
+        self.env.update(ASYNCPS_IMAGE=image, ASYNCPS_RUN_NAME=self.run_name, ASYNCPS_LOG_LEVEL="INFO")
+        self.label = f"label=com.docker.compose.project={self.project}"
+
+    def set(self, **settings: object) -> None:
+        """Settings for the file's ${ASYNCPS_...} variables, e.g. set(ASYNCPS_EPOCHS=30)."""
+        self.env.update({k: str(v) for k, v in settings.items()})
+
+    def __call__(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run `docker-compose -p PROJECT -f docker-compose.yml ARGS...`."""
+        cmd = [*self.cmd, "-p", self.project, "-f", str(COMPOSE_FILE), *args]
+        try:
+            result = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            pytest.fail(f"{' '.join(args)} took over {timeout:.0f}s\n{out[-4000:]}\n{self.logs()}", pytrace=False)
+        if check and result.returncode != 0:
+            pytest.fail(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
+                        f"{result.stderr[-4000:]}", pytrace=False)
+        return result
+
+    def logs(self, service: str = "", tail: int = 80) -> str:
+        """The services' logs (for assertions and failure messages)."""
+        cmd = [*self.cmd, "-p", self.project, "-f", str(COMPOSE_FILE), "logs", "--no-color", f"--tail={tail}"]
+        result = subprocess.run([*cmd, *([service] if service else [])], cwd=ROOT, env=self.env,
+                                capture_output=True, text=True, timeout=60)
+        return result.stdout + result.stderr
+
+    def containers(self, service: str = "", running_only: bool = False) -> list[str]:
+        """Ids of the project's containers (of one service)."""
+        cmd = ["docker", "ps", "-q", "--no-trunc", "--filter", self.label]
+        if service:
+            cmd += ["--filter", f"label=com.docker.compose.service={service}"]
+        if not running_only:
+            cmd.append("-a")
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
+
+    def state(self, container: str) -> tuple[str, int]:
+        """(status, exit code) of a container."""
+        out = subprocess.run(["docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", container],
+                             capture_output=True, text=True, check=True).stdout.split()
+        return out[0], int(out[1])
+
+    def wait_for_log(self, service: str, pattern: str, timeout: float) -> None:
+        """Poll a service's log until a line matches the regular expression."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for container in self.containers(service):  # `docker logs`: cheaper than docker-compose's
+                out = subprocess.run(["docker", "logs", container], capture_output=True, text=True)
+                if re.search(pattern, out.stdout + out.stderr):
+                    return
+            time.sleep(2)
+        pytest.fail(f"no {pattern!r} in the {service} log within {timeout:.0f}s\n{self.logs()}", pytrace=False)
+
+    def wait_for_exit(self, service: str, timeout: float) -> int:
+        """Wait until the service's (single) container exited; return its exit code."""
+        (container,) = self.containers(service)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status, code = self.state(container)
+            if status in ("exited", "dead"):
+                return code
+            time.sleep(2)
+        pytest.fail(f"{service} still running after {timeout:.0f}s\n{self.logs()}", pytrace=False)
+        raise AssertionError("unreachable")
+
+    def hard_kill(self, container: str) -> None:
+        """Kill a container's main process the way a crash would.
+
+        Not `docker kill`/`docker-compose kill`: Docker counts those as a manual stop and
+        `restart: on-failure` does not bring the container back. Killing the process from the
+        host does (needs root on the Docker host, so a local engine).
+        """
+        pid = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", container],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        os.kill(int(pid), 9)
+
+    def volume(self, name: str) -> str:
+        """The Docker name of one of the file's named volumes."""
+        found = subprocess.run(["docker", "volume", "ls", "-q", "--filter", self.label,
+                                "--filter", f"label=com.docker.compose.volume={name}"],
+                               capture_output=True, text=True, check=True).stdout.split()
+        assert len(found) == 1, f"volume {name!r} of {self.project}: {found}"
+        return found[0]
+
+    def run_file(self, name: str) -> str:
+        """A file of the run directory, read from the runs volume by a throwaway container."""
+        result = subprocess.run(
+            ["docker", "run", "--rm", "--network", "none", "-v", f"{self.volume('runs')}:/runs:ro",
+             "--entrypoint", "cat", self.image, f"/runs/{self.run_name}/{name}"],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, f"cannot read {name} from the runs volume: {result.stderr}\n{self.logs()}"
+        return result.stdout
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Containers, volumes and networks of the project that still exist."""
+        found = {
+            "containers": self.containers(),
+            "volumes": subprocess.run(["docker", "volume", "ls", "-q", "--filter", self.label],
+                                      capture_output=True, text=True).stdout.split(),
+            "networks": subprocess.run(["docker", "network", "ls", "-q", "--filter", self.label],
+                                       capture_output=True, text=True).stdout.split(),
+        }
+        return {kind: ids for kind, ids in found.items() if ids}
+
+    def destroy(self) -> None:
+        """`down -v --remove-orphans`, then force-remove whatever it left and complain about it."""
+        self("down", "-v", "--remove-orphans", "--timeout", "10", timeout=180, check=False)
+        left = self.leftovers()
+        if left:
+            for c in left.get("containers", []):
+                subprocess.run(["docker", "rm", "-f", "-v", c], capture_output=True)
+            for v in left.get("volumes", []):
+                subprocess.run(["docker", "volume", "rm", "-f", v], capture_output=True)
+            for n in left.get("networks", []):
+                subprocess.run(["docker", "network", "rm", n], capture_output=True)
+            pytest.fail(f"`down -v --remove-orphans` left {left} of {self.project}", pytrace=False)
+
+
+@pytest.fixture
+def compose(compose_cmd: list[str], image: str, tmp_path: Path) -> Iterator[Compose]:
+    project = Compose(compose_cmd, image, tmp_path)
+    try:
+        yield project
+    finally:
+        (tmp_path / "compose.log").write_text(project.logs(tail=5000))  # kept by pytest for a look
+        project.destroy()
+
+
+def pushes_by_worker(text: str) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for row in csv.DictReader(io.StringIO(text)):
+        counts[int(row["worker"])] = counts.get(int(row["worker"]), 0) + 1
+    return counts
+
+
+# -- A: the whole run in the foreground ----------------------------------------------------------
+def test_up_exit_code_from_chief_trains_digits(compose: Compose) -> None:
+    compose.set(ASYNCPS_MODEL="mlp", ASYNCPS_DATASET="digits", ASYNCPS_EPOCHS=30, ASYNCPS_WORKERS=2)
+    start = time.monotonic()
+    result = compose("up", "--no-build", "--exit-code-from", "chief", timeout=SCENARIO_TIMEOUT_S - 60, check=False)
+    took = time.monotonic() - start
+    output = result.stdout[-6000:] + result.stderr[-3000:]
+    print(f"scenario A: up --exit-code-from chief returned {result.returncode} after {took:.1f}s")
+    assert result.returncode == 0, f"up --exit-code-from chief returned {result.returncode}\n{output}"
+
+    # --exit-code-from stops everything once a container ends: nothing of the project runs on...
+    assert compose.containers(running_only=True) == [], f"still running after up returned\n{output}"
+    # ...and the chief itself ended with 0 (the others' states are in the message if not).
+    (chief,) = compose.containers("chief")
+    assert compose.state(chief) == ("exited", 0), output
+    workers = compose.containers("worker")
+    assert len(workers) == 2, f"expected 2 worker containers (deploy.replicas), got {len(workers)}"
+
+    summary = json.loads(compose.run_file("summary.json"))
+    assert summary["final_eval"]["accuracy"] >= 0.90, summary
+    assert summary["workers"] == 2 and summary["ps_shards"] == 2, summary
+    assert set(pushes_by_worker(compose.run_file("pushes.csv"))) == {0, 1}
+
+
+# -- B: a shard killed mid-run comes back from a checkpoint (needs --checkpoint-dir) -----------------
+# def test_killed_shard_recovers_from_checkpoint(compose: Compose) -> None:
+#     compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=60, ...checkpoint settings...)
+#     compose("up", "-d", "--no-build")
+#     compose.wait_for_log("chief", r"checkpoint", timeout=120)
+#     (ps1,) = compose.containers("ps-1"); compose.hard_kill(ps1)
+#     ... wait for the restart and the restore, then wait_for_exit("chief") == 0, run files ...
+
+
+# -- C: a worker joins a running cluster --------------------------------------------------------
+def test_scaled_up_worker_joins_a_running_cluster(compose: Compose) -> None:
+    # Stop on training time, not epochs: the third worker needs ~15 s (TensorFlow, the dataset)
+    # on a busy 2-core machine before its first push.
+    compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=60, ASYNCPS_WORKERS=2)
+    start = time.monotonic()
+    compose("up", "-d", "--no-build", timeout=120)
+    compose.wait_for_log("chief", r"eval at \d+ updates", timeout=150)  # the first two train
+    running_at = time.monotonic() - start
+    compose("up", "-d", "--no-build", "--no-recreate", "--scale", "worker=3", timeout=120)
+    assert len(compose.containers("worker")) == 3
+    compose.wait_for_log("worker", r"registered as worker 2 ", timeout=120)
+    code = compose.wait_for_exit("chief", timeout=SCENARIO_TIMEOUT_S - 60)
+    took = time.monotonic() - start
+    print(f"scenario C: training ran after {running_at:.1f}s, chief exited {code} after {took:.1f}s")
+    assert code == 0, compose.logs()
+
+    pushes = pushes_by_worker(compose.run_file("pushes.csv"))
+    assert set(pushes) == {0, 1, 2}, pushes
+    assert pushes[2] > 0
+    summary = json.loads(compose.run_file("summary.json"))
+    assert summary["final_eval"]["accuracy"] >= 0.90, summary
