@@ -77,6 +77,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     _add(g, "--backup-workers", d.backup_workers, "sync: apply each step after the first (workers - b) gradients",
          type=int)
     _add(g, "--staleness-bound", d.staleness_bound, "ssp: the largest clock lead s", type=int)
+    _add(g, "--checkpoint-every", "0", "checkpoint every N updates, or every Ns seconds with a trailing s (0: off)")
+    _add(g, "--keep-checkpoints", d.keep_checkpoints, "how many checkpoints to keep", type=int)
     _add(g, "--slice-threshold", d.slice_threshold_bytes,
          "variables larger than this many bytes are sliced over shards", type=int)
     _add(g, "--chunk-bytes", d.chunk_bytes, "bytes per streamed tensor chunk", type=int)
@@ -105,11 +107,22 @@ def run_config_from(args: argparse.Namespace, num_workers: int, num_ps: int) -> 
         "chunk_bytes": int(args.chunk_bytes), "heartbeat_interval_s": float(args.heartbeat_interval),
         "heartbeat_timeout_s": float(args.heartbeat_timeout), "rpc_deadline_s": float(args.rpc_deadline),
         "tf_threads": int(args.tf_threads), "num_workers": num_workers, "num_ps": num_ps,
+        **_checkpoint_every(str(args.checkpoint_every)), "keep_checkpoints": int(args.keep_checkpoints),
     }
     if base:  # a config file wins over built-in defaults, explicit flags win over the file
         explicit = {k for k, v in fields.items() if v != getattr(RunConfig(), k, None)}
         fields = {**fields, **{k: v for k, v in base.items() if k not in explicit}}
     return RunConfig(**fields)
+
+
+def _checkpoint_every(text: str) -> dict[str, Any]:
+    """`500` -> every 500 updates; `30s` -> every 30 seconds."""
+    try:
+        if text.endswith("s"):
+            return {"checkpoint_every_s": float(text[:-1]), "checkpoint_every_updates": 0}
+        return {"checkpoint_every_updates": int(text), "checkpoint_every_s": 0.0}
+    except ValueError:
+        raise ValueError(f"--checkpoint-every wants N (updates) or Ns (seconds), got {text!r}") from None
 
 
 def _epochs(args: argparse.Namespace) -> float:
@@ -194,7 +207,8 @@ def cmd_chief(args: argparse.Namespace) -> int:
         workers = workers if args.workers_set else len(tf.worker)
     run = run_config_from(args, workers, len(ps))
     config = ChiefConfig(ps=ps, run=run, run_dir=Path(args.run_dir), host=args.host, port=port,
-                         port_file=args.port_file)
+                         port_file=args.port_file, resume=bool(args.resume),
+                         checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None)
     _setup_logging(args.log_level, "chief")
     stop = threading.Event()
     _install_signals(stop)
@@ -206,8 +220,10 @@ def cmd_local(args: argparse.Namespace) -> int:
     from asyncps.local import default_run_dir, run_local
 
     run = run_config_from(args, int(args.workers), int(args.ps))
+    if args.resume and not args.run_dir:
+        raise ValueError("--resume needs the --run-dir of the run to continue")
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
-    return run_local(run, run_dir, progress=not args.quiet)
+    return run_local(run, run_dir, progress=not args.quiet, resume=bool(args.resume))
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -253,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--ps", "", "comma-separated shard addresses (or TF_CONFIG cluster.ps)")
     _add(p, "--workers", 2, "number of workers (or len(TF_CONFIG cluster.worker))", type=int)
     _add(p, "--run-dir", "runs/chief", "run directory")
+    _add(p, "--checkpoint-dir", "", "checkpoint directory (default: RUN_DIR/ckpt)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     add_run_flags(p)
     p.set_defaults(fn=cmd_chief)
 
@@ -261,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--workers", 2, "number of workers", type=int)
     _add(p, "--run-dir", "", "run directory (default: runs/<timestamp>)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
     add_run_flags(p)
     p.set_defaults(fn=cmd_local)
 

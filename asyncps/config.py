@@ -47,6 +47,9 @@ class RunConfig:
     rpc_deadline_s: float = 60.0
     read_wait_s: float = 30.0  # how long a shard may hold a sync/ssp worker before answering anyway
     tf_threads: int = 1
+    checkpoint_every_updates: int = 0  # 0: not by updates
+    checkpoint_every_s: float = 0.0  # 0: not by time
+    keep_checkpoints: int = 3
 
     def __post_init__(self) -> None:
         problems = []
@@ -68,6 +71,8 @@ class RunConfig:
             problems.append("heartbeat_timeout_s must exceed heartbeat_interval_s")
         if self.chunk_bytes < 1024:
             problems.append("chunk_bytes must be >= 1024")
+        if self.checkpoint_every_updates < 0 or self.checkpoint_every_s < 0 or self.keep_checkpoints < 1:
+            problems.append("checkpoint intervals must be >= 0 and keep_checkpoints >= 1")
         if self.tf_threads < 0:
             problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
         if problems:

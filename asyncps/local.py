@@ -59,17 +59,22 @@ class Child:
 class LocalCluster:
     """Starts and supervises shards, chief and workers; stops them all, always."""
 
-    def __init__(self, run: RunConfig, run_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, run: RunConfig, run_dir: Path, env: dict[str, str] | None = None,
+                 resume: bool = False, max_restarts: int = 5) -> None:
         self.run = run
+        self.resume = resume
+        self.max_restarts = max_restarts
+        self.restarts: dict[str, int] = {}
         self.run_dir = run_dir
         self.logs = run_dir / "logs"
         self.env = child_env(env)
         self.children: list[Child] = []
         self.chief_address = ""
         self.ps_addresses: list[str] = []
+        self._ps_args: dict[str, list[str]] = {}
 
     def _spawn(self, name: str, args: list[str]) -> Child:
-        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop(); appended on restarts
         proc = subprocess.Popen(
             [sys.executable, "-m", "asyncps.cli", *args], stdout=log, stderr=subprocess.STDOUT,
             env=self.env, start_new_session=True,  # Ctrl-C reaches the launcher, which stops them in order
@@ -92,15 +97,36 @@ class LocalCluster:
         for child, port_file in shards:
             port = wait_port_file(port_file, port_timeout_s, child.alive)
             self.ps_addresses.append(f"127.0.0.1:{port}")
+            self._ps_args[child.name] = ["ps", "--host", "127.0.0.1", "--port", str(port),
+                                         "--index", child.name.split("-")[1]]
         port_file = self.logs / "chief.port"
         port_file.unlink(missing_ok=True)
         chief = self._spawn("chief", [
             "chief", "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
             "--ps", ",".join(self.ps_addresses), "--workers", str(self.run.num_workers),
-            "--run-dir", str(self.run_dir), "--run-config", str(config_file)])
+            "--run-dir", str(self.run_dir), "--run-config", str(config_file),
+            *(["--resume"] if self.resume else [])])
         self.chief_address = f"127.0.0.1:{wait_port_file(port_file, port_timeout_s, chief.alive)}"
         for i in range(self.run.num_workers):
             self._spawn(f"worker-{i}", ["worker", "--chief", self.chief_address, "--index", str(i)])
+
+    def restart_dead_shards(self) -> list[str]:
+        """Start again, on the same port, every shard that died (the chief restores its state)."""
+        restarted = []
+        for i, child in enumerate(self.children):
+            if not child.name.startswith("ps-") or child.proc.poll() in (None, 0):
+                continue
+            count = self.restarts.get(child.name, 0)
+            if count >= self.max_restarts:
+                continue
+            self.restarts[child.name] = count + 1
+            child.log.close()
+            self.children.pop(i)
+            replacement = self._spawn(child.name, self._ps_args[child.name])
+            self.children.remove(replacement)
+            self.children.insert(i, replacement)
+            restarted.append(child.name)
+        return restarted
 
     @property
     def chief(self) -> Child:
@@ -176,10 +202,10 @@ class ProgressDisplay:
 
 
 def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
-              env: dict[str, str] | None = None) -> int:
+              env: dict[str, str] | None = None, resume: bool = False) -> int:
     """Run a whole local cluster to completion; return the chief's exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(run, run_dir, env)
+    cluster = LocalCluster(run, run_dir, env, resume=resume)
     interrupted = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -201,13 +227,11 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
             if display:
                 display.update()
             time.sleep(0.5)
-            # a shard that exits 0 was told to by the chief; any other exit loses its state
-            dead = [c.name for c in cluster.children
-                    if c.name.startswith("ps") and c.proc.poll() not in (None, 0)]
-            if dead and not interrupted.is_set():
-                print(f"\nasyncps local: {', '.join(dead)} exited unexpectedly; stopping", file=sys.stderr)
-                interrupted.set()
-                cluster.interrupt()
+            # a shard that exits 0 was told to by the chief; any other exit is a crash: restart it
+            # on its port and the chief restores its part of the latest checkpoint
+            if not interrupted.is_set():
+                for name in cluster.restart_dead_shards():
+                    print(f"\nasyncps local: {name} died; restarted it (the chief restores it)", file=sys.stderr)
     except (TimeoutError, RuntimeError) as exc:
         print(f"asyncps local: {exc}; see {cluster.logs}", file=sys.stderr)
     finally:

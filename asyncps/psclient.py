@@ -25,6 +25,8 @@ from asyncps.errors import InvalidArgumentError
 from asyncps.pb import ps_pb2, ps_pb2_grpc
 from asyncps.placement import Placement
 from asyncps.rpc import call_with_retry, make_channel
+from ps.servicer import rule_to_proto, snapshot_frames, snapshot_from_wire
+from ps.store import Snapshot
 
 T = TypeVar("T")
 
@@ -36,6 +38,7 @@ class PullReply:
     version: int
     values: dict[str, Array] | None
     waited_s: float = 0.0  # time the shard held the reply back (sync/ssp)
+    incarnation: int = 0
 
 
 def _assemble(
@@ -60,6 +63,10 @@ def _assemble(
     return header, values
 
 
+_RETRY = (grpc.StatusCode.UNAVAILABLE,)
+_TRAINING_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
+
+
 class ShardClient:
     """Typed calls to one shard, with deadlines and retries of UNAVAILABLE only."""
 
@@ -80,9 +87,13 @@ class ShardClient:
         self._stub = ps_pb2_grpc.ParameterServerStub(self._channel)
         self._rng = random.Random(seed)
 
-    def _retry(self, fn: Callable[[], T], deadline_s: float | None = None) -> T:
+    def _retry(self, fn: Callable[[], T], deadline_s: float | None = None, training: bool = False) -> T:
+        # Training calls also ride through a shard that restarted and waits for the chief to
+        # restore it (FAILED_PRECONDITION: not initialized).
+        codes = _TRAINING_RETRY if training else _RETRY
         return call_with_retry(fn, f"parameter server {self.address}",
-                               self._deadline_s if deadline_s is None else deadline_s, rng=self._rng)
+                               self._deadline_s if deadline_s is None else deadline_s, retry_codes=codes,
+                               rng=self._rng)
 
     def initialize(
         self, member_id: str, shard_index: int, num_shards: int, rule: ps_pb2.UpdateRule,
@@ -114,9 +125,9 @@ class ShardClient:
         def call() -> PullReply:
             header, values = _assemble(
                 self._stub.Pull(request, timeout=self._call_timeout_s + wait_timeout_s), buffers)
-            return PullReply(header.version, values)
+            return PullReply(header.version, values, 0.0, header.incarnation)
 
-        return self._retry(call)
+        return self._retry(call, training=True)
 
     def _push_stream(self, header: ps_pb2.PushHeader, grads: Mapping[str, Gradient]) -> Iterator[ps_pb2.PushChunk]:
         chunks = (c for name, grad in grads.items() for c in gradient_chunks(name, grad, self._chunk_bytes))
@@ -138,24 +149,55 @@ class ShardClient:
     def push_pull(
         self, member_id: str, base_version: int, grads: Mapping[str, Gradient], step: int = 0,
         loss: float = 0.0, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-        read_wait_s: float = 0.0,
+        read_wait_s: float = 0.0, incarnation: int = 0,
     ) -> tuple[ps_pb2.PushResult, PullReply]:
         """Push, then receive the values, in one round trip (held up to read_wait_s by sync/ssp)."""
         header = ps_pb2.PushHeader(worker_id=member_id, base_version=base_version, step=step,
-                                   loss=loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s)
+                                   loss=loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s,
+                                   incarnation=incarnation)
 
         def call() -> tuple[ps_pb2.PushResult, PullReply]:
             reply_header, values = _assemble(
                 self._stub.PushPull(self._push_stream(header, grads), timeout=self._call_timeout_s + read_wait_s),
                 buffers)
-            return reply_header.push, PullReply(reply_header.version, values, reply_header.waited_s)
+            return reply_header.push, PullReply(reply_header.version, values, reply_header.waited_s,
+                                                reply_header.incarnation)
 
-        return self._retry(call)
+        return self._retry(call, training=True)
 
     def stats(self, deadline_s: float | None = None) -> ps_pb2.ShardStats:
         """The shard's counters."""
         return self._retry(lambda: self._stub.GetStats(ps_pb2.StatsRequest(), timeout=self._call_timeout_s),
                            deadline_s)
+
+    def pause(self, hold_s: float) -> int:
+        """Hold pushes for up to hold_s seconds (0: release); returns the shard's version."""
+        request = ps_pb2.PauseRequest(pause=hold_s > 0, max_hold_s=hold_s)
+        return self._retry(lambda: self._stub.Pause(request, timeout=self._call_timeout_s)).version
+
+    def snapshot(self) -> Snapshot:
+        """The shard's whole state (values, slots, counters)."""
+        def call() -> Snapshot:
+            assembler = TensorAssembler()
+            header = None
+            for msg in self._stub.Snapshot(ps_pb2.SnapshotRequest(), timeout=self._call_timeout_s * 4):
+                if msg.HasField("header"):
+                    header = msg.header
+                for chunk in msg.tensors:
+                    assembler.add(chunk)
+            if header is None:
+                raise InvalidArgumentError("snapshot stream without a header")
+            return snapshot_from_wire(header, assembler.finish())
+
+        return self._retry(call)
+
+    def restore(self, snap: Snapshot, shard_index: int) -> ps_pb2.InitializeResponse:
+        """Replace the shard's state with a checkpoint's part."""
+        header = ps_pb2.SnapshotHeader(rule=rule_to_proto(snap.rule), version=snap.version,
+                                       pushes_accepted=snap.accepted, pushes_dropped=snap.dropped,
+                                       updates=snap.updates, shard_index=shard_index)
+        return self._retry(lambda: self._stub.Restore(snapshot_frames(header, snap, self._chunk_bytes),
+                                                      timeout=self._call_timeout_s * 4))
 
     def set_live_workers(self, worker_ids: Sequence[str]) -> None:
         """Tell the shard which workers are alive."""
@@ -207,6 +249,7 @@ class ModelClient:
             v.name: np.zeros(v.shape, dtype=v.dtype) for v in placement.variables
         }
         self.versions = [-1] * placement.num_shards
+        self.incarnations = [0] * placement.num_shards
         self._views: list[dict[str, Array]] = [{} for _ in addresses]
         for part in placement.parts:
             full = self.values[part.variable]
@@ -220,6 +263,7 @@ class ModelClient:
 
     def _accept(self, shard: int, reply: PullReply) -> None:
         self.versions[shard] = reply.version
+        self.incarnations[shard] = reply.incarnation
         if reply.values is None:
             return
         views = self._views[shard]
@@ -271,7 +315,8 @@ class ModelClient:
                 self._accept(shard, reply)
                 return ShardPush(shard, ps_pb2.PushResult(accepted=False, drop_reason="empty"), reply.version)
             result, reply = self.shards[shard].push_pull(
-                self.member_id, base[shard], per_shard[shard], step, loss, -1, self._views[shard], read_wait_s)
+                self.member_id, base[shard], per_shard[shard], step, loss, -1, self._views[shard], read_wait_s,
+                self.incarnations[shard])
             self._accept(shard, reply)
             return ShardPush(shard, result, reply.version, reply.waited_s)
 

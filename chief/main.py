@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncps.config import RunConfig
 from asyncps.pb import coordinator_pb2 as cpb
@@ -21,6 +21,9 @@ from asyncps.tfutil import limit_threads, quiet_tensorflow
 from chief.membership import Membership
 from chief.recorder import Recorder, staleness_summary
 from chief.servicer import CoordinatorServicer
+
+if TYPE_CHECKING:
+    from chief.checkpoint import Checkpoint
 
 log = logging.getLogger("asyncps.chief")
 
@@ -38,6 +41,14 @@ class ChiefConfig:
     port: int = 0
     port_file: str = ""
     stop_grace_s: float = 30.0  # how long to wait for workers to finish after STOP
+    checkpoint_dir: Path | None = None  # default: run_dir/ckpt
+    resume: bool = False  # continue from the latest checkpoint instead of initializing
+    export: bool = True  # write the final model (Keras file and SavedModel) into the run directory
+
+    @property
+    def checkpoints(self) -> Path:
+        """Where checkpoints go."""
+        return self.checkpoint_dir or self.run_dir / "ckpt"
 
     def __post_init__(self) -> None:
         if not self.ps:
@@ -80,6 +91,9 @@ class Chief:
         self._start = time.monotonic()
         self._train_start: float | None = None
         self._eval_history: list[tuple[float, int, float, float]] = []
+        self._examples_offset = 0
+        self._checkpoint_number = 0
+        self._last_checkpoint = (time.monotonic(), 0)
 
     # -- setup ----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -96,6 +110,10 @@ class Chief:
                             self.data.image_shape, self.run.seed)
         self.model = model
         self.evaluator = Evaluator(model, loss_fn)
+        self.initial_values = self.evaluator.values()
+        from chief.checkpoint import CheckpointDir
+
+        self.checkpoints = CheckpointDir(self.config.checkpoints, self.run.keep_checkpoints)
         specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
         self.placement = place(specs, len(self.config.ps), self.run.slice_threshold_bytes)
         self.client = ModelClient("chief", list(self.config.ps), self.placement, self.run.rpc_deadline_s,
@@ -104,20 +122,75 @@ class Chief:
                  sum(math.prod(s.shape) for s in specs), self.placement.shard_bytes())
 
     def _initialize_shards(self) -> None:
+        n = len(self.config.ps)
+        ckpt = self.checkpoints.latest() if self.config.resume else None
+        if self.config.resume and ckpt is None:
+            log.warning("--resume: no checkpoint in %s; starting from initial values", self.config.checkpoints)
+        if ckpt is not None:
+            self._examples_offset = int(ckpt.manifest.get("examples", 0))
+            self._checkpoint_number = ckpt.number
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            list(pool.map(lambda shard: self._start_shard(shard, ckpt), range(n)))
+
+    def _start_shard(self, shard: int, ckpt: Checkpoint | None) -> None:
+        """Initialize a shard from the initial values, or restore it from a checkpoint."""
         from asyncps.placement import split_for_shards
+        from chief.checkpoint import split
         from ps.servicer import rule_to_proto
 
-        rule = rule_to_proto(self.run.update_rule())
-        per_shard = split_for_shards(self.placement, self.evaluator.values())
-        n = len(self.config.ps)
-
-        def init(shard: int) -> None:
-            reply = self.client.shards[shard].initialize("chief", shard, n, rule, per_shard[shard])
+        client = self.client.shards[shard]
+        if ckpt is None:
+            part = split_for_shards(self.placement, self.initial_values)[shard]
+            reply = client.initialize("chief", shard, len(self.config.ps), rule_to_proto(self.run.update_rule()), part)
             log.info("shard %d at %s: %s at version %d", shard, self.config.ps[shard],
                      "initialized" if reply.created else "already initialized", reply.version)
+            return
+        snap = split(self.placement, ckpt, self.run.update_rule())[shard]
+        reply = client.restore(snap, shard)
+        log.info("shard %d at %s: restored from %s at version %d", shard, self.config.ps[shard], ckpt.path.name,
+                 reply.version)
 
-        with ThreadPoolExecutor(max_workers=n) as pool:
-            list(pool.map(init, range(n)))
+    def _recover_shard(self, shard: int) -> None:
+        """A shard came back empty (it crashed and restarted): restore its part of the latest checkpoint."""
+        ckpt = self.checkpoints.latest()
+        if ckpt is None:
+            log.warning("shard %d restarted and there is no checkpoint: it restarts from initial values", shard)
+        self._start_shard(shard, ckpt)
+
+    def _checkpoint(self) -> None:
+        """A consistent cut: hold pushes on every shard, snapshot all, release, write atomically."""
+        from chief.checkpoint import assemble
+
+        t0 = time.monotonic()
+        shards = self.client.shards
+        try:
+            for shard in shards:
+                shard.pause(hold_s=30.0)
+            snaps = [shard.snapshot() for shard in shards]
+        finally:
+            for shard in shards:
+                shard.pause(0.0)
+        values, slots = assemble(self.placement, snaps)
+        _, _, examples, _ = self.recorder.snapshot()
+        self._checkpoint_number += 1
+        updates = {name: n for snap in snaps for name, n in snap.updates.items()}
+        variable_updates: dict[str, int] = {}
+        for part in self.placement.parts:
+            variable_updates[part.variable] = max(variable_updates.get(part.variable, 0), updates.get(part.name, 0))
+        path = self.checkpoints.save(self._checkpoint_number, values, slots, {
+            "shard_versions": [s.version for s in snaps],
+            "shard_counters": [{"accepted": s.accepted, "dropped": s.dropped} for s in snaps],
+            "updates": updates,
+            "variable_updates": variable_updates,
+            "examples": examples + self._examples_offset,
+            "worker_steps": self.membership.worker_steps(),
+            "run": dataclasses.asdict(self.run),
+            "placement": [dataclasses.asdict(p) for p in self.placement.parts],
+            "wall_time": time.time(),
+        })
+        self._last_checkpoint = (time.monotonic(), self.progress.updates)
+        log.info("checkpoint %s at versions %s in %.3fs", path.name, [s.version for s in snaps],
+                 time.monotonic() - t0)
 
     # -- status ---------------------------------------------------------------------------
     def status(self) -> cpb.ClusterStatus:
@@ -131,7 +204,7 @@ class Chief:
                 workers_alive=len(self.membership.live_workers()), eval_loss=p.eval_loss,
                 eval_accuracy=p.eval_accuracy, eval_version=p.eval_updates, worker_loss=loss,
                 done=p.done, elapsed_s=self._elapsed(),
-                epochs=examples / max(1, len(self.data.x_train)),
+                epochs=(examples + self._examples_offset) / max(1, len(self.data.x_train)),
             )
 
     def _elapsed(self) -> float:
@@ -152,7 +225,7 @@ class Chief:
         except Unreachable as exc:
             log.error("%s", exc)
             return 2
-        self.recorder = Recorder(run_dir)
+        self.recorder = Recorder(run_dir, append=self.config.resume)
         servicer = CoordinatorServicer(self.membership, self.recorder, self.config.ps, self.run.to_json(),
                                        self.status)
         server, port, health = create_server(
@@ -163,12 +236,19 @@ class Chief:
         import tensorflow as tf
 
         self.writer = tf.summary.create_file_writer(str(run_dir / "tb"))
-        self._eval_file = open(run_dir / "eval.csv", "w")  # noqa: SIM115
-        self._eval_file.write(EVAL_COLUMNS)
+        eval_path = run_dir / "eval.csv"
+        continuing = self.config.resume and eval_path.exists()
+        self._eval_file = open(eval_path, "a" if continuing else "w")  # noqa: SIM115
+        if not continuing:
+            self._eval_file.write(EVAL_COLUMNS)
         try:
             self._control_loop()
+            if self.run.checkpoint_every_updates or self.run.checkpoint_every_s:
+                self._checkpoint()
             final = self._evaluate()
             self._write_summary(final)
+            if self.config.export:
+                self._export()
         finally:
             with self.progress.lock:
                 self.progress.done = True
@@ -184,6 +264,11 @@ class Chief:
 
     def _poll_shards(self) -> None:
         stats = [s.stats(deadline_s=self.run.rpc_deadline_s) for s in self.client.shards]
+        for shard, st in enumerate(stats):
+            if not st.initialized:
+                log.warning("shard %d at %s is empty (restarted): recovering", shard, self.config.ps[shard])
+                self._recover_shard(shard)
+                stats[shard] = self.client.shards[shard].stats(deadline_s=self.run.rpc_deadline_s)
         p = self.progress
         with p.lock:
             before, t_before = p.updates, getattr(self, "_last_poll", None)
@@ -201,6 +286,13 @@ class Chief:
                 rate = (p.updates - before) / (now - t_before)
                 p.updates_per_s = rate if p.updates_per_s == 0 else 0.7 * p.updates_per_s + 0.3 * rate
             self._last_poll = now
+
+    def _checkpoint_due(self) -> bool:
+        at, updates = self._last_checkpoint
+        run = self.run
+        by_updates = run.checkpoint_every_updates and self.progress.updates - updates >= run.checkpoint_every_updates
+        by_time = run.checkpoint_every_s and time.monotonic() - at >= run.checkpoint_every_s
+        return bool(by_updates or by_time) and self._train_start is not None
 
     def _sync_live_workers(self) -> None:
         """Tell the shards who is alive once every planned worker has joined, and on every change."""
@@ -221,7 +313,7 @@ class Chief:
         if run.max_updates and p.updates >= run.max_updates:
             return f"reached {run.max_updates} updates"
         _, _, examples, _ = self.recorder.snapshot()
-        if run.epochs and examples >= run.epochs * len(self.data.x_train):
+        if run.epochs and examples + self._examples_offset >= run.epochs * len(self.data.x_train):
             return f"reached {run.epochs:g} epochs"
         if run.max_seconds and self._elapsed() >= run.max_seconds:
             return f"reached {run.max_seconds:g} s"
@@ -249,6 +341,8 @@ class Chief:
                     log.info("stopping: %s", reason)
                     self.membership.request_stop(reason)
                     stop_at = time.monotonic()
+                elif self._checkpoint_due():
+                    self._checkpoint()
                 elif self._train_start is not None and time.monotonic() - last_eval >= self.run.eval_every_s:
                     self._evaluate()
                     last_eval = time.monotonic()
@@ -316,6 +410,13 @@ class Chief:
             summary["final_train_loss"] = train_loss
             summary["optimality_gap"] = train_loss - self.data.optimal_loss
         write_json(self.config.run_dir / "summary.json", summary)
+
+    def _export(self) -> None:
+        """The final model as a Keras file and a SavedModel that plain TensorFlow can load."""
+        t0 = time.monotonic()
+        self.model.save(self.config.run_dir / "model.keras")
+        self.model.export(str(self.config.run_dir / "saved_model"), verbose=False)
+        log.info("exported model.keras and saved_model/ in %.1fs", time.monotonic() - t0)
 
     def _shutdown_shards(self) -> None:
         for shard in self.client.shards:

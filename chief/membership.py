@@ -113,6 +113,11 @@ class Membership:
         with self._lock:
             return all(m.finished or not m.alive for m in self._members.values())
 
+    def worker_steps(self) -> dict[str, int]:
+        """The last reported step of every worker index (newest incarnation wins)."""
+        with self._lock:
+            return {str(m.index): m.step for m in self._members.values()}
+
     def indices_seen(self) -> int:
         """How many distinct worker indices ever registered (training starts once all did)."""
         with self._lock:

@@ -44,14 +44,19 @@ def staleness_summary(histogram: dict[int, int]) -> dict[str, Any]:
 class Recorder:
     """Appends telemetry to pushes.csv and timeline.csv and keeps running statistics."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, append: bool = False) -> None:
         self._lock = threading.Lock()
-        self._push_file: IO[str] = open(run_dir / "pushes.csv", "w", newline="")  # noqa: SIM115
-        self._step_file: IO[str] = open(run_dir / "timeline.csv", "w", newline="")  # noqa: SIM115
+        pushes, steps = run_dir / "pushes.csv", run_dir / "timeline.csv"
+        # a resumed run continues the same files
+        new_pushes, new_steps = not (append and pushes.exists()), not (append and steps.exists())
+        self._push_file: IO[str] = open(pushes, "w" if new_pushes else "a", newline="")  # noqa: SIM115
+        self._step_file: IO[str] = open(steps, "w" if new_steps else "a", newline="")  # noqa: SIM115
         self._pushes = csv.writer(self._push_file)
         self._steps = csv.writer(self._step_file)
-        self._pushes.writerow(PUSH_COLUMNS)
-        self._steps.writerow(STEP_COLUMNS)
+        if new_pushes:
+            self._pushes.writerow(PUSH_COLUMNS)
+        if new_steps:
+            self._steps.writerow(STEP_COLUMNS)
         self.staleness: collections.Counter[int] = collections.Counter()
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=4096)
         self.dropped_reasons: collections.Counter[str] = collections.Counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -10,12 +11,21 @@ from typing import Any
 import grpc
 import numpy as np
 
-from asyncps.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler, dtype_to_proto, frames, iter_chunks
+from asyncps.codec import (
+    DEFAULT_CHUNK_BYTES,
+    Array,
+    Gradient,
+    SparseRows,
+    TensorAssembler,
+    dtype_to_proto,
+    frames,
+    iter_chunks,
+)
 from asyncps.errors import InvalidArgumentError
 from asyncps.pb import ps_pb2, ps_pb2_grpc, tensor_pb2
 from asyncps.rpc import handles_errors
 from ps.optimizers import OptimizerConfig
-from ps.store import PushOutcome, ShardStore, UpdateRuleConfig
+from ps.store import PushOutcome, ShardStore, Snapshot, UpdateRuleConfig
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +94,45 @@ def _read_stream(messages: Iterable[Any], assembler: TensorAssembler, what: str)
     return header
 
 
+def snapshot_frames(
+    header: ps_pb2.SnapshotHeader, snap: Snapshot, chunk_bytes: int
+) -> Iterator[ps_pb2.SnapshotChunk]:
+    """A snapshot as a stream of frames: the header first, then values and slots."""
+    chunks = itertools.chain(
+        (c for name, value in snap.values.items()
+         for c in iter_chunks(f"value/{name}", value, chunk_bytes=chunk_bytes)),
+        (c for name, slots in snap.slots.items() for slot, a in slots.items()
+         for c in iter_chunks(f"slot/{slot}/{name}", a, chunk_bytes=chunk_bytes)),
+    )
+    first = True
+    for frame in frames(chunks, chunk_bytes):
+        yield ps_pb2.SnapshotChunk(header=header if first else None, tensors=frame)
+        first = False
+    if first:
+        yield ps_pb2.SnapshotChunk(header=header)
+
+
+def snapshot_from_wire(header: ps_pb2.SnapshotHeader, tensors: dict[str, Gradient]) -> Snapshot:
+    """Rebuild a Snapshot from its header and assembled tensors, checking the names."""
+    values: dict[str, Array] = {}
+    slots: dict[str, dict[str, Array]] = {}
+    for key, tensor in tensors.items():
+        if isinstance(tensor, SparseRows):
+            raise InvalidArgumentError(f"{key}: snapshot tensors must be dense")
+        kind, _, rest = key.partition("/")
+        if kind == "value" and rest:
+            values[rest] = tensor
+        elif kind == "slot" and "/" in rest:
+            slot, _, name = rest.partition("/")
+            slots.setdefault(name, {})[slot] = tensor
+        else:
+            raise InvalidArgumentError(f"snapshot tensor {key!r}: expected value/NAME or slot/SLOT/NAME")
+    if set(slots) - set(values):
+        raise InvalidArgumentError(f"slots for unknown variables {sorted(set(slots) - set(values))}")
+    return Snapshot(rule=rule_from_proto(header.rule), version=header.version, accepted=header.pushes_accepted,
+                    dropped=header.pushes_dropped, values=values, slots=slots, updates=dict(header.updates))
+
+
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     """Serves one ShardStore over gRPC."""
 
@@ -131,9 +180,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         def encode(name: str, value: Array) -> list[tensor_pb2.TensorChunk]:
             return list(iter_chunks(name, value, chunk_bytes=self._chunk_bytes))
 
-        version, encoded = self._store.pull(if_newer_than, encode, worker_id)
+        version, incarnation, encoded = self._store.pull_with_incarnation(if_newer_than, encode, worker_id)
         header = ps_pb2.PullHeader(version=version, not_modified=encoded is None,
-                                   shard_index=self._store.shard_index, push=push, waited_s=waited_s)
+                                   shard_index=self._store.shard_index, push=push, waited_s=waited_s,
+                                   incarnation=incarnation)
         sent = 0
         first = True
         for frame in frames((c for chunks in encoded or () for c in chunks), self._chunk_bytes):
@@ -157,7 +207,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         assembler = TensorAssembler(self._max_request_bytes)
         header = _read_stream(request_iterator, assembler, "Push")
         grads = assembler.finish()
-        outcome = self._store.push(header.worker_id, header.base_version, grads)
+        outcome = self._store.push(header.worker_id, header.base_version, grads, header.incarnation)
         self._count(pushed=assembler.total_bytes)
         return header, outcome
 
@@ -213,6 +263,37 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         """Update the live set used by the consistency model."""
         self._store.set_live_workers(request.worker_ids)
         return ps_pb2.LiveWorkersResponse(version=self._store.version)
+
+    @handles_errors
+    def Pause(self, request: ps_pb2.PauseRequest, context: grpc.ServicerContext) -> ps_pb2.PauseResponse:
+        """Hold or release pushes (a checkpoint cut)."""
+        if request.pause and not 0 < request.max_hold_s <= 600:
+            raise InvalidArgumentError("a pause needs max_hold_s in (0, 600] seconds")
+        version = self._store.pause(request.max_hold_s if request.pause else 0.0)
+        return ps_pb2.PauseResponse(version=version)
+
+    @handles_errors
+    def Snapshot(
+        self, request: ps_pb2.SnapshotRequest, context: grpc.ServicerContext
+    ) -> Iterator[ps_pb2.SnapshotChunk]:
+        """Stream the whole state for a checkpoint."""
+        snap = self._store.snapshot()
+        header = ps_pb2.SnapshotHeader(rule=rule_to_proto(snap.rule), version=snap.version,
+                                       pushes_accepted=snap.accepted, pushes_dropped=snap.dropped,
+                                       updates=snap.updates, shard_index=self._store.shard_index)
+        yield from snapshot_frames(header, snap, self._chunk_bytes)
+
+    @handles_errors
+    def Restore(
+        self, request_iterator: Iterator[ps_pb2.SnapshotChunk], context: grpc.ServicerContext
+    ) -> ps_pb2.InitializeResponse:
+        """Replace the state with a checkpoint's part."""
+        assembler = TensorAssembler(self._max_request_bytes)
+        header = _read_stream(request_iterator, assembler, "Restore")
+        snap = snapshot_from_wire(header, assembler.finish())
+        self._store.restore(snap)
+        log.info("restored %d variables at version %d", len(snap.values), snap.version)
+        return ps_pb2.InitializeResponse(created=True, version=snap.version)
 
     @handles_errors
     def Shutdown(

@@ -11,6 +11,7 @@ so the values it returns are a model that existed at the version it reports.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -99,6 +100,19 @@ class _PendingStep:
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """Everything a shard needs to continue from where it was: a checkpoint's part."""
+
+    rule: UpdateRuleConfig
+    version: int
+    accepted: int
+    dropped: int
+    values: dict[str, Array]
+    slots: dict[str, dict[str, Array]]
+    updates: dict[str, int]
+
+
+@dataclass(frozen=True)
 class StoreStats:
     """Counters and metadata of a shard (no values)."""
 
@@ -148,6 +162,8 @@ class ShardStore:
         self._accepted = 0
         self._dropped = 0
         self._dropped_by_reason: dict[str, int] = {}
+        self._incarnation = 0
+        self._paused_until = 0.0  # pushes wait while clock() < this (a checkpoint cut)
 
     # -- initialization -------------------------------------------------------------------
     def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array]) -> bool:
@@ -174,6 +190,7 @@ class ShardStore:
             self._optimizer = optimizer
             self._policy = parse_policy(rule.staleness_policy)
             self._mode = make_consistency(rule.mode, rule.num_workers, rule.backup_workers, rule.staleness_bound)
+            self._incarnation = secrets.randbits(62) + 1
             self._rule = rule
             return True
 
@@ -201,6 +218,13 @@ class ShardStore:
     def pull(
         self, if_newer_than: int, encode: Callable[[str, Array], T], worker_id: str = ""
     ) -> tuple[int, list[T] | None]:
+        """Like pull_with_incarnation, without the incarnation."""
+        version, _, encoded = self.pull_with_incarnation(if_newer_than, encode, worker_id)
+        return version, encoded
+
+    def pull_with_incarnation(
+        self, if_newer_than: int, encode: Callable[[str, Array], T], worker_id: str = ""
+    ) -> tuple[int, int, list[T] | None]:
         """Encode every variable under the locks (one consistent model) unless not newer.
 
         `encode(name, value)` runs while the locks are held and must copy what it keeps.
@@ -211,12 +235,12 @@ class ShardStore:
         assert self._policy is not None
         with self._version_cond:
             if self._version <= if_newer_than:
-                return self._version, None
+                return self._version, self._incarnation, None
         with self._all_locks():
             version = self._version
             if self._policy.needs_read_values and worker_id:
                 self._read[worker_id] = {name: var.value.copy() for name, var in self._vars.items()}
-            return version, [encode(name, var.value) for name, var in self._vars.items()]
+            return version, self._incarnation, [encode(name, var.value) for name, var in self._vars.items()]
 
     def wait_readable(self, worker_id: str, base_version: int, timeout_s: float) -> float:
         """Block until the consistency model lets worker_id read (or timeout); return seconds waited."""
@@ -251,7 +275,9 @@ class ShardStore:
             return {name: var.value.copy() for name, var in self._vars.items()}
 
     # -- push -----------------------------------------------------------------------------
-    def push(self, worker_id: str, base_version: int, grads: Mapping[str, Gradient]) -> PushOutcome:
+    def push(
+        self, worker_id: str, base_version: int, grads: Mapping[str, Gradient], incarnation: int = 0
+    ) -> PushOutcome:
         """Apply, accumulate (sync) or drop one gradient computed from `base_version`; never partially.
 
         Everything is validated before any state changes: unknown names (NotFoundError), shape,
@@ -268,10 +294,16 @@ class ShardStore:
         assert self._mode is not None
         names = sorted(self._vars) if self._mode.exclusive else sorted(grads)
         with contextlib.ExitStack() as stack:
+            self._wait_unpaused()
             for name in names:
                 stack.enter_context(self._vars[name].lock)
             with self._version_cond:
                 version_now = self._version
+                if incarnation and incarnation != self._incarnation:
+                    # computed from values this shard no longer has (it was restored): drop, the
+                    # worker gets the current values with the reply
+                    self._count_drop("restored: gradient from a previous incarnation of the shard")
+                    return PushOutcome(False, 0, version_now, 0.0, "restored: shard state was restored")
                 if base_version > version_now:
                     raise InvalidArgumentError(
                         f"base_version {base_version} is from the future: shard version is {version_now}"
@@ -369,6 +401,66 @@ class ShardStore:
             raise InvalidArgumentError(f"{name}: gradient dtype {values.dtype} != variable dtype {dtype}")
         if not _all_finite(values):
             raise InvalidArgumentError(f"{name}: gradient contains NaN or Inf")
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def pause(self, hold_s: float) -> int:
+        """Hold new pushes for up to hold_s (0: release); in-flight pushes finish first. Returns the version."""
+        with self._all_locks(), self._version_cond:
+            self._paused_until = self._clock() + hold_s if hold_s > 0 else 0.0
+            self._version_cond.notify_all()
+            return self._version
+
+    def _wait_unpaused(self) -> None:
+        with self._version_cond:
+            while (left := self._paused_until - self._clock()) > 0:
+                self._version_cond.wait(timeout=left)
+
+    def snapshot(self) -> Snapshot:
+        """A consistent copy of the whole state: values, optimizer slots, counters."""
+        self._require_initialized()
+        assert self._rule is not None
+        with self._all_locks(), self._version_cond:
+            return Snapshot(
+                rule=self._rule, version=self._version, accepted=self._accepted, dropped=self._dropped,
+                values={n: v.value.copy() for n, v in self._vars.items()},
+                slots={n: {k: a.copy() for k, a in v.slots.items()} for n, v in self._vars.items()},
+                updates={n: v.updates for n, v in self._vars.items()},
+            )
+
+    def restore(self, snap: Snapshot) -> None:
+        """Replace the whole state with a snapshot (a new incarnation: older gradients are dropped)."""
+        optimizer = make_optimizer(snap.rule.optimizer)
+        for name, value in snap.values.items():
+            if not _is_float(value.dtype) or not _all_finite(value):
+                raise InvalidArgumentError(f"{name}: restored values must be finite floating point")
+            expected = optimizer.init_slots(value)
+            slots = snap.slots.get(name, {})
+            if set(slots) != set(expected) or any(a.shape != expected[k].shape for k, a in slots.items()):
+                raise InvalidArgumentError(
+                    f"{name}: restored slots {sorted(slots)} do not fit {snap.rule.optimizer.name}")
+        with self._init_lock, self._all_locks(), self._version_cond:
+            self._vars = {
+                name: _Variable(value=np.array(value, copy=True),
+                                slots={k: np.array(a, copy=True) for k, a in snap.slots.get(name, {}).items()},
+                                updates=snap.updates.get(name, 0))
+                for name, value in sorted(snap.values.items())
+            }
+            self._optimizer = optimizer
+            self._policy = parse_policy(snap.rule.staleness_policy)
+            self._mode = make_consistency(snap.rule.mode, snap.rule.num_workers, snap.rule.backup_workers,
+                                          snap.rule.staleness_bound)
+            self._rule = snap.rule
+            self._version, self._accepted, self._dropped = snap.version, snap.accepted, snap.dropped
+            self._pending = _PendingStep()
+            self._read = {}
+            self._incarnation = secrets.randbits(62) + 1
+            self._version_cond.notify_all()
+
+    @property
+    def incarnation(self) -> int:
+        """Identifies the current state's lineage; changes on initialize and restore."""
+        with self._version_cond:
+            return self._incarnation
 
     # -- introspection --------------------------------------------------------------------
     @property

@@ -36,7 +36,7 @@ class ShardProcess:
             return "(no log)"
 
 
-def _shard_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     # Flags must come from the command line only: ASYNCPS_* and TF_CONFIG would override them.
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCPS_") and k != "TF_CONFIG"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -65,7 +65,7 @@ class ShardLauncher:
                 process = subprocess.Popen(
                     [sys.executable, "-m", "asyncps.cli", "ps", "--host", "127.0.0.1",
                      "--port", "0", "--port-file", str(port_file), "--index", str(index)],
-                    stdout=log, stderr=subprocess.STDOUT, env=_shard_env(), cwd=REPO_ROOT,
+                    stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO_ROOT,
                 )
             pending.append((index, process, port_file, log_path))
         shards = []

@@ -122,21 +122,28 @@ def image(compose_cmd: list[str], tmp_path_factory: pytest.TempPathFactory) -> s
     if base == LOCAL_BASE:  # idempotent: seconds when the image exists
         _run_logged([str(ROOT / "scripts" / "docker-base.sh"), "--tag", LOCAL_BASE], logs / "base.log", 900)
     _run_logged([str(ROOT / "scripts" / "wheelhouse.sh")], logs / "wheelhouse.log", 900)  # idempotent
+    before = _image_id(TEST_IMAGE)
     _run_logged(["docker", "build", "--build-arg", f"BASE_IMAGE={base}", "-t", TEST_IMAGE, str(ROOT)],
                 logs / "build.log", BUILD_TIMEOUT_S)
+    if before and before != _image_id(TEST_IMAGE):  # the previous session's image, now untagged
+        subprocess.run(["docker", "image", "rm", before], capture_output=True)  # fails harmlessly if in use
     return TEST_IMAGE
+
+
+def _image_id(tag: str) -> str:
+    found = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", tag], capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else ""
 
 
 # -- one compose project ------------------------------------------------------------------------
 class Compose:
     """A compose project of docker-compose.yml with its own name, environment and image."""
 
-    def __init__(self, cmd: list[str], image: str, workdir: Path) -> None:
+    def __init__(self, cmd: list[str], image: str) -> None:
         self.cmd = cmd
         self.image = image
         self.project = f"asyncps-test-{secrets.token_hex(4)}"
         self.run_name = "test"
-        self.workdir = workdir
         # Only what the test sets reaches the file's ${...}: no ASYNCPS_*/COMPOSE_* from outside.
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("ASYNCPS_", "COMPOSE_")) and k != "TF_CONFIG"}
@@ -244,9 +251,13 @@ class Compose:
         }
         return {kind: ids for kind, ids in found.items() if ids}
 
+    def down(self, check: bool = True) -> None:
+        """`down -v --remove-orphans`: containers, network and volumes."""
+        self("down", "-v", "--remove-orphans", "--timeout", "10", timeout=180, check=check)
+
     def destroy(self) -> None:
         """`down -v --remove-orphans`, then force-remove whatever it left and complain about it."""
-        self("down", "-v", "--remove-orphans", "--timeout", "10", timeout=180, check=False)
+        self.down(check=False)
         left = self.leftovers()
         if left:
             for c in left.get("containers", []):
@@ -260,7 +271,7 @@ class Compose:
 
 @pytest.fixture
 def compose(compose_cmd: list[str], image: str, tmp_path: Path) -> Iterator[Compose]:
-    project = Compose(compose_cmd, image, tmp_path)
+    project = Compose(compose_cmd, image)
     try:
         yield project
     finally:
@@ -297,6 +308,9 @@ def test_up_exit_code_from_chief_trains_digits(compose: Compose) -> None:
     assert summary["final_eval"]["accuracy"] >= 0.90, summary
     assert summary["workers"] == 2 and summary["ps_shards"] == 2, summary
     assert set(pushes_by_worker(compose.run_file("pushes.csv"))) == {0, 1}
+
+    compose.down()
+    assert compose.leftovers() == {}, f"`down -v --remove-orphans` left {compose.leftovers()}"
 
 
 # -- B: a shard killed mid-run comes back from a checkpoint (needs --checkpoint-dir) -----------------

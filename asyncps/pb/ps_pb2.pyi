@@ -226,6 +226,7 @@ class PushHeader(_message.Message):
     LOSS_FIELD_NUMBER: _builtins.int
     PULL_IF_NEWER_THAN_FIELD_NUMBER: _builtins.int
     READ_WAIT_S_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     base_version: _builtins.int
     """the shard version the gradient was computed from"""
@@ -239,6 +240,8 @@ class PushHeader(_message.Message):
     """PushPull only: how long the shard may hold the reply until the consistency model lets this
     worker read (sync: the step completed; ssp: within the staleness bound). 0: do not wait.
     """
+    incarnation: _builtins.int
+    """of the values the gradient was computed from; 0: not checked"""
     def __init__(
         self,
         *,
@@ -248,10 +251,11 @@ class PushHeader(_message.Message):
         loss: _builtins.float = ...,
         pull_if_newer_than: _builtins.int = ...,
         read_wait_s: _builtins.float = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "read_wait_s", b"read_wait_s", "step", b"step", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "incarnation", b"incarnation", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "read_wait_s", b"read_wait_s", "step", b"step", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -323,11 +327,16 @@ class PullHeader(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     NOT_MODIFIED_FIELD_NUMBER: _builtins.int
     SHARD_INDEX_FIELD_NUMBER: _builtins.int
     PUSH_FIELD_NUMBER: _builtins.int
     WAITED_S_FIELD_NUMBER: _builtins.int
     version: _builtins.int
+    incarnation: _builtins.int
+    """Changes whenever the shard's state is (re)created (initialize, restore after a crash): a
+    gradient computed from another incarnation is dropped instead of applied to other values.
+    """
     not_modified: _builtins.bool
     """values omitted: version <= if_newer_than"""
     shard_index: _builtins.int
@@ -341,6 +350,7 @@ class PullHeader(_message.Message):
         self,
         *,
         version: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
         not_modified: _builtins.bool = ...,
         shard_index: _builtins.int = ...,
         push: Global___PushResult | None = ...,
@@ -348,7 +358,7 @@ class PullHeader(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["push", b"push"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_modified", b"not_modified", "push", b"push", "shard_index", b"shard_index", "version", b"version", "waited_s", b"waited_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "not_modified", b"not_modified", "push", b"push", "shard_index", b"shard_index", "version", b"version", "waited_s", b"waited_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -588,3 +598,147 @@ class ShutdownResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ShutdownResponse: _TypeAlias = ShutdownResponse  # noqa: Y015
+
+@_typing.final
+class PauseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAUSE_FIELD_NUMBER: _builtins.int
+    MAX_HOLD_S_FIELD_NUMBER: _builtins.int
+    pause: _builtins.bool
+    """false: release"""
+    max_hold_s: _builtins.float
+    """a pause ends by itself after this long (a chief that died mid-checkpoint)"""
+    def __init__(
+        self,
+        *,
+        pause: _builtins.bool = ...,
+        max_hold_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_hold_s", b"max_hold_s", "pause", b"pause"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseRequest: _TypeAlias = PauseRequest  # noqa: Y015
+
+@_typing.final
+class PauseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseResponse: _TypeAlias = PauseResponse  # noqa: Y015
+
+@_typing.final
+class SnapshotRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotRequest: _TypeAlias = SnapshotRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotHeader(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class UpdatesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    RULE_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    PUSHES_ACCEPTED_FIELD_NUMBER: _builtins.int
+    PUSHES_DROPPED_FIELD_NUMBER: _builtins.int
+    UPDATES_FIELD_NUMBER: _builtins.int
+    SHARD_INDEX_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    pushes_accepted: _builtins.int
+    pushes_dropped: _builtins.int
+    shard_index: _builtins.int
+    @_builtins.property
+    def rule(self) -> Global___UpdateRule: ...
+    @_builtins.property
+    def updates(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """per variable: updates applied (optimizer step counters)"""
+
+    def __init__(
+        self,
+        *,
+        rule: Global___UpdateRule | None = ...,
+        version: _builtins.int = ...,
+        pushes_accepted: _builtins.int = ...,
+        pushes_dropped: _builtins.int = ...,
+        updates: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        shard_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "shard_index", b"shard_index", "updates", b"updates", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotHeader: _TypeAlias = SnapshotHeader  # noqa: Y015
+
+@_typing.final
+class SnapshotChunk(_message.Message):
+    """Tensor names: "value/NAME" and "slot/SLOT/NAME"."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    TENSORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___SnapshotHeader:
+        """first frame only"""
+
+    @_builtins.property
+    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]: ...
+    def __init__(
+        self,
+        *,
+        header: Global___SnapshotHeader | None = ...,
+        tensors: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "tensors", b"tensors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotChunk: _TypeAlias = SnapshotChunk  # noqa: Y015

@@ -64,6 +64,21 @@ class ParameterServerStub:
                 request_serializer=asyncps_dot_pb_dot_ps__pb2.LiveWorkersRequest.SerializeToString,
                 response_deserializer=asyncps_dot_pb_dot_ps__pb2.LiveWorkersResponse.FromString,
                 _registered_method=True)
+        self.Pause = channel.unary_unary(
+                '/asyncps.pb.ParameterServer/Pause',
+                request_serializer=asyncps_dot_pb_dot_ps__pb2.PauseRequest.SerializeToString,
+                response_deserializer=asyncps_dot_pb_dot_ps__pb2.PauseResponse.FromString,
+                _registered_method=True)
+        self.Snapshot = channel.unary_stream(
+                '/asyncps.pb.ParameterServer/Snapshot',
+                request_serializer=asyncps_dot_pb_dot_ps__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=asyncps_dot_pb_dot_ps__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
+        self.Restore = channel.stream_unary(
+                '/asyncps.pb.ParameterServer/Restore',
+                request_serializer=asyncps_dot_pb_dot_ps__pb2.SnapshotChunk.SerializeToString,
+                response_deserializer=asyncps_dot_pb_dot_ps__pb2.InitializeResponse.FromString,
+                _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/asyncps.pb.ParameterServer/Shutdown',
                 request_serializer=asyncps_dot_pb_dot_ps__pb2.ShutdownRequest.SerializeToString,
@@ -117,6 +132,27 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pause(self, request, context):
+        """Holds (or releases) pushes so a checkpoint across shards is one cut; auto-releases after max_hold_s.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Snapshot(self, request, context):
+        """Streams every value and optimizer slot with the shard's version and counters (checkpoints).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Restore(self, request_iterator, context):
+        """Replaces the shard's whole state with a checkpoint's part (recovery, resume, resharding).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Shutdown(self, request, context):
         """Asks the shard process to exit cleanly (sent by the chief when training is done).
         """
@@ -156,6 +192,21 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.SetLiveWorkers,
                     request_deserializer=asyncps_dot_pb_dot_ps__pb2.LiveWorkersRequest.FromString,
                     response_serializer=asyncps_dot_pb_dot_ps__pb2.LiveWorkersResponse.SerializeToString,
+            ),
+            'Pause': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pause,
+                    request_deserializer=asyncps_dot_pb_dot_ps__pb2.PauseRequest.FromString,
+                    response_serializer=asyncps_dot_pb_dot_ps__pb2.PauseResponse.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=asyncps_dot_pb_dot_ps__pb2.SnapshotRequest.FromString,
+                    response_serializer=asyncps_dot_pb_dot_ps__pb2.SnapshotChunk.SerializeToString,
+            ),
+            'Restore': grpc.stream_unary_rpc_method_handler(
+                    servicer.Restore,
+                    request_deserializer=asyncps_dot_pb_dot_ps__pb2.SnapshotChunk.FromString,
+                    response_serializer=asyncps_dot_pb_dot_ps__pb2.InitializeResponse.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
@@ -325,6 +376,87 @@ class ParameterServer:
             '/asyncps.pb.ParameterServer/SetLiveWorkers',
             asyncps_dot_pb_dot_ps__pb2.LiveWorkersRequest.SerializeToString,
             asyncps_dot_pb_dot_ps__pb2.LiveWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pause(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncps.pb.ParameterServer/Pause',
+            asyncps_dot_pb_dot_ps__pb2.PauseRequest.SerializeToString,
+            asyncps_dot_pb_dot_ps__pb2.PauseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/asyncps.pb.ParameterServer/Snapshot',
+            asyncps_dot_pb_dot_ps__pb2.SnapshotRequest.SerializeToString,
+            asyncps_dot_pb_dot_ps__pb2.SnapshotChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Restore(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/asyncps.pb.ParameterServer/Restore',
+            asyncps_dot_pb_dot_ps__pb2.SnapshotChunk.SerializeToString,
+            asyncps_dot_pb_dot_ps__pb2.InitializeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,6 +45,12 @@ class ParameterServerStub:
     """Counters and variable metadata, no values."""
     SetLiveWorkers: _grpc.UnaryUnaryMultiCallable[_ps_pb2.LiveWorkersRequest, _ps_pb2.LiveWorkersResponse]
     """The chief's current set of live workers: a sync quorum shrinks/grows, SSP stops waiting for the dead."""
+    Pause: _grpc.UnaryUnaryMultiCallable[_ps_pb2.PauseRequest, _ps_pb2.PauseResponse]
+    """Holds (or releases) pushes so a checkpoint across shards is one cut; auto-releases after max_hold_s."""
+    Snapshot: _grpc.UnaryStreamMultiCallable[_ps_pb2.SnapshotRequest, _ps_pb2.SnapshotChunk]
+    """Streams every value and optimizer slot with the shard's version and counters (checkpoints)."""
+    Restore: _grpc.StreamUnaryMultiCallable[_ps_pb2.SnapshotChunk, _ps_pb2.InitializeResponse]
+    """Replaces the shard's whole state with a checkpoint's part (recovery, resume, resharding)."""
     Shutdown: _grpc.UnaryUnaryMultiCallable[_ps_pb2.ShutdownRequest, _ps_pb2.ShutdownResponse]
     """Asks the shard process to exit cleanly (sent by the chief when training is done)."""
 
@@ -65,6 +71,12 @@ class ParameterServerAsyncStub(ParameterServerStub):
     """Counters and variable metadata, no values."""
     SetLiveWorkers: _aio.UnaryUnaryMultiCallable[_ps_pb2.LiveWorkersRequest, _ps_pb2.LiveWorkersResponse]  # type: ignore[assignment]
     """The chief's current set of live workers: a sync quorum shrinks/grows, SSP stops waiting for the dead."""
+    Pause: _aio.UnaryUnaryMultiCallable[_ps_pb2.PauseRequest, _ps_pb2.PauseResponse]  # type: ignore[assignment]
+    """Holds (or releases) pushes so a checkpoint across shards is one cut; auto-releases after max_hold_s."""
+    Snapshot: _aio.UnaryStreamMultiCallable[_ps_pb2.SnapshotRequest, _ps_pb2.SnapshotChunk]  # type: ignore[assignment]
+    """Streams every value and optimizer slot with the shard's version and counters (checkpoints)."""
+    Restore: _aio.StreamUnaryMultiCallable[_ps_pb2.SnapshotChunk, _ps_pb2.InitializeResponse]  # type: ignore[assignment]
+    """Replaces the shard's whole state with a checkpoint's part (recovery, resume, resharding)."""
     Shutdown: _aio.UnaryUnaryMultiCallable[_ps_pb2.ShutdownRequest, _ps_pb2.ShutdownResponse]  # type: ignore[assignment]
     """Asks the shard process to exit cleanly (sent by the chief when training is done)."""
 
@@ -118,6 +130,30 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.LiveWorkersResponse, _abc.Awaitable[_ps_pb2.LiveWorkersResponse]]:
         """The chief's current set of live workers: a sync quorum shrinks/grows, SSP stops waiting for the dead."""
+
+    @_abc_1.abstractmethod
+    def Pause(
+        self,
+        request: _ps_pb2.PauseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.PauseResponse, _abc.Awaitable[_ps_pb2.PauseResponse]]:
+        """Holds (or releases) pushes so a checkpoint across shards is one cut; auto-releases after max_hold_s."""
+
+    @_abc_1.abstractmethod
+    def Snapshot(
+        self,
+        request: _ps_pb2.SnapshotRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_ps_pb2.SnapshotChunk], _abc.AsyncIterator[_ps_pb2.SnapshotChunk]]:
+        """Streams every value and optimizer slot with the shard's version and counters (checkpoints)."""
+
+    @_abc_1.abstractmethod
+    def Restore(
+        self,
+        request_iterator: _MaybeAsyncIterator[_ps_pb2.SnapshotChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.InitializeResponse, _abc.Awaitable[_ps_pb2.InitializeResponse]]:
+        """Replaces the shard's whole state with a checkpoint's part (recovery, resume, resharding)."""
 
     @_abc_1.abstractmethod
     def Shutdown(

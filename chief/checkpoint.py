@@ -1,0 +1,160 @@
+"""Checkpoints of the whole model: full variables and optimizer slots plus a manifest.
+
+A checkpoint is written into `ckpt-NNNNNNNN.tmp/`, every file fsynced, then the directory is
+renamed to `ckpt-NNNNNNNN/` and its parent fsynced: a reader sees a complete checkpoint or none.
+Variables are stored whole (slices reassembled), so a checkpoint restores into any number of
+shards (resharding) through the placement module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asyncps.codec import Array
+from asyncps.placement import Part, Placement
+from ps.store import Snapshot, UpdateRuleConfig
+
+_NAME = re.compile(r"^ckpt-(\d{8})$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint: whole variables, their slots, and the manifest."""
+
+    path: Path
+    values: dict[str, Array]
+    slots: dict[str, dict[str, Array]]
+    manifest: dict[str, Any]
+
+    @property
+    def number(self) -> int:
+        """The checkpoint's sequence number."""
+        return int(self.manifest["number"])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def assemble(placement: Placement, snaps: list[Snapshot]) -> tuple[dict[str, Array], dict[str, dict[str, Array]]]:
+    """Whole variables and slots from every shard's snapshot."""
+    values: dict[str, Array] = {}
+    slots: dict[str, dict[str, Array]] = {}
+    for spec in placement.variables:
+        values[spec.name] = np.empty(spec.shape, dtype=spec.dtype)
+    for part in placement.parts:
+        snap = snaps[part.shard]
+        if part.name not in snap.values:
+            raise ValueError(f"shard {part.shard} has no {part.name}")
+        target = values[part.variable]
+        (target[part.rows()] if part.sliced else target)[...] = snap.values[part.name]
+        for slot, array in snap.slots.get(part.name, {}).items():
+            full = slots.setdefault(part.variable, {}).setdefault(
+                slot, np.empty(target.shape, dtype=array.dtype))
+            (full[part.rows()] if part.sliced else full)[...] = array
+    return values, slots
+
+
+def _part_of(array: Array, part: Part) -> Array:
+    return np.ascontiguousarray(array[part.rows()] if part.sliced else array)
+
+
+def split(placement: Placement, ckpt: Checkpoint, rule: UpdateRuleConfig) -> list[Snapshot]:
+    """One Snapshot per shard of `placement` from a checkpoint (possibly of another shard count)."""
+    old_versions: list[int] = ckpt.manifest["shard_versions"]
+    same_shape = len(old_versions) == placement.num_shards
+    updates: dict[str, int] = ckpt.manifest["updates"]
+    var_updates: dict[str, int] = ckpt.manifest["variable_updates"]
+    snaps = []
+    for shard in range(placement.num_shards):
+        values: dict[str, Array] = {}
+        slots: dict[str, dict[str, Array]] = {}
+        part_updates: dict[str, int] = {}
+        for part in placement.parts_on(shard):
+            values[part.name] = _part_of(ckpt.values[part.variable], part)
+            slots[part.name] = {k: _part_of(a, part) for k, a in ckpt.slots.get(part.variable, {}).items()}
+            part_updates[part.name] = updates.get(part.name, var_updates.get(part.variable, 0))
+        version = old_versions[shard] if same_shape else max(old_versions, default=0)
+        counters = ckpt.manifest["shard_counters"]
+        accepted = counters[shard]["accepted"] if same_shape else max(c["accepted"] for c in counters)
+        dropped = counters[shard]["dropped"] if same_shape else max(c["dropped"] for c in counters)
+        snaps.append(Snapshot(rule=rule, version=version, accepted=accepted, dropped=dropped,
+                              values=values, slots=slots, updates=part_updates))
+    return snaps
+
+
+class CheckpointDir:
+    """The checkpoints of a run, newest last; keeps the last `keep`."""
+
+    def __init__(self, root: Path, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        self.root = root
+        self.keep = keep
+
+    def complete(self) -> list[Path]:
+        """Complete checkpoints, oldest first (a `.tmp` one is an interrupted write)."""
+        if not self.root.exists():
+            return []
+        found = [p for p in self.root.iterdir() if _NAME.match(p.name) and (p / "manifest.json").exists()]
+        return sorted(found, key=lambda p: p.name)
+
+    def latest(self) -> Checkpoint | None:
+        """The newest complete checkpoint, loaded, or None."""
+        paths = self.complete()
+        return self.load(paths[-1]) if paths else None
+
+    @staticmethod
+    def load(path: Path) -> Checkpoint:
+        """Load one checkpoint directory."""
+        manifest = json.loads((path / "manifest.json").read_text())
+        values: dict[str, Array] = {}
+        slots: dict[str, dict[str, Array]] = {}
+        with np.load(path / "model.npz", allow_pickle=False) as data:
+            for key in data.files:
+                kind, _, rest = key.partition("/")
+                if kind == "value":
+                    values[rest] = data[key]
+                else:
+                    slot, _, name = rest.partition("/")
+                    slots.setdefault(name, {})[slot] = data[key]
+        return Checkpoint(path, values, slots, manifest)
+
+    def save(self, number: int, values: dict[str, Array], slots: dict[str, dict[str, Array]],
+             manifest: dict[str, Any]) -> Path:
+        """Write checkpoint `number` atomically and prune old ones; return its path."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"ckpt-{number:08d}"
+        tmp = self.root / f"ckpt-{number:08d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        arrays = {f"value/{n}": a for n, a in values.items()}
+        arrays.update({f"slot/{s}/{n}": a for n, by_slot in slots.items() for s, a in by_slot.items()})
+        with open(tmp / "model.npz", "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+            f.flush()
+            os.fsync(f.fileno())
+        with open(tmp / "manifest.json", "w") as f:
+            json.dump({**manifest, "number": number}, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+        for old in self.complete()[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
