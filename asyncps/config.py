@@ -50,6 +50,7 @@ class RunConfig:
     checkpoint_every_updates: int = 0  # 0: not by updates
     checkpoint_every_s: float = 0.0  # 0: not by time
     keep_checkpoints: int = 3
+    task_size: int = 0  # examples per data task (0: 4 batches)
 
     def __post_init__(self) -> None:
         problems = []
@@ -73,6 +74,8 @@ class RunConfig:
             problems.append("chunk_bytes must be >= 1024")
         if self.checkpoint_every_updates < 0 or self.checkpoint_every_s < 0 or self.keep_checkpoints < 1:
             problems.append("checkpoint intervals must be >= 0 and keep_checkpoints >= 1")
+        if self.task_size < 0:
+            problems.append("task_size must be >= 0")
         if self.tf_threads < 0:
             problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
         if problems:

@@ -47,11 +47,16 @@ class CoordinatorClient:
 
     def report(self, member_id: str, worker_index: int, pushes: Sequence[cpb.PushRecord],
                steps: Sequence[cpb.StepTiming], final: bool = False,
-               deadline_s: float | None = None) -> cpb.ReportResponse:
-        """Send telemetry (push records and step timings)."""
+               deadline_s: float | None = None, completed_tasks: Sequence[int] = ()) -> cpb.ReportResponse:
+        """Send telemetry (push records, step timings, completed data tasks)."""
         request = cpb.ReportRequest(member_id=member_id, worker_index=worker_index, pushes=pushes,
-                                    steps=steps, final=final)
+                                    steps=steps, final=final, completed_tasks=completed_tasks)
         return self._retry(lambda: self._stub.Report(request, timeout=self._call_timeout_s), deadline_s)
+
+    def get_task(self, member_id: str, deadline_s: float | None = None) -> cpb.TaskReply:
+        """The next data task for this worker."""
+        request = cpb.TaskRequest(member_id=member_id)
+        return self._retry(lambda: self._stub.GetTask(request, timeout=self._call_timeout_s), deadline_s)
 
     def status(self, deadline_s: float | None = None) -> cpb.ClusterStatus:
         """Progress of the run."""

@@ -317,3 +317,8 @@ def _make_synthetic_classification(spec: str, seed: int) -> Dataset:
     y = np.argmax(x @ teacher, axis=1).astype(np.int64)
     return Dataset(name=spec, x_train=x[:5000], y_train=y[:5000], x_test=x[5000:], y_test=y[5000:],
                    num_classes=classes, image_shape=None)
+
+
+def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
+    """The seeded permutation of the training set for one epoch (the same in chief and workers)."""
+    return np.random.default_rng([seed, epoch]).permutation(num_examples)

@@ -111,6 +111,10 @@ class Chief:
         self.model = model
         self.evaluator = Evaluator(model, loss_fn)
         self.initial_values = self.evaluator.values()
+        from chief.tasks import TaskLedger
+
+        self.ledger = TaskLedger(len(self.data.x_train), self.run.task_size or 4 * self.run.batch_size,
+                                 self.run.epochs)
         from chief.checkpoint import CheckpointDir
 
         self.checkpoints = CheckpointDir(self.config.checkpoints, self.run.keep_checkpoints)
@@ -129,6 +133,8 @@ class Chief:
         if ckpt is not None:
             self._examples_offset = int(ckpt.manifest.get("examples", 0))
             self._checkpoint_number = ckpt.number
+            if "data_tasks" in ckpt.manifest:
+                self.ledger.load(ckpt.manifest["data_tasks"])
         with ThreadPoolExecutor(max_workers=n) as pool:
             list(pool.map(lambda shard: self._start_shard(shard, ckpt), range(n)))
 
@@ -184,6 +190,7 @@ class Chief:
             "variable_updates": variable_updates,
             "examples": examples + self._examples_offset,
             "worker_steps": self.membership.worker_steps(),
+            "data_tasks": self.ledger.state(),
             "run": dataclasses.asdict(self.run),
             "placement": [dataclasses.asdict(p) for p in self.placement.parts],
             "wall_time": time.time(),
@@ -227,7 +234,7 @@ class Chief:
             return 2
         self.recorder = Recorder(run_dir, append=self.config.resume)
         servicer = CoordinatorServicer(self.membership, self.recorder, self.config.ps, self.run.to_json(),
-                                       self.status)
+                                       self.status, self.ledger)
         server, port, health = create_server(
             f"{self.config.host}:{self.config.port}",
             [lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s)])
@@ -312,9 +319,8 @@ class Chief:
             return "interrupted"
         if run.max_updates and p.updates >= run.max_updates:
             return f"reached {run.max_updates} updates"
-        _, _, examples, _ = self.recorder.snapshot()
-        if run.epochs and examples + self._examples_offset >= run.epochs * len(self.data.x_train):
-            return f"reached {run.epochs:g} epochs"
+        if run.epochs and self.ledger.finished():
+            return f"reached {run.epochs:g} epochs (every data task done)"
         if run.max_seconds and self._elapsed() >= run.max_seconds:
             return f"reached {run.max_seconds:g} s"
         return None
@@ -325,8 +331,9 @@ class Chief:
         while True:
             self.interrupt.wait(0.2)
             for member in self.membership.reap():
-                log.warning("worker %d (%s) missed heartbeats for %.0fs: declared dead", member.index,
-                            member.member_id, self.run.heartbeat_timeout_s)
+                requeued = self.ledger.requeue(member.member_id)
+                log.warning("worker %d (%s) missed heartbeats for %.0fs: declared dead; %d data task(s) "
+                            "re-queued", member.index, member.member_id, self.run.heartbeat_timeout_s, requeued)
             try:
                 self._sync_live_workers()
                 self._poll_shards()
@@ -397,6 +404,7 @@ class Chief:
             "epochs": examples / max(1, len(self.data.x_train)),
             "stop_reason": self.membership.stop_reason,
             "pushes_recorded": self.recorder.pushes_recorded,
+            "data": self.ledger.summary(),
             "dropped_by_reason": p.dropped_by_reason,
             "idle_fraction": self.recorder.idle_fractions(),
             "max_clock_lead": p.max_clock_lead,

@@ -12,6 +12,7 @@ from asyncps.pb import coordinator_pb2_grpc
 from asyncps.rpc import handles_errors
 from chief.membership import Membership
 from chief.recorder import Recorder
+from chief.tasks import TaskLedger
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +21,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     """Registration, heartbeats, telemetry and status, over the chief's state objects."""
 
     def __init__(self, membership: Membership, recorder: Recorder, ps_addresses: Sequence[str],
-                 run_config_json: str, status: Callable[[], cpb.ClusterStatus]) -> None:
+                 run_config_json: str, status: Callable[[], cpb.ClusterStatus], ledger: TaskLedger) -> None:
         self._membership = membership
+        self._ledger = ledger
         self._recorder = recorder
         self._ps_addresses = list(ps_addresses)
         self._run_config_json = run_config_json
@@ -53,10 +55,25 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         """Record a worker's telemetry; a final report marks it finished."""
         index = self._membership.index_of(request.member_id)
         self._recorder.add(index, request.pushes, request.steps)
+        for task_id in request.completed_tasks:
+            if not self._ledger.complete(request.member_id, task_id):
+                log.info("task %d completed again by worker %d (it was re-queued)", task_id, index)
         if request.final:
             self._membership.finish(request.member_id)
             log.info("worker %d (%s) finished", index, request.member_id)
         return cpb.ReportResponse(command=self._command()[0])  # type: ignore[arg-type]
+
+    @handles_errors
+    def GetTask(self, request: cpb.TaskRequest, context: grpc.ServicerContext) -> cpb.TaskReply:
+        """Hand out the next data task (none once the run is stopping or the data is done)."""
+        self._membership.index_of(request.member_id)  # registered members only
+        if self._membership.stop_reason is not None:
+            return cpb.TaskReply(has_task=False, finished=True)
+        task = self._ledger.next_task(request.member_id)
+        if task is None:
+            return cpb.TaskReply(has_task=False, finished=self._ledger.finished())
+        return cpb.TaskReply(has_task=True, task_id=task.task_id, epoch=task.epoch, start=task.start,
+                             stop=task.stop)
 
     @handles_errors
     def GetStatus(self, request: cpb.StatusRequest, context: grpc.ServicerContext) -> cpb.ClusterStatus:

@@ -62,8 +62,10 @@ class HeartbeatLoop(threading.Thread):
             try:
                 reply = self._coord.heartbeat(self._member_id, "worker", self._step_of(), self._deadline_s)
                 pushes, steps = self._telemetry.drain()
-                if pushes or steps:
-                    self._coord.report(self._member_id, self._index, pushes, steps, False, self._deadline_s)
+                tasks = self._telemetry.drain_tasks()
+                if pushes or steps or tasks:
+                    self._coord.report(self._member_id, self._index, pushes, steps, False, self._deadline_s,
+                                       tasks)
             except Unreachable as exc:
                 self.lost_chief = str(exc)
                 self._stop_event.set()
@@ -88,21 +90,19 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
              ", ".join(reg.ps_addresses))
     limit_threads(run.tf_threads)
 
-    from asyncps.datasets import load_dataset, worker_shard
+    from asyncps.datasets import load_dataset
     from asyncps.models import build_model, loss_fn
     from asyncps.placement import VariableSpec, place
     from asyncps.psclient import ModelClient
-    from worker.trainer import BatchStream, Trainer, make_grad_fn
+    from worker.trainer import TaskBatches, Trainer, make_grad_fn
 
     data = load_dataset(run.dataset, run.seed)
     model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
     names = [v.path for v in model.trainable_variables]
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
-    # A worker beyond the planned count (scaled up mid-run) shares a shard until data tasks
-    # replace static sharding.
-    rows = worker_shard(len(data.x_train), reg.index % reg.num_workers, reg.num_workers)
-    batches = BatchStream(data.x_train[rows], data.y_train[rows], run.batch_size, run.seed * 7919 + reg.index)
+    batches = TaskBatches(lambda: coord.get_task(member_id), data.x_train, data.y_train, run.batch_size,
+                          run.seed)
     client = ModelClient(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes)
     telemetry = Telemetry()
     delay = run.step_delay(reg.index)
@@ -128,7 +128,8 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
         return 3
     pushes, steps = telemetry.drain()
     try:
-        coord.report(member_id, reg.index, pushes, steps, final=True, deadline_s=10.0)
+        coord.report(member_id, reg.index, pushes, steps, final=True, deadline_s=10.0,
+                     completed_tasks=telemetry.drain_tasks())
     except Unreachable as exc:
         log.warning("final report not delivered: %s", exc)
     coord.close()

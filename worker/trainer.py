@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -17,6 +17,15 @@ from asyncps.psclient import ModelClient
 from worker.delays import StepDelay
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One minibatch; `completes` names the data task this batch finishes, if any."""
+
+    x: Array
+    y: Array
+    completes: int | None = None
 
 
 class BatchStream:
@@ -45,6 +54,59 @@ class BatchStream:
                 self._pos = 0
         idx = np.concatenate(picks) if len(picks) > 1 else picks[0]
         return self._x[idx], self._y[idx]
+
+    def next_batch(self, stop: threading.Event) -> Batch | None:
+        """The BatchSource interface: a static shard never runs out."""
+        x, y = self.next()
+        return Batch(x, y)
+
+
+class TaskBatches:
+    """Minibatches from data tasks handed out by the chief (exactly-once data accounting).
+
+    A task is a range of an epoch's seeded permutation of the whole training set; its last batch
+    carries the task id so the trainer reports the task done only after pushing that batch.
+    """
+
+    def __init__(self, get_task: Callable[[], cpb.TaskReply], x: Array, y: Array, batch_size: int,
+                 seed: int, poll_s: float = 0.1) -> None:
+        from asyncps.datasets import epoch_order
+
+        self._get_task = get_task
+        self._x, self._y = x, y
+        self._batch = batch_size
+        self._seed = seed
+        self._poll_s = poll_s
+        self._order_of = epoch_order
+        self._orders: dict[int, Array] = {}
+        self._queue: list[tuple[Array, int | None]] = []
+
+    def _order(self, epoch: int) -> Array:
+        if epoch not in self._orders:
+            self._orders = {epoch: self._order_of(len(self._x), self._seed, epoch)}  # keep one epoch
+        return self._orders[epoch]
+
+    def next_batch(self, stop: threading.Event) -> Batch | None:
+        """The next batch, fetching a task when the current one is used up; None when stopping."""
+        while not self._queue:
+            if stop.is_set():
+                return None
+            reply = self._get_task()
+            if not reply.has_task:
+                stop.wait(self._poll_s)  # all remaining tasks are in flight elsewhere (or done)
+                continue
+            positions = self._order(reply.epoch)[reply.start:reply.stop]
+            pieces = [positions[i:i + self._batch] for i in range(0, len(positions), self._batch)]
+            self._queue = [(p, reply.task_id if i == len(pieces) - 1 else None) for i, p in enumerate(pieces)]
+        rows, completes = self._queue.pop(0)
+        return Batch(self._x[rows], self._y[rows], completes)
+
+
+class BatchSource(Protocol):
+    """Where a trainer's minibatches come from."""
+
+    def next_batch(self, stop: threading.Event) -> Batch | None:
+        """The next batch, or None when the trainer should stop."""
 
 
 GradFn = Callable[[list[Array], Array, Array], tuple[float, list[Gradient]]]
@@ -88,19 +150,28 @@ class Telemetry:
     lock: threading.Lock = field(default_factory=threading.Lock)
     pushes: list[cpb.PushRecord] = field(default_factory=list)
     steps: list[cpb.StepTiming] = field(default_factory=list)
+    completed_tasks: list[int] = field(default_factory=list)
 
-    def add(self, pushes: list[cpb.PushRecord], step: cpb.StepTiming) -> None:
-        """Queue one step's records."""
+    def add(self, pushes: list[cpb.PushRecord], step: cpb.StepTiming, completed_task: int | None = None) -> None:
+        """Queue one step's records (and the data task it finished)."""
         with self.lock:
             self.pushes.extend(pushes)
             self.steps.append(step)
+            if completed_task is not None:
+                self.completed_tasks.append(completed_task)
 
     def drain(self) -> tuple[list[cpb.PushRecord], list[cpb.StepTiming]]:
-        """Take everything queued so far."""
+        """Take the push records and step timings queued so far."""
         with self.lock:
             pushes, steps = self.pushes, self.steps
             self.pushes, self.steps = [], []
             return pushes, steps
+
+    def drain_tasks(self) -> list[int]:
+        """Take the data tasks completed since the last call."""
+        with self.lock:
+            tasks, self.completed_tasks = self.completed_tasks, []
+            return tasks
 
 
 class Trainer:
@@ -111,7 +182,7 @@ class Trainer:
         client: ModelClient,
         variable_names: list[str],
         grad_fn: GradFn,
-        batches: BatchStream,
+        batches: BatchSource,
         delay: StepDelay,
         telemetry: Telemetry,
         sleep: Callable[[float], None] = time.sleep,
@@ -134,12 +205,15 @@ class Trainer:
         self._client.pull()
         pull_s = time.time() - t0
         while not stop.is_set() and (max_steps == 0 or self.step < max_steps):
-            pull_s = self.run_step(pull_s)
+            batch = self._batches.next_batch(stop)
+            if batch is None:
+                return
+            pull_s = self.run_step(batch, pull_s)
 
-    def run_step(self, pull_s: float = 0.0) -> float:
+    def run_step(self, batch: Batch, pull_s: float = 0.0) -> float:
         """One step: gradients at the current values, then push them with their base versions."""
         start = time.time()
-        x, y = self._batches.next()
+        x, y = batch.x, batch.y
         values = [self._client.values[n] for n in self._names]
         loss, grads = self._grad_fn(values, x, y)
         extra = self._delay.extra_compute_s(time.time() - start)
@@ -166,5 +240,5 @@ class Trainer:
         ]
         timing = cpb.StepTiming(step=self.step, start=start, pull_s=pull_s, compute_s=computed - start,
                                 push_s=done - computed - waited, wait_s=waited, examples=len(x))
-        self._telemetry.add(records, timing)
+        self._telemetry.add(records, timing, batch.completes)
         return 0.0

@@ -237,6 +237,7 @@ class ReportRequest(_message.Message):
     PUSHES_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
     FINAL_FIELD_NUMBER: _builtins.int
+    COMPLETED_TASKS_FIELD_NUMBER: _builtins.int
     member_id: _builtins.str
     worker_index: _builtins.int
     final: _builtins.bool
@@ -245,6 +246,10 @@ class ReportRequest(_message.Message):
     def pushes(self) -> _containers.RepeatedCompositeFieldContainer[Global___PushRecord]: ...
     @_builtins.property
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepTiming]: ...
+    @_builtins.property
+    def completed_tasks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """data tasks whose every batch was pushed"""
+
     def __init__(
         self,
         *,
@@ -253,14 +258,71 @@ class ReportRequest(_message.Message):
         pushes: _abc.Iterable[Global___PushRecord] | None = ...,
         steps: _abc.Iterable[Global___StepTiming] | None = ...,
         final: _builtins.bool = ...,
+        completed_tasks: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final", b"final", "member_id", b"member_id", "pushes", b"pushes", "steps", b"steps", "worker_index", b"worker_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_tasks", b"completed_tasks", "final", b"final", "member_id", b"member_id", "pushes", b"pushes", "steps", b"steps", "worker_index", b"worker_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportRequest: _TypeAlias = ReportRequest  # noqa: Y015
+
+@_typing.final
+class TaskRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMBER_ID_FIELD_NUMBER: _builtins.int
+    member_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        member_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["member_id", b"member_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskRequest: _TypeAlias = TaskRequest  # noqa: Y015
+
+@_typing.final
+class TaskReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HAS_TASK_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    STOP_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    has_task: _builtins.bool
+    """false: nothing to hand out right now (ask again) or the data is done"""
+    task_id: _builtins.int
+    epoch: _builtins.int
+    start: _builtins.int
+    """positions [start, stop) of the epoch's permutation"""
+    stop: _builtins.int
+    finished: _builtins.bool
+    """every planned task is done"""
+    def __init__(
+        self,
+        *,
+        has_task: _builtins.bool = ...,
+        task_id: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        start: _builtins.int = ...,
+        stop: _builtins.int = ...,
+        finished: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "finished", b"finished", "has_task", b"has_task", "start", b"start", "stop", b"stop", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskReply: _TypeAlias = TaskReply  # noqa: Y015
 
 @_typing.final
 class ReportResponse(_message.Message):

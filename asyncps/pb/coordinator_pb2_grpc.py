@@ -49,6 +49,11 @@ class CoordinatorStub:
                 request_serializer=asyncps_dot_pb_dot_coordinator__pb2.ReportRequest.SerializeToString,
                 response_deserializer=asyncps_dot_pb_dot_coordinator__pb2.ReportResponse.FromString,
                 _registered_method=True)
+        self.GetTask = channel.unary_unary(
+                '/asyncps.pb.Coordinator/GetTask',
+                request_serializer=asyncps_dot_pb_dot_coordinator__pb2.TaskRequest.SerializeToString,
+                response_deserializer=asyncps_dot_pb_dot_coordinator__pb2.TaskReply.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/asyncps.pb.Coordinator/GetStatus',
                 request_serializer=asyncps_dot_pb_dot_coordinator__pb2.StatusRequest.SerializeToString,
@@ -80,6 +85,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTask(self, request, context):
+        """The next data task (a range of an epoch's example order) for a worker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """Progress of the whole run (for the launcher's display and health tools).
         """
@@ -104,6 +116,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=asyncps_dot_pb_dot_coordinator__pb2.ReportRequest.FromString,
                     response_serializer=asyncps_dot_pb_dot_coordinator__pb2.ReportResponse.SerializeToString,
+            ),
+            'GetTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTask,
+                    request_deserializer=asyncps_dot_pb_dot_coordinator__pb2.TaskRequest.FromString,
+                    response_serializer=asyncps_dot_pb_dot_coordinator__pb2.TaskReply.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -192,6 +209,33 @@ class Coordinator:
             '/asyncps.pb.Coordinator/Report',
             asyncps_dot_pb_dot_coordinator__pb2.ReportRequest.SerializeToString,
             asyncps_dot_pb_dot_coordinator__pb2.ReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncps.pb.Coordinator/GetTask',
+            asyncps_dot_pb_dot_coordinator__pb2.TaskRequest.SerializeToString,
+            asyncps_dot_pb_dot_coordinator__pb2.TaskReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,6 +37,8 @@ class CoordinatorStub:
     """Liveness; the answer tells the caller to continue or to stop."""
     Report: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReportRequest, _coordinator_pb2.ReportResponse]
     """Telemetry from workers: one record per push, and the step timeline."""
+    GetTask: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.TaskRequest, _coordinator_pb2.TaskReply]
+    """The next data task (a range of an epoch's example order) for a worker."""
     GetStatus: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.StatusRequest, _coordinator_pb2.ClusterStatus]
     """Progress of the whole run (for the launcher's display and health tools)."""
 
@@ -49,6 +51,8 @@ class CoordinatorAsyncStub(CoordinatorStub):
     """Liveness; the answer tells the caller to continue or to stop."""
     Report: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReportRequest, _coordinator_pb2.ReportResponse]  # type: ignore[assignment]
     """Telemetry from workers: one record per push, and the step timeline."""
+    GetTask: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.TaskRequest, _coordinator_pb2.TaskReply]  # type: ignore[assignment]
+    """The next data task (a range of an epoch's example order) for a worker."""
     GetStatus: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.StatusRequest, _coordinator_pb2.ClusterStatus]  # type: ignore[assignment]
     """Progress of the whole run (for the launcher's display and health tools)."""
 
@@ -76,6 +80,14 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.ReportResponse, _abc.Awaitable[_coordinator_pb2.ReportResponse]]:
         """Telemetry from workers: one record per push, and the step timeline."""
+
+    @_abc_1.abstractmethod
+    def GetTask(
+        self,
+        request: _coordinator_pb2.TaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.TaskReply, _abc.Awaitable[_coordinator_pb2.TaskReply]]:
+        """The next data task (a range of an epoch's example order) for a worker."""
 
     @_abc_1.abstractmethod
     def GetStatus(

@@ -1,0 +1,134 @@
+"""Exactly-once data accounting: the chief hands out data tasks (ranges of an epoch's order).
+
+Every epoch has a seeded permutation of the training set, cut into tasks of `task_size`
+positions. A task is pending, in flight (held by a worker) or done. A worker's in-flight tasks go
+back to pending when it dies, so no range is lost; a completion of a task already done is counted
+as a duplicate (only tasks that were in flight when a worker died can be processed twice).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Task:
+    """Positions [start, stop) of epoch `epoch`'s permutation."""
+
+    task_id: int
+    epoch: int
+    start: int
+    stop: int
+
+
+class TaskLedger:
+    """Hands out, tracks and re-queues data tasks; one lock, no grpc."""
+
+    def __init__(self, num_examples: int, task_size: int, epochs: float) -> None:
+        if num_examples < 1 or task_size < 1:
+            raise ValueError("num_examples and task_size must be >= 1")
+        self.num_examples = num_examples
+        self.task_size = task_size
+        self.tasks_per_epoch = math.ceil(num_examples / task_size)
+        # epochs == 0: no epoch limit (another stop condition ends the run)
+        self.total_tasks = math.ceil(epochs * self.tasks_per_epoch) if epochs > 0 else None
+        self._lock = threading.Lock()
+        self._next = 0  # the next never-issued task id
+        self._pending: deque[int] = deque()  # re-queued ids, issued before new ones
+        self._in_flight: dict[int, str] = {}
+        self._done: set[int] = set()
+        self.duplicates = 0
+        self.requeued = 0
+        self.examples_done = 0
+
+    def task(self, task_id: int) -> Task:
+        """The range of a task id."""
+        epoch, index = divmod(task_id, self.tasks_per_epoch)
+        start = index * self.task_size
+        return Task(task_id, epoch, start, min(start + self.task_size, self.num_examples))
+
+    def next_task(self, worker: str) -> Task | None:
+        """Issue a task to a worker, or None when nothing is left to issue right now."""
+        with self._lock:
+            if self._pending:
+                task_id = self._pending.popleft()
+            elif self.total_tasks is None or self._next < self.total_tasks:
+                task_id = self._next
+                self._next += 1
+            else:
+                return None
+            self._in_flight[task_id] = worker
+            return self.task(task_id)
+
+    def complete(self, worker: str, task_id: int) -> bool:
+        """Record a finished task; False if it was already done (a duplicate)."""
+        with self._lock:
+            if task_id in self._done:
+                self.duplicates += 1
+                return False
+            if task_id >= self._next:
+                raise ValueError(f"task {task_id} was never issued")
+            self._in_flight.pop(task_id, None)
+            if task_id in self._pending:  # its worker was declared dead but finished it after all
+                self._pending.remove(task_id)
+            self._done.add(task_id)
+            t = self.task(task_id)
+            self.examples_done += t.stop - t.start
+            return True
+
+    def requeue(self, worker: str) -> int:
+        """A worker died: its in-flight tasks become pending again; returns how many."""
+        with self._lock:
+            lost = sorted(t for t, w in self._in_flight.items() if w == worker)
+            for task_id in lost:
+                del self._in_flight[task_id]
+                self._pending.append(task_id)
+            self.requeued += len(lost)
+            return len(lost)
+
+    def finished(self) -> bool:
+        """Every task of the planned epochs is done."""
+        with self._lock:
+            return self.total_tasks is not None and len(self._done) >= self.total_tasks
+
+    def epochs_done(self) -> float:
+        """Completed examples in units of epochs."""
+        with self._lock:
+            return self.examples_done / self.num_examples
+
+    def summary(self) -> dict[str, Any]:
+        """Counts for summary.json."""
+        with self._lock:
+            return {
+                "task_size": self.task_size,
+                "tasks_planned": self.total_tasks,
+                "tasks_issued": self._next,
+                "tasks_done": len(self._done),
+                "tasks_in_flight": len(self._in_flight),
+                "tasks_pending": len(self._pending),
+                "tasks_requeued": self.requeued,
+                "duplicate_completions": self.duplicates,
+                "examples_done": self.examples_done,
+                # planned tasks never completed (0 whenever the run stopped because its epochs were done)
+                "tasks_not_done": None if self.total_tasks is None else self.total_tasks - len(self._done),
+            }
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint needs to continue the accounting (in-flight tasks count as pending)."""
+        with self._lock:
+            return {"next": self._next, "done": sorted(self._done), "examples_done": self.examples_done,
+                    "pending": sorted({*self._pending, *self._in_flight})}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's state."""
+        with self._lock:
+            self._next = int(state["next"])
+            self._done = {int(t) for t in state["done"]}
+            self._pending = deque(int(t) for t in state["pending"])
+            self._in_flight = {}
+            self.examples_done = int(state["examples_done"])
+
