@@ -15,6 +15,7 @@ from typing import Any
 
 from asyncps.cluster import ClusterConfigError, TFConfig, parse_tf_config
 from asyncps.config import RunConfig
+from asyncps.security import SecurityConfig
 
 ENV_PREFIX = "ASYNCPS_"
 DEFAULT_PORT = 8470
@@ -86,6 +87,22 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     _add(g, "--heartbeat-timeout", d.heartbeat_timeout_s, "silence after which a worker is dead", type=float)
     _add(g, "--rpc-deadline", d.rpc_deadline_s, "seconds to keep retrying an unreachable peer", type=float)
     _add(g, "--tf-threads", d.tf_threads, "TensorFlow intra/inter-op threads per process (0: TF default)", type=int)
+
+
+def add_security_flags(p: argparse.ArgumentParser) -> None:
+    """Authentication and encryption flags (every role; the token itself never goes on a command line)."""
+    g = p.add_argument_group("security")
+    _add(g, "--token-file", "", "file holding the shared token required on every RPC (else env ASYNCPS_TOKEN)")
+    _add(g, "--tls-cert", "", "PEM certificate: served by servers, presented as client certificate by clients")
+    _add(g, "--tls-key", "", "PEM private key of --tls-cert")
+    _add(g, "--tls-ca", "", "PEM CA: clients verify servers with it; servers with a cert require client certs (mTLS)")
+    _add(g, "--tls-server-name", "", "host name to check in the server certificate instead of the address's")
+
+
+def security_from(args: argparse.Namespace) -> SecurityConfig:
+    """The SecurityConfig of the security flags."""
+    return SecurityConfig.from_flags(args.token_file, args.tls_cert, args.tls_key, args.tls_ca,
+                                     args.tls_server_name)
 
 
 def run_config_from(args: argparse.Namespace, num_workers: int, num_ps: int) -> RunConfig:
@@ -169,7 +186,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if tf is not None and tf.task_type == "ps":
         index = tf.task_index
     config = PsConfig(host=args.host, port=port, index=index, port_file=args.port_file,
-                      chunk_bytes=int(args.chunk_bytes))
+                      chunk_bytes=int(args.chunk_bytes), security=security_from(args))
     _setup_logging(args.log_level, f"ps-{index}")
     stop = threading.Event()
     _install_signals(stop)
@@ -187,7 +204,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if tf.task_type == "worker" and index < 0:
             index = tf.task_index
     config = WorkerConfig(chief=chief, index=index, deadline_s=float(args.deadline),
-                          max_steps=int(args.max_steps))
+                          max_steps=int(args.max_steps), security=security_from(args))
     _setup_logging(args.log_level, "worker" if index < 0 else f"worker-{index}")
     stop = threading.Event()
     _install_signals(stop)
@@ -207,7 +224,7 @@ def cmd_chief(args: argparse.Namespace) -> int:
         workers = workers if args.workers_set else len(tf.worker)
     run = run_config_from(args, workers, len(ps))
     config = ChiefConfig(ps=ps, run=run, run_dir=Path(args.run_dir), host=args.host, port=port,
-                         port_file=args.port_file, resume=bool(args.resume),
+                         port_file=args.port_file, resume=bool(args.resume), security=security_from(args),
                          checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None)
     _setup_logging(args.log_level, "chief")
     stop = threading.Event()
@@ -223,14 +240,14 @@ def cmd_local(args: argparse.Namespace) -> int:
     if args.resume and not args.run_dir:
         raise ValueError("--resume needs the --run-dir of the run to continue")
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
-    return run_local(run, run_dir, progress=not args.quiet, resume=bool(args.resume))
+    return run_local(run, run_dir, progress=not args.quiet, resume=bool(args.resume), secure=bool(args.secure))
 
 
 def cmd_health(args: argparse.Namespace) -> int:
     """asyncps health ADDR."""
-    from asyncps.rpc import check_health
+    from asyncps.security import check_health
 
-    if check_health(args.address, float(args.timeout)):
+    if check_health(args.address, security_from(args), float(args.timeout)):
         print(f"{args.address}: SERVING")
         return 0
     print(f"{args.address}: not serving (unreachable or unhealthy within {args.timeout}s)", file=sys.stderr)
@@ -254,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, True)
     _add(p, "--index", 0, "shard index (TF_CONFIG task.index wins)", type=int)
     _add(p, "--chunk-bytes", RunConfig().chunk_bytes, "bytes per streamed chunk", type=int)
+    add_security_flags(p)
     p.set_defaults(fn=cmd_ps)
 
     p = sub.add_parser("worker", help="run one worker")
@@ -262,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--index", -1, "worker index (-1: assigned by the chief)", type=int)
     _add(p, "--deadline", 60.0, "seconds to keep retrying an unreachable chief or shard", type=float)
     _add(p, "--max-steps", 0, "stop after this many steps (0: when the chief says)", type=int)
+    add_security_flags(p)
     p.set_defaults(fn=cmd_worker)
 
     p = sub.add_parser("chief", help="run the chief (coordinator, evaluation, run directory)")
@@ -272,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--checkpoint-dir", "", "checkpoint directory (default: RUN_DIR/ckpt)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     add_run_flags(p)
+    add_security_flags(p)
     p.set_defaults(fn=cmd_chief)
 
     p = sub.add_parser("local", help="run a whole cluster as local processes, with progress")
@@ -280,12 +300,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--run-dir", "", "run directory (default: runs/<timestamp>)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
+    p.add_argument("--secure", action="store_true",
+                   help="mutual TLS and a token on every RPC (development CA and token made in RUN_DIR/secrets)")
     add_run_flags(p)
     p.set_defaults(fn=cmd_local)
 
     p = sub.add_parser("health", help="check a server through the standard gRPC health service")
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--timeout", default=3.0, type=float, help="seconds (default: %(default)s)")
+    add_security_flags(p)
     p.set_defaults(fn=cmd_health)
     return parser
 

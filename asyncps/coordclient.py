@@ -6,11 +6,10 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-import grpc
-
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
 from asyncps.rpc import call_with_retry, make_channel
+from asyncps.security import SecurityConfig, secure_channel
 
 T = TypeVar("T")
 
@@ -19,13 +18,13 @@ class CoordinatorClient:
     """Typed calls to the chief with deadlines; UNAVAILABLE is retried until deadline_s."""
 
     def __init__(
-        self, address: str, deadline_s: float = 60.0, credentials: grpc.ChannelCredentials | None = None,
+        self, address: str, deadline_s: float = 60.0, security: SecurityConfig | None = None,
         call_timeout_s: float = 10.0,
     ) -> None:
         self.address = address
         self._deadline_s = deadline_s
         self._call_timeout_s = call_timeout_s
-        self._channel = make_channel(address, credentials)
+        self._channel = secure_channel(address, security) if security else make_channel(address)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
         self._rng = random.Random()
 

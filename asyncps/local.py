@@ -6,6 +6,7 @@ import datetime
 import json
 import math
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from typing import IO
 
 from asyncps.config import RunConfig
 from asyncps.rundir import wait_port_file
+from asyncps.security import SecurityConfig
 
 # glibc keeps large buffers instead of mapping and page-faulting fresh ones for every tensor
 # (measured here: tobytes() of 40 MB 24 ms -> 3.4 ms, unary gRPC 230 MB/s -> ~1 GB/s).
@@ -60,8 +62,11 @@ class LocalCluster:
     """Starts and supervises shards, chief and workers; stops them all, always."""
 
     def __init__(self, run: RunConfig, run_dir: Path, env: dict[str, str] | None = None,
-                 resume: bool = False, max_restarts: int = 5) -> None:
+                 resume: bool = False, max_restarts: int = 5, secure: bool = False) -> None:
         self.run = run
+        self.secure = secure
+        self.security = SecurityConfig()
+        self._security_args: list[str] = []
         self.resume = resume
         self.max_restarts = max_restarts
         self.restarts: dict[str, int] = {}
@@ -76,7 +81,7 @@ class LocalCluster:
     def _spawn(self, name: str, args: list[str]) -> Child:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop(); appended on restarts
         proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncps.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "asyncps.cli", *args, *self._security_args], stdout=log, stderr=subprocess.STDOUT,
             env=self.env, start_new_session=True,  # Ctrl-C reaches the launcher, which stops them in order
         )
         child = Child(name, proc, log)
@@ -86,6 +91,8 @@ class LocalCluster:
     def start(self, port_timeout_s: float = 120.0) -> None:
         """Start N shards, then the chief, then M workers; wait until each server has a port."""
         self.logs.mkdir(parents=True, exist_ok=True)
+        if self.secure:
+            self._make_secrets()
         config_file = self.logs / "run-config.json"
         config_file.write_text(self.run.to_json())
         shards = []
@@ -109,6 +116,22 @@ class LocalCluster:
         self.chief_address = f"127.0.0.1:{wait_port_file(port_file, port_timeout_s, chief.alive)}"
         for i in range(self.run.num_workers):
             self._spawn(f"worker-{i}", ["worker", "--chief", self.chief_address, "--index", str(i)])
+
+    def _make_secrets(self) -> None:
+        """A development CA, one certificate for every process (server and client) and a token."""
+        from asyncps.devcerts import cert_paths, generate_dev_certs
+
+        secrets_dir = self.run_dir / "secrets"
+        secrets_dir.mkdir(mode=0o700, exist_ok=True)
+        certs = cert_paths(secrets_dir) if (secrets_dir / "ca.pem").exists() else generate_dev_certs(secrets_dir)
+        token_file = secrets_dir / "token"
+        if not token_file.exists():
+            token_file.write_text(secrets.token_urlsafe(32) + "\n")
+            token_file.chmod(0o600)
+        self._security_args = ["--token-file", str(token_file), "--tls-cert", str(certs.server_cert),
+                               "--tls-key", str(certs.server_key), "--tls-ca", str(certs.ca_cert)]
+        self.security = SecurityConfig.from_flags(str(token_file), str(certs.server_cert), str(certs.server_key),
+                                                  str(certs.ca_cert))
 
     def restart_dead_shards(self) -> list[str]:
         """Start again, on the same port, every shard that died (the chief restores its state)."""
@@ -167,10 +190,10 @@ def _fmt(x: float, spec: str) -> str:
 class ProgressDisplay:
     """Polls the chief and shows one live line (rewritten in place on a terminal)."""
 
-    def __init__(self, address: str, stream: IO[str] = sys.stdout) -> None:
+    def __init__(self, address: str, security: SecurityConfig, stream: IO[str] = sys.stdout) -> None:
         from asyncps.coordclient import CoordinatorClient
 
-        self._client = CoordinatorClient(address, deadline_s=2.0, call_timeout_s=2.0)
+        self._client = CoordinatorClient(address, deadline_s=2.0, security=security, call_timeout_s=2.0)
         self._stream = stream
         self._tty = stream.isatty()
         self._last_print = 0.0
@@ -202,10 +225,10 @@ class ProgressDisplay:
 
 
 def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
-              env: dict[str, str] | None = None, resume: bool = False) -> int:
+              env: dict[str, str] | None = None, resume: bool = False, secure: bool = False) -> int:
     """Run a whole local cluster to completion; return the chief's exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(run, run_dir, env, resume=resume)
+    cluster = LocalCluster(run, run_dir, env, resume=resume, secure=secure)
     interrupted = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -222,7 +245,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
         print(f"asyncps local: {run.num_ps} shards, {run.num_workers} workers, {run.model} on "
               f"{run.dataset}, mode {run.mode}; run directory {run_dir}", flush=True)
         cluster.start()
-        display = ProgressDisplay(cluster.chief_address) if progress else None
+        display = ProgressDisplay(cluster.chief_address, cluster.security) if progress else None
         while cluster.chief.alive():
             if display:
                 display.update()

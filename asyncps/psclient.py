@@ -25,6 +25,7 @@ from asyncps.errors import InvalidArgumentError
 from asyncps.pb import ps_pb2, ps_pb2_grpc
 from asyncps.placement import Placement
 from asyncps.rpc import call_with_retry, make_channel
+from asyncps.security import SecurityConfig, secure_channel
 from ps.servicer import rule_to_proto, snapshot_frames, snapshot_from_wire
 from ps.store import Snapshot
 
@@ -75,7 +76,7 @@ class ShardClient:
         address: str,
         deadline_s: float = 60.0,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        credentials: grpc.ChannelCredentials | None = None,
+        security: SecurityConfig | None = None,
         call_timeout_s: float = 30.0,
         seed: int | None = None,
     ) -> None:
@@ -83,7 +84,7 @@ class ShardClient:
         self._deadline_s = deadline_s
         self._call_timeout_s = call_timeout_s
         self._chunk_bytes = chunk_bytes
-        self._channel = make_channel(address, credentials)
+        self._channel = secure_channel(address, security) if security else make_channel(address)
         self._stub = ps_pb2_grpc.ParameterServerStub(self._channel)
         self._rng = random.Random(seed)
 
@@ -238,13 +239,13 @@ class ModelClient:
         placement: Placement,
         deadline_s: float = 60.0,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        credentials: grpc.ChannelCredentials | None = None,
+        security: SecurityConfig | None = None,
     ) -> None:
         if len(addresses) != placement.num_shards:
             raise ValueError(f"{len(addresses)} shard addresses for a placement over {placement.num_shards}")
         self.member_id = member_id
         self.placement = placement
-        self.shards = [ShardClient(a, deadline_s, chunk_bytes, credentials) for a in addresses]
+        self.shards = [ShardClient(a, deadline_s, chunk_bytes, security) for a in addresses]
         self.values: dict[str, Array] = {
             v.name: np.zeros(v.shape, dtype=v.dtype) for v in placement.variables
         }

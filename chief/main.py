@@ -17,6 +17,7 @@ from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
 from asyncps.rpc import Unreachable, create_server
 from asyncps.rundir import write_json, write_port_file
+from asyncps.security import SecurityConfig
 from asyncps.tfutil import limit_threads, quiet_tensorflow
 from chief.membership import Membership
 from chief.recorder import Recorder, staleness_summary
@@ -44,6 +45,7 @@ class ChiefConfig:
     checkpoint_dir: Path | None = None  # default: run_dir/ckpt
     resume: bool = False  # continue from the latest checkpoint instead of initializing
     export: bool = True  # write the final model (Keras file and SavedModel) into the run directory
+    security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
 
     @property
     def checkpoints(self) -> Path:
@@ -121,7 +123,7 @@ class Chief:
         specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
         self.placement = place(specs, len(self.config.ps), self.run.slice_threshold_bytes)
         self.client = ModelClient("chief", list(self.config.ps), self.placement, self.run.rpc_deadline_s,
-                                  self.run.chunk_bytes)
+                                  self.run.chunk_bytes, self.config.security)
         log.info("model %s: %d variables, %d parameters; bytes per shard %s", self.run.model, len(specs),
                  sum(math.prod(s.shape) for s in specs), self.placement.shard_bytes())
 
@@ -237,9 +239,12 @@ class Chief:
                                        self.status, self.ledger)
         server, port, health = create_server(
             f"{self.config.host}:{self.config.port}",
-            [lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s)])
+            [lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s)],
+            interceptors=self.config.security.server_interceptors(),
+            credentials=self.config.security.server_credentials())
         write_port_file(self.config.port_file, port)
-        log.info("chief serving on port %d; waiting for %d workers", port, self.run.num_workers)
+        log.info("chief serving on port %d (%s); waiting for %d workers", port, self.config.security.describe(),
+                 self.run.num_workers)
         import tensorflow as tf
 
         self.writer = tf.summary.create_file_writer(str(run_dir / "tb"))

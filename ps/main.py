@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncps.codec import DEFAULT_CHUNK_BYTES
 from asyncps.pb import ps_pb2_grpc
 from asyncps.rpc import create_server
 from asyncps.rundir import write_port_file
+from asyncps.security import SecurityConfig
 from ps.servicer import DEFAULT_MAX_REQUEST_BYTES, ParameterServerServicer
 from ps.store import ShardStore
 
@@ -26,6 +27,7 @@ class PsConfig:
     port_file: str = ""
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -42,9 +44,10 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
                                        on_shutdown=lambda reason: stop.set())
     server, port, health = create_server(
         f"{config.host}:{config.port}",
-        [lambda s: ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, s)])
+        [lambda s: ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, s)],
+        interceptors=config.security.server_interceptors(), credentials=config.security.server_credentials())
     write_port_file(config.port_file, port)
-    log.info("shard %d serving on port %d", config.index, port)
+    log.info("shard %d serving on port %d (%s)", config.index, port, config.security.describe())
     stop.wait()
     log.info("shard %d stopping at version %d", config.index, store.version)
     health.enter_graceful_shutdown()

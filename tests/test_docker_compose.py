@@ -13,9 +13,10 @@ Every test runs its own compose project (`-p asyncps-test-<random>`) and tears i
 
 Scenarios:
   A  `up --exit-code-from chief` trains to the end: exit status 0, accuracy >= 0.90, nothing running.
-  B  (to come with checkpoints) kill ps-1 mid-run; `restart: on-failure` brings it back and the
-     chief restores it from the checkpoint volume. Use `Compose.hard_kill`, not `docker kill`
-     (see there), then `wait_for_log`/`wait_for_exit` and the run files as below.
+  B  (not written yet) kill ps-1 mid-run with ASYNCPS_CHECKPOINT_EVERY set; `restart: on-failure`
+     brings it back and the chief restores it from the latest checkpoint ("restored from ckpt-").
+     Use `Compose.hard_kill`, not `docker kill` (see there), then `wait_for_log`/`wait_for_exit`
+     and the run files as below.
   C  a third worker joins a running cluster (`up -d --scale worker=3 --no-recreate`) and its pushes
      (worker index 2) reach pushes.csv.
 """
@@ -313,13 +314,14 @@ def test_up_exit_code_from_chief_trains_digits(compose: Compose) -> None:
     assert compose.leftovers() == {}, f"`down -v --remove-orphans` left {compose.leftovers()}"
 
 
-# -- B: a shard killed mid-run comes back from a checkpoint (needs --checkpoint-dir) -----------------
+# -- B: a shard killed mid-run comes back from a checkpoint ---------------------------------------
 # def test_killed_shard_recovers_from_checkpoint(compose: Compose) -> None:
-#     compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=60, ...checkpoint settings...)
+#     compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=40, ASYNCPS_CHECKPOINT_EVERY=100)
 #     compose("up", "-d", "--no-build")
-#     compose.wait_for_log("chief", r"checkpoint", timeout=120)
+#     compose.wait_for_log("chief", r"checkpoint ckpt-00000002", timeout=150)
 #     (ps1,) = compose.containers("ps-1"); compose.hard_kill(ps1)
-#     ... wait for the restart and the restore, then wait_for_exit("chief") == 0, run files ...
+#     compose.wait_for_log("chief", r"shard 1 .* restored from ckpt-", timeout=60)
+#     assert compose.wait_for_exit("chief", timeout=...) == 0; then the run files as below
 
 
 # -- C: a worker joins a running cluster --------------------------------------------------------

@@ -8,12 +8,13 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncps.config import RunConfig
 from asyncps.coordclient import CoordinatorClient
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
+from asyncps.security import SecurityConfig
 from asyncps.tfutil import limit_threads, quiet_tensorflow
 from worker.trainer import Telemetry
 
@@ -28,6 +29,7 @@ class WorkerConfig:
     index: int = -1  # -1: the chief assigns one
     deadline_s: float = 60.0  # how long to keep trying an unreachable chief or shard
     max_steps: int = 0  # stop on its own after this many steps (0: only when the chief says)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def __post_init__(self) -> None:
         if not self.chief:
@@ -79,7 +81,7 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
     """Run one worker to completion; return the process exit code."""
     quiet_tensorflow()
     member_id = new_member_id("worker")
-    coord = CoordinatorClient(config.chief, config.deadline_s)
+    coord = CoordinatorClient(config.chief, config.deadline_s, config.security)
     try:
         reg = coord.register(member_id, "worker", config.index)
     except Unreachable as exc:
@@ -103,7 +105,8 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
     batches = TaskBatches(lambda: coord.get_task(member_id), data.x_train, data.y_train, run.batch_size,
                           run.seed)
-    client = ModelClient(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes)
+    client = ModelClient(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
+                         config.security)
     telemetry = Telemetry()
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())

@@ -1,0 +1,352 @@
+"""Authentication and transport security: a shared bearer token, TLS and mutual TLS.
+
+A server built with ``create_server(..., interceptors=security.server_interceptors(),
+credentials=security.server_credentials())`` rejects every RPC without
+``authorization: Bearer <token>`` (the standard health service stays open for probes);
+``secure_channel(address, security)`` opens the matching client channel. Empty settings mean off,
+so the defaults keep today's plaintext, unauthenticated behaviour.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from asyncps.rpc import MAX_MESSAGE_BYTES, channel_options
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "ASYNCPS_TOKEN"
+AUTH_METADATA_KEY = "authorization"
+BEARER_SCHEME = "Bearer"
+HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
+MISSING_TOKEN = "missing token"
+INVALID_TOKEN = "invalid token"
+
+if TYPE_CHECKING:
+    _ServerInterceptor = grpc.ServerInterceptor[Any, Any]
+    _UnaryUnaryInterceptor = grpc.UnaryUnaryClientInterceptor[Any, Any]
+    _UnaryStreamInterceptor = grpc.UnaryStreamClientInterceptor[Any, Any]
+    _StreamUnaryInterceptor = grpc.StreamUnaryClientInterceptor[Any, Any]
+    _StreamStreamInterceptor = grpc.StreamStreamClientInterceptor[Any, Any]
+    _Handler = grpc.RpcMethodHandler[Any, Any]
+else:  # the runtime classes are not generic
+    _ServerInterceptor = grpc.ServerInterceptor
+    _UnaryUnaryInterceptor = grpc.UnaryUnaryClientInterceptor
+    _UnaryStreamInterceptor = grpc.UnaryStreamClientInterceptor
+    _StreamUnaryInterceptor = grpc.StreamUnaryClientInterceptor
+    _StreamStreamInterceptor = grpc.StreamStreamClientInterceptor
+    _Handler = grpc.RpcMethodHandler
+
+
+# -- the token ---------------------------------------------------------------------------------
+def check_token(token: str) -> None:
+    """Raise ValueError unless token can travel as gRPC metadata (printable ASCII, no spaces).
+
+    The message never contains the token itself.
+    """
+    if any(not ("!" <= ch <= "~") for ch in token):
+        raise ValueError(f"the token must be printable ASCII without spaces ({len(token)} characters given)")
+
+
+def load_token(token_file: str | os.PathLike[str] = "", environ: Mapping[str, str] | None = None) -> str:
+    """The shared token: from token_file when given, else $ASYNCPS_TOKEN, else "" (no token auth).
+
+    Surrounding whitespace (a trailing newline) is stripped; a named file that is missing or
+    empty is a ValueError, so a typo never silently turns authentication off.
+    """
+    if token_file:
+        path = Path(token_file)
+        try:
+            token = path.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            raise ValueError(f"token file not found: {path}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"token file {path} is not ASCII text") from None
+        except OSError as exc:
+            raise ValueError(f"cannot read token file {path}: {exc.strerror}") from None
+        if not token:
+            raise ValueError(f"token file {path} is empty")
+    else:
+        token = (os.environ if environ is None else environ).get(TOKEN_ENV, "").strip()
+    check_token(token)
+    return token
+
+
+# -- server side -------------------------------------------------------------------------------
+def _rejecting_handler(handler: _Handler, message: str) -> _Handler:
+    """A handler of the same streaming kind as handler that fails with UNAUTHENTICATED.
+
+    It has no request deserializer: an unauthenticated request is never parsed.
+    """
+
+    def reject(request_or_iterator: Any, context: grpc.ServicerContext) -> NoReturn:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    kinds: dict[tuple[bool, bool], Callable[..., _Handler]] = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
+    return make(reject, request_deserializer=None, response_serializer=handler.response_serializer)
+
+
+class TokenAuthInterceptor(_ServerInterceptor):
+    """Fails every RPC without metadata ``authorization: Bearer <token>`` with UNAUTHENTICATED.
+
+    Methods under exempt_prefixes (the standard health service by default) pass without a token
+    so that liveness probes need no secret. Tokens are compared in constant time and never logged.
+    """
+
+    def __init__(self, token: str, exempt_prefixes: Sequence[str] = (HEALTH_METHOD_PREFIX,)) -> None:
+        if not token:
+            raise ValueError("TokenAuthInterceptor needs a non-empty token")
+        check_token(token)
+        self._token = token.encode("ascii")
+        self._exempt = tuple(exempt_prefixes)
+
+    def __repr__(self) -> str:
+        return f"TokenAuthInterceptor(exempt_prefixes={self._exempt!r})"
+
+    def problem(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
+        """None when metadata carries the right token, else the reason: missing or invalid token."""
+        values = [value for key, value in metadata or () if key == AUTH_METADATA_KEY]
+        if not values:
+            return MISSING_TOKEN
+        if len(values) > 1 or not isinstance(values[0], str):
+            return INVALID_TOKEN
+        scheme, _, presented = values[0].partition(" ")
+        if scheme.lower() != BEARER_SCHEME.lower():
+            return INVALID_TOKEN
+        # bytes, not str: compare_digest refuses non-ASCII str, and a client may send anything
+        if not hmac.compare_digest(presented.strip().encode("utf-8", "replace"), self._token):
+            return INVALID_TOKEN
+        return None
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], _Handler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> _Handler | None:
+        """Pass authenticated and exempt calls on; answer the rest with UNAUTHENTICATED."""
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(self._exempt):
+            return handler  # an unknown method stays UNIMPLEMENTED
+        problem = self.problem(handler_call_details.invocation_metadata)
+        if problem is None:
+            return handler
+        log.warning("rejected %s: %s", method, problem)
+        if problem == MISSING_TOKEN:
+            problem = f"{MISSING_TOKEN}: send metadata '{AUTH_METADATA_KEY}: {BEARER_SCHEME} <token>'"
+        return _rejecting_handler(handler, problem)
+
+
+# -- client side -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _CallDetails(grpc.ClientCallDetails):
+    """The call details grpc passes along, with our metadata added."""
+
+    method: str
+    timeout: float | None
+    metadata: tuple[tuple[str, str | bytes], ...] | None
+    credentials: grpc.CallCredentials | None
+    wait_for_ready: bool | None
+    compression: grpc.Compression | None
+
+
+class TokenClientInterceptor(
+    _UnaryUnaryInterceptor, _UnaryStreamInterceptor, _StreamUnaryInterceptor, _StreamStreamInterceptor
+):
+    """Adds ``authorization: Bearer <token>`` to every call of a channel, plaintext or TLS.
+
+    (grpc's own call credentials would do the same but refuse plaintext channels.) A call that
+    already sets its own authorization metadata keeps it.
+    """
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("TokenClientInterceptor needs a non-empty token")
+        check_token(token)
+        self._entry = (AUTH_METADATA_KEY, f"{BEARER_SCHEME} {token}")
+
+    def __repr__(self) -> str:
+        return "TokenClientInterceptor()"
+
+    def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = tuple(details.metadata or ())
+        if any(key == AUTH_METADATA_KEY for key, _ in metadata):
+            return details
+        return _CallDetails(
+            method=details.method,
+            timeout=details.timeout,
+            metadata=(*metadata, self._entry),
+            credentials=details.credentials,
+            wait_for_ready=getattr(details, "wait_for_ready", None),
+            compression=getattr(details, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation: Any, client_call_details: grpc.ClientCallDetails,
+                              request: Any) -> Any:
+        """Unary request, unary response."""
+        return continuation(self._with_token(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation: Any, client_call_details: grpc.ClientCallDetails,
+                               request: Any) -> Any:
+        """Unary request, streamed response."""
+        return continuation(self._with_token(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation: Any, client_call_details: grpc.ClientCallDetails,
+                               request_iterator: Any) -> Any:
+        """Streamed request, unary response."""
+        return continuation(self._with_token(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation: Any, client_call_details: grpc.ClientCallDetails,
+                                request_iterator: Any) -> Any:
+        """Streamed request, streamed response."""
+        return continuation(self._with_token(client_call_details), request_iterator)
+
+
+def with_token(channel: grpc.Channel, token: str) -> grpc.Channel:
+    """Wrap channel so that every call carries the bearer token."""
+    return grpc.intercept_channel(channel, TokenClientInterceptor(token))
+
+
+# -- configuration -----------------------------------------------------------------------------
+def _check_pem(flag: str, path: str, kind: str) -> None:
+    """One-line ValueError unless path is a readable PEM file holding `kind` (CERTIFICATE or PRIVATE KEY)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{flag}: no such file: {path}")
+    try:
+        text = file.read_text(encoding="ascii", errors="replace")
+    except OSError as exc:
+        raise ValueError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    if f"{kind}-----" not in text:
+        raise ValueError(f"{flag}: {path} is not a PEM {kind.lower()}")
+    if "ENCRYPTED" in text:
+        raise ValueError(f"{flag}: {path} is encrypted; gRPC needs an unencrypted key")
+
+
+def _read(path: str) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """How a process authenticates and encrypts its RPCs; every empty field means off.
+
+    As a server: tls_cert + tls_key serve TLS; tls_ca in addition requires each client to present
+    a certificate signed by it (mTLS) unless require_client_cert is False; a token makes every
+    RPC but the health service need ``authorization: Bearer <token>``.
+    As a client: any TLS file turns TLS on; the server is verified against tls_ca (the system
+    roots without it); tls_cert + tls_key are presented as the client certificate;
+    server_name_override replaces the host name checked against the server's certificate;
+    the token is sent on every call.
+    File paths are read when credentials are built, so a restart picks up renewed certificates.
+    """
+
+    token: str = field(default="", repr=False)
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    server_name_override: str = ""
+    require_client_cert: bool = True
+
+    def __post_init__(self) -> None:
+        check_token(self.token)
+        if bool(self.tls_cert) != bool(self.tls_key):
+            given, missing = ("--tls-cert", "--tls-key") if self.tls_cert else ("--tls-key", "--tls-cert")
+            raise ValueError(f"{given} needs {missing}: a certificate and its private key go together")
+        for flag, path, kind in (("--tls-cert", self.tls_cert, "CERTIFICATE"),
+                                 ("--tls-key", self.tls_key, "PRIVATE KEY"),
+                                 ("--tls-ca", self.tls_ca, "CERTIFICATE")):
+            if path:
+                _check_pem(flag, path, kind)
+        if self.server_name_override and not self.tls:
+            raise ValueError("a server name override needs TLS (--tls-ca)")
+
+    @classmethod
+    def from_flags(cls, token_file: str = "", tls_cert: str = "", tls_key: str = "", tls_ca: str = "",
+                   server_name_override: str = "", require_client_cert: bool = True,
+                   environ: Mapping[str, str] | None = None) -> SecurityConfig:
+        """Build from command-line values: the token from token_file, else $ASYNCPS_TOKEN."""
+        return cls(token=load_token(token_file, environ), tls_cert=tls_cert, tls_key=tls_key,
+                   tls_ca=tls_ca, server_name_override=server_name_override,
+                   require_client_cert=require_client_cert)
+
+    @property
+    def tls(self) -> bool:
+        """Whether TLS is on (any certificate file given)."""
+        return bool(self.tls_cert or self.tls_ca)
+
+    @property
+    def mtls(self) -> bool:
+        """Whether a server with this configuration requires client certificates."""
+        return bool(self.tls_cert and self.tls_ca and self.require_client_cert)
+
+    def describe(self) -> str:
+        """One line for start-up logs, without secrets: e.g. "mTLS, token auth"."""
+        transport = "mTLS" if self.mtls else "TLS" if self.tls else "plaintext"
+        return f"{transport}, {'token auth' if self.token else 'no token auth'}"
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        """Credentials for create_server: None for plaintext; TLS with tls_cert + tls_key."""
+        if not self.tls_cert:
+            if self.tls_ca:
+                raise ValueError("a TLS server needs --tls-cert and --tls-key; only --tls-ca was given")
+            return None
+        pair = (Path(self.tls_key).read_bytes(), Path(self.tls_cert).read_bytes())
+        return grpc.ssl_server_credentials([pair], root_certificates=_read(self.tls_ca),
+                                           require_client_auth=self.mtls)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """Credentials for a client channel: None for plaintext, else TLS (+ client certificate)."""
+        if not self.tls:
+            return None
+        return grpc.ssl_channel_credentials(root_certificates=_read(self.tls_ca),
+                                            private_key=_read(self.tls_key),
+                                            certificate_chain=_read(self.tls_cert))
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        """Channel arguments security adds (the server name override for development certificates)."""
+        if self.server_name_override:
+            return [("grpc.ssl_target_name_override", self.server_name_override)]
+        return []
+
+    def server_interceptors(self) -> list[_ServerInterceptor]:
+        """Interceptors for create_server: token authentication when a token is set."""
+        return [TokenAuthInterceptor(self.token)] if self.token else []
+
+
+def secure_channel(address: str, security: SecurityConfig,
+                   max_message_bytes: int = MAX_MESSAGE_BYTES) -> grpc.Channel:
+    """A client channel to address as security says: plaintext, TLS or mTLS, plus the token."""
+    options = channel_options(max_message_bytes) + security.channel_options()
+    credentials = security.channel_credentials()
+    if credentials is None:
+        channel = grpc.insecure_channel(address, options=options)
+    else:
+        channel = grpc.secure_channel(address, credentials, options=options)
+    return with_token(channel, security.token) if security.token else channel
+
+
+def check_health(address: str, security: SecurityConfig, timeout_s: float = 3.0) -> bool:
+    """True when the server at address answers SERVING on the health service over this transport."""
+    with secure_channel(address, security) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
