@@ -45,8 +45,8 @@ ENV VIRTUAL_ENV=/opt/asyncps \
     MALLOC_TOP_PAD_=67108864
 RUN useradd --uid "${ASYNCPS_UID}" --user-group --no-log-init --create-home \
         --home-dir /home/asyncps --shell /usr/sbin/nologin asyncps \
-    && mkdir -p /runs \
-    && chown asyncps:asyncps /runs
+    && mkdir -p /runs /checkpoints \
+    && chown asyncps:asyncps /runs /checkpoints
 
 # --- deps ------------------------------------------------------------------
 FROM base AS deps
@@ -80,7 +80,15 @@ RUN set -eu; \
 # A venv at the same path as the real one, so the `asyncps` script that pip
 # writes under /install starts with #!/opt/asyncps/bin/python.
 FROM base AS wheel
-COPY . /src
+# Only what the wheel is built from, so edits to tests, docs or compose files do not rebuild it;
+# the build backend's wheels come from the wheelhouse when there is one (pyproject.toml always
+# matches, so the COPY never fails without a wheelhouse).
+COPY pyproject.toml .wheelhouse/setuptools-*.whl .wheelhouse/wheel-*.whl /src/.wheelhouse/
+COPY pyproject.toml README.md /src/
+COPY asyncps /src/asyncps
+COPY ps /src/ps
+COPY worker /src/worker
+COPY chief /src/chief
 RUN set -eu; \
     python3 -m venv /opt/asyncps; \
     if ls /src/.wheelhouse/*.whl >/dev/null 2>&1; then \

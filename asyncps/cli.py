@@ -26,6 +26,11 @@ def _env_default(dest: str, default: Any) -> Any:
     return os.environ.get(ENV_PREFIX + dest.upper(), default)
 
 
+def _env_flag(dest: str) -> bool:
+    """A boolean flag's default from ASYNCPS_<FLAG> (1/true/yes)."""
+    return str(_env_default(dest, "")).strip().lower() in ("1", "true", "yes")
+
+
 def _add(parser: argparse._ActionsContainer, flag: str, default: Any, help: str, **kwargs: Any) -> None:
     dest = flag.lstrip("-").replace("-", "_")
     env = ENV_PREFIX + dest.upper()
@@ -289,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--workers", 2, "number of workers (or len(TF_CONFIG cluster.worker))", type=int)
     _add(p, "--run-dir", "runs/chief", "run directory")
     _add(p, "--checkpoint-dir", "", "checkpoint directory (default: RUN_DIR/ckpt)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--resume", action="store_true", default=_env_flag("resume"),
+                   help="continue from the latest checkpoint (env ASYNCPS_RESUME=1)")
     add_run_flags(p)
     add_security_flags(p)
     p.set_defaults(fn=cmd_chief)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -16,6 +16,7 @@ from asyncps.pb import tensor_pb2
 DEFAULT_CHUNK_BYTES = 1 << 20  # 1 MiB chunks stream fastest here (4 MiB measured 3x slower)
 
 Array: TypeAlias = npt.NDArray[Any]
+M = TypeVar("M")
 
 _TO_NUMPY: dict[tensor_pb2.DType.ValueType, np.dtype[Any]] = {
     tensor_pb2.FLOAT32: np.dtype("<f4"),
@@ -237,3 +238,37 @@ def frames(
         size += n
     if frame:
         yield frame
+
+
+def framed(
+    make: Callable[[Any, list[tensor_pb2.TensorChunk]], M],
+    header: Any,
+    chunks: Iterable[tensor_pb2.TensorChunk],
+    frame_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Iterator[M]:
+    """Stream messages: `make(header, frame)` for the first frame, `make(None, frame)` after it;
+    a stream without tensors is one header-only message."""
+    first = True
+    for frame in frames(chunks, frame_bytes):
+        yield make(header if first else None, frame)
+        first = False
+    if first:
+        yield make(header, [])
+
+
+def read_frames(messages: Iterable[Any], assembler: TensorAssembler, what: str) -> Any:
+    """Consume a stream of frames into the assembler; return the header, which must be in the
+    first frame and only there (InvalidArgumentError otherwise)."""
+    header = None
+    for i, msg in enumerate(messages):
+        if msg.HasField("header"):
+            if i > 0:
+                raise InvalidArgumentError(f"{what}: header in frame {i}; it belongs in the first frame only")
+            header = msg.header
+        elif i == 0:
+            raise InvalidArgumentError(f"{what}: the first frame has no header")
+        for chunk in msg.tensors:
+            assembler.add(chunk)
+    if header is None:
+        raise InvalidArgumentError(f"{what}: empty stream (no header)")
+    return header

@@ -17,9 +17,10 @@ from asyncps.codec import (
     Gradient,
     SparseRows,
     TensorAssembler,
-    frames,
+    framed,
     gradient_chunks,
     iter_chunks,
+    read_frames,
 )
 from asyncps.errors import InvalidArgumentError
 from asyncps.pb import ps_pb2, ps_pb2_grpc
@@ -46,14 +47,7 @@ def _assemble(
     stream: Iterable[ps_pb2.PullChunk], buffers: Mapping[str, Array] | None
 ) -> tuple[ps_pb2.PullHeader, dict[str, Array] | None]:
     assembler = TensorAssembler(buffers=buffers)
-    header = None
-    for msg in stream:
-        if msg.HasField("header"):
-            header = msg.header
-        for chunk in msg.tensors:
-            assembler.add(chunk)
-    if header is None:
-        raise InvalidArgumentError("pull stream without a header")
+    header = read_frames(stream, assembler, "pull reply")
     if header.not_modified:
         return header, None
     values: dict[str, Array] = {}
@@ -106,12 +100,9 @@ class ShardClient:
                 worker_id=member_id, shard_index=shard_index, num_shards=num_shards, rule=rule)
             chunks = (c for name, value in values.items()
                       for c in iter_chunks(name, value, chunk_bytes=self._chunk_bytes))
-            first = True
-            for frame in frames(chunks, self._chunk_bytes):
-                yield ps_pb2.InitializeChunk(header=header if first else None, tensors=frame)
-                first = False
-            if first:  # a shard that placement left empty still gets its rule
-                yield ps_pb2.InitializeChunk(header=header)
+            # a shard that placement left empty still gets a header-only frame with its rule
+            yield from framed(lambda h, frame: ps_pb2.InitializeChunk(header=h, tensors=frame), header, chunks,
+                              self._chunk_bytes)
 
         return self._retry(lambda: self._stub.Initialize(stream(), timeout=self._call_timeout_s))
 
@@ -132,12 +123,7 @@ class ShardClient:
 
     def _push_stream(self, header: ps_pb2.PushHeader, grads: Mapping[str, Gradient]) -> Iterator[ps_pb2.PushChunk]:
         chunks = (c for name, grad in grads.items() for c in gradient_chunks(name, grad, self._chunk_bytes))
-        first = True
-        for frame in frames(chunks, self._chunk_bytes):
-            yield ps_pb2.PushChunk(header=header if first else None, tensors=frame)
-            first = False
-        if first:
-            yield ps_pb2.PushChunk(header=header)
+        return framed(lambda h, frame: ps_pb2.PushChunk(header=h, tensors=frame), header, chunks, self._chunk_bytes)
 
     def push(
         self, member_id: str, base_version: int, grads: Mapping[str, Gradient], step: int = 0,
@@ -180,15 +166,8 @@ class ShardClient:
         """The shard's whole state (values, slots, counters)."""
         def call() -> Snapshot:
             assembler = TensorAssembler()
-            header = None
-            for msg in self._stub.Snapshot(ps_pb2.SnapshotRequest(), timeout=self._call_timeout_s * 4):
-                if msg.HasField("header"):
-                    header = msg.header
-                for chunk in msg.tensors:
-                    assembler.add(chunk)
-            if header is None:
-                raise InvalidArgumentError("snapshot stream without a header")
-            return snapshot_from_wire(header, assembler.finish())
+            stream = self._stub.Snapshot(ps_pb2.SnapshotRequest(), timeout=self._call_timeout_s * 4)
+            return snapshot_from_wire(read_frames(stream, assembler, "snapshot"), assembler.finish())
 
         return self._retry(call)
 

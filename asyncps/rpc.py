@@ -170,14 +170,3 @@ def call_with_retry(
                 ) from exc
             time.sleep(min(left, rng.uniform(0, backoff)))
             backoff = min(max_backoff_s, backoff * 2)
-
-
-def check_health(address: str, timeout_s: float = 3.0) -> bool:
-    """True when the server at address answers SERVING on the standard health service."""
-    with make_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
-        except grpc.RpcError:
-            return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

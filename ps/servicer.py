@@ -5,8 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
@@ -18,8 +17,9 @@ from asyncps.codec import (
     SparseRows,
     TensorAssembler,
     dtype_to_proto,
-    frames,
+    framed,
     iter_chunks,
+    read_frames,
 )
 from asyncps.errors import InvalidArgumentError
 from asyncps.pb import ps_pb2, ps_pb2_grpc, tensor_pb2
@@ -77,23 +77,6 @@ def outcome_to_proto(outcome: PushOutcome) -> ps_pb2.PushResult:
     )
 
 
-def _read_stream(messages: Iterable[Any], assembler: TensorAssembler, what: str) -> Any:
-    """Consume a stream of frames; the header must be in the first frame and only there."""
-    header = None
-    for i, msg in enumerate(messages):
-        if msg.HasField("header"):
-            if i > 0:
-                raise InvalidArgumentError(f"{what}: header in frame {i}; it belongs in the first frame only")
-            header = msg.header
-        elif i == 0:
-            raise InvalidArgumentError(f"{what}: the first frame has no header")
-        for chunk in msg.tensors:
-            assembler.add(chunk)
-    if header is None:
-        raise InvalidArgumentError(f"{what}: empty stream (no header)")
-    return header
-
-
 def snapshot_frames(
     header: ps_pb2.SnapshotHeader, snap: Snapshot, chunk_bytes: int
 ) -> Iterator[ps_pb2.SnapshotChunk]:
@@ -104,12 +87,7 @@ def snapshot_frames(
         (c for name, slots in snap.slots.items() for slot, a in slots.items()
          for c in iter_chunks(f"slot/{slot}/{name}", a, chunk_bytes=chunk_bytes)),
     )
-    first = True
-    for frame in frames(chunks, chunk_bytes):
-        yield ps_pb2.SnapshotChunk(header=header if first else None, tensors=frame)
-        first = False
-    if first:
-        yield ps_pb2.SnapshotChunk(header=header)
+    return framed(lambda h, frame: ps_pb2.SnapshotChunk(header=h, tensors=frame), header, chunks, chunk_bytes)
 
 
 def snapshot_from_wire(header: ps_pb2.SnapshotHeader, tensors: dict[str, Gradient]) -> Snapshot:
@@ -162,7 +140,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.InitializeResponse:
         """Create the shard's variables and update rule (idempotent)."""
         assembler = TensorAssembler(self._max_request_bytes)
-        header = _read_stream(request_iterator, assembler, "Initialize")
+        header = read_frames(request_iterator, assembler, "Initialize")
         rule = rule_from_proto(header.rule)
         values: dict[str, Array] = {}
         for name, value in assembler.finish().items():
@@ -184,15 +162,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         header = ps_pb2.PullHeader(version=version, not_modified=encoded is None,
                                    shard_index=self._store.shard_index, push=push, waited_s=waited_s,
                                    incarnation=incarnation)
-        sent = 0
-        first = True
-        for frame in frames((c for chunks in encoded or () for c in chunks), self._chunk_bytes):
-            sent += sum(len(c.data) for c in frame)
-            yield ps_pb2.PullChunk(header=header if first else None, tensors=frame)
-            first = False
-        if first:
-            yield ps_pb2.PullChunk(header=header)
-        self._count(pulled=sent)
+        chunks = [c for chunks in encoded or () for c in chunks]
+        yield from framed(lambda h, frame: ps_pb2.PullChunk(header=h, tensors=frame), header, chunks,
+                          self._chunk_bytes)
+        self._count(pulled=sum(len(c.data) for c in chunks))
 
     @handles_errors
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[ps_pb2.PullChunk]:
@@ -205,7 +178,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def _push(self, request_iterator: Iterator[ps_pb2.PushChunk]) -> tuple[ps_pb2.PushHeader, PushOutcome]:
         assembler = TensorAssembler(self._max_request_bytes)
-        header = _read_stream(request_iterator, assembler, "Push")
+        header = read_frames(request_iterator, assembler, "Push")
         grads = assembler.finish()
         outcome = self._store.push(header.worker_id, header.base_version, grads, header.incarnation)
         self._count(pushed=assembler.total_bytes)
@@ -289,7 +262,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.InitializeResponse:
         """Replace the state with a checkpoint's part."""
         assembler = TensorAssembler(self._max_request_bytes)
-        header = _read_stream(request_iterator, assembler, "Restore")
+        header = read_frames(request_iterator, assembler, "Restore")
         snap = snapshot_from_wire(header, assembler.finish())
         self._store.restore(snap)
         log.info("restored %d variables at version %d", len(snap.values), snap.version)

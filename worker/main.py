@@ -90,6 +90,26 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
     run = RunConfig.from_json(reg.run_config_json)
     log.info("registered as worker %d of %d (%s); shards: %s", reg.index, reg.num_workers, member_id,
              ", ".join(reg.ps_addresses))
+    # Heartbeats start now: loading TensorFlow, the data and the model can take many seconds on
+    # a busy machine, and a silent worker would be declared dead (and its index reused).
+    telemetry = Telemetry()
+    stop = interrupt or threading.Event()
+    steps_done = [0]
+    beats = HeartbeatLoop(coord, member_id, reg.index, run.heartbeat_interval_s, config.deadline_s,
+                          telemetry, stop, lambda: steps_done[0])
+    beats.start()
+    try:
+        return _train(config, coord, member_id, reg, run, telemetry, stop, beats, steps_done)
+    finally:
+        beats.finished.set()
+        beats.join(timeout=5)
+        coord.close()
+
+
+def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: cpb.RegisterResponse,
+           run: RunConfig, telemetry: Telemetry, stop: threading.Event, beats: HeartbeatLoop,
+           steps_done: list[int]) -> int:
+    """Build the model and data, train until stopped, send the final report; return the exit code."""
     limit_threads(run.tf_threads)
 
     from asyncps.datasets import load_dataset
@@ -107,15 +127,10 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
                           run.seed)
     client = ModelClient(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
                          config.security)
-    telemetry = Telemetry()
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
     trainer = Trainer(client, names, make_grad_fn(model, loss_fn), batches, delay, telemetry,
-                      read_wait_s=run.read_wait_s)
-    stop = interrupt or threading.Event()
-    beats = HeartbeatLoop(coord, member_id, reg.index, run.heartbeat_interval_s, config.deadline_s,
-                          telemetry, stop, lambda: trainer.step)
-    beats.start()
+                      read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step))
     code = 0
     try:
         trainer.run(stop, config.max_steps)
@@ -135,6 +150,5 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
                      completed_tasks=telemetry.drain_tasks())
     except Unreachable as exc:
         log.warning("final report not delivered: %s", exc)
-    coord.close()
     log.info("worker %d done after %d steps", reg.index, trainer.step)
     return code

@@ -187,6 +187,7 @@ class Trainer:
         telemetry: Telemetry,
         sleep: Callable[[float], None] = time.sleep,
         read_wait_s: float = 30.0,
+        on_step: Callable[[int], None] | None = None,
     ) -> None:
         self._client = client
         self._names = variable_names
@@ -196,6 +197,7 @@ class Trainer:
         self._telemetry = telemetry
         self._sleep = sleep
         self._read_wait_s = read_wait_s
+        self._on_step = on_step
         self.step = 0
         self.examples = 0
 
@@ -241,4 +243,6 @@ class Trainer:
         timing = cpb.StepTiming(step=self.step, start=start, pull_s=pull_s, compute_s=computed - start,
                                 push_s=done - computed - waited, wait_s=waited, examples=len(x))
         self._telemetry.add(records, timing, batch.completes)
+        if self._on_step is not None:
+            self._on_step(self.step)
         return 0.0
