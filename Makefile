@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck proto proto-check bench e2e clean
+.PHONY: demo test test-e2e lint typecheck proto proto-check bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,13 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 demo: $(VENV)/.installed
 	$(VENV)/bin/asyncps local
 
-## test: generated code current, ruff, mypy, then the test suite (fast tests + marked slow ones)
+## test: generated code current, ruff, mypy, then the default test suite (a few minutes)
 test: $(STAMP) proto-check lint typecheck
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
+
+## test-e2e: the long end-to-end suites (process clusters, crash recovery, docker compose); CI runs them too
+test-e2e: $(STAMP)
+	$(PY) -m pytest -m "slow or docker" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
