@@ -65,8 +65,8 @@ SPEC_KEYS = ("name", "description", "base", "grid", "target", "check")
 
 #: The metrics of every point, in results.csv order; checks and targets refer to them by name.
 METRICS: tuple[str, ...] = (
-    "updates", "wall_s", "updates_per_s", "gradients_per_s", "staleness_mean", "staleness_p95",
-    "staleness_max", "dropped_pct", "idle_pct", "time_to_target_s", "updates_to_target",
+    "updates", "wall_s", "updates_per_s", "gradients_per_s", "staleness_mean", "staleness_steady_mean",
+    "staleness_p95", "staleness_max", "dropped_pct", "idle_pct", "time_to_target_s", "updates_to_target",
     "final_accuracy", "final_loss", "optimality_gap", "run_s",
 )
 
@@ -288,6 +288,21 @@ def time_to_target(eval_rows: Sequence[Mapping[str, str]], target: Target) -> tu
     return math.nan, math.nan
 
 
+def steady_staleness(pushes: Sequence[Mapping[str, str]]) -> float:
+    """Mean staleness of the pushes after every worker's first push: without start-up skew (workers
+    joining one by one) and the first step's TensorFlow tracing, which make a few pushes very stale."""
+    first: dict[str, float] = {}
+    for p in pushes:
+        t = _float(p.get("wall_time"))
+        worker = str(p.get("worker"))
+        first[worker] = min(first.get(worker, t), t)
+    if not first:
+        return math.nan
+    ready = max(first.values())
+    steady = [_float(p.get("staleness")) for p in pushes if _float(p.get("wall_time")) > ready]
+    return sum(steady) / len(steady) if steady else math.nan
+
+
 def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]:
     """The sweep's metrics of one finished run directory (NaN where a metric does not apply)."""
     s = load_summary(run_dir)
@@ -312,6 +327,7 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
         # a sync update averages a quorum of gradients: gradients/s compares the work done
         "gradients_per_s": accepted / shards / wall_s if wall_s > 0 else math.nan,
         "staleness_mean": _float(stale.get("mean")),
+        "staleness_steady_mean": steady_staleness(pushes),
         "staleness_p95": _float(stale.get("p95")),
         "staleness_max": _float(stale.get("max")),
         "dropped_pct": dropped_pct,
@@ -761,17 +777,16 @@ def _cell(x: float, spec: str = ".3g") -> str:
     return "—" if math.isnan(x) else format(x, spec)
 
 
-def markdown_table(results: Sequence[PointResult], target: Target | None) -> str:
-    """The results as a markdown table (optimality gap instead of accuracy where the run has one)."""
-    gap = any(not math.isnan(r.metrics["optimality_gap"]) for r in results)
+def markdown_table(rows: Sequence[tuple[str, Mapping[str, float], bool]], target: Target | None) -> str:
+    """(label, metrics, failed) rows as a markdown table (optimality gap instead of accuracy where measured)."""
+    gap = any(not math.isnan(m["optimality_gap"]) for _, m, _ in rows)
     header = ["run", "updates/s", "grads/s", "staleness mean", "p95", "dropped %", "idle %"]
     if target:
         header += [f"time to {target.describe()} (s)", "updates to target"]
     header += ["updates", "optimality gap" if gap else "final accuracy"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in results:
-        m = r.metrics
-        cells = [r.point.label + (" (failed)" if r.status == "failed" else ""), _cell(m["updates_per_s"], ".1f"),
+    for label, m, failed in rows:
+        cells = [label + (" (failed)" if failed else ""), _cell(m["updates_per_s"], ".1f"),
                  _cell(m["gradients_per_s"], ".1f"), _cell(m["staleness_mean"], ".2f"),
                  _cell(m["staleness_p95"], ".0f"), _cell(m["dropped_pct"], ".1f"), _cell(m["idle_pct"], ".1f")]
         if target:
@@ -792,7 +807,8 @@ def results_markdown(sweep: SweepResult) -> str:
     base = ", ".join(f"{k}={_format_value(v)}" for k, v in spec.base.items())
     parts.append(f"Base: {base or 'defaults'}. Points: {len(sweep.results)}; this invocation took "
                  f"{sweep.sweep_s:.0f}s ({len(ran)} run, {len(sweep.results) - len(ran)} resumed).\n")
-    parts.append(markdown_table(sweep.results, spec.target))
+    parts.append(markdown_table([(r.point.label, r.metrics, r.status == "failed") for r in sweep.results],
+                                spec.target))
     if sweep.outcomes:
         verdict = "PASS" if sweep.passed else "FAIL"
         parts.append(f"## Check: {verdict}\n")

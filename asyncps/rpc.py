@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 # Large enough for any single chunk plus headers; tensors themselves always travel chunked.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_STATUS_MESSAGE_CHARS = 1000  # percent-encoded it stays far below gRPC's metadata limits
 
 _STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -48,8 +49,12 @@ def _abort(context: grpc.ServicerContext, method: str, exc: Exception) -> None:
     if code is grpc.StatusCode.INTERNAL:
         log.exception("%s failed unexpectedly", method)
         context.abort(code, f"{method}: internal error ({type(exc).__name__}); see the server log")
-    log.info("%s -> %s: %s", method, code.name, exc)
-    context.abort(code, str(exc))
+    message = str(exc)
+    if len(message) > MAX_STATUS_MESSAGE_CHARS:
+        # messages quote client-supplied names; gRPC drops a status whose metadata is too large
+        message = message[:MAX_STATUS_MESSAGE_CHARS] + f"... ({len(message)} characters, truncated)"
+    log.info("%s -> %s: %s", method, code.name, message)
+    context.abort(code, message)
 
 
 def handles_errors(method: F) -> F:

@@ -153,7 +153,14 @@ def run_server(cluster: dict[str, list[str]], job_name: str, task_index: int, in
 def run_coordinator(cluster: dict[str, list[str]], hidden: list[int], batch: int, repeats: int,
                     seconds: float, warmup_steps: int, intra_op: int,
                     inter_op: int) -> dict[str, Any]:
-    """Drive ParameterServerStrategy training; return ``{"values": aggregate steps/s}``."""
+    """Drive ParameterServerStrategy training; return ``{"values": aggregate steps/s}``.
+
+    Variables are placed by TF's default: whole variables round-robin over the PS tasks in
+    creation order, which for this MLP puts every kernel on ``ps:0`` and every bias on
+    ``ps:1``. Sharding with a ``variable_partitioner`` is not an option with Keras 3: its
+    variables cannot wrap a ``ShardedVariable`` (``tape.gradient`` fails with
+    "'ShardedVariable' object has no attribute 'handle'").
+    """
     _configure_threads(intra_op, inter_op)
     import keras
     import tensorflow as tf

@@ -54,6 +54,13 @@ def asyncps_training(hidden: tuple[int, ...], batch: int = 64, num_ps: int = 2, 
         finally:
             cluster.stop()
         rates = _window_rates(run_dir / "timeline.csv", skip_s=2.0, window_s=window_s)
+        with open(run_dir / "timeline.csv") as f:
+            steps = list(csv.DictReader(f))
+    # where a worker's step time goes: gradient computation vs the push-and-pull round trip
+    for column in ("compute_s", "push_s"):
+        values = sorted(float(r[column]) for r in steps)
+        if values:
+            print(f"    {model}: median {column} {1000 * values[len(values) // 2]:.2f} ms per step", flush=True)
     return Samples(f"asyncps {num_ps}ps+{num_workers}w {model}", "steps/s", rates)
 
 

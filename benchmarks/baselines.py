@@ -335,8 +335,9 @@ def tf_ps_strategy(
 
     Starts ``num_ps`` PS and ``num_workers`` worker ``tf.distribute.Server`` processes on
     free 127.0.0.1 ports plus a coordinator process that builds the same model as
-    :func:`keras_local_loop` under ``tf.distribute.ParameterServerStrategy`` (variables
-    round-robin on the PS tasks) and schedules one-batch training steps on the workers through
+    :func:`keras_local_loop` under ``tf.distribute.ParameterServerStrategy`` (TF's default
+    placement: whole variables round-robin over the PS tasks, i.e. all kernels on ``ps:0``;
+    Keras 3 cannot train ``ShardedVariable``s) and schedules one-batch training steps on the workers through
     ``tf.distribute.coordinator.ClusterCoordinator``, with at most a few steps in flight per
     worker. Input batches are generated on the workers. Each of the ``repeats`` repetitions
     schedules steps for ``seconds``, waits for all of them to finish and reports steps done by

@@ -11,7 +11,7 @@ from asyncps.pb import ps_pb2_grpc
 from asyncps.rpc import create_server
 from asyncps.rundir import write_port_file
 from asyncps.security import SecurityConfig
-from ps.servicer import DEFAULT_MAX_REQUEST_BYTES, ParameterServerServicer
+from ps.servicer import DEFAULT_MAX_REQUEST_BYTES, SHARD_HANDLER_THREADS, ParameterServerServicer
 from ps.store import ShardStore
 
 log = logging.getLogger("asyncps.ps")
@@ -45,6 +45,7 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     server, port, health = create_server(
         f"{config.host}:{config.port}",
         [lambda s: ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, s)],
+        max_workers=SHARD_HANDLER_THREADS,
         interceptors=config.security.server_interceptors(), credentials=config.security.server_credentials())
     write_port_file(config.port_file, port)
     log.info("shard %d serving on port %d (%s)", config.index, port, config.security.describe())

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterator
 
@@ -30,6 +32,11 @@ from ps.store import PushOutcome, ShardStore, Snapshot, UpdateRuleConfig
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_REQUEST_BYTES = 2 << 30
+MAX_WAIT_S = 300.0  # longest a long-poll blocks, whatever the caller asks
+# Blocking waits (sync steps, SSP gates, long polls) allowed at once; the server has more handler
+# threads than this (SHARD_HANDLER_THREADS), so waiters can never starve other calls.
+DEFAULT_MAX_WAITERS = 192
+SHARD_HANDLER_THREADS = 256
 
 
 def rule_to_proto(rule: UpdateRuleConfig) -> ps_pb2.UpdateRule:
@@ -120,12 +127,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         on_shutdown: Callable[[str], None] | None = None,
+        max_waiters: int = DEFAULT_MAX_WAITERS,
     ) -> None:
         self._store = store
         self._chunk_bytes = chunk_bytes
         self._max_request_bytes = max_request_bytes
         self._on_shutdown = on_shutdown
         self._counter_lock = threading.Lock()
+        self._waiters = threading.BoundedSemaphore(max_waiters)
         self._bytes_pulled = 0
         self._bytes_pushed = 0
 
@@ -167,13 +176,33 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                           self._chunk_bytes)
         self._count(pulled=sum(len(c.data) for c in chunks))
 
+    def _wait_limit(self, what: str, asked_s: float, context: grpc.ServicerContext, margin_s: float = 0.0) -> float:
+        """How long a long-poll may block: what the caller asked, within its deadline and our cap."""
+        if not math.isfinite(asked_s) or asked_s < 0:
+            raise InvalidArgumentError(f"{what} must be a finite number of seconds >= 0, got {asked_s}")
+        remaining = context.time_remaining()
+        limit = min(asked_s, MAX_WAIT_S)
+        return limit if remaining is None else min(limit, max(0.0, remaining - margin_s))
+
+    @contextlib.contextmanager
+    def _waiter(self) -> Iterator[bool]:
+        """A slot for a blocking wait; when every slot is taken the call answers at once instead,
+        so long polls can never occupy all handler threads."""
+        acquired = self._waiters.acquire(blocking=False)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                self._waiters.release()
+
     @handles_errors
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[ps_pb2.PullChunk]:
         """Stream the values (optionally after a long-poll for a newer version)."""
-        if request.wait_timeout_s > 0:
-            remaining = context.time_remaining()
-            limit = request.wait_timeout_s if remaining is None else min(request.wait_timeout_s, remaining)
-            self._store.wait_newer(request.if_newer_than, limit)
+        limit = self._wait_limit("wait_timeout_s", request.wait_timeout_s, context)
+        if limit > 0:
+            with self._waiter() as may_wait:
+                if may_wait:
+                    self._store.wait_newer(request.if_newer_than, limit)
         yield from self._pull_stream(request.worker_id, request.if_newer_than)
 
     def _push(self, request_iterator: Iterator[ps_pb2.PushChunk]) -> tuple[ps_pb2.PushHeader, PushOutcome]:
@@ -199,10 +228,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         """Push, then stream the values back in the same call."""
         header, outcome = self._push(request_iterator)
         waited = 0.0
-        if header.read_wait_s > 0:
-            remaining = context.time_remaining()
-            limit = header.read_wait_s if remaining is None else min(header.read_wait_s, max(0.0, remaining - 1.0))
-            waited = self._store.wait_readable(header.worker_id, header.base_version, limit)
+        limit = self._wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
+        if limit > 0:
+            with self._waiter() as may_wait:
+                if may_wait:
+                    waited = self._store.wait_readable(header.worker_id, header.base_version, limit)
         yield from self._pull_stream(header.worker_id, header.pull_if_newer_than, outcome_to_proto(outcome),
                                      waited)
 

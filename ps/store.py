@@ -429,6 +429,11 @@ class ShardStore:
 
     def restore(self, snap: Snapshot) -> None:
         """Replace the whole state with a snapshot (a new incarnation: older gradients are dropped)."""
+        if min(snap.version, snap.accepted, snap.dropped, *snap.updates.values()) < 0:
+            raise InvalidArgumentError("restored version, counters and update counts must be >= 0")
+        unknown = sorted(set(snap.updates) - set(snap.values))
+        if unknown:
+            raise InvalidArgumentError(f"update counts for unknown variables {unknown}")
         optimizer = make_optimizer(snap.rule.optimizer)
         for name, value in snap.values.items():
             if not _is_float(value.dtype) or not _all_finite(value):

@@ -13,10 +13,10 @@ Every test runs its own compose project (`-p asyncps-test-<random>`) and tears i
 
 Scenarios:
   A  `up --exit-code-from chief` trains to the end: exit status 0, accuracy >= 0.90, nothing running.
-  B  (not written yet) kill ps-1 mid-run with ASYNCPS_CHECKPOINT_EVERY set; `restart: on-failure`
-     brings it back and the chief restores it from the latest checkpoint ("restored from ckpt-").
-     Use `Compose.hard_kill`, not `docker kill` (see there), then `wait_for_log`/`wait_for_exit`
-     and the run files as below.
+  B  `up -d` with ASYNCPS_CHECKPOINT_EVERY=100; once a checkpoint is written, ps-1's process is
+     killed (`Compose.hard_kill`, not `docker kill`: see there); `restart: on-failure` brings it
+     back (RestartCount >= 1), the chief restores shard 1 from the latest checkpoint at that
+     checkpoint's version, exits 0, and accuracy is >= 0.90.
   C  a third worker joins a running cluster (`up -d --scale worker=3 --no-recreate`) and its pushes
      (worker index 2) reach pushes.csv.
 """
@@ -150,6 +150,7 @@ class Compose:
                     if not k.startswith(("ASYNCPS_", "COMPOSE_")) and k != "TF_CONFIG"}
         self.env.update(ASYNCPS_IMAGE=image, ASYNCPS_RUN_NAME=self.run_name, ASYNCPS_LOG_LEVEL="INFO")
         self.label = f"label=com.docker.compose.project={self.project}"
+        self.log_path: Path | None = None  # where down() saves the services' logs
 
     def set(self, **settings: object) -> None:
         """Settings for the file's ${ASYNCPS_...} variables, e.g. set(ASYNCPS_EPOCHS=30)."""
@@ -224,6 +225,16 @@ class Compose:
                              capture_output=True, text=True, check=True).stdout.strip()
         os.kill(int(pid), 9)
 
+    def restart_count(self, container: str) -> int:
+        """How often Docker's restart policy restarted a container."""
+        return int(subprocess.run(["docker", "inspect", "-f", "{{.RestartCount}}", container],
+                                  capture_output=True, text=True, check=True).stdout)
+
+    def docker_logs(self, container: str) -> str:
+        """A container's whole log, across its restarts."""
+        out = subprocess.run(["docker", "logs", container], capture_output=True, text=True, timeout=60)
+        return out.stdout + out.stderr
+
     def volume(self, name: str) -> str:
         """The Docker name of one of the file's named volumes."""
         found = subprocess.run(["docker", "volume", "ls", "-q", "--filter", self.label,
@@ -253,7 +264,9 @@ class Compose:
         return {kind: ids for kind, ids in found.items() if ids}
 
     def down(self, check: bool = True) -> None:
-        """`down -v --remove-orphans`: containers, network and volumes."""
+        """`down -v --remove-orphans`: containers, network and volumes (their logs saved first)."""
+        if self.log_path is not None and self.containers():
+            self.log_path.write_text(self.logs(tail=5000))
         self("down", "-v", "--remove-orphans", "--timeout", "10", timeout=180, check=check)
 
     def destroy(self) -> None:
@@ -273,10 +286,10 @@ class Compose:
 @pytest.fixture
 def compose(compose_cmd: list[str], image: str, tmp_path: Path) -> Iterator[Compose]:
     project = Compose(compose_cmd, image)
+    project.log_path = tmp_path / "compose.log"  # kept by pytest for a look
     try:
         yield project
     finally:
-        (tmp_path / "compose.log").write_text(project.logs(tail=5000))  # kept by pytest for a look
         project.destroy()
 
 
@@ -315,13 +328,51 @@ def test_up_exit_code_from_chief_trains_digits(compose: Compose) -> None:
 
 
 # -- B: a shard killed mid-run comes back from a checkpoint ---------------------------------------
-# def test_killed_shard_recovers_from_checkpoint(compose: Compose) -> None:
-#     compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=40, ASYNCPS_CHECKPOINT_EVERY=100)
-#     compose("up", "-d", "--no-build")
-#     compose.wait_for_log("chief", r"checkpoint ckpt-00000002", timeout=150)
-#     (ps1,) = compose.containers("ps-1"); compose.hard_kill(ps1)
-#     compose.wait_for_log("chief", r"shard 1 .* restored from ckpt-", timeout=60)
-#     assert compose.wait_for_exit("chief", timeout=...) == 0; then the run files as below
+def test_killed_shard_restarts_and_is_restored_from_a_checkpoint(compose: Compose) -> None:
+    # Stop on training time: the outage (ps-1 restarting, workers retrying their pushes) must not
+    # shorten the run to nothing, and the run after the restore must still reach the accuracy.
+    compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=60, ASYNCPS_CHECKPOINT_EVERY=100, ASYNCPS_WORKERS=2)
+    start = time.monotonic()
+    compose("up", "-d", "--no-build", timeout=120)
+    (ps0,) = compose.containers("ps-0")
+    (ps1,) = compose.containers("ps-1")
+    compose.wait_for_log("chief", r"checkpoint ckpt-\d{8} at versions", timeout=180)
+    assert compose.restart_count(ps1) == 0, compose.logs()
+    killed_at = time.monotonic() - start
+    compose.hard_kill(ps1)
+
+    # `restart: on-failure` brings the same container back (a new process, RestartCount 1)...
+    deadline = time.monotonic() + 60
+    while compose.restart_count(ps1) < 1 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert compose.restart_count(ps1) >= 1, f"ps-1 was not restarted\n{compose.logs()}"
+    # ...and the chief finds it empty and restores shard 1 (only) from the latest checkpoint.
+    restored = r"shard 1 at ps-1:8470: restored from (ckpt-\d{8}) at version (\d+)"
+    compose.wait_for_log("chief", restored, timeout=120)
+    restored_at = time.monotonic() - start
+    code = compose.wait_for_exit("chief", timeout=SCENARIO_TIMEOUT_S - 60)
+    took = time.monotonic() - start
+    print(f"scenario B: ps-1 killed after {killed_at:.1f}s, restored after {restored_at:.1f}s, "
+          f"chief exited {code} after {took:.1f}s")
+    chief_log = compose.docker_logs(compose.containers("chief")[0])
+    assert code == 0, compose.logs()
+
+    # The restored version is shard 1's version in that checkpoint, as the chief logged it.
+    (match,) = re.findall(restored, chief_log)
+    ckpt, version = match[0], int(match[1])
+    written = re.search(rf"checkpoint {ckpt} at versions \[(\d+), (\d+)\]", chief_log)
+    assert written is not None, f"no checkpoint line for {ckpt}\n{chief_log[-6000:]}"
+    assert version == int(written.group(2)) > 0, (version, written.group(0))
+    assert "shard 0 at ps-0:8470: restored" not in chief_log, "ps-0 was restored too"
+    assert compose.restart_count(ps0) == 0, "ps-0 restarted"
+
+    summary = json.loads(compose.run_file("summary.json"))
+    assert summary["final_eval"]["accuracy"] >= 0.90, summary
+    assert summary["shards"][1]["version"] > version, summary  # shard 1 trained on after the restore
+    assert set(pushes_by_worker(compose.run_file("pushes.csv"))) == {0, 1}
+
+    compose.down()
+    assert compose.leftovers() == {}, f"`down -v --remove-orphans` left {compose.leftovers()}"
 
 
 # -- C: a worker joins a running cluster --------------------------------------------------------

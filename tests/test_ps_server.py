@@ -319,8 +319,9 @@ def test_uninitialized_shard_refuses_pushes_and_pulls(shard_server: str) -> None
     assert info.value.code() == Code.FAILED_PRECONDITION
     assert "shard 0 is not initialized" in info.value.details()
     # training calls ride through a shard waiting to be restored, until their deadline
-    for name, call in {"push_pull": lambda: client.push_pull("t", 0, {"b": ONES_B}),
-                       "pull": lambda: client.pull("t")}.items():
+    patient = ShardClient(shard_server, deadline_s=1.0, call_timeout_s=CALL_TIMEOUT_S)
+    for name, call in {"push_pull": lambda: patient.push_pull("t", 0, {"b": ONES_B}),
+                       "pull": lambda: patient.pull("t")}.items():
         with pytest.raises(Unreachable) as unreachable:
             call()
         assert "FAILED_PRECONDITION" in str(unreachable.value), name

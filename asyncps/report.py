@@ -1,0 +1,537 @@
+"""`asyncps report DIR`: figures and report.md for a run directory or a sweep of them.
+
+Figures (matplotlib, Agg backend, small PNGs):
+- `curves.png`: evaluation accuracy and loss against wall time and against updates, runs overlaid;
+- `staleness.png`: the staleness histogram of every run;
+- `timeline.png`: a Gantt chart of each worker's steps (compute, push/pull round trip, time held
+  back by the consistency model) over a short window, one panel per run (sync vs async);
+- `scaling.png`: updates/s, mean staleness, idle share and final quality against the number of
+  workers (or per run, when every run has the same number of workers).
+
+`python -m asyncps.report --stale-gradient-figure PATH` draws the teaching picture of a stale
+gradient on a 1-D quadratic (no run needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from asyncps.experiment import ExperimentError, markdown_table, read_csv, run_metrics
+
+#: Colours of the timeline's segment kinds (and their legend names).
+SEGMENTS: dict[str, tuple[str, str]] = {
+    "pull_s": ("#55A868", "pull (first step)"),
+    "compute_s": ("#4C72B0", "compute gradient"),
+    "push_s": ("#F0A04B", "push + pull round trip"),
+    "wait_s": ("#D65F5F", "held back (sync / SSP wait)"),
+}
+DROPPED_COLOR = "#A9BEDF"
+DPI = 100
+
+
+@dataclass(frozen=True)
+class Step:
+    """One worker step from timeline.csv (wall-clock seconds)."""
+
+    worker: int
+    step: int
+    start: float
+    pull_s: float
+    compute_s: float
+    push_s: float
+    wait_s: float
+
+    @property
+    def end(self) -> float:
+        """When the step's round trip came back."""
+        return self.start + self.compute_s + self.push_s + self.wait_s
+
+
+@dataclass
+class RunData:
+    """One run directory's telemetry, read on demand."""
+
+    label: str
+    path: Path
+    summary: dict[str, Any] = field(repr=False)
+    config: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def load(cls, path: Path, label: str = "") -> RunData:
+        """Read summary.json and config.json; the label defaults to a description of the run."""
+        summary: dict[str, Any] = json.loads((path / "summary.json").read_text())
+        config_path = path / "config.json"
+        config: dict[str, Any] = json.loads(config_path.read_text()).get("run", {}) if config_path.exists() else {}
+        return cls(label or describe_run(summary, config), path, summary, config)
+
+    @cached_property
+    def evals(self) -> list[dict[str, float]]:
+        """eval.csv as numbers: elapsed_s, updates, loss, accuracy."""
+        rows = []
+        for r in read_csv(self.path / "eval.csv"):
+            try:
+                rows.append({k: float(r[k]) for k in ("elapsed_s", "updates", "loss", "accuracy")})
+            except (KeyError, ValueError):
+                continue
+        return rows
+
+    @cached_property
+    def steps(self) -> list[Step]:
+        """timeline.csv as Steps."""
+        steps = []
+        for r in read_csv(self.path / "timeline.csv"):
+            try:
+                steps.append(Step(int(r["worker"]), int(r["step"]), float(r["start"]), float(r["pull_s"]),
+                                  float(r["compute_s"]), float(r["push_s"]), float(r["wait_s"])))
+            except (KeyError, ValueError):
+                continue
+        return steps
+
+    @cached_property
+    def dropped_steps(self) -> set[tuple[int, int]]:
+        """(worker, step) of every step whose gradient some shard dropped."""
+        return {(int(r["worker"]), int(r["step"])) for r in read_csv(self.path / "pushes.csv")
+                if r.get("accepted") == "0"}
+
+    @cached_property
+    def metrics(self) -> dict[str, float]:
+        """The sweep metrics of this run (experiment.run_metrics)."""
+        return run_metrics(self.path)
+
+    def setting(self, name: str) -> Any:
+        """A RunConfig field of the run (from config.json, else the summary)."""
+        return self.config.get(name, self.summary.get(name))
+
+
+def describe_run(summary: dict[str, Any], config: dict[str, Any]) -> str:
+    """E.g. `sync +1 backup, 4 workers` or `async lr-scale, 8 workers`."""
+    mode = str(config.get("mode", summary.get("mode", "?")))
+    text = mode
+    if mode == "sync" and config.get("backup_workers"):
+        text += f" +{config['backup_workers']} backup"
+    if mode == "ssp":
+        text += f" s={config.get('staleness_bound', summary.get('staleness_bound', '?'))}"
+    policy = config.get("staleness_policy", summary.get("staleness_policy", "none"))
+    if policy and policy != "none":
+        text += f" {policy}"
+    return f"{text}, {config.get('num_workers', summary.get('workers', '?'))} workers"
+
+
+def discover_runs(path: Path) -> list[RunData]:
+    """The run at `path`, or every run directory inside it (labelled from results.csv if present)."""
+    if (path / "summary.json").exists():
+        return [RunData.load(path)]
+    if not path.is_dir():
+        raise ExperimentError(f"{path} is not a directory")
+    labels = {r["point"]: r["label"] for r in read_csv(path / "results.csv") if "point" in r and "label" in r}
+    runs = [RunData.load(d, labels.get(d.name, "")) for d in sorted(path.iterdir())
+            if d.is_dir() and (d / "summary.json").exists()]
+    if not runs:
+        raise ExperimentError(f"no run directories (with summary.json) in {path}")
+    return runs
+
+
+# -- plotting ------------------------------------------------------------------------------------
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "legend.fontsize": 8,
+                         "axes.spines.top": False, "axes.spines.right": False})
+    return plt
+
+
+def _color(i: int) -> str:
+    palette = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
+               "#CCB974", "#64B5CD"]
+    return palette[i % len(palette)]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    _pyplot().close(fig)
+    return path
+
+
+def _figure_legend(fig: Any, handles: list[Any], labels: list[str]) -> None:
+    """Lay the panels out and put one legend for the whole figure under them (fewer columns for long labels)."""
+    longest = max((len(label) for label in labels), default=0)
+    ncol = max(1, min(len(labels), 4 if longest <= 22 else 3 if longest <= 32 else 2))
+    rows = math.ceil(len(labels) / ncol)
+    fig.tight_layout(rect=(0, 0.02 + 0.035 * rows, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False, bbox_to_anchor=(0.5, -0.01))
+
+
+def plot_curves(runs: Sequence[RunData], path: Path) -> Path | None:
+    """Accuracy and loss against wall time and against updates, one line per run."""
+    runs = [r for r in runs if r.evals]
+    if not runs:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6.2), sharex="col")
+    losses = [e["loss"] for r in runs for e in r.evals if e["loss"] > 0 and math.isfinite(e["loss"])]
+    log_loss = bool(losses) and max(losses) / min(losses) > 20
+    for i, run in enumerate(runs):
+        for col, x_key in enumerate(("elapsed_s", "updates")):
+            xs = [e[x_key] for e in run.evals]
+            axes[0][col].plot(xs, [e["accuracy"] for e in run.evals], color=_color(i), marker=".", ms=3, lw=1.3,
+                              label=run.label)
+            axes[1][col].plot(xs, [e["loss"] for e in run.evals], color=_color(i), marker=".", ms=3, lw=1.3)
+    for col, xlabel in enumerate(("wall time since the first update (s)", "updates applied")):
+        axes[1][col].set_xlabel(xlabel)
+        if log_loss:
+            axes[1][col].set_yscale("log")
+    axes[0][0].set_ylabel("test accuracy")
+    axes[1][0].set_ylabel("test loss")
+    axes[0][0].set_title("against wall time")
+    axes[0][1].set_title("against updates")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    _figure_legend(fig, handles, labels)
+    return _save(fig, path)
+
+
+def _histogram(run: RunData) -> list[tuple[int, int]]:
+    hist = run.summary.get("staleness", {}).get("histogram", {})
+    return sorted((int(k), int(v)) for k, v in hist.items())
+
+
+def plot_staleness(runs: Sequence[RunData], path: Path) -> Path | None:
+    """One staleness histogram per run (share of pushes), mean marked."""
+    runs = [r for r in runs if _histogram(r)]
+    if not runs:
+        return None
+    plt = _pyplot()
+    cols = min(4, len(runs))
+    rows = math.ceil(len(runs) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 0.6, 2.3 * rows + 0.3), squeeze=False)
+    for i, run in enumerate(runs):
+        ax = axes[i // cols][i % cols]
+        hist = _histogram(run)
+        total = sum(c for _, c in hist)
+        cutoff, seen = hist[-1][0], 0  # show 98% of the pushes; the tail's end is in the title
+        for k, c in hist:
+            seen += c
+            if seen >= 0.98 * total:
+                cutoff = k
+                break
+        right = max(cutoff, 4)
+        shown = [(k, c) for k, c in hist if k <= right]
+        ax.bar([k for k, _ in shown], [100 * c / total for _, c in shown], color=_color(i), width=0.8)
+        ax.set_xlim(-0.6, right + 0.6)
+        s = run.summary["staleness"]
+        ax.axvline(s["mean"], color="black", ls="--", lw=1)
+        ax.set_title(f"{run.label}\nmean {s['mean']:.2f}, p95 {s['p95']}, max {s['max']}")
+        ax.set_xlabel("staleness (updates)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        if i % cols == 0:
+            ax.set_ylabel("% of pushes")
+        ax.grid(alpha=0.3, axis="y")
+    for j in range(len(runs), rows * cols):
+        axes[j // cols][j % cols].set_visible(False)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def timeline_window(steps: Sequence[Step], window_s: float) -> tuple[float, float]:
+    """A window of window_s seconds in the steady state: after every worker's first step (which
+    includes TensorFlow's tracing), 30% of the way into what is left of the run."""
+    first: dict[int, Step] = {}
+    for s in steps:
+        if s.worker not in first or s.step < first[s.worker].step:
+            first[s.worker] = s
+    ready = max(s.end for s in first.values())
+    t1 = max(s.end for s in steps)
+    start = ready + 0.3 * max(0.0, t1 - ready - window_s)
+    return start, start + window_s
+
+
+def plot_timeline(runs: Sequence[RunData], path: Path, window_s: float = 2.0, max_runs: int = 4) -> Path | None:
+    """Per-worker Gantt charts (one panel per run) over a window of window_s seconds."""
+    runs = [r for r in runs if r.steps][:max_runs]
+    if not runs:
+        return None
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+
+    heights = [max(2, len({s.worker for s in r.steps})) for r in runs]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 0.3 * sum(heights) + 0.8 * len(runs) + 0.6),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    any_dropped = False
+    for ax, run in zip((a[0] for a in axes), runs, strict=True):
+        lo, hi = timeline_window(run.steps, window_s)
+        workers = sorted({s.worker for s in run.steps})
+        dropped = run.dropped_steps
+        for row, worker in enumerate(workers):
+            bars: dict[str, list[tuple[float, float]]] = {k: [] for k in SEGMENTS}
+            faded: list[tuple[float, float]] = []
+            for s in run.steps:
+                if s.worker != worker or s.end < lo or s.start - s.pull_s > hi:
+                    continue
+                if s.pull_s > 0:
+                    bars["pull_s"].append((s.start - s.pull_s - lo, s.pull_s))
+                t = s.start - lo
+                target = faded if (s.worker, s.step) in dropped else bars["compute_s"]
+                target.append((t, s.compute_s))
+                t += s.compute_s
+                bars["push_s"].append((t, s.push_s))
+                bars["wait_s"].append((t + s.push_s, s.wait_s))
+            for kind, (color, _) in SEGMENTS.items():
+                ax.broken_barh(bars[kind], (row - 0.38, 0.76), facecolors=color, edgecolor="white", linewidth=0.4)
+            if faded:
+                any_dropped = True
+                ax.broken_barh(faded, (row - 0.38, 0.76), facecolors=DROPPED_COLOR, edgecolor="#4C72B0",
+                               hatch="////", linewidth=0.4)
+        ax.set_yticks(range(len(workers)), [f"worker {w}" for w in workers])
+        ax.set_ylim(-0.6, len(workers) - 0.4)
+        ax.invert_yaxis()
+        ax.set_xlim(0, hi - lo)
+        m = run.metrics
+        ax.set_title(f"{run.label}: {m['updates_per_s']:.1f} updates/s, {m['gradients_per_s']:.1f} gradients/s, "
+                     f"idle {m['idle_pct']:.0f}%", loc="left")
+    axes[-1][0].set_xlabel(f"seconds (a {window_s:g} s window of each run, after every worker's first step)")
+    handles = [Patch(facecolor=c, label=name) for c, name in SEGMENTS.values()]
+    if any_dropped:
+        handles.append(Patch(facecolor=DROPPED_COLOR, edgecolor="#4C72B0", hatch="////",
+                             label="gradient dropped (late)"))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, -0.01))
+    return _save(fig, path)
+
+
+_SCALING_PANELS = (
+    ("updates_per_s", "updates / s"),
+    ("staleness_mean", "mean staleness (updates)"),
+    ("idle_pct", "idle % (held back by sync / SSP)"),
+)
+
+
+def _quality_panel(runs: Sequence[RunData]) -> tuple[str, str]:
+    if any(not math.isnan(r.metrics["optimality_gap"]) for r in runs):
+        return "optimality_gap", "final optimality gap (train loss - optimum)"
+    return "final_accuracy", "final test accuracy"
+
+
+def _series(runs: Sequence[RunData]) -> list[str]:
+    """A name per run for the settings that vary across runs, other than num_workers and seed."""
+    keys = sorted({k for r in runs for k in r.config})
+    varying = [k for k in keys if k not in ("num_workers", "seed")
+               and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
+    names = []
+    for r in runs:
+        parts = [f"{k}={r.config.get(k)}" for k in varying]
+        names.append(", ".join(parts) or describe_run(r.summary, r.config).split(",")[0])
+    return names
+
+
+def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
+    """Updates/s, staleness, idle share and quality against workers (or per run for one worker count)."""
+    if not runs:
+        return None
+    plt = _pyplot()
+    panels = [*_SCALING_PANELS, _quality_panel(runs)]
+    workers = sorted({int(r.setting("num_workers") or 0) for r in runs})
+    if len(workers) >= 2:
+        fig, axes = plt.subplots(2, 2, figsize=(9, 6.2))
+        series = _series(runs)
+        names = list(dict.fromkeys(series))
+        for ax, (metric, title) in zip(axes.flat, panels, strict=True):
+            for i, name in enumerate(names):
+                points: dict[int, list[float]] = {}
+                for run, s in zip(runs, series, strict=True):
+                    if s == name:
+                        points.setdefault(int(run.setting("num_workers")), []).append(run.metrics[metric])
+                xs = sorted(points)
+                ax.plot(xs, [sum(points[x]) / len(points[x]) for x in xs], marker="o", color=_color(i), label=name)
+            if metric == "staleness_mean" and any(r.setting("mode") == "async" for r in runs):
+                (reference,) = ax.plot(workers, [w - 1 for w in workers], ls="--", color="black", lw=1)
+                ax.legend([reference], ["λ-1 (Zhang et al. 2016)"], loc="upper left", frameon=False)
+            ax.set_ylim(bottom=0)
+            ax.set_title(title)
+            ax.set_xlabel("workers λ")
+            ax.set_xticks(workers)
+            ax.grid(alpha=0.3)
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        _figure_legend(fig, handles, labels)
+    else:
+        labels = [r.label for r in runs]
+        fig, axes = plt.subplots(2, 2, figsize=(9, 1.2 + 0.5 * len(runs) * 2), sharey=True)
+        for ax, (metric, title) in zip(axes.flat, panels, strict=True):
+            values = [r.metrics[metric] for r in runs]
+            ys = list(range(len(runs)))
+            ax.barh(ys, [0 if math.isnan(v) else v for v in values], color=[_color(i) for i in ys])
+            for y, v in zip(ys, values, strict=True):
+                ax.text(0 if math.isnan(v) else v, y, f" {v:.3g}", va="center", fontsize=8)
+            ax.set_yticks(ys, labels)
+            ax.invert_yaxis()
+            ax.set_title(title)
+            ax.margins(x=0.2)
+            ax.grid(alpha=0.3, axis="x")
+        fig.suptitle(f"{workers[0] if workers else '?'} workers per run", fontsize=9)
+        fig.tight_layout()
+    return _save(fig, path)
+
+
+# -- the stale-gradient teaching figure ----------------------------------------------------------
+def delayed_gd(eta: float, tau: int, steps: int, w0: float = 2.0) -> list[float]:
+    """Iterates of w <- w - eta * f'(w from tau updates ago) on f(w) = w^2 / 2 (f'(w) = w)."""
+    ws = [w0]
+    for t in range(steps):
+        ws.append(ws[t] - eta * ws[max(0, t - tau)])
+    return ws
+
+
+def stale_gradient_figure(path: Path) -> Path:
+    """Two panels: the seed article's picture of a stale step past the minimum, and delayed SGD on a quadratic."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.0), gridspec_kw={"width_ratios": [1.05, 1]})
+    eta, w0 = 0.7, 2.0
+    w1 = w0 - eta * w0  # device d0 applies the gradient it computed at w0
+    w2 = w1 - eta * w0  # device d1 applies its gradient, also computed at w0: stale
+    fresh = w1 - eta * w1  # what a gradient computed at w1 would have done
+
+    def f(w: float) -> float:
+        return 0.5 * w * w
+
+    xs = [-1.6 + i * 0.02 for i in range(211)]
+    left.plot(xs, [f(x) for x in xs], color="black", lw=1.5)
+    left.plot([0, 0], [-0.12, 0.0], color="#55A868", lw=2)
+    left.text(0, -0.3, "minimum", color="#55A868", ha="center", va="center")
+    left.plot([w0], [f(w0)], "o", ms=12, color="black", zorder=5)
+    left.plot([w1], [f(w1)], "o", ms=12, color="#999999", mec="black", zorder=5)
+    left.plot([w2], [f(w2)], "o", ms=12, color="white", mec="black", mew=1.5, zorder=5)
+    left.plot([fresh], [f(fresh)], "o", ms=9, color="none", mec="#4C72B0", mew=1.5, zorder=4)
+    arrow = {"arrowstyle": "-|>", "lw": 1.4, "shrinkA": 8, "shrinkB": 8}
+    left.annotate("", (w1, f(w1)), (w0, f(w0)), arrowprops={**arrow, "color": "black"})
+    left.annotate("", (w2, f(w2)), (w1, f(w1)),
+                  arrowprops={**arrow, "color": "#C44E52", "connectionstyle": "arc3,rad=0.5"})
+    left.text(1.25, 2.45, "t0: d0 and d1 both\nread w0 = 2.0", ha="center", va="center")
+    left.text(1.3, 0.45, f"t1: d0 applies ∇f(w0)\n→ w1 = {w1:.1f}", ha="left", va="center")
+    left.text(-0.45, 1.35, f"t2: d1 applies its stale\n∇f(w0) → w2 = {w2:.1f}:\npast the minimum",
+              ha="center", va="center", color="#C44E52")
+    left.annotate(f"a fresh ∇f(w1) would\nstop at {fresh:.2f}", (fresh, f(fresh)), xytext=(0.75, -0.32),
+                  color="#4C72B0", fontsize=8, va="center",
+                  arrowprops={"arrowstyle": "->", "color": "#4C72B0", "lw": 1, "shrinkB": 5})
+    left.set_title(f"a stale gradient: f(w) = w²/2, learning rate {eta}")
+    left.set_xlabel("parameter w")
+    left.set_ylabel("loss f(w)")
+    left.set_ylim(-0.55, 3.2)
+    left.set_xlim(-1.6, 2.6)
+
+    eta2, steps = 0.4, 30
+    curves = [(0, eta2, "τ = 0 (1 worker)"), (2, eta2, "τ = 2 (3 workers)"), (4, eta2, "τ = 4 (5 workers)"),
+              (4, eta2 / 4, "τ = 4, lr-scale: lr / τ")]
+    for i, (tau, lr, name) in enumerate(curves):
+        right.plot(range(steps + 1), delayed_gd(lr, tau, steps), marker=".", ms=4, lw=1.3,
+                   ls="--" if i == 3 else "-", color=_color(i), label=name)
+    right.axhline(0, color="#55A868", lw=1)
+    right.set_title(f"gradients τ updates old, same learning rate {eta2}")
+    right.set_xlabel("update")
+    right.set_ylabel("w (minimum at 0)")
+    right.set_ylim(-3.5, 3.5)
+    right.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+# -- report.md -----------------------------------------------------------------------------------
+FIGURES = ("curves", "staleness", "timeline", "scaling")
+CAPTIONS = {
+    "curves": "Test accuracy and loss against wall time (left) and against updates applied (right).",
+    "staleness": "Staleness of every push (shard version now minus the version the gradient was computed from).",
+    "timeline": "What each worker did over a short window: compute, the push/pull round trip, and time held "
+                "back by the consistency model. Hatched: a gradient the shard dropped as late.",
+    "scaling": "Throughput, staleness, idle share and final quality of each run.",
+}
+
+
+def make_report(path: Path, figures_dir: Path | None = None, prefix: str = "", window_s: float = 2.0,
+                gantt_runs: int = 4, only: Sequence[str] = FIGURES) -> Path:
+    """Draw the figures (all, or those named in `only`) for the run or sweep at `path` and write
+    path/report.md embedding them."""
+    unknown = sorted(set(only) - set(FIGURES))
+    if unknown:
+        raise ExperimentError(f"unknown figures {unknown}; valid: {', '.join(FIGURES)}")
+    runs = discover_runs(path)
+    figures_dir = figures_dir or path / "figures"
+    plotters = {
+        "curves": lambda p: plot_curves(runs, p),
+        "staleness": lambda p: plot_staleness(runs, p),
+        "timeline": lambda p: plot_timeline(runs, p, window_s, gantt_runs),
+        "scaling": lambda p: plot_scaling(runs, p),
+    }
+    made: dict[str, Path | None] = {name: plotters[name](figures_dir / f"{prefix}{name}.png")
+                                    for name in FIGURES if name in only}
+    lines = [f"# Report: {path.name or path}\n",
+             f"{len(runs)} run(s): " + ", ".join(f"`{r.path.name}` ({r.label})" for r in runs) + ".\n",
+             markdown_table([(r.label, r.metrics, False) for r in runs], None)]
+    if (path / "results.md").exists():
+        lines.append("The sweep's table with its target and its check: [results.md](results.md).\n")
+    for name in FIGURES:
+        figure = made.get(name)
+        if figure is None:
+            continue
+        relative = os.path.relpath(figure, path)
+        lines.append(f"## {name}\n\n![{name}]({relative})\n\n{CAPTIONS[name]}\n")
+    report = path / "report.md"
+    report.write_text("\n".join(lines))
+    return report
+
+
+def cmd_report(args: Any) -> int:
+    """asyncps report DIR: figures and report.md."""
+    only = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else FIGURES
+    report = make_report(Path(args.dir), Path(args.figures) if args.figures else None, args.prefix,
+                         float(args.window), int(args.gantt_runs), only)
+    print(f"report: {report}")
+    return 0
+
+
+def add_arguments(p: Any, dir_optional: bool = False) -> None:
+    """The `asyncps report` arguments."""
+    p.add_argument("dir", nargs="?" if dir_optional else None, default="",
+                   help="a run directory or a sweep directory (asyncps experiment --out)")
+    p.add_argument("--figures", default="", help="where to write the PNGs (default: DIR/figures)")
+    p.add_argument("--prefix", default="", help="prefix of the PNG file names, e.g. e3_")
+    p.add_argument("--window", default=2.0, type=float, help="seconds of the timeline (Gantt) window")
+    p.add_argument("--gantt-runs", default=4, type=int, help="at most this many runs in the timeline figure")
+    p.add_argument("--only", default="", help=f"comma-separated figures to draw (default: all of {','.join(FIGURES)})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m asyncps.report DIR [...]` or `python -m asyncps.report --stale-gradient-figure PATH`."""
+    parser = argparse.ArgumentParser(prog="python -m asyncps.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, dir_optional=True)
+    parser.add_argument("--stale-gradient-figure", default="", metavar="PATH",
+                        help="draw the stale-gradient teaching figure to PATH and exit")
+    args = parser.parse_args(argv)
+    if args.stale_gradient_figure:
+        print(f"figure: {stale_gradient_figure(Path(args.stale_gradient_figure))}")
+        return 0
+    if not args.dir:
+        parser.error("give a run or sweep directory, or --stale-gradient-figure PATH")
+    try:
+        return cmd_report(args)
+    except ExperimentError as exc:
+        print(f"report: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

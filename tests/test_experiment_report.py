@@ -1,0 +1,415 @@
+"""Experiment sweeps and reports: spec parsing, grid expansion, resume, checks, figures; one real sweep."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncps.config import RunConfig
+from asyncps.experiment import (
+    METRICS,
+    ExperimentError,
+    Row,
+    evaluate_checks,
+    evaluate_expression,
+    load_spec,
+    parse_check,
+    parse_spec,
+    run_metrics,
+    run_sweep,
+    steady_staleness,
+    time_to_target,
+)
+from asyncps.report import delayed_gd, discover_runs, make_report, stale_gradient_figure, timeline_window
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+REPO = Path(__file__).resolve().parent.parent
+
+SPEC_YAML = """
+name: demo
+description: a demo sweep
+base: {model: logreg, num_ps: 1, max_updates: 50, learning_rate: 1}
+grid:
+  num_workers: [1, 2]
+  variant:
+    - {label: plain}
+    - {label: scaled, staleness_policy: lr-scale}
+target: {metric: accuracy, value: 0.5}
+check:
+  - {kind: trend, metric: staleness_mean, by: num_workers, direction: increasing, why: more workers}
+"""
+
+
+def write_spec(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# -- spec parsing and grid expansion --------------------------------------------------------------
+def test_yaml_spec_expands_the_grid_first_axis_slowest(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, SPEC_YAML))
+    points = spec.points()
+    assert [p.label for p in points] == ["num_workers=1, plain", "num_workers=1, scaled",
+                                         "num_workers=2, plain", "num_workers=2, scaled"]
+    assert [p.slug for p in points][:2] == ["00-num_workers=1_plain", "01-num_workers=1_scaled"]
+    assert points[3].config.num_workers == 2 and points[3].config.staleness_policy == "lr-scale"
+    assert points[0].config.staleness_policy == "none"
+    # a max_updates stop without epochs means epochs 0, as on the command line; ints become floats
+    assert points[0].config.epochs == 0.0
+    assert isinstance(points[0].config.learning_rate, float)
+    assert points[1].axes == {"num_workers": 1, "variant": "scaled"}
+    assert spec.target is not None and spec.target.describe() == "accuracy >= 0.5"
+
+
+def test_toml_spec_reads_like_yaml(tmp_path: Path) -> None:
+    text = """
+name = "t"
+[base]
+model = "logreg"
+max_seconds = 2
+[grid]
+mode = ["async", "sync"]
+[[check]]
+kind = "compare"
+metric = "updates_per_s"
+left = {mode = "async"}
+right = {mode = "sync"}
+op = ">="
+"""
+    spec = load_spec(write_spec(tmp_path, text, "spec.toml"))
+    assert [p.config.mode for p in spec.points()] == ["async", "sync"]
+    assert spec.checks[0].kind == "compare"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("base: {modle: mlp}\n", "unknown RunConfig fields"),
+    ("base: {max_updates: 5}\ngrid: {flavour: [1, 2]}\n", "not a RunConfig field"),
+    ("base: {max_updates: 5}\ngrid: {num_workers: []}\n", "non-empty list"),
+    ("base: {max_updates: 5, num_workers: 2}\ngrid: {backup_workers: [0, 2]}\n", "point 1"),
+    ("base: {max_updates: 5}\nrepeat: 3\n", "unknown spec keys"),
+    ("base: {max_updates: 5}\ntarget: {metric: f1, value: 1}\n", "target metric"),
+    ("base: {max_updates: 5}\ncheck: [{kind: approx, metric: nope}]\n", "unknown metric"),
+    ("base: {max_updates: 5}\ncheck: [{kind: vibes, metric: wall_s}]\n", "unknown kind"),
+    ("base: {max_updates: 5}\ncheck: [{kind: approx, metric: wall_s, where: {colour: red}}]\n", "filters"),
+    ("base: {max_updates: 5}\ncheck: [{kind: approx, metric: wall_s, tolerance: 1}]\n", "unknown keys"),
+    ("base: {max_updates: 5}\ncheck: [{kind: trend, metric: wall_s, direction: sideways}]\n", "direction"),
+])
+def test_bad_specs_are_rejected_before_anything_runs(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ExperimentError, match=message):
+        load_spec(write_spec(tmp_path, text))
+
+
+def test_a_spec_without_a_grid_is_one_point() -> None:
+    spec = parse_spec({"base": {"max_seconds": 1}})
+    assert [p.label for p in spec.points()] == ["base"]
+
+
+# -- checks ---------------------------------------------------------------------------------------
+def row(label: str, **values: Any) -> Row:
+    metrics = {k: float(v) for k, v in values.items() if k in METRICS}
+    settings = {k: v for k, v in values.items() if k not in METRICS}
+    return Row(label, {**dataclasses.asdict(RunConfig(max_seconds=1)), **settings, "label": label},
+               {**dict.fromkeys(METRICS, math.nan), **metrics})
+
+
+NAMES = {f.name for f in dataclasses.fields(RunConfig)} | {"label", "variant"}
+
+
+def verdicts(check: dict[str, Any], rows: list[Row]) -> tuple[bool, str]:
+    outcome = evaluate_checks([parse_check(check, NAMES)], rows)[0]
+    return outcome.passed, outcome.detail
+
+
+def test_approx_check_uses_an_expression_of_the_row() -> None:
+    rows = [row(f"w{n}", num_workers=n, staleness_mean=n - 1 + 0.2) for n in (1, 2, 4, 8)]
+    check = {"kind": "approx", "metric": "staleness_mean", "expected": "num_workers - 1", "abs_tol": 0.25}
+    assert verdicts(check, rows)[0]
+    passed, detail = verdicts({**check, "abs_tol": 0.1}, rows)
+    assert not passed and "✗" in detail
+    assert verdicts({**check, "abs_tol": 0.0, "rel_tol": 0.1, "where": {"num_workers": [4, 8]}}, rows)[0]
+    assert not verdicts({**check, "where": {"num_workers": 16}}, rows)[0]  # no rows: FAIL, not vacuous PASS
+
+
+def test_trend_check_averages_groups_and_honours_slack_and_ratio() -> None:
+    rows = [row("a", num_workers=1, optimality_gap=0.10), row("b", num_workers=1, optimality_gap=0.12),
+            row("c", num_workers=4, optimality_gap=0.10), row("d", num_workers=8, optimality_gap=0.40)]
+    base = {"kind": "trend", "metric": "optimality_gap", "by": "num_workers", "direction": "increasing"}
+    passed, detail = verdicts(base, rows)
+    assert not passed and "1→4" in detail  # mean 0.11 at λ=1, then 0.10
+    assert verdicts({**base, "rel_slack": 0.1}, rows)[0]
+    assert verdicts({**base, "rel_slack": 0.1, "min_ratio": 3}, rows)[0]
+    assert not verdicts({**base, "rel_slack": 0.1, "min_ratio": 4}, rows)[0]
+    assert not verdicts({**base, "direction": "decreasing"}, rows)[0]
+    idle = [row(f"s{s}", staleness_bound=s, idle_pct=v) for s, v in ((0, 50), (2, 20), (8, 20.5))]
+    down = {"kind": "trend", "metric": "idle_pct", "by": "staleness_bound", "direction": "nonincreasing"}
+    assert not verdicts(down, idle)[0]
+    assert verdicts({**down, "abs_slack": 1, "min_ratio": 2}, idle)[0]
+
+
+def test_trend_check_fails_on_missing_values() -> None:
+    rows = [row("a", staleness_bound=0, updates_to_target=100), row("b", staleness_bound=4)]
+    passed, detail = verdicts({"kind": "trend", "metric": "updates_to_target", "by": "staleness_bound",
+                               "direction": "nondecreasing"}, rows)
+    assert not passed and "missing" in detail
+
+
+def test_compare_check_with_aggregates_and_factor() -> None:
+    rows = [row("sync", variant="sync", updates_per_s=5), row("backup", variant="backup", updates_per_s=16),
+            row("async", variant="async", updates_per_s=50)]
+    check = {"kind": "compare", "metric": "updates_per_s", "left": {"variant": "backup"},
+             "right": {"variant": "sync"}, "op": ">=", "factor": 3}
+    passed, detail = verdicts(check, rows)
+    assert passed and "ratio 3.2" in detail
+    assert not verdicts({**check, "factor": 4}, rows)[0]
+    assert verdicts({**check, "left": {"variant": ["backup", "async"]}, "left_agg": "min"}, rows)[0]
+    assert not verdicts({**check, "right": {"variant": "nope"}}, rows)[0]
+
+
+def test_expressions_allow_arithmetic_only() -> None:
+    names = {"num_workers": 8, "x": 2}.__getitem__
+    assert evaluate_expression("num_workers - 1", names) == 7
+    assert evaluate_expression("max(1, x ** 2) / 2", names) == 2
+    for bad in ("__import__('os')", "x.real", "[x]", "lambda: 1"):
+        with pytest.raises(ExperimentError):
+            evaluate_expression(bad, names)
+
+
+# -- metrics of a run directory ---------------------------------------------------------------------
+def fake_run(run_dir: Path, config: RunConfig, *, rate: float, staleness: int = 0, accuracy_end: float = 0.9,
+             gap: float | None = None, stop_reason: str = "reached 50 updates", dropped_every: int = 0) -> None:
+    """A run directory with the files the chief writes, from a made-up steady run of 2 s."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({"run": json.loads(config.to_json()), "ps": []}))
+    workers, wall = config.num_workers, 2.0
+    pushes, steps = [], []
+    step_s = workers / rate
+    for w in range(workers):
+        t, n = 100.0 + 0.01 * w, 0
+        while t < 100.0 + wall:
+            n += 1
+            accepted = 0 if dropped_every and n % dropped_every == 0 else 1
+            pushes.append([f"{t + step_s:.6f}", w, 0, n, 0, staleness, staleness, accepted, "", "0.1", "0.5"])
+            steps.append([w, n, f"{t:.6f}", "0.01" if n == 1 else "0", f"{step_s * 0.7:.6f}",
+                          f"{step_s * 0.1:.6f}", f"{step_s * 0.2:.6f}", 32])
+            t += step_s
+    with open(run_dir / "pushes.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["wall_time", "worker", "shard", "step", "base_version", "version", "staleness",
+                                  "accepted", "drop_reason", "effective_lr", "loss"], *pushes])
+    with open(run_dir / "timeline.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["worker", "step", "start", "pull_s", "compute_s", "push_s", "wait_s",
+                                  "examples"], *steps])
+    evals = [[f"{100 + i * 0.5:.3f}", f"{i * 0.5:.3f}", int(i * 0.5 * rate), "0", f"{1.0 - 0.1 * i:.6f}",
+              f"{accuracy_end * i / 4:.6f}"] for i in range(5)]
+    with open(run_dir / "eval.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["wall_time", "elapsed_s", "updates", "shard_versions", "loss", "accuracy"],
+                                 *evals])
+    summary: dict[str, Any] = {
+        "updates_applied": int(rate * wall), "updates_dropped": 0, "wall_s": wall, "mode": config.mode,
+        "throughput_updates_per_s": rate, "workers": workers, "ps_shards": 1, "stop_reason": stop_reason,
+        "staleness": {"mean": float(staleness), "p50": staleness, "p95": staleness, "max": staleness,
+                      "histogram": {str(staleness): len(pushes)}},
+        "final_eval": {"loss": 0.6, "accuracy": accuracy_end},
+        "idle_fraction": {str(w): 0.2 for w in range(workers)},
+    }
+    if gap is not None:
+        summary["optimality_gap"] = gap
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_run_metrics_from_a_run_directory(tmp_path: Path) -> None:
+    fake_run(tmp_path / "r", RunConfig(num_workers=2, max_seconds=2), rate=20, staleness=1, dropped_every=4)
+    from asyncps.experiment import Target
+
+    m = run_metrics(tmp_path / "r", Target("accuracy", 0.4))
+    assert m["updates_per_s"] == 20 and m["staleness_mean"] == 1 and m["idle_pct"] == pytest.approx(20)
+    assert m["dropped_pct"] == pytest.approx(25, abs=3)
+    assert m["time_to_target_s"] == 1.0 and m["updates_to_target"] == 20  # accuracy 0.45 at the third eval
+    assert math.isnan(m["optimality_gap"])
+    assert set(m) == set(METRICS) - {"run_s"}
+
+
+def test_time_to_target_and_steady_staleness() -> None:
+    from asyncps.experiment import Target
+
+    evals = [{"elapsed_s": "1", "updates": "10", "loss": "0.9", "accuracy": "0.5"},
+             {"elapsed_s": "2", "updates": "25", "loss": "0.4", "accuracy": "0.8"}]
+    assert time_to_target(evals, Target("loss", 0.5)) == (2.0, 25.0)
+    assert all(math.isnan(x) for x in time_to_target(evals, Target("accuracy", 0.95)))
+    pushes = [{"wall_time": "1", "worker": "0", "staleness": "0"}, {"wall_time": "3", "worker": "1", "staleness": "40"},
+              {"wall_time": "4", "worker": "0", "staleness": "1"}, {"wall_time": "5", "worker": "1", "staleness": "1"}]
+    assert steady_staleness(pushes) == 1.0  # worker 1's first push (tracing) and everything before it left out
+
+
+# -- sweeps with a fake runner: results files, resume, interruption, checks -------------------------
+class FakeRunner:
+    """Writes a made-up run directory instead of starting a cluster; counts the runs."""
+
+    def __init__(self, fail: str = "", interrupt: str = "") -> None:
+        self.calls: list[str] = []
+        self.fail, self.interrupt = fail, interrupt
+
+    def __call__(self, run: RunConfig, run_dir: Path) -> int:
+        self.calls.append(run_dir.name)
+        if self.fail and self.fail in run_dir.name:
+            run_dir.mkdir(parents=True)
+            return 1
+        stop = "interrupted" if self.interrupt and self.interrupt in run_dir.name else "reached"
+        fake_run(run_dir, run, rate=10.0 * run.num_workers, staleness=run.num_workers - 1, stop_reason=stop)
+        return 0
+
+
+def test_sweep_writes_results_and_resumes_without_rerunning(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, SPEC_YAML))
+    out, runner, stream = tmp_path / "out", FakeRunner(), io.StringIO()
+    sweep = run_sweep(spec, out, runner, stream)
+    assert len(runner.calls) == 4 and sweep.passed
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["point", "label", "num_workers", "variant", "status", *METRICS]
+    assert [r["label"] for r in rows] == [p.label for p in spec.points()]
+    assert rows[2]["staleness_mean"] == "1" and rows[2]["variant"] == "plain" and rows[2]["status"] == "ran"
+    md = (out / "results.md").read_text()
+    assert "| run | updates/s" in md and "## Check: PASS" in md and "num_workers=2, scaled" in md
+    assert len(stream.getvalue().splitlines()) == 4  # one line per point
+
+    again = FakeRunner()
+    sweep = run_sweep(spec, out, again, io.StringIO())
+    assert again.calls == [] and {r.status for r in sweep.results} == {"resumed"} and sweep.passed
+
+    # an unfinished point (no summary) is started over; a finished one of another config is an error
+    (out / "01-num_workers=1_scaled" / "summary.json").unlink()
+    run_sweep(spec, out, again, io.StringIO())
+    assert again.calls == ["01-num_workers=1_scaled"]
+    changed = parse_spec({**_spec_dict(), "base": {**_spec_dict()["base"], "learning_rate": 0.5}})
+    with pytest.raises(ExperimentError, match="another configuration"):
+        run_sweep(changed, out, FakeRunner(), io.StringIO())
+
+
+def _spec_dict() -> dict[str, Any]:
+    import yaml
+
+    data: dict[str, Any] = yaml.safe_load(SPEC_YAML)
+    return data
+
+
+def test_failed_points_and_failed_checks_fail_the_sweep(tmp_path: Path) -> None:
+    spec = parse_spec({**_spec_dict(), "check": [{"kind": "compare", "metric": "updates_per_s",
+                                                  "left": {"num_workers": 1}, "right": {"num_workers": 2},
+                                                  "op": ">", "why": "wrong on purpose"}]})
+    sweep = run_sweep(spec, tmp_path / "out", FakeRunner(fail="02-"), io.StringIO())
+    assert not sweep.passed
+    assert [r.status for r in sweep.results] == ["ran", "ran", "failed", "ran"]
+    assert not sweep.outcomes[0].passed and "FAIL" in sweep.outcomes[0].describe()
+    assert "(failed)" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_an_interrupted_point_stops_the_sweep_and_is_rerun_next_time(tmp_path: Path) -> None:
+    from asyncps.experiment import SweepInterrupted
+
+    spec = load_spec(write_spec(tmp_path, SPEC_YAML))
+    with pytest.raises(SweepInterrupted):
+        run_sweep(spec, tmp_path / "out", FakeRunner(interrupt="01-"), io.StringIO())
+    runner = FakeRunner()
+    run_sweep(spec, tmp_path / "out", runner, io.StringIO())
+    assert runner.calls == ["01-num_workers=1_scaled", "02-num_workers=2_plain", "03-num_workers=2_scaled"]
+
+
+def test_the_shipped_experiment_specs_parse() -> None:
+    specs = sorted((REPO / "experiments").glob("e*.yaml"))
+    assert len(specs) >= 5
+    for path in specs:
+        spec = load_spec(path)
+        assert spec.checks, f"{path.name} has no check"
+        assert 2 <= len(spec.points()) <= 10, path.name
+
+
+# -- reports -----------------------------------------------------------------------------------------
+def assert_png(path: Path, min_bytes: int = 5_000) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, path
+    assert min_bytes < len(data) < 400_000, (path, len(data))
+
+
+def test_report_of_a_sweep_and_of_one_run(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, SPEC_YAML))
+    run_sweep(spec, tmp_path / "out", FakeRunner(), io.StringIO())
+    runs = discover_runs(tmp_path / "out")
+    assert [r.label for r in runs] == [p.label for p in spec.points()]  # labels from results.csv
+    report = make_report(tmp_path / "out")
+    for name in ("curves", "staleness", "timeline", "scaling"):
+        assert_png(tmp_path / "out" / "figures" / f"{name}.png")
+        assert f"(figures/{name}.png)" in report.read_text()
+    single = make_report(tmp_path / "out" / "00-num_workers=1_plain", tmp_path / "figs", prefix="one_")
+    assert_png(tmp_path / "figs" / "one_timeline.png")
+    assert "../../figs/one_curves.png" in single.read_text()
+    with pytest.raises(ExperimentError):
+        discover_runs(tmp_path / "figs")
+
+
+def test_timeline_window_skips_start_up() -> None:
+    from asyncps.report import Step
+
+    steps = [Step(0, 1, 0.0, 0.1, 2.0, 0.01, 0.0), Step(1, 1, 0.5, 0.1, 0.05, 0.01, 0.0),
+             *[Step(w, n, 2.0 + n * 0.1, 0.0, 0.08, 0.01, 0.01) for w in (0, 1) for n in range(2, 60)]]
+    lo, hi = timeline_window(steps, 2.0)
+    assert lo >= 2.01 and hi - lo == 2.0
+
+
+def test_stale_gradient_figure_and_its_simulation(tmp_path: Path) -> None:
+    assert delayed_gd(0.5, 0, 3) == [2.0, 1.0, 0.5, 0.25]
+    assert delayed_gd(0.7, 1, 2)[-1] == pytest.approx(2.0 - 1.4 - 1.4)  # the stale step overshoots
+    assert_png(stale_gradient_figure(tmp_path / "stale.png"))
+    result = subprocess.run([sys.executable, "-m", "asyncps.report", "--stale-gradient-figure",
+                             str(tmp_path / "cli.png")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert_png(tmp_path / "cli.png")
+
+
+# -- the real thing -----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, """
+name: tiny
+base: {model: logreg, num_ps: 1, max_updates: 30, eval_every_s: 0.5, compute_delay: "const:0.01"}
+grid:
+  num_workers: [1, 2]
+target: {metric: accuracy, value: 0.2}
+check:
+  - kind: approx
+    metric: staleness_mean
+    expected: "0"
+    where: {num_workers: 1}
+    why: one worker's gradients are never stale
+""")
+    out = tmp_path / "sweep"
+    cli = [sys.executable, "-m", "asyncps.cli"]
+    result = subprocess.run([*cli, "experiment", str(spec), "--out", str(out)], capture_output=True, text=True,
+                            timeout=280, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[1/2] num_workers=1" in result.stdout and "check: PASS" in result.stdout
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["label"] for r in rows] == ["num_workers=1", "num_workers=2"]
+    assert list(rows[0]) == ["point", "label", "num_workers", "status", *METRICS]
+    assert all(r["status"] == "ran" and float(r["updates"]) >= 30 and float(r["updates_per_s"]) > 0 for r in rows)
+    assert (out / "results.md").read_text().count("\n| num_workers=") == 2
+
+    again = subprocess.run([*cli, "experiment", str(spec), "--out", str(out)], capture_output=True, text=True,
+                           timeout=120, cwd=REPO)
+    assert again.returncode == 0 and again.stdout.count("(resumed)") == 2, again.stdout + again.stderr
+
+    report = subprocess.run([*cli, "report", str(out)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert report.returncode == 0, report.stdout + report.stderr
+    for name in ("curves", "staleness", "timeline", "scaling"):
+        assert_png(out / "figures" / f"{name}.png")
+    assert "![timeline](figures/timeline.png)" in (out / "report.md").read_text()
