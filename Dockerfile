@@ -83,7 +83,7 @@ FROM base AS wheel
 # Only what the wheel is built from, so edits to tests, docs or compose files do not rebuild it;
 # the build backend's wheels come from the wheelhouse when there is one (pyproject.toml always
 # matches, so the COPY never fails without a wheelhouse).
-COPY pyproject.toml .wheelhouse/setuptools-*.whl .wheelhouse/wheel-*.whl /src/.wheelhouse/
+COPY pyproject.toml .wheelhouse/setuptools-*.whl .wheelhouse/wheel-*.whl .wheelhouse/packaging-*.whl /src/.wheelhouse/
 COPY pyproject.toml README.md /src/
 COPY asyncps /src/asyncps
 COPY ps /src/ps

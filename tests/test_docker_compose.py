@@ -191,14 +191,13 @@ class Compose:
                              capture_output=True, text=True, check=True).stdout.split()
         return out[0], int(out[1])
 
-    def wait_for_log(self, service: str, pattern: str, timeout: float) -> None:
-        """Poll a service's log until a line matches the regular expression."""
+    def wait_for_log(self, service: str, pattern: str, timeout: float, every: bool = False) -> None:
+        """Poll a service's log until a line matches the regular expression (every: in each container)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for container in self.containers(service):  # `docker logs`: cheaper than docker-compose's
-                out = subprocess.run(["docker", "logs", container], capture_output=True, text=True)
-                if re.search(pattern, out.stdout + out.stderr):
-                    return
+            found = [re.search(pattern, self.docker_logs(c)) is not None for c in self.containers(service)]
+            if found and (all(found) if every else any(found)):
+                return
             time.sleep(2)
         pytest.fail(f"no {pattern!r} in the {service} log within {timeout:.0f}s\n{self.logs()}", pytrace=False)
 
@@ -231,7 +230,7 @@ class Compose:
                                   capture_output=True, text=True, check=True).stdout)
 
     def docker_logs(self, container: str) -> str:
-        """A container's whole log, across its restarts."""
+        """A container's whole log, across its restarts (`docker logs`: cheaper than docker-compose's)."""
         out = subprocess.run(["docker", "logs", container], capture_output=True, text=True, timeout=60)
         return out.stdout + out.stderr
 
@@ -336,7 +335,9 @@ def test_killed_shard_restarts_and_is_restored_from_a_checkpoint(compose: Compos
     compose("up", "-d", "--no-build", timeout=120)
     (ps0,) = compose.containers("ps-0")
     (ps1,) = compose.containers("ps-1")
-    compose.wait_for_log("chief", r"checkpoint ckpt-\d{8} at versions", timeout=180)
+    # Both workers past their setup (the line before their training loop), so the outage hits pushes.
+    compose.wait_for_log("worker", r"injected delays: ", timeout=180, every=True)
+    compose.wait_for_log("chief", r"checkpoint ckpt-\d{8} at versions", timeout=120)
     assert compose.restart_count(ps1) == 0, compose.logs()
     killed_at = time.monotonic() - start
     compose.hard_kill(ps1)
@@ -358,8 +359,9 @@ def test_killed_shard_restarts_and_is_restored_from_a_checkpoint(compose: Compos
     assert code == 0, compose.logs()
 
     # The restored version is shard 1's version in that checkpoint, as the chief logged it.
-    (match,) = re.findall(restored, chief_log)
-    ckpt, version = match[0], int(match[1])
+    matches = re.findall(restored, chief_log)
+    assert len(matches) == 1, f"shard 1 restored {len(matches)} times: {matches}"
+    ckpt, version = matches[0][0], int(matches[0][1])
     written = re.search(rf"checkpoint {ckpt} at versions \[(\d+), (\d+)\]", chief_log)
     assert written is not None, f"no checkpoint line for {ckpt}\n{chief_log[-6000:]}"
     assert version == int(written.group(2)) > 0, (version, written.group(0))
