@@ -316,6 +316,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", default=3.0, type=float, help="seconds (default: %(default)s)")
     add_security_flags(p)
     p.set_defaults(fn=cmd_health)
+
+    from asyncps import experiment, report  # cheap: matplotlib and the cluster load only when run
+
+    p = sub.add_parser("experiment", help="run a sweep of local clusters from a YAML/TOML spec and check its outcome")
+    experiment.add_arguments(p)
+    p.set_defaults(fn=experiment.cmd_experiment)
+
+    p = sub.add_parser("report", help="figures and report.md for a run directory or a sweep directory")
+    report.add_arguments(p)
+    p.set_defaults(fn=report.cmd_report)
     return parser
 
 

@@ -281,10 +281,22 @@ def _float(text: Any) -> float:
 
 
 def time_to_target(eval_rows: Sequence[Mapping[str, str]], target: Target) -> tuple[float, float]:
-    """(seconds, updates) at the first evaluation that meets the target; NaN, NaN if none does."""
+    """(seconds, updates) at which the evaluations first meet the target; NaN, NaN if they never do.
+
+    Linearly interpolated between the last evaluation short of the target and the first that meets
+    it: evaluations are ~0.3-1 s apart, too coarse on their own to compare runs a few updates apart.
+    """
+    previous: tuple[float, float, float] | None = None
     for row in eval_rows:
-        if target.reached(_float(row.get("loss")), _float(row.get("accuracy"))):
-            return _float(row.get("elapsed_s")), _float(row.get("updates"))
+        loss, accuracy = _float(row.get("loss")), _float(row.get("accuracy"))
+        elapsed, updates = _float(row.get("elapsed_s")), _float(row.get("updates"))
+        value = accuracy if target.metric == "accuracy" else loss
+        if target.reached(loss, accuracy):
+            if previous is None or value == previous[2] or math.isnan(previous[2]):
+                return elapsed, updates
+            frac = min(1.0, max(0.0, (target.value - previous[2]) / (value - previous[2])))
+            return (previous[0] + frac * (elapsed - previous[0]), previous[1] + frac * (updates - previous[1]))
+        previous = (elapsed, updates, value)
     return math.nan, math.nan
 
 
@@ -415,7 +427,7 @@ class Check(abc.ABC):
 
     def outcome(self, passed: bool, detail: str) -> CheckOutcome:
         """A CheckOutcome of this claim."""
-        return CheckOutcome(self.name, passed, detail, self.why)
+        return CheckOutcome(self.name, passed, detail, " ".join(self.why.split()))
 
 
 # A tiny arithmetic language for `expected`: numbers, names, + - * / ** and min/max/abs.
@@ -520,7 +532,9 @@ class Trend(Check):
                 bad.append(f"{_format_value(k0)}→{_format_value(k1)}")
         detail += f" {self.direction}"
         if self.abs_slack or self.rel_slack:
-            detail += f" (slack {_num(self.abs_slack)} + {_num(self.rel_slack * 100)}%)"
+            parts = ([f"{_num(self.abs_slack)}"] if self.abs_slack else []) + (
+                [f"{_num(self.rel_slack * 100)}%"] if self.rel_slack else [])
+            detail += f" (slack {' + '.join(parts)})"
         ok = not bad
         if bad:
             detail += "; breaks at " + ", ".join(bad)

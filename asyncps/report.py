@@ -35,6 +35,7 @@ SEGMENTS: dict[str, tuple[str, str]] = {
     "wait_s": ("#D65F5F", "held back (sync / SSP wait)"),
 }
 DROPPED_COLOR = "#A9BEDF"
+TARGET_METRICS = ("time_to_target_s", "updates_to_target")
 DPI = 100
 
 
@@ -64,14 +65,15 @@ class RunData:
     path: Path
     summary: dict[str, Any] = field(repr=False)
     config: dict[str, Any] = field(repr=False)
+    target: dict[str, float] = field(default_factory=dict)  # time/updates to the sweep's target (results.csv)
 
     @classmethod
-    def load(cls, path: Path, label: str = "") -> RunData:
+    def load(cls, path: Path, label: str = "", target: dict[str, float] | None = None) -> RunData:
         """Read summary.json and config.json; the label defaults to a description of the run."""
         summary: dict[str, Any] = json.loads((path / "summary.json").read_text())
         config_path = path / "config.json"
         config: dict[str, Any] = json.loads(config_path.read_text()).get("run", {}) if config_path.exists() else {}
-        return cls(label or describe_run(summary, config), path, summary, config)
+        return cls(label or describe_run(summary, config), path, summary, config, dict(target or {}))
 
     @cached_property
     def evals(self) -> list[dict[str, float]]:
@@ -104,8 +106,8 @@ class RunData:
 
     @cached_property
     def metrics(self) -> dict[str, float]:
-        """The sweep metrics of this run (experiment.run_metrics)."""
-        return run_metrics(self.path)
+        """The sweep metrics of this run (experiment.run_metrics; the target's from results.csv)."""
+        return {**run_metrics(self.path), **self.target}
 
     def setting(self, name: str) -> Any:
         """A RunConfig field of the run (from config.json, else the summary)."""
@@ -132,8 +134,13 @@ def discover_runs(path: Path) -> list[RunData]:
         return [RunData.load(path)]
     if not path.is_dir():
         raise ExperimentError(f"{path} is not a directory")
-    labels = {r["point"]: r["label"] for r in read_csv(path / "results.csv") if "point" in r and "label" in r}
-    runs = [RunData.load(d, labels.get(d.name, "")) for d in sorted(path.iterdir())
+    results = {r["point"]: r for r in read_csv(path / "results.csv") if "point" in r and "label" in r}
+
+    def target(point: str) -> dict[str, float]:
+        row = results.get(point, {})
+        return {k: float(row[k]) for k in TARGET_METRICS if row.get(k)}
+
+    runs = [RunData.load(d, results.get(d.name, {}).get("label", ""), target(d.name)) for d in sorted(path.iterdir())
             if d.is_dir() and (d / "summary.json").exists()]
     if not runs:
         raise ExperimentError(f"no run directories (with summary.json) in {path}")
@@ -160,9 +167,20 @@ def _color(i: int) -> str:
 
 
 def _save(fig: Any, path: Path) -> Path:
+    """Write the figure as a small PNG: rendered by matplotlib, then reduced to a 128-colour palette
+    (these are flat-colour line and bar charts: a third of the size, no visible change)."""
+    import io
+
+    from PIL import Image
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
     _pyplot().close(fig)
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        palette = image.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT)
+        palette.save(path, format="PNG", optimize=True)
     return path
 
 
@@ -326,62 +344,83 @@ def _quality_panel(runs: Sequence[RunData]) -> tuple[str, str]:
     return "final_accuracy", "final test accuracy"
 
 
-def _series(runs: Sequence[RunData]) -> list[str]:
-    """A name per run for the settings that vary across runs, other than num_workers and seed."""
+def _varying(runs: Sequence[RunData]) -> list[str]:
+    """The run settings whose values differ between runs (seed aside)."""
     keys = sorted({k for r in runs for k in r.config})
-    varying = [k for k in keys if k not in ("num_workers", "seed")
-               and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
+    return [k for k in keys if k != "seed" and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
+
+
+def scaling_axis(runs: Sequence[RunData]) -> str | None:
+    """The numeric setting to put on the x axis: num_workers if it varies, else the only varying
+    numeric setting (e.g. staleness_bound); None means one bar per run."""
+    varying = _varying(runs)
+    if "num_workers" in varying:
+        return "num_workers"
+    numeric = all(isinstance(r.config.get(varying[0]), (int, float)) for r in runs) if len(varying) == 1 else False
+    return varying[0] if numeric else None
+
+
+def _series(runs: Sequence[RunData], x_key: str) -> list[str]:
+    """A name per run for the varying settings other than x_key."""
+    others = [k for k in _varying(runs) if k != x_key]
     names = []
     for r in runs:
-        parts = [f"{k}={r.config.get(k)}" for k in varying]
-        names.append(", ".join(parts) or describe_run(r.summary, r.config).split(",")[0])
+        parts = [f"{k}={r.config.get(k)}" for k in others]
+        names.append(", ".join(parts) or str(r.config.get("mode", "runs")))
     return names
 
 
 def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
-    """Updates/s, staleness, idle share and quality against workers (or per run for one worker count)."""
+    """Updates/s, staleness, idle share and quality against workers (or the one swept numeric setting,
+    e.g. the SSP bound), one line per combination of the other settings; else one bar per run."""
     if not runs:
         return None
     plt = _pyplot()
     panels = [*_SCALING_PANELS, _quality_panel(runs)]
-    workers = sorted({int(r.setting("num_workers") or 0) for r in runs})
-    if len(workers) >= 2:
-        fig, axes = plt.subplots(2, 2, figsize=(9, 6.2))
-        series = _series(runs)
+    if any(r.target for r in runs):
+        panels += [("updates_to_target", "updates to the target"), ("time_to_target_s", "seconds to the target")]
+    rows = len(panels) // 2
+    x_key = scaling_axis(runs)
+    if x_key is not None:
+        xs_all = sorted({float(r.config[x_key]) for r in runs})
+        fig, axes = plt.subplots(rows, 2, figsize=(9, 3.1 * rows))
+        series = _series(runs, x_key)
         names = list(dict.fromkeys(series))
         for ax, (metric, title) in zip(axes.flat, panels, strict=True):
             for i, name in enumerate(names):
-                points: dict[int, list[float]] = {}
+                points: dict[float, list[float]] = {}
                 for run, s in zip(runs, series, strict=True):
                     if s == name:
-                        points.setdefault(int(run.setting("num_workers")), []).append(run.metrics[metric])
+                        points.setdefault(float(run.config[x_key]), []).append(run.metrics[metric])
                 xs = sorted(points)
                 ax.plot(xs, [sum(points[x]) / len(points[x]) for x in xs], marker="o", color=_color(i), label=name)
-            if metric == "staleness_mean" and any(r.setting("mode") == "async" for r in runs):
-                (reference,) = ax.plot(workers, [w - 1 for w in workers], ls="--", color="black", lw=1)
+            if (x_key == "num_workers" and metric == "staleness_mean"
+                    and any(r.setting("mode") == "async" for r in runs)):
+                (reference,) = ax.plot(xs_all, [w - 1 for w in xs_all], ls="--", color="black", lw=1)
                 ax.legend([reference], ["λ-1 (Zhang et al. 2016)"], loc="upper left", frameon=False)
             ax.set_ylim(bottom=0)
             ax.set_title(title)
-            ax.set_xlabel("workers λ")
-            ax.set_xticks(workers)
+            ax.set_xlabel("workers λ" if x_key == "num_workers" else x_key)
+            ax.set_xticks(xs_all, [f"{x:g}" for x in xs_all])
             ax.grid(alpha=0.3)
         handles, labels = axes[0][0].get_legend_handles_labels()
         _figure_legend(fig, handles, labels)
     else:
         labels = [r.label for r in runs]
-        fig, axes = plt.subplots(2, 2, figsize=(9, 1.2 + 0.5 * len(runs) * 2), sharey=True)
+        fig, axes = plt.subplots(rows, 2, figsize=(9, 0.6 + (0.6 + 0.5 * len(runs)) * rows), sharey=True)
+        ys = list(range(len(runs)))
         for ax, (metric, title) in zip(axes.flat, panels, strict=True):
             values = [r.metrics[metric] for r in runs]
-            ys = list(range(len(runs)))
             ax.barh(ys, [0 if math.isnan(v) else v for v in values], color=[_color(i) for i in ys])
             for y, v in zip(ys, values, strict=True):
                 ax.text(0 if math.isnan(v) else v, y, f" {v:.3g}", va="center", fontsize=8)
-            ax.set_yticks(ys, labels)
-            ax.invert_yaxis()
             ax.set_title(title)
             ax.margins(x=0.2)
             ax.grid(alpha=0.3, axis="x")
-        fig.suptitle(f"{workers[0] if workers else '?'} workers per run", fontsize=9)
+        axes[0][0].set_yticks(ys, labels)
+        axes[0][0].invert_yaxis()  # the y axis is shared: first run on top
+        workers = sorted({str(r.setting("num_workers")) for r in runs})
+        fig.suptitle(f"{', '.join(workers)} workers per run", fontsize=9)
         fig.tight_layout()
     return _save(fig, path)
 

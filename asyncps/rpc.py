@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 # Large enough for any single chunk plus headers; tensors themselves always travel chunked.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-MAX_STATUS_MESSAGE_CHARS = 1000  # percent-encoded it stays far below gRPC's metadata limits
+MAX_STATUS_MESSAGE_BYTES = 1000  # ASCII, so far below gRPC's metadata limits
 
 _STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -50,9 +50,13 @@ def _abort(context: grpc.ServicerContext, method: str, exc: Exception) -> None:
         log.exception("%s failed unexpectedly", method)
         context.abort(code, f"{method}: internal error ({type(exc).__name__}); see the server log")
     message = str(exc)
-    if len(message) > MAX_STATUS_MESSAGE_CHARS:
-        # messages quote client-supplied names; gRPC drops a status whose metadata is too large
-        message = message[:MAX_STATUS_MESSAGE_CHARS] + f"... ({len(message)} characters, truncated)"
+    if len(message.encode()) > MAX_STATUS_MESSAGE_BYTES or not message.isascii():
+        # Messages quote client-supplied names; gRPC percent-encodes non-ASCII and drops a status
+        # whose metadata is too large, so keep it short and ASCII (escapes for the rest).
+        escaped = message.encode("ascii", "backslashreplace").decode()
+        if len(escaped) > MAX_STATUS_MESSAGE_BYTES:
+            escaped = escaped[:MAX_STATUS_MESSAGE_BYTES] + f"... ({len(escaped)} characters, truncated)"
+        message = escaped
     log.info("%s -> %s: %s", method, code.name, message)
     context.abort(code, message)
 

@@ -205,9 +205,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                     self._store.wait_newer(request.if_newer_than, limit)
         yield from self._pull_stream(request.worker_id, request.if_newer_than)
 
-    def _push(self, request_iterator: Iterator[ps_pb2.PushChunk]) -> tuple[ps_pb2.PushHeader, PushOutcome]:
+    def _push(
+        self, request_iterator: Iterator[ps_pb2.PushChunk], check: Callable[[ps_pb2.PushHeader], None] | None = None
+    ) -> tuple[ps_pb2.PushHeader, PushOutcome]:
         assembler = TensorAssembler(self._max_request_bytes)
         header = read_frames(request_iterator, assembler, "Push")
+        if check is not None:
+            check(header)  # the whole request is validated before the store changes
         grads = assembler.finish()
         outcome = self._store.push(header.worker_id, header.base_version, grads, header.incarnation)
         self._count(pushed=assembler.total_bytes)
@@ -226,9 +230,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request_iterator: Iterator[ps_pb2.PushChunk], context: grpc.ServicerContext
     ) -> Iterator[ps_pb2.PullChunk]:
         """Push, then stream the values back in the same call."""
-        header, outcome = self._push(request_iterator)
+        limits: list[float] = []
+        header, outcome = self._push(
+            request_iterator,
+            lambda h: limits.append(self._wait_limit("read_wait_s", h.read_wait_s, context, margin_s=1.0)))
         waited = 0.0
-        limit = self._wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
+        limit = limits[0]
         if limit > 0:
             with self._waiter() as may_wait:
                 if may_wait:

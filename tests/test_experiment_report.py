@@ -233,7 +233,9 @@ def test_run_metrics_from_a_run_directory(tmp_path: Path) -> None:
     m = run_metrics(tmp_path / "r", Target("accuracy", 0.4))
     assert m["updates_per_s"] == 20 and m["staleness_mean"] == 1 and m["idle_pct"] == pytest.approx(20)
     assert m["dropped_pct"] == pytest.approx(25, abs=3)
-    assert m["time_to_target_s"] == 1.0 and m["updates_to_target"] == 20  # accuracy 0.45 at the third eval
+    # accuracy 0.225 at the second eval (0.5 s, 10 updates), 0.45 at the third (1 s, 20): interpolated
+    assert m["time_to_target_s"] == pytest.approx(0.5 + 0.5 * 0.175 / 0.225)
+    assert m["updates_to_target"] == pytest.approx(10 + 10 * 0.175 / 0.225)
     assert math.isnan(m["optimality_gap"])
     assert set(m) == set(METRICS) - {"run_s"}
 
@@ -243,7 +245,8 @@ def test_time_to_target_and_steady_staleness() -> None:
 
     evals = [{"elapsed_s": "1", "updates": "10", "loss": "0.9", "accuracy": "0.5"},
              {"elapsed_s": "2", "updates": "25", "loss": "0.4", "accuracy": "0.8"}]
-    assert time_to_target(evals, Target("loss", 0.5)) == (2.0, 25.0)
+    assert time_to_target(evals, Target("loss", 0.5)) == pytest.approx((1.8, 22.0))  # interpolated
+    assert time_to_target(evals, Target("accuracy", 0.5)) == (1.0, 10.0)  # met at the first evaluation
     assert all(math.isnan(x) for x in time_to_target(evals, Target("accuracy", 0.95)))
     pushes = [{"wall_time": "1", "worker": "0", "staleness": "0"}, {"wall_time": "3", "worker": "1", "staleness": "40"},
               {"wall_time": "4", "worker": "0", "staleness": "1"}, {"wall_time": "5", "worker": "1", "staleness": "1"}]

@@ -7,7 +7,9 @@ message, and change nothing; a request without defects must succeed, and its eff
 for exactly. After every example the shard must still answer GetStats and hold exactly the expected
 values, version and counters.
 
-The number of generated requests is printed when the module finishes (`-s` shows it inline).
+Three shard processes serve the module: the fuzzed one (initialized once: SGD, a 2-D, a 1-D, a 0-d
+and a float64 variable), one never initialized, and a scratch one for tests that replace state.
+At the end: regression tests for the bugs these tests found (all fixed). The number of generated requests is printed when the module finishes.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncps.codec import SparseRows, TensorAssembler, dtype_from_proto, dtype_to_proto, wire_array
+from asyncps.codec import MAX_RANK, SparseRows, TensorAssembler, dtype_from_proto, dtype_to_proto, wire_array
 from asyncps.pb import ps_pb2, ps_pb2_grpc, tensor_pb2
 from asyncps.psclient import ShardClient
 from asyncps.rpc import MAX_MESSAGE_BYTES
@@ -37,7 +39,7 @@ from ps.servicer import DEFAULT_MAX_REQUEST_BYTES, rule_to_proto
 from ps.store import Snapshot, UpdateRuleConfig
 
 if TYPE_CHECKING:
-    from conftest import ShardLauncher
+    from conftest import ShardLauncher, ShardProcess
 
 Code = grpc.StatusCode
 Codes = frozenset[grpc.StatusCode]
@@ -70,19 +72,21 @@ ROWS_OF = {name: value.shape[0] for name, value in VARIABLES.items() if value.nd
 # ---------------------------------------------------------------------------- request tally
 
 SENT: collections.Counter[str] = collections.Counter()  # generated requests per RPC
-REJECTED: collections.Counter[str] = collections.Counter()  # ... of which the shard refused
+REJECTED: collections.Counter[str] = collections.Counter()  # ... refused with an expected status
+DROPPED: collections.Counter[str] = collections.Counter()  # ... pushes dropped (stale incarnation)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def request_tally(pytestconfig: pytest.Config) -> Iterator[None]:
     """Print how many generated requests the module sent (the number a report quotes)."""
     yield
-    by_rpc = ", ".join(f"{rpc} {n}" for rpc, n in sorted(SENT.items()))
-    line = (f"hostile input: {sum(SENT.values())} generated requests sent, {sum(REJECTED.values())} "
-            f"rejected with an expected status ({by_rpc})")
+    by_rpc = ", ".join(f"{rpc} {n}/{REJECTED[rpc]}" for rpc, n in sorted(SENT.items()))
+    line = (f"hostile input: {sum(SENT.values())} generated requests sent, {sum(REJECTED.values())} of them "
+            f"malformed and rejected with an expected status, {sum(DROPPED.values())} pushes dropped for a "
+            f"stale incarnation, the rest valid and answered as expected (sent/rejected per RPC: {by_rpc})")
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(line)
+        reporter.write("\n" + line + "\n")  # after the progress dots
     else:
         print(line)
 
@@ -135,8 +139,9 @@ STREAMED_REPLIES = {"Pull", "PushPull", "Snapshot"}
 class Shard:
     """One shard process reached through a raw generated stub, with the state last verified."""
 
-    def __init__(self, address: str) -> None:
-        self.address = address
+    def __init__(self, process: ShardProcess) -> None:
+        self.process = process
+        self.address = address = process.address
         # no size limits on the client side: the server's limits are the ones under test
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1),
                                                                ("grpc.max_receive_message_length", -1)])
@@ -157,8 +162,14 @@ class Shard:
             return Outcome(None, exc)
         return Outcome(reply, None)
 
+    def alive(self) -> None:
+        """The process has not crashed (a dead shard would only show as UNAVAILABLE otherwise)."""
+        code = self.process.process.poll()
+        assert code is None, f"the shard process exited with {code}:\n{self.process.log_tail()}"
+
     def observe(self) -> State:
         """The shard's state, read with one GetStats and one Pull (not counted as requests)."""
+        self.alive()
         stats = self.stub.GetStats(ps_pb2.StatsRequest(), timeout=CALL_TIMEOUT_S)
         assert stats.initialized
         stream = list(self.stub.Pull(ps_pb2.PullRequest(worker_id="probe", if_newer_than=-1),
@@ -236,7 +247,7 @@ class Shards:
 def shards(module_shard_factory: ShardLauncher) -> Iterator[Shards]:
     """Three shard processes: the fuzzed one (initialized once), one never initialized, and a
     scratch one for tests that wreck state on purpose."""
-    main, blank, scratch = (Shard(p.address) for p in module_shard_factory(3))
+    main, blank, scratch = (Shard(p) for p in module_shard_factory(3))
     client = ShardClient(main.address, deadline_s=CALL_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S)
     assert client.initialize("test", 0, 1, RULE, initial_values()).created
     client.close()
@@ -306,7 +317,9 @@ BAD_ROLES = [3, 4, 17, 2**31 - 1, -1]
 def bad_shape(draw: st.DrawFn, part: Part) -> list[int]:
     """A shape the assembler must refuse: a negative dim, too many bytes, or not the data's length."""
     itemsize = dtype_from_proto(part.dtype).itemsize
-    kind = draw(st.sampled_from(["negative", "huge", "mismatch"]))
+    kind = draw(st.sampled_from(["negative", "huge", "mismatch", "rank"]))
+    if kind == "rank":  # more dimensions than any tensor may have (numpy itself stops at 64)
+        return draw(st.lists(st.integers(0, 2), min_size=MAX_RANK + 1, max_size=80))
     if kind == "negative":
         dims = draw(st.lists(st.integers(0, 8), max_size=3))
         dims.insert(draw(st.integers(0, len(dims))), draw(st.integers(INT64_MIN, -1)))
@@ -418,10 +431,19 @@ def allowed_codes(table: dict[str, Codes], applied: Sequence[str]) -> Codes:
 
 
 TEXT = st.text(st.characters(codec="utf-8"), max_size=24)
-# Long names too, cheaply, but at most 256 characters: error messages quote names, and a status
-# message over 8 KiB (after percent-encoding) breaks the reply (see the xfail test at the end).
+# Long names too, cheaply (at most 256 characters); very long non-ASCII names have their own
+# regression test at the end.
 NAMES = st.one_of(TEXT, TEXT.map(lambda t: (t * 200)[:256]))
 ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True)
+# Waits (Pull.wait_timeout_s, PushHeader.read_wait_s) must be finite and >= 0 (-0.0 is fine).
+BAD_WAITS = st.one_of(st.sampled_from([-1.0, -5e-324, np.nan, np.inf, -np.inf, -1e300]),
+                      st.floats(max_value=-5e-324, allow_infinity=True))
+SHORT_WAITS = st.one_of(st.sampled_from([0.0, -0.0, 5e-324, 1e-4]), st.floats(0.0, 0.002))
+LONG_WAITS = st.one_of(st.sampled_from([1e300, 1e10, 301.0, 1.7976931348623157e308]), st.floats(0.0, 1e300))
+
+
+def valid_wait(seconds: float) -> bool:
+    return math.isfinite(seconds) and seconds >= 0
 
 
 def unknown_name(draw: st.DrawFn) -> str:
@@ -595,8 +617,12 @@ def push_defects(min_size: int = 0) -> st.SearchStrategy[list[str]]:
     return st.lists(st.sampled_from(sorted(PUSH_DEFECTS)), min_size=min_size, max_size=3, unique=True)
 
 
-def draw_push(draw: st.DrawFn, state: State, defects: Sequence[str]) -> PushRequest:
-    """A push of integer gradients from a version the shard has, with the given defects applied."""
+def draw_push(draw: st.DrawFn, state: State, defects: Sequence[str], rpc: str = "Push") -> PushRequest:
+    """A push of integer gradients from a version the shard has, with the given defects applied.
+
+    read_wait_s is any float for Push (which ignores it); for PushPull it stays valid here, and the
+    regression test at the end checks that an invalid one is refused before anything is applied.
+    """
     applied: list[str] = []
     names = draw(st.lists(st.sampled_from(sorted(VARIABLES)), min_size=1, max_size=4, unique=True))
     entries = [new_entry(draw, n, sparse=n in ROWS_OF and draw(st.booleans())) for n in names]
@@ -639,7 +665,8 @@ def draw_push(draw: st.DrawFn, state: State, defects: Sequence[str]) -> PushRequ
     header = ps_pb2.PushHeader(
         worker_id=draw(NAMES), base_version=base_version, step=draw(st.integers(INT64_MIN, INT64_MAX)),
         loss=draw(ANY_FLOAT), pull_if_newer_than=draw(pull_versions(state.version)),
-        read_wait_s=draw(ANY_FLOAT), incarnation=incarnation)
+        read_wait_s=draw(ANY_FLOAT if rpc == "Push" else st.one_of(SHORT_WAITS, LONG_WAITS)),
+        incarnation=incarnation)
     parts = [p for e in entries for p in e.parts()]
     frames = encode_stream(draw, ps_pb2.PushChunk, header, parts, defects, applied)
     return PushRequest(frames, header, applied, grads)
@@ -662,6 +689,7 @@ def check_push(shard: Shard, rpc: str, request: PushRequest, state: State) -> No
     version_before = state.version
     if dropped_ok:
         state.dropped += 1
+        DROPPED[rpc] += 1
     else:
         state.apply(request.grads)
     if rpc == "Push":
@@ -692,16 +720,12 @@ def test_hostile_pushes_and_push_pulls(shard: Shard, data: st.DataObject) -> Non
     state = shard.begin()
     for i in range(BATCH):
         rpc = data.draw(st.sampled_from(["Push", "PushPull"]))
-        request = draw_push(data.draw, state, data.draw(push_defects(min_size=min(i, 1))))
+        request = draw_push(data.draw, state, data.draw(push_defects(min_size=min(i, 1))), rpc)
         check_push(shard, rpc, request, state)
     shard.verify(state)
 
 
 # ---------------------------------------------------------------------------------------- Pull
-
-SHORT_WAITS = st.one_of(st.sampled_from([0.0, -0.0, -1.0, -np.inf, np.nan, 5e-324, -1e300, 1e-4]),
-                        st.floats(-1e9, 0.002, allow_nan=False))
-
 
 @fuzz(200)
 @given(data=st.data())
@@ -709,12 +733,16 @@ def test_pulls_with_odd_versions_and_waits(shard: Shard, data: st.DataObject) ->
     state = shard.begin()
     for _ in range(BATCH):
         if_newer_than = data.draw(pull_versions(state.version))
-        # a real wait only where the values would not be sent anyway (keeps the test fast); any
-        # value, inf and NaN included, where the version is newer than asked and nothing waits
-        short, any_wait = data.draw(SHORT_WAITS), data.draw(ANY_FLOAT)
-        wait = short if state.version <= if_newer_than else any_wait
+        # a real wait only where the version is not newer than asked (then short, to keep the test
+        # fast); where it is newer nothing waits, so any valid wait, however long, answers at once
+        bad, short, long = data.draw(BAD_WAITS), data.draw(SHORT_WAITS), data.draw(LONG_WAITS)
+        wait = bad if data.draw(st.booleans()) else short if state.version <= if_newer_than else long
         request = ps_pb2.PullRequest(worker_id=data.draw(NAMES), if_newer_than=if_newer_than, wait_timeout_s=wait)
-        header, values = assemble_pull(assert_succeeded(shard.send("Pull", request), "Pull", request))
+        outcome = shard.send("Pull", request)
+        if not valid_wait(wait):
+            assert_rejected(outcome, INVALID, "Pull", f"wait_timeout_s {wait!r}")
+            continue
+        header, values = assemble_pull(assert_succeeded(outcome, "Pull", request))
         assert (header.version, header.incarnation) == (state.version, state.incarnation)
         assert header.not_modified == (state.version <= if_newer_than)
         if values is not None:
@@ -810,8 +838,8 @@ def draw_init(draw: st.DrawFn, values: dict[str, np.ndarray], version: int, defe
         elif defect == "reshaped_variable":
             arrays[name] = arrays[name].reshape(draw(st.sampled_from(reshapes(arrays[name].shape))))
         elif defect == "other_float_dtype":
-            dtype = draw(st.sampled_from([d for d in (np.float16, np.float32, np.float64) if d != arrays[name].dtype]))
-            arrays[name] = arrays[name].astype(dtype)
+            # exact and finite either way (float16 could overflow to inf: another defect)
+            arrays[name] = arrays[name].astype(np.float64 if arrays[name].dtype == np.float32 else np.float32)
         elif defect == "int_dtype":
             arrays[name] = arrays[name].astype(draw(st.sampled_from([np.int32, np.int64])))
         elif defect == "non_finite":
@@ -923,9 +951,10 @@ def test_malformed_restore(shard: Shard, data: st.DataObject) -> None:
         assert request.applied, defects  # every restore defect always applies: never a valid restore
         outcome = shard.send("Restore", request.frames)
         if outcome.error is None:  # put the state back before failing, so later examples still mean something
-            ShardClient(shard.address).restore(Snapshot(
-                UpdateRuleConfig(OptimizerConfig("sgd", 1.0)), state.version, state.accepted, state.dropped,
-                state.values, {}, updates), 0)
+            client = ShardClient(shard.address)
+            client.restore(Snapshot(UpdateRuleConfig(OptimizerConfig("sgd", 1.0)), state.version, state.accepted,
+                                    state.dropped, state.values, {}, updates), 0)
+            client.close()
         assert_rejected(outcome, allowed_codes(RESTORE_DEFECTS, request.applied), "Restore", request.applied)
     shard.verify(state)
 
@@ -972,7 +1001,7 @@ def test_uninitialized_shard_refuses_everything(shards: Shards, data: st.DataObj
     for _ in range(BATCH):
         rpc = data.draw(st.sampled_from(BLANK_OPS))
         if rpc in ("Push", "PushPull"):
-            request = draw_push(data.draw, BLANK_STATE, data.draw(push_defects()))
+            request = draw_push(data.draw, BLANK_STATE, data.draw(push_defects()), rpc)
             outcome = blank.send(rpc, request.frames)
             assert_rejected(outcome, NOT_INITIALIZED | allowed_codes(PUSH_DEFECTS, request.applied), rpc,
                             request.applied)
@@ -986,15 +1015,19 @@ def test_uninitialized_shard_refuses_everything(shards: Shards, data: st.DataObj
             restore = draw_restore(data.draw, BLANK_STATE, {}, defects)
             assert_rejected(blank.send(rpc, restore.frames), allowed_codes(RESTORE_DEFECTS, restore.applied), rpc,
                             restore.applied)
+        elif rpc == "Pull":  # nothing newer than a negative version to wait for: no real wait
+            wait = data.draw(st.one_of(BAD_WAITS, SHORT_WAITS, LONG_WAITS))
+            since = data.draw(st.integers(INT64_MIN, -1))
+            request = ps_pb2.PullRequest(worker_id=data.draw(NAMES), if_newer_than=since, wait_timeout_s=wait)
+            allowed = NOT_INITIALIZED if valid_wait(wait) else INVALID
+            assert_rejected(blank.send(rpc, request), allowed, rpc, f"not initialized, wait {wait!r}")
         else:
             request = {
-                "Pull": lambda: ps_pb2.PullRequest(worker_id=data.draw(NAMES),
-                                                   if_newer_than=data.draw(st.integers(INT64_MIN, -1)),
-                                                   wait_timeout_s=data.draw(ANY_FLOAT)),
                 "Snapshot": ps_pb2.SnapshotRequest,
                 "SetLiveWorkers": lambda: ps_pb2.LiveWorkersRequest(worker_ids=data.draw(st.lists(NAMES, max_size=5))),
             }[rpc]()
             assert_rejected(blank.send(rpc, request), NOT_INITIALIZED, rpc, "not initialized")
+    blank.alive()
     stats = blank.stub.GetStats(ps_pb2.StatsRequest(), timeout=CALL_TIMEOUT_S)
     assert (stats.initialized, stats.version, stats.pushes_accepted, stats.pushes_dropped, len(stats.variables)) == (
         False, 0, 0, 0, 0)
@@ -1070,80 +1103,20 @@ def test_undecodable_bytes_leave_the_shard_serving(shard: Shard, payloads: list[
 
 def test_shutdown_with_a_hostile_reason_exits_cleanly(shard_factory: ShardLauncher) -> None:
     process = shard_factory(1)[0]
-    target = Shard(process.address)
+    target = Shard(process)
     reason = "\u202e\x00" + "\U0001f4a5" * 100_000
     assert_succeeded(target.send("Shutdown", ps_pb2.ShutdownRequest(reason=reason)), "Shutdown", "long reason")
     assert process.process.wait(timeout=30) == 0
     target.channel.close()
 
 
-# ------------------------------------------------------------------- known bugs (strict xfail)
+# ----------------------------------------------- regressions: bugs these tests found, now fixed
 
 
 def pushed(shard: Shard, grads: dict[str, np.ndarray], base_version: int) -> Outcome:
     header = ps_pb2.PushHeader(worker_id="t", base_version=base_version)
-    chunks = [tensor_pb2.TensorChunk(name=n, dtype=dtype_to_proto(g.dtype), shape=g.shape, data=g.tobytes())
-              for n, g in grads.items()]
+    chunks = [c for n, g in grads.items() for c in encode_whole(n, g)]
     return shard.send("Push", [ps_pb2.PushChunk(header=header, tensors=chunks)])
-
-
-def reset(shard: Shard, version: int = 0) -> None:
-    """Give the scratch shard a known state (a valid restore works on any shard)."""
-    client = ShardClient(shard.address, deadline_s=CALL_TIMEOUT_S)
-    client.restore(Snapshot(UpdateRuleConfig(OptimizerConfig("sgd", 1.0)), version, version, 0,
-                            initial_values(), {}, {}), 0)
-    client.close()
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG asyncps/codec.py TensorAssembler.add -> _new_buffer: a declared shape with more than 64 dims "
-    "passes _checked_nbytes and np.empty raises ValueError, answered as INTERNAL"))
-def test_shape_with_more_dims_than_numpy_supports_is_invalid_argument(shard: Shard) -> None:
-    state = shard.begin()
-    chunk = tensor_pb2.TensorChunk(name="w", dtype=tensor_pb2.FLOAT32, shape=[1] * 65, data=bytes(4))
-    outcome = shard.send("Push", [ps_pb2.PushChunk(header=ps_pb2.PushHeader(), tensors=[chunk])])
-    shard.verify(state)
-    assert_rejected(outcome, INVALID, "Push", "65-d shape")
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG ps/servicer.py Pull + ps/store.py wait_newer: without a client deadline a wait_timeout_s above "
-    "threading.TIMEOUT_MAX (inf, 1e10) reaches Condition.wait_for and raises OverflowError -> INTERNAL"))
-@pytest.mark.parametrize("wait", [np.inf, 1e10])
-def test_long_poll_without_deadline_beyond_the_platform_timeout(shards: Shards, wait: float) -> None:
-    scratch = shards.scratch
-    reset(scratch, version=3)
-    replies: list[Outcome] = []
-    request = ps_pb2.PullRequest(worker_id="poller", if_newer_than=3, wait_timeout_s=wait)
-    poller = threading.Thread(target=lambda: replies.append(scratch.send("Pull", request, timeout=None)))
-    poller.start()
-    poller.join(0.5)  # a correct shard is now waiting for a newer version
-    if poller.is_alive():
-        assert pushed(scratch, {"b": np.ones(3, np.float32)}, 3).error is None
-        poller.join(CALL_TIMEOUT_S)
-    assert not poller.is_alive(), "the long poll did not return after a push"
-    (outcome,) = replies
-    if outcome.error is not None:  # refusing a non-finite or absurd wait would be fine too
-        assert_rejected(outcome, INVALID, "Pull", f"wait {wait}")
-    else:
-        header, values = assemble_pull(outcome.reply)
-        assert header.version == 4 and values is not None
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG ps/servicer.py snapshot_from_wire / ps/store.py ShardStore.restore: negative version or "
-    "counters in a SnapshotHeader are accepted (a negative version wedges the shard: every push is "
-    "'from the future')"))
-@pytest.mark.parametrize("field_name", ["version", "pushes_accepted", "pushes_dropped"])
-def test_restore_with_negative_header_fields_is_invalid_argument(shards: Shards, field_name: str) -> None:
-    scratch = shards.scratch
-    reset(scratch)
-    state = State(initial_values(), 0, 0, 0, 0)
-    header = snapshot_header(state, {})
-    setattr(header, field_name, -5)
-    frames = [ps_pb2.SnapshotChunk(header=header, tensors=[
-        c for n, v in initial_values().items() for c in encode_whole(f"value/{n}", v)])]
-    assert_rejected(scratch.send("Restore", frames), INVALID, "Restore", f"{field_name} -5")
 
 
 def encode_whole(name: str, value: np.ndarray) -> list[tensor_pb2.TensorChunk]:
@@ -1152,38 +1125,86 @@ def encode_whole(name: str, value: np.ndarray) -> list[tensor_pb2.TensorChunk]:
                                    data=part.data)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG ps/store.py ShardStore.restore: negative per-variable update counters are accepted; the next "
-    "push raises ValueError in ps/optimizers.py _check_step -> INTERNAL, after the variables sorted "
-    "before it were already updated (a rejected push changes state)"))
-def test_restore_with_negative_update_counters_is_refused_or_harmless(shards: Shards) -> None:
+def reset(shard: Shard, version: int = 0) -> State:
+    """Give the scratch shard a known state (a valid restore works on any shard); return it."""
+    client = ShardClient(shard.address, deadline_s=CALL_TIMEOUT_S)
+    client.restore(Snapshot(UpdateRuleConfig(OptimizerConfig("sgd", 1.0)), version, version, 0,
+                            initial_values(), {}, {}), 0)
+    client.close()
+    return shard.observe()
+
+
+@pytest.mark.parametrize("rank", [MAX_RANK + 1, 65])
+def test_shape_with_too_many_dims_is_invalid_argument(shard: Shard, rank: int) -> None:
+    """Was INTERNAL: a 65-d shape passed the byte check and np.empty raised ValueError."""
+    state = shard.begin()
+    chunk = tensor_pb2.TensorChunk(name="w", dtype=tensor_pb2.FLOAT32, shape=[1] * rank, data=bytes(4))
+    outcome = shard.send("Push", [ps_pb2.PushChunk(header=ps_pb2.PushHeader(), tensors=[chunk])])
+    shard.verify(state)
+    assert_rejected(outcome, INVALID, "Push", f"{rank}-d shape")
+
+
+@pytest.mark.parametrize("wait", [np.inf, 1e10])
+def test_long_poll_without_deadline_is_refused_or_bounded(shards: Shards, wait: float) -> None:
+    """Was INTERNAL: with no client deadline a wait above threading.TIMEOUT_MAX raised OverflowError."""
     scratch = shards.scratch
-    reset(scratch)
-    state = State(initial_values(), 0, 0, 0, 0)
-    frames = [ps_pb2.SnapshotChunk(header=snapshot_header(state, {"w": -2}), tensors=[
+    reset(scratch, version=3)
+    replies: list[Outcome] = []
+    request = ps_pb2.PullRequest(worker_id="poller", if_newer_than=3, wait_timeout_s=wait)
+    poller = threading.Thread(target=lambda: replies.append(scratch.send("Pull", request, timeout=None)))
+    poller.start()
+    poller.join(0.5)  # not an interleaving: a correct shard either answered or is waiting for a push
+    if poller.is_alive():
+        assert pushed(scratch, {"b": np.ones(3, np.float32)}, 3).error is None
+        poller.join(CALL_TIMEOUT_S)
+    assert not poller.is_alive(), "the long poll did not return after a push"
+    (outcome,) = replies
+    if outcome.error is not None:  # refusing a non-finite wait is fine too
+        assert_rejected(outcome, INVALID, "Pull", f"wait {wait}")
+    else:
+        header, values = assemble_pull(outcome.reply)
+        assert header.version == 4 and values is not None
+
+
+def with_header(**fields: Any) -> Callable[[ps_pb2.SnapshotHeader], None]:
+    def change(header: ps_pb2.SnapshotHeader) -> None:
+        for key, value in fields.items():
+            if key == "updates":
+                header.updates.update(value)
+            else:
+                setattr(header, key, value)
+    return change
+
+
+@pytest.mark.parametrize("change", [
+    with_header(version=-5), with_header(pushes_accepted=-1), with_header(pushes_dropped=-1),
+    with_header(updates={"w": -2}), with_header(updates={"zz": 3}),
+], ids=["negative-version", "negative-accepted", "negative-dropped", "negative-updates", "updates-unknown-variable"])
+def test_restore_with_impossible_counters_is_invalid_argument(
+    shards: Shards, change: Callable[[ps_pb2.SnapshotHeader], None],
+) -> None:
+    """Were accepted: a negative version wedged the shard (every push 'from the future'); a negative
+    update count made the next push INTERNAL after the variables sorted before it were updated."""
+    scratch = shards.scratch
+    state = reset(scratch)
+    header = snapshot_header(state, {n: 0 for n in VARIABLES})
+    change(header)
+    frames = [ps_pb2.SnapshotChunk(header=header, tensors=[
         c for n, v in initial_values().items() for c in encode_whole(f"value/{n}", v)])]
     outcome = scratch.send("Restore", frames)
-    if outcome.error is not None:
-        assert_rejected(outcome, INVALID, "Restore", "negative updates")
-        return
+    scratch.verify(state)
+    assert_rejected(outcome, INVALID, "Restore", header)
     grads = {"b": np.ones(3, np.float32), "w": np.ones((6, 4), np.float32)}
-    push = pushed(scratch, grads, 0)
-    if push.error is not None:
-        after = assemble_pull(scratch.send("Pull", ps_pb2.PullRequest(if_newer_than=-1)).reply)[1]
-        assert after is not None
-        changed = sorted(n for n in after if after[n].tobytes() != initial_values()[n].tobytes())
-        pytest.fail(f"push after the restore: {push.code.name} {push.error.details()!r}; "
-                    f"variables changed by the refused push: {changed}")
+    assert pushed(scratch, grads, 0).error is None  # the shard still takes pushes
+    state.apply(grads)
+    scratch.verify(state)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG asyncps/rpc.py create_server (32 handler threads) + ps/servicer.py Pull: long polls hold a "
-    "handler thread each for as long as the client asks; 40 of them starve every other call, GetStats "
-    "included (no cap on concurrent waits, no maximum_concurrent_rpcs)"))
 def test_long_polls_do_not_starve_other_calls(shards: Shards) -> None:
+    """Was a denial of service: 40 long polls held all 32 handler threads; GetStats timed out."""
     scratch = shards.scratch
     reset(scratch)
-    channels = [grpc.insecure_channel(scratch.address) for _ in range(40)]
+    channels = [grpc.insecure_channel(scratch.address) for _ in range(64)]
     request = ps_pb2.PullRequest(worker_id="poller", if_newer_than=INT64_MAX, wait_timeout_s=3.0)
     calls = [ps_pb2_grpc.ParameterServerStub(c).Pull(request, timeout=4.0) for c in channels]
     SENT["Pull"] += len(calls)
@@ -1193,7 +1214,7 @@ def test_long_polls_do_not_starve_other_calls(shards: Shards) -> None:
         try:
             scratch.stub.GetStats(ps_pb2.StatsRequest(), timeout=1.5)
         except grpc.RpcError as exc:
-            pytest.fail(f"GetStats behind 40 long polls: {exc.code().name} after {time.monotonic() - started:.1f}s")
+            pytest.fail(f"GetStats behind 64 long polls: {exc.code().name} after {time.monotonic() - started:.1f}s")
     finally:
         for call in calls:
             call.cancel()
@@ -1207,24 +1228,42 @@ def conflicting_init_with_many_variables() -> list[ps_pb2.InitializeChunk]:
     return [ps_pb2.InitializeChunk(header=ps_pb2.InitializeHeader(rule=RULE), tensors=chunks)]
 
 
-def push_of_unknown_long_name() -> list[ps_pb2.PushChunk]:
-    chunk = tensor_pb2.TensorChunk(name="x" * 20_000, dtype=tensor_pb2.FLOAT32, shape=[1], data=bytes(4))
+def push_of_unknown_name(name: str) -> list[ps_pb2.PushChunk]:
+    chunk = tensor_pb2.TensorChunk(name=name, dtype=tensor_pb2.FLOAT32, shape=[1], data=bytes(4))
     return [ps_pb2.PushChunk(header=ps_pb2.PushHeader(), tensors=[chunk])]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG asyncps/rpc.py _abort: the status message is str(exc) unbounded; error messages quote names "
-    "(unknown variable, the variable lists of a conflicting Initialize), and one over gRPC's 16 KiB "
-    "metadata limit (8 KiB soft: some calls) reaches the client as RESOURCE_EXHAUSTED 'Stream removed' "
-    "instead of its code"))
 @pytest.mark.parametrize(("rpc", "frames", "code"), [
     ("Initialize", conflicting_init_with_many_variables, Code.ALREADY_EXISTS),
-    ("Push", push_of_unknown_long_name, Code.NOT_FOUND),
+    ("Push", lambda: push_of_unknown_name("x" * 20_000), Code.NOT_FOUND),
 ], ids=["initialize-600-variables", "push-20k-name"])
 def test_long_error_messages_keep_their_status_code(
     shard: Shard, rpc: str, frames: Callable[[], list[Any]], code: grpc.StatusCode,
 ) -> None:
+    """Were RESOURCE_EXHAUSTED 'Stream removed': a status message over gRPC's metadata limit."""
     state = shard.begin()
     outcome = shard.send(rpc, frames())
     shard.verify(state)
     assert_rejected(outcome, frozenset({code}), rpc, "long error message")
+
+
+# ---------------------------------------------- regressions of bugs found by this file (fixed)
+
+
+@pytest.mark.parametrize("read_wait_s", [-1.0, np.nan, np.inf])
+def test_push_pull_with_an_invalid_read_wait_changes_nothing(shards: Shards, read_wait_s: float) -> None:
+    scratch = shards.scratch
+    state = reset(scratch)
+    header = ps_pb2.PushHeader(worker_id="t", base_version=0, read_wait_s=read_wait_s)
+    frames = [ps_pb2.PushChunk(header=header, tensors=encode_whole("b", np.ones(3, np.float32)))]
+    outcome = scratch.send("PushPull", frames)
+    assert_rejected(outcome, INVALID, "PushPull", f"read_wait_s {read_wait_s}")
+    scratch.verify(state)
+
+
+def test_long_non_ascii_names_keep_their_status_code(shard: Shard) -> None:
+    state = shard.begin()
+    codes = collections.Counter(shard.send("Push", push_of_unknown_name("\U0001f4a5" * 2000)).code.name
+                                for _ in range(30))
+    shard.verify(state)
+    assert codes == {"NOT_FOUND": 30}, codes
