@@ -9,7 +9,8 @@ values, version and counters.
 
 Three shard processes serve the module: the fuzzed one (initialized once: SGD, a 2-D, a 1-D, a 0-d
 and a float64 variable), one never initialized, and a scratch one for tests that replace state.
-At the end: regression tests for the bugs these tests found (all fixed). The number of generated requests is printed when the module finishes.
+At the end: regression tests for the bugs these tests found (all fixed). The number of generated
+requests is printed when the module finishes.
 """
 
 from __future__ import annotations
