@@ -47,6 +47,7 @@ import re
 import shutil
 import sys
 import time
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,8 +131,10 @@ def load_spec(path: Path) -> ExperimentSpec:
     text = path.read_text()
     data: Any
     if path.suffix == ".toml":
-        import tomllib
-
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            raise ExperimentError(f"{path}: TOML specs need Python 3.11 or later (tomllib); use YAML") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
@@ -226,8 +229,10 @@ def _format_value(value: Any) -> str:
 
 
 def _slug(text: str) -> str:
-    """A directory-name-safe version of a label."""
-    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")[:80]
+    """A directory-name-safe version of a label (other letters by their Unicode names: λ -> lamda)."""
+    ascii_text = "".join(ch if ch.isascii() or not ch.isalnum() else unicodedata.name(ch, "_").split()[-1].lower()
+                         for ch in text)
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", ascii_text).strip("_")[:80]
 
 
 def expand_grid(spec: ExperimentSpec) -> list[Point]:
@@ -762,6 +767,7 @@ def run_sweep(spec: ExperimentSpec, out: Path, runner: Runner = run_local_quietl
         results.append(result)
         stream.write(progress_line(n, len(points), result) + "\n")
         stream.flush()
+        write_results(SweepResult(spec, results, [], time.monotonic() - started), out)  # partial, if stopped
     outcomes = evaluate_checks(spec.checks, [r.row() for r in results if r.status != "failed"])
     sweep = SweepResult(spec, results, outcomes, time.monotonic() - started)
     write_results(sweep, out)
@@ -848,8 +854,9 @@ def cmd_experiment(args: Any) -> int:
     print(f"asyncps experiment {spec.name}: {len(points)} points -> {out}", flush=True)
     try:
         sweep = run_sweep(spec, out)
-    except SweepInterrupted as exc:
-        print(f"interrupted at {exc}; run the same command again to resume", file=sys.stderr)
+    except (SweepInterrupted, KeyboardInterrupt) as exc:
+        where = f" at {exc}" if str(exc) else ""
+        print(f"interrupted{where}; run the same command again to resume", file=sys.stderr)
         return 130
     print(f"results: {out / 'results.csv'}, {out / 'results.md'} ({sweep.sweep_s:.0f}s)")
     for outcome in sweep.outcomes:

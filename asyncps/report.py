@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -370,6 +371,15 @@ def _series(runs: Sequence[RunData], x_key: str) -> list[str]:
     return names
 
 
+def group_by_label_without_seed(runs: Sequence[RunData]) -> list[tuple[str, list[RunData]]]:
+    """Runs grouped by their label with any `seed=N` part removed (repeats of one setting), in order."""
+    groups: dict[str, list[RunData]] = {}
+    for run in runs:
+        name = ", ".join(p for p in run.label.split(", ") if not re.fullmatch(r"seed=\d+", p)) or run.label
+        groups.setdefault(name, []).append(run)
+    return list(groups.items())
+
+
 def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
     """Updates/s, staleness, idle share and quality against workers (or the one swept numeric setting,
     e.g. the SSP bound), one line per combination of the other settings; else one bar per run."""
@@ -398,7 +408,8 @@ def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
                     and any(r.setting("mode") == "async" for r in runs)):
                 (reference,) = ax.plot(xs_all, [w - 1 for w in xs_all], ls="--", color="black", lw=1)
                 ax.legend([reference], ["λ-1 (Zhang et al. 2016)"], loc="upper left", frameon=False)
-            ax.set_ylim(bottom=0)
+            top = ax.get_ylim()[1]
+            ax.set_ylim(0, top * 1.08 if top > 0 else 1.0)  # from zero, with room above the highest point
             ax.set_title(title)
             ax.set_xlabel("workers λ" if x_key == "num_workers" else x_key)
             ax.set_xticks(xs_all, [f"{x:g}" for x in xs_all])
@@ -406,11 +417,12 @@ def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
         handles, labels = axes[0][0].get_legend_handles_labels()
         _figure_legend(fig, handles, labels)
     else:
-        labels = [r.label for r in runs]
-        fig, axes = plt.subplots(rows, 2, figsize=(9, 0.6 + (0.6 + 0.5 * len(runs)) * rows), sharey=True)
-        ys = list(range(len(runs)))
+        groups = group_by_label_without_seed(runs)
+        labels = [name + (f" (mean of {len(members)})" if len(members) > 1 else "") for name, members in groups]
+        fig, axes = plt.subplots(rows, 2, figsize=(9, 0.6 + (0.6 + 0.5 * len(groups)) * rows), sharey=True)
+        ys = list(range(len(groups)))
         for ax, (metric, title) in zip(axes.flat, panels, strict=True):
-            values = [r.metrics[metric] for r in runs]
+            values = [sum(r.metrics[metric] for r in members) / len(members) for _, members in groups]
             ax.barh(ys, [0 if math.isnan(v) else v for v in values], color=[_color(i) for i in ys])
             for y, v in zip(ys, values, strict=True):
                 ax.text(0 if math.isnan(v) else v, y, f" {v:.3g}", va="center", fontsize=8)
