@@ -31,10 +31,20 @@ Thread settings (2-core machine; see ``DEFAULT_*`` constants below):
 * local loop: ``intra_op=2`` (the one process may use both cores), ``inter_op=1`` (the MLP
   step is a single dependency chain, so parallel op scheduling only adds contention);
 * PS strategy: workers ``intra_op=1`` (two workers = two cores) with ``inter_op=num_workers +
-  1``: remote-variable reads block inter-op threads, and with ``inter_op=1`` workers are known
-  to hang (TF's own tutorial uses the same ``num_workers + 1`` rule on small machines); PS
-  tasks and the coordinator ``intra_op=1`` (they only apply element-wise SGD updates and
-  dispatch RPCs), ``inter_op`` left at TF's default.
+  1``: remote-variable reads block inter-op threads, and with ``inter_op=1`` the workers hang
+  (reproduced here: no result within minutes; TF's own tutorial uses the same
+  ``num_workers + 1`` rule on small machines); PS tasks and the coordinator ``intra_op=1``
+  (they only apply element-wise SGD updates and dispatch RPCs), ``inter_op`` left at TF's
+  default. Giving everything ``intra_op=2`` or the workers more inter-op threads measured no
+  better (within this shared machine's noise).
+
+PS-strategy measurement details: ``ClusterCoordinator.schedule`` never blocks in practice
+(its queue holds 256Ki closures), so the coordinator keeps at most 4 steps per worker in
+flight, and the scheduled step returns nothing (waiting on a returned loss costs an extra
+coordinator RPC per step, ~15-20 % of throughput on the small model).
+
+The load average that ``main`` prints includes the benchmark's own processes; on a shared
+machine, run it when nothing else is busy.
 
 Units: ``MB`` is 10**6 bytes.
 """
