@@ -102,12 +102,15 @@ def add_security_flags(p: argparse.ArgumentParser) -> None:
     _add(g, "--tls-key", "", "PEM private key of --tls-cert")
     _add(g, "--tls-ca", "", "PEM CA: clients verify servers with it; servers with a cert require client certs (mTLS)")
     _add(g, "--tls-server-name", "", "host name to check in the server certificate instead of the address's")
+    g.add_argument("--tls-no-client-auth", action="store_true", default=_env_flag("tls_no_client_auth"),
+                   help="servers with --tls-ca do not require client certificates: TLS, not mTLS "
+                        "(env ASYNCPS_TLS_NO_CLIENT_AUTH=1)")
 
 
 def security_from(args: argparse.Namespace) -> SecurityConfig:
     """The SecurityConfig of the security flags."""
     return SecurityConfig.from_flags(args.token_file, args.tls_cert, args.tls_key, args.tls_ca,
-                                     args.tls_server_name)
+                                     args.tls_server_name, require_client_cert=not args.tls_no_client_auth)
 
 
 def run_config_from(args: argparse.Namespace, num_workers: int, num_ps: int) -> RunConfig:
@@ -245,7 +248,8 @@ def cmd_local(args: argparse.Namespace) -> int:
     if args.resume and not args.run_dir:
         raise ValueError("--resume needs the --run-dir of the run to continue")
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
-    return run_local(run, run_dir, progress=not args.quiet, resume=bool(args.resume), secure=bool(args.secure))
+    return run_local(run, run_dir, progress=not args.quiet, resume=bool(args.resume), secure=bool(args.secure),
+                     client_auth=not args.tls_no_client_auth)
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -308,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
     p.add_argument("--secure", action="store_true",
                    help="mutual TLS and a token on every RPC (development CA and token made in RUN_DIR/secrets)")
+    p.add_argument("--tls-no-client-auth", action="store_true",
+                   help="with --secure: servers do not require client certificates (TLS instead of mTLS)")
     add_run_flags(p)
     p.set_defaults(fn=cmd_local)
 

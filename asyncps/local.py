@@ -62,9 +62,11 @@ class LocalCluster:
     """Starts and supervises shards, chief and workers; stops them all, always."""
 
     def __init__(self, run: RunConfig, run_dir: Path, env: dict[str, str] | None = None,
-                 resume: bool = False, max_restarts: int = 5, secure: bool = False) -> None:
+                 resume: bool = False, max_restarts: int = 5, secure: bool = False,
+                 client_auth: bool = True) -> None:
         self.run = run
         self.secure = secure
+        self.client_auth = client_auth
         self.security = SecurityConfig()
         self._security_args: list[str] = []
         self.resume = resume
@@ -129,9 +131,10 @@ class LocalCluster:
             token_file.write_text(secrets.token_urlsafe(32) + "\n")
             token_file.chmod(0o600)
         self._security_args = ["--token-file", str(token_file), "--tls-cert", str(certs.server_cert),
-                               "--tls-key", str(certs.server_key), "--tls-ca", str(certs.ca_cert)]
+                               "--tls-key", str(certs.server_key), "--tls-ca", str(certs.ca_cert),
+                               *([] if self.client_auth else ["--tls-no-client-auth"])]
         self.security = SecurityConfig.from_flags(str(token_file), str(certs.server_cert), str(certs.server_key),
-                                                  str(certs.ca_cert))
+                                                  str(certs.ca_cert), require_client_cert=self.client_auth)
 
     def restart_dead_shards(self) -> list[str]:
         """Start again, on the same port, every shard that died (the chief restores its state)."""
@@ -225,10 +228,11 @@ class ProgressDisplay:
 
 
 def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
-              env: dict[str, str] | None = None, resume: bool = False, secure: bool = False) -> int:
+              env: dict[str, str] | None = None, resume: bool = False, secure: bool = False,
+              client_auth: bool = True) -> int:
     """Run a whole local cluster to completion; return the chief's exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(run, run_dir, env, resume=resume, secure=secure)
+    cluster = LocalCluster(run, run_dir, env, resume=resume, secure=secure, client_auth=client_auth)
     interrupted = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

@@ -16,14 +16,16 @@ from tests.test_local_cluster import run_cli
 
 
 @pytest.mark.slow
-def test_secure_local_cluster_trains_over_mtls_with_a_token(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["mTLS", "TLS"])
+def test_secure_local_cluster_trains_over_tls_with_a_token(tmp_path: Path, transport: str) -> None:
     run_dir = tmp_path / "run"
-    result = run_cli(["local", "--secure", "--run-dir", str(run_dir), "--epochs", "15", "--quiet"])
+    tls_only = ["--tls-no-client-auth"] if transport == "TLS" else []
+    result = run_cli(["local", "--secure", *tls_only, "--run-dir", str(run_dir), "--epochs", "15", "--quiet"])
     assert result.returncode == 0, result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_eval"]["accuracy"] >= 0.90
     for log in ("ps-0.log", "ps-1.log", "chief.log"):
-        assert "(mTLS, token auth)" in (run_dir / "logs" / log).read_text()
+        assert f"({transport}, token auth)" in (run_dir / "logs" / log).read_text()
     token = (run_dir / "secrets" / "token").read_text().strip()
     for log in (run_dir / "logs").glob("*.log"):
         assert token not in log.read_text()
