@@ -27,7 +27,7 @@ from asyncps.pb import ps_pb2, ps_pb2_grpc
 from asyncps.placement import Placement
 from asyncps.rpc import call_with_retry, make_channel
 from asyncps.security import SecurityConfig, secure_channel
-from ps.servicer import rule_to_proto, snapshot_frames, snapshot_from_wire
+from ps.servicer import snapshot_frames, snapshot_from_wire, snapshot_header
 from ps.store import Snapshot
 
 T = TypeVar("T")
@@ -173,9 +173,7 @@ class ShardClient:
 
     def restore(self, snap: Snapshot, shard_index: int) -> ps_pb2.InitializeResponse:
         """Replace the shard's state with a checkpoint's part."""
-        header = ps_pb2.SnapshotHeader(rule=rule_to_proto(snap.rule), version=snap.version,
-                                       pushes_accepted=snap.accepted, pushes_dropped=snap.dropped,
-                                       updates=snap.updates, shard_index=shard_index)
+        header = snapshot_header(snap, shard_index)
         return self._retry(lambda: self._stub.Restore(snapshot_frames(header, snap, self._chunk_bytes),
                                                       timeout=self._call_timeout_s * 4))
 

@@ -84,6 +84,13 @@ def outcome_to_proto(outcome: PushOutcome) -> ps_pb2.PushResult:
     )
 
 
+def snapshot_header(snap: Snapshot, shard_index: int) -> ps_pb2.SnapshotHeader:
+    """The header of a snapshot stream: rule, version and counters."""
+    return ps_pb2.SnapshotHeader(rule=rule_to_proto(snap.rule), version=snap.version,
+                                 pushes_accepted=snap.accepted, pushes_dropped=snap.dropped,
+                                 updates=snap.updates, shard_index=shard_index)
+
+
 def snapshot_frames(
     header: ps_pb2.SnapshotHeader, snap: Snapshot, chunk_bytes: int
 ) -> Iterator[ps_pb2.SnapshotChunk]:
@@ -288,10 +295,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> Iterator[ps_pb2.SnapshotChunk]:
         """Stream the whole state for a checkpoint."""
         snap = self._store.snapshot()
-        header = ps_pb2.SnapshotHeader(rule=rule_to_proto(snap.rule), version=snap.version,
-                                       pushes_accepted=snap.accepted, pushes_dropped=snap.dropped,
-                                       updates=snap.updates, shard_index=self._store.shard_index)
-        yield from snapshot_frames(header, snap, self._chunk_bytes)
+        yield from snapshot_frames(snapshot_header(snap, self._store.shard_index), snap, self._chunk_bytes)
 
     @handles_errors
     def Restore(
