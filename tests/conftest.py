@@ -8,10 +8,15 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from asyncps.rundir import wait_port_file
+
+if TYPE_CHECKING:
+    from asyncps.local import LocalCluster
+    from asyncps.pb.coordinator_pb2 import ClusterStatus
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Generous: the test machine is shared and a cold interpreter imports grpc and numpy.
@@ -133,3 +138,24 @@ def start_shards(shard_factory: ShardLauncher) -> Callable[[int], list[str]]:
         return [shard.address for shard in shard_factory(count)]
 
     return start
+
+
+def kill_worker_mid_run(cluster: LocalCluster, ready: Callable[[ClusterStatus], bool],
+                        worker: str = "worker-2", timeout_s: float = 120.0) -> ClusterStatus:
+    """Start `cluster`, wait until `ready(status)`, SIGKILL one worker; return the status at the kill."""
+    import signal
+    import time
+
+    from asyncps.coordclient import CoordinatorClient
+
+    cluster.start()
+    coord = CoordinatorClient(cluster.chief_address, deadline_s=30)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ready(coord.status()):
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.1)
+        next(c for c in cluster.children if c.name == worker).proc.send_signal(signal.SIGKILL)
+        return coord.status()
+    finally:
+        coord.close()

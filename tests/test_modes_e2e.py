@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from asyncps.config import RunConfig
-from asyncps.coordclient import CoordinatorClient
 from asyncps.local import LocalCluster
+from tests.conftest import kill_worker_mid_run
 from tests.test_local_cluster import run_cli
 
 pytestmark = pytest.mark.slow
@@ -72,17 +70,8 @@ def test_killing_a_worker_in_sync_mode_does_not_stall_training(tmp_path: Path) -
     cluster = LocalCluster(run, tmp_path / "run")
     (tmp_path / "run").mkdir()
     try:
-        cluster.start()
-        coord = CoordinatorClient(cluster.chief_address, deadline_s=30)
-        deadline = time.monotonic() + 120
-        while coord.status().updates < 30:
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.2)
-        victim = next(c for c in cluster.children if c.name == "worker-2")
-        victim.proc.send_signal(signal.SIGKILL)
-        at_kill = coord.status().updates
+        at_kill = kill_worker_mid_run(cluster, lambda status: status.updates >= 30).updates
         cluster.chief.proc.wait(timeout=120)  # finishes the run: the quorum shrank
-        coord.close()
     finally:
         cluster.stop()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

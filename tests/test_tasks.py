@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from asyncps.config import RunConfig
-from asyncps.coordclient import CoordinatorClient
 from asyncps.local import LocalCluster
 from chief.tasks import TaskLedger
+from tests.conftest import kill_worker_mid_run
 
 
 def test_tasks_cover_each_epoch_exactly_once() -> None:
@@ -87,14 +85,7 @@ def test_killing_a_worker_loses_no_data(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     cluster = LocalCluster(run, tmp_path / "run")
     try:
-        cluster.start()
-        coord = CoordinatorClient(cluster.chief_address, deadline_s=30)
-        deadline = time.monotonic() + 120
-        while coord.status().epochs < 4:
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.1)
-        next(c for c in cluster.children if c.name == "worker-2").proc.send_signal(signal.SIGKILL)
-        coord.close()
+        kill_worker_mid_run(cluster, lambda status: status.epochs >= 4)
         cluster.chief.proc.wait(timeout=180)
     finally:
         cluster.stop()
