@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-e2e lint typecheck proto proto-check bench clean
+.PHONY: demo test test-e2e layers lint typecheck proto proto-check bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +24,16 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/asyncps local
 
 ## test: generated code current, ruff, mypy, then the default test suite (a few minutes)
-test: $(STAMP) proto-check lint typecheck
+test: $(STAMP) proto-check lint typecheck layers
 	$(PY) -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
 
 ## test-e2e: the long end-to-end suites (process clusters, crash recovery, docker compose); CI runs them too
 test-e2e: $(STAMP)
 	$(PY) -m pytest -m "slow or docker" $(PYTEST_ARGS)
+
+## layers: core <- roles <- tools, no role imports another (scripts/check_layers.py)
+layers: $(STAMP)
+	$(PY) scripts/check_layers.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -5,14 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asyncps.codec import DEFAULT_CHUNK_BYTES
+from asyncps.delays import StepDelay
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
-
-if TYPE_CHECKING:
-    from ps.store import UpdateRuleConfig
-    from worker.delays import StepDelay
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 
 
 @dataclass(frozen=True)
@@ -85,16 +83,11 @@ class RunConfig:
 
     def step_delay(self, worker_index: int) -> StepDelay:
         """The injected delays of one worker (seeded by run seed and worker index)."""
-        from worker.delays import StepDelay
-
         return StepDelay.for_worker(worker_index, self.compute_delay, self.stragglers, self.slowdown,
                                     self.rpc_latency_s, self.seed)
 
     def update_rule(self) -> UpdateRuleConfig:
         """The shards' update rule for this run."""
-        from ps.optimizers import OptimizerConfig
-        from ps.store import UpdateRuleConfig
-
         return UpdateRuleConfig(
             optimizer=OptimizerConfig(self.optimizer, self.learning_rate, self.optimizer_params),
             mode=self.mode, staleness_policy=self.staleness_policy, num_workers=self.num_workers,

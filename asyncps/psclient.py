@@ -27,8 +27,8 @@ from asyncps.pb import ps_pb2, ps_pb2_grpc
 from asyncps.placement import Placement
 from asyncps.rpc import call_with_retry, make_channel
 from asyncps.security import SecurityConfig, secure_channel
-from ps.servicer import snapshot_frames, snapshot_from_wire, snapshot_header
-from ps.store import Snapshot
+from asyncps.shard import Snapshot
+from asyncps.wire import snapshot_frames, snapshot_from_wire, snapshot_header
 
 T = TypeVar("T")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from asyncps.config import RunConfig
-from asyncps.local import LocalCluster, child_env
 from asyncps.rundir import wait_port_file
+from asyncps.tools.local import LocalCluster, child_env
 from benchmarks.baselines import Samples
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,15 +67,14 @@ def asyncps_training(hidden: tuple[int, ...], batch: int = 64, num_ps: int = 2, 
 def shard_transfer(megabytes: int = 40, repeats: int = 5) -> tuple[Samples, Samples]:
     """Pull and push MB/s between one client and one shard process holding a `megabytes` variable."""
     from asyncps.psclient import ShardClient
-    from ps.optimizers import OptimizerConfig
-    from ps.servicer import rule_to_proto
-    from ps.store import UpdateRuleConfig
+    from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+    from asyncps.wire import rule_to_proto
 
     value = np.random.default_rng(0).standard_normal(megabytes * (1 << 20) // 4).astype(np.float32)
     grad = np.full_like(value, 1e-3)
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "ps.port"
-        proc = subprocess.Popen([sys.executable, "-m", "asyncps.cli", "ps", "--host", "127.0.0.1", "--port", "0",
+        proc = subprocess.Popen([sys.executable, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1", "--port", "0",
                                  "--port-file", str(port_file), "--log-level", "WARNING"],
                                 cwd=ROOT, env=child_env())
         try:

@@ -31,10 +31,9 @@ import numpy as np
 import numpy.typing as npt
 
 from asyncps.psclient import ShardClient
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rundir import wait_port_file
-from ps.optimizers import OptimizerConfig
-from ps.servicer import rule_to_proto
-from ps.store import UpdateRuleConfig
+from asyncps.wire import rule_to_proto
 
 ROOT = Path(__file__).resolve().parent.parent
 GRADIENT_RANGE = 2  # gradient entries are integers in [-2, 2]
@@ -281,7 +280,7 @@ def local_shard(log_level: str = "WARNING") -> Iterator[str]:
     """Start one shard process on 127.0.0.1 and an ephemeral port; yield its address; stop it."""
     with tempfile.TemporaryDirectory(prefix="asyncps-load-") as tmp:
         port_file = Path(tmp) / "ps.port"
-        proc = subprocess.Popen([sys.executable, "-m", "asyncps.cli", "ps", "--host", "127.0.0.1", "--port", "0",
+        proc = subprocess.Popen([sys.executable, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1", "--port", "0",
                                  "--port-file", str(port_file), "--log-level", log_level], cwd=ROOT, env=_shard_env())
         try:
             port = wait_port_file(port_file, 60, lambda: proc.poll() is None)

@@ -20,7 +20,8 @@ import numpy as np
 
 from asyncps.codec import Array
 from asyncps.placement import Part, Placement
-from ps.store import Snapshot, UpdateRuleConfig
+from asyncps.rules import UpdateRuleConfig
+from asyncps.shard import Snapshot
 
 _NAME = re.compile(r"^ckpt-(\d{8})$")
 

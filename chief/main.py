@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asyncps.chief.membership import Membership
+from asyncps.chief.recorder import Recorder, staleness_summary
+from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.config import RunConfig
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
@@ -19,12 +22,9 @@ from asyncps.rpc import Unreachable, create_server
 from asyncps.rundir import write_json, write_port_file
 from asyncps.security import SecurityConfig
 from asyncps.tfutil import limit_threads, quiet_tensorflow
-from chief.membership import Membership
-from chief.recorder import Recorder, staleness_summary
-from chief.servicer import CoordinatorServicer
 
 if TYPE_CHECKING:
-    from chief.checkpoint import Checkpoint
+    from asyncps.chief.checkpoint import Checkpoint
 
 log = logging.getLogger("asyncps.chief")
 
@@ -101,11 +101,11 @@ class Chief:
     def _build(self) -> None:
         quiet_tensorflow()
         limit_threads(self.run.tf_threads)
+        from asyncps.chief.evaluator import Evaluator
         from asyncps.datasets import load_dataset
         from asyncps.models import build_model, loss_fn
         from asyncps.placement import VariableSpec, place
         from asyncps.psclient import ModelClient
-        from chief.evaluator import Evaluator
 
         self.data = load_dataset(self.run.dataset, self.run.seed)
         model = build_model(self.run.model, self.data.num_features, self.data.num_classes,
@@ -113,11 +113,11 @@ class Chief:
         self.model = model
         self.evaluator = Evaluator(model, loss_fn)
         self.initial_values = self.evaluator.values()
-        from chief.tasks import TaskLedger
+        from asyncps.chief.tasks import TaskLedger
 
         self.ledger = TaskLedger(len(self.data.x_train), self.run.task_size or 4 * self.run.batch_size,
                                  self.run.epochs)
-        from chief.checkpoint import CheckpointDir
+        from asyncps.chief.checkpoint import CheckpointDir
 
         self.checkpoints = CheckpointDir(self.config.checkpoints, self.run.keep_checkpoints)
         specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
@@ -142,9 +142,9 @@ class Chief:
 
     def _start_shard(self, shard: int, ckpt: Checkpoint | None) -> None:
         """Initialize a shard from the initial values, or restore it from a checkpoint."""
+        from asyncps.chief.checkpoint import split
         from asyncps.placement import split_for_shards
-        from chief.checkpoint import split
-        from ps.servicer import rule_to_proto
+        from asyncps.wire import rule_to_proto
 
         client = self.client.shards[shard]
         if ckpt is None:
@@ -167,7 +167,7 @@ class Chief:
 
     def _checkpoint(self) -> None:
         """A consistent cut: hold pushes on every shard, snapshot all, release, write atomically."""
-        from chief.checkpoint import assemble
+        from asyncps.chief.checkpoint import assemble
 
         t0 = time.monotonic()
         shards = self.client.shards

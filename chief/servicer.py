@@ -7,12 +7,12 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
+from asyncps.chief.membership import Membership
+from asyncps.chief.recorder import Recorder
+from asyncps.chief.tasks import TaskLedger
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
 from asyncps.rpc import handles_errors
-from chief.membership import Membership
-from chief.recorder import Recorder
-from chief.tasks import TaskLedger
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 from asyncps.codec import DEFAULT_CHUNK_BYTES
 from asyncps.pb import ps_pb2_grpc
+from asyncps.ps.servicer import DEFAULT_MAX_REQUEST_BYTES, SHARD_HANDLER_THREADS, ParameterServerServicer
+from asyncps.ps.store import ShardStore
 from asyncps.rpc import create_server
 from asyncps.rundir import write_port_file
 from asyncps.security import SecurityConfig
-from ps.servicer import DEFAULT_MAX_REQUEST_BYTES, SHARD_HANDLER_THREADS, ParameterServerServicer
-from ps.store import ShardStore
 
 log = logging.getLogger("asyncps.ps")
 

@@ -27,39 +27,11 @@ from asyncps.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from ps.consistency import MODES, Consistency, Verdict, make_consistency
-from ps.optimizers import Optimizer, OptimizerConfig, make_optimizer
-from ps.policies import StalenessPolicy, parse_policy
-
-
-@dataclass(frozen=True)
-class UpdateRuleConfig:
-    """How the shard turns gradients into updates: optimizer, consistency mode, policy."""
-
-    optimizer: OptimizerConfig
-    mode: str = "async"
-    staleness_policy: str = "none"
-    num_workers: int = 1
-    backup_workers: int = 0
-    staleness_bound: int = 0
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
-        parse_policy(self.staleness_policy)
-        if self.num_workers < 1 or self.backup_workers < 0 or self.staleness_bound < 0:
-            raise ValueError("num_workers must be >= 1, backup_workers and staleness_bound >= 0")
-
-
-@dataclass(frozen=True)
-class PushOutcome:
-    """The shard's answer to one push."""
-
-    accepted: bool
-    staleness: int
-    version: int
-    effective_lr: float
-    drop_reason: str = ""
+from asyncps.rules import UpdateRuleConfig
+from asyncps.rules.modes import Consistency, Verdict, make_consistency
+from asyncps.rules.optimizers import Optimizer, make_optimizer
+from asyncps.rules.policies import StalenessPolicy, parse_policy
+from asyncps.shard import PushOutcome, Snapshot, StoreStats
 
 
 @dataclass
@@ -97,33 +69,6 @@ class _PendingStep:
             values = np.concatenate([p.values for p in parts]) / np.float32(self.count)
             out[name] = SparseRows(np.concatenate([p.indices for p in parts]), values.astype(parts[0].values.dtype))
         return out
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Everything a shard needs to continue from where it was: a checkpoint's part."""
-
-    rule: UpdateRuleConfig
-    version: int
-    accepted: int
-    dropped: int
-    values: dict[str, Array]
-    slots: dict[str, dict[str, Array]]
-    updates: dict[str, int]
-
-
-@dataclass(frozen=True)
-class StoreStats:
-    """Counters and metadata of a shard (no values)."""
-
-    initialized: bool
-    version: int
-    pushes_accepted: int
-    pushes_dropped: int
-    variables: tuple[tuple[str, str, tuple[int, ...]], ...]
-    rule: UpdateRuleConfig | None
-    dropped_by_reason: dict[str, int] = field(default_factory=dict)
-    mode_stats: dict[str, float] = field(default_factory=dict)
 
 
 T = TypeVar("T")

@@ -15,8 +15,8 @@ import pytest
 from asyncps.rundir import wait_port_file
 
 if TYPE_CHECKING:
-    from asyncps.local import LocalCluster
     from asyncps.pb.coordinator_pb2 import ClusterStatus
+    from asyncps.tools.local import LocalCluster
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Generous: the test machine is shared and a cold interpreter imports grpc and numpy.
@@ -59,7 +59,7 @@ class ShardLauncher:
         self._workdir = workdir
         self._started: list[ShardProcess] = []
 
-    def __call__(self, count: int = 1, first_index: int = 0) -> list[ShardProcess]:
+    def __call__(self, count: int = 1, first_index: int = 0, python_flags: tuple[str, ...] = ()) -> list[ShardProcess]:
         """Start `count` shards with indices first_index.. and wait until all serve."""
         pending = []
         for index in range(first_index, first_index + count):
@@ -68,7 +68,7 @@ class ShardLauncher:
             log_path = self._workdir / f"shard{serial}.log"
             with open(log_path, "wb") as log:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "asyncps.cli", "ps", "--host", "127.0.0.1",
+                    [sys.executable, *python_flags, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1",
                      "--port", "0", "--port-file", str(port_file), "--index", str(index)],
                     stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO_ROOT,
                 )

@@ -7,9 +7,9 @@ import threading
 import numpy as np
 import pytest
 
-from ps.consistency import SSPConsistency, SyncConsistency, make_consistency
-from ps.optimizers import OptimizerConfig
-from ps.store import ShardStore, UpdateRuleConfig
+from asyncps.ps.store import ShardStore
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.rules.modes import SSPConsistency, SyncConsistency, make_consistency
 
 
 def make_store(mode: str, workers: int, backup: int = 0, bound: int = 0) -> ShardStore:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from worker.delays import (
+from asyncps.delays import (
     ConstantDelay,
     ExponentialDelay,
     NoDelay,

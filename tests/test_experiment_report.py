@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from asyncps.config import RunConfig
-from asyncps.experiment import (
+from asyncps.tools.experiment import (
     METRICS,
     ExperimentError,
     Row,
@@ -29,7 +29,7 @@ from asyncps.experiment import (
     steady_staleness,
     time_to_target,
 )
-from asyncps.report import delayed_gd, discover_runs, make_report, stale_gradient_figure, timeline_window
+from asyncps.tools.report import delayed_gd, discover_runs, make_report, stale_gradient_figure, timeline_window
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parent.parent
@@ -228,7 +228,7 @@ def fake_run(run_dir: Path, config: RunConfig, *, rate: float, staleness: int = 
 
 def test_run_metrics_from_a_run_directory(tmp_path: Path) -> None:
     fake_run(tmp_path / "r", RunConfig(num_workers=2, max_seconds=2), rate=20, staleness=1, dropped_every=4)
-    from asyncps.experiment import Target
+    from asyncps.tools.experiment import Target
 
     m = run_metrics(tmp_path / "r", Target("accuracy", 0.4))
     assert m["updates_per_s"] == 20 and m["staleness_mean"] == 1 and m["idle_pct"] == pytest.approx(20)
@@ -241,7 +241,7 @@ def test_run_metrics_from_a_run_directory(tmp_path: Path) -> None:
 
 
 def test_time_to_target_and_steady_staleness() -> None:
-    from asyncps.experiment import Target
+    from asyncps.tools.experiment import Target
 
     evals = [{"elapsed_s": "1", "updates": "10", "loss": "0.9", "accuracy": "0.5"},
              {"elapsed_s": "2", "updates": "25", "loss": "0.4", "accuracy": "0.8"}]
@@ -317,7 +317,7 @@ def test_failed_points_and_failed_checks_fail_the_sweep(tmp_path: Path) -> None:
 
 
 def test_an_interrupted_point_stops_the_sweep_and_is_rerun_next_time(tmp_path: Path) -> None:
-    from asyncps.experiment import SweepInterrupted
+    from asyncps.tools.experiment import SweepInterrupted
 
     spec = load_spec(write_spec(tmp_path, SPEC_YAML))
     with pytest.raises(SweepInterrupted):
@@ -360,7 +360,7 @@ def test_report_of_a_sweep_and_of_one_run(tmp_path: Path) -> None:
 
 
 def test_timeline_window_skips_start_up() -> None:
-    from asyncps.report import Step
+    from asyncps.tools.report import Step
 
     steps = [Step(0, 1, 0.0, 0.1, 2.0, 0.01, 0.0), Step(1, 1, 0.5, 0.1, 0.05, 0.01, 0.0),
              *[Step(w, n, 2.0 + n * 0.1, 0.0, 0.08, 0.01, 0.01) for w in (0, 1) for n in range(2, 60)]]
@@ -372,7 +372,7 @@ def test_stale_gradient_figure_and_its_simulation(tmp_path: Path) -> None:
     assert delayed_gd(0.5, 0, 3) == [2.0, 1.0, 0.5, 0.25]
     assert delayed_gd(0.7, 1, 2)[-1] == pytest.approx(2.0 - 1.4 - 1.4)  # the stale step overshoots
     assert_png(stale_gradient_figure(tmp_path / "stale.png"))
-    result = subprocess.run([sys.executable, "-m", "asyncps.report", "--stale-gradient-figure",
+    result = subprocess.run([sys.executable, "-m", "asyncps.tools.report", "--stale-gradient-figure",
                              str(tmp_path / "cli.png")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert_png(tmp_path / "cli.png")
@@ -395,7 +395,7 @@ check:
     why: one worker's gradients are never stale
 """)
     out = tmp_path / "sweep"
-    cli = [sys.executable, "-m", "asyncps.cli"]
+    cli = [sys.executable, "-m", "asyncps.tools.cli"]
     result = subprocess.run([*cli, "experiment", str(spec), "--out", str(out)], capture_output=True, text=True,
                             timeout=280, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr

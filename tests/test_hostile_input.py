@@ -33,11 +33,12 @@ from hypothesis import strategies as st
 
 from asyncps.codec import MAX_RANK, SparseRows, TensorAssembler, dtype_from_proto, dtype_to_proto, wire_array
 from asyncps.pb import ps_pb2, ps_pb2_grpc, tensor_pb2
+from asyncps.ps.servicer import DEFAULT_MAX_REQUEST_BYTES
 from asyncps.psclient import ShardClient
 from asyncps.rpc import MAX_MESSAGE_BYTES
-from ps.optimizers import OptimizerConfig
-from ps.servicer import DEFAULT_MAX_REQUEST_BYTES, rule_to_proto
-from ps.store import Snapshot, UpdateRuleConfig
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.shard import Snapshot
+from asyncps.wire import rule_to_proto
 
 if TYPE_CHECKING:
     from conftest import ShardLauncher, ShardProcess

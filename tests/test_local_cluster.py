@@ -17,7 +17,7 @@ SUMMARY_KEYS = {"updates_applied", "updates_dropped", "staleness", "throughput_u
 
 def run_cli(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, "-m", "asyncps.cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "asyncps.tools.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -33,7 +33,7 @@ def cluster_processes(run_dir: Path) -> list[str]:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "asyncps.cli" in cmdline and any(m in cmdline for m in marks):
+        if "asyncps.tools.cli" in cmdline and any(m in cmdline for m in marks):
             found.append(cmdline)
     return found
 

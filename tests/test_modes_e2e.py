@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from asyncps.config import RunConfig
-from asyncps.local import LocalCluster
+from asyncps.tools.local import LocalCluster
 from tests.conftest import kill_worker_mid_run
 from tests.test_local_cluster import run_cli
 

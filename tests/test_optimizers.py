@@ -1,4 +1,4 @@
-"""ps.optimizers against keras 3, plus sparse-update and config-validation properties."""
+"""asyncps.rules.optimizers against keras 3, plus sparse-update and config-validation properties."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.optimizers import (
+from asyncps.rules.optimizers import (
     Optimizer,
     OptimizerConfig,
     make_optimizer,

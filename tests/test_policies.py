@@ -1,11 +1,11 @@
-"""ps.policies: each staleness policy against a hand-computed case, its state, and parse_policy."""
+"""asyncps.rules.policies: each staleness policy against a hand-computed case, its state, and parse_policy."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ps.policies import (
+from asyncps.rules.policies import (
     AdaptiveDelayCompensated,
     ApplyAll,
     Decision,

@@ -1,12 +1,11 @@
-"""ps.policies and the validation of UpdateRuleConfig."""
+"""asyncps.rules.policies and the validation of UpdateRuleConfig."""
 
 from __future__ import annotations
 
 import pytest
 
-from ps.optimizers import OptimizerConfig
-from ps.policies import ApplyAll, Decision, DropAbove, LrScale, parse_policy
-from ps.store import UpdateRuleConfig
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.rules.policies import ApplyAll, Decision, DropAbove, LrScale, parse_policy
 
 
 @pytest.mark.parametrize(

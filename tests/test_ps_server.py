@@ -17,10 +17,9 @@ from asyncps.pb import ps_pb2, ps_pb2_grpc, tensor_pb2
 from asyncps.placement import Placement, VariableSpec, place, split_for_shards
 from asyncps.psclient import ModelClient, ShardClient
 from asyncps.rpc import Unreachable, make_channel
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.security import SecurityConfig, check_health
-from ps.optimizers import OptimizerConfig
-from ps.servicer import rule_to_proto
-from ps.store import UpdateRuleConfig
+from asyncps.wire import rule_to_proto
 
 if TYPE_CHECKING:
     from conftest import ShardLauncher, ShardProcess

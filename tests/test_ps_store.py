@@ -18,8 +18,9 @@ from asyncps.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from ps.optimizers import OptimizerConfig
-from ps.store import PushOutcome, ShardStore, UpdateRuleConfig
+from asyncps.ps.store import ShardStore
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.shard import PushOutcome
 
 JOIN_TIMEOUT_S = 60.0
 

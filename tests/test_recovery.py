@@ -14,14 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from asyncps.chief.checkpoint import CheckpointDir, assemble, split
 from asyncps.config import RunConfig
 from asyncps.coordclient import CoordinatorClient
-from asyncps.local import LocalCluster
 from asyncps.placement import VariableSpec, place
 from asyncps.psclient import ModelClient
-from chief.checkpoint import CheckpointDir, assemble, split
-from ps.optimizers import OptimizerConfig
-from ps.store import UpdateRuleConfig
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.tools.local import LocalCluster
 from tests.conftest import REPO_ROOT as ROOT
 from tests.conftest import child_env
 from tests.test_local_cluster import run_cli
@@ -133,7 +132,7 @@ WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
     import numpy as np
-    from chief.checkpoint import CheckpointDir
+    from asyncps.chief.checkpoint import CheckpointDir
     store = CheckpointDir(Path(sys.argv[1]), keep=2)
     for n in range(1, 10_000):
         value = np.full((2_000_000,), float(n), np.float32)  # 8 MB: writes take a while

@@ -15,8 +15,9 @@ from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from asyncps import rpc
-from asyncps.devcerts import DevCerts, generate_dev_certs, subject_alt_names
 from asyncps.pb import coordinator_pb2, coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
+from asyncps.ps.servicer import ParameterServerServicer
+from asyncps.ps.store import ShardStore
 from asyncps.security import (
     TOKEN_ENV,
     SecurityConfig,
@@ -26,8 +27,7 @@ from asyncps.security import (
     load_token,
     secure_channel,
 )
-from ps.servicer import ParameterServerServicer
-from ps.store import ShardStore
+from asyncps.tools.devcerts import DevCerts, generate_dev_certs, subject_alt_names
 
 TOKEN = "s3cret-token-0123456789abcdef"
 WRONG_TOKEN = "not-the-token-9876543210"

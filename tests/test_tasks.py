@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from asyncps.chief.tasks import TaskLedger
 from asyncps.config import RunConfig
-from asyncps.local import LocalCluster
-from chief.tasks import TaskLedger
+from asyncps.tools.local import LocalCluster
 from tests.conftest import kill_worker_mid_run
 
 

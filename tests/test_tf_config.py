@@ -39,7 +39,7 @@ def test_bad_tf_config_is_one_clear_error(text: str, message: str) -> None:
 
 def test_bad_tf_config_on_the_command_line_is_one_line() -> None:
     env = {**child_env(), "TF_CONFIG": '{"cluster": {}}'}
-    out = subprocess.run([sys.executable, "-m", "asyncps.cli", "worker"], env=env, cwd=REPO_ROOT,
+    out = subprocess.run([sys.executable, "-m", "asyncps.tools.cli", "worker"], env=env, cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "TF_CONFIG" in out.stderr
@@ -64,7 +64,7 @@ def test_a_cluster_configured_only_by_tf_config_trains(tmp_path: Path) -> None:
                            ("worker", [])):
             env = {**child_env(), "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": role, "index": 0}})}
             log = open(tmp_path / f"{role}.log", "wb")  # noqa: SIM115
-            procs.append(subprocess.Popen([sys.executable, "-m", "asyncps.cli", role, *args], env=env,
+            procs.append(subprocess.Popen([sys.executable, "-m", "asyncps.tools.cli", role, *args], env=env,
                                           cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT))
             log.close()
         assert procs[1].wait(timeout=180) == 0, (tmp_path / "chief.log").read_text()[-3000:]

@@ -14,14 +14,13 @@ import keras
 import tensorflow as tf
 
 from asyncps.datasets import load_dataset
+from asyncps.delays import NoDelay, StepDelay
 from asyncps.models import build_model, loss_fn
 from asyncps.placement import VariableSpec, place, split_for_shards
 from asyncps.psclient import ModelClient
-from ps.optimizers import OptimizerConfig
-from ps.servicer import rule_to_proto
-from ps.store import UpdateRuleConfig
-from worker.delays import NoDelay, StepDelay
-from worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.wire import rule_to_proto
+from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
 
 STEPS = 25
 LR = 0.1

@@ -16,7 +16,7 @@ from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
 from asyncps.security import SecurityConfig
 from asyncps.tfutil import limit_threads, quiet_tensorflow
-from worker.trainer import Telemetry
+from asyncps.worker.trainer import Telemetry
 
 log = logging.getLogger("asyncps.worker")
 
@@ -116,7 +116,7 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
     from asyncps.models import build_model, loss_fn
     from asyncps.placement import VariableSpec, place
     from asyncps.psclient import ModelClient
-    from worker.trainer import TaskBatches, Trainer, make_grad_fn
+    from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
 
     data = load_dataset(run.dataset, run.seed)
     model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)

@@ -12,9 +12,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from asyncps.codec import Array, Gradient, SparseRows
+from asyncps.delays import StepDelay
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.psclient import ModelClient
-from worker.delays import StepDelay
 
 log = logging.getLogger(__name__)
 

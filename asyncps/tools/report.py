@@ -8,7 +8,7 @@ Figures (matplotlib, Agg backend, small PNGs):
 - `scaling.png`: updates/s, mean staleness, idle share and final quality against the number of
   workers (or per run, when every run has the same number of workers).
 
-`python -m asyncps.report --stale-gradient-figure PATH` draws the teaching picture of a stale
+`python -m asyncps.tools.report --stale-gradient-figure PATH` draws the teaching picture of a stale
 gradient on a 1-D quadratic (no run needed).
 """
 
@@ -26,7 +26,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from asyncps.experiment import ExperimentError, markdown_table, read_csv, run_metrics
+from asyncps.tools.experiment import ExperimentError, markdown_table, read_csv, run_metrics
 
 #: Colours of the timeline's segment kinds (and their legend names).
 SEGMENTS: dict[str, tuple[str, str]] = {
@@ -565,8 +565,8 @@ def add_arguments(p: Any, dir_optional: bool = False) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m asyncps.report DIR [...]` or `python -m asyncps.report --stale-gradient-figure PATH`."""
-    parser = argparse.ArgumentParser(prog="python -m asyncps.report", description=__doc__,
+    """`python -m asyncps.tools.report DIR [...]` or `python -m asyncps.tools.report --stale-gradient-figure PATH`."""
+    parser = argparse.ArgumentParser(prog="python -m asyncps.tools.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, dir_optional=True)
     parser.add_argument("--stale-gradient-figure", default="", metavar="PATH",

@@ -2,7 +2,7 @@
 
 For trying TLS/mTLS locally and in the compose file, never for production. Run it as
 
-    python -m asyncps.devcerts DIR [--name ps-0 --name ps-1 --name chief]
+    python -m asyncps.tools.devcerts DIR [--name ps-0 --name ps-1 --name chief]
 
 It writes DIR/ca.pem, ca.key, server.pem, server.key, client.pem, client.key (keys mode 0600).
 The server certificate names localhost, 127.0.0.1 and ::1 plus every --name, and is valid for
@@ -171,7 +171,7 @@ def generate_dev_certs(directory: Path, extra_names: Sequence[str] = (), days: i
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: generate development certificates into a directory."""
-    parser = argparse.ArgumentParser(prog="python -m asyncps.devcerts", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m asyncps.tools.devcerts", description=__doc__.split("\n")[0])
     parser.add_argument("directory", type=Path, help="where to write ca.pem, server.pem, client.pem and keys")
     parser.add_argument("--name", action="append", default=[], metavar="HOST",
                         help="extra server name (repeatable), e.g. --name ps-0 --name chief")

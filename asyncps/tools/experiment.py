@@ -653,7 +653,7 @@ Runner = Callable[[RunConfig, Path], int]
 
 def run_local_quietly(run: RunConfig, run_dir: Path) -> int:
     """Run one local cluster with no live progress; the launcher's own lines go to run_dir/launcher.log."""
-    from asyncps.local import run_local
+    from asyncps.tools.local import run_local
 
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "launcher.log", "w") as log, contextlib.redirect_stdout(log):

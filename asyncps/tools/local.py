@@ -83,7 +83,8 @@ class LocalCluster:
     def _spawn(self, name: str, args: list[str]) -> Child:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop(); appended on restarts
         proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncps.cli", *args, *self._security_args], stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "asyncps.tools.cli", *args, *self._security_args],
+            stdout=log, stderr=subprocess.STDOUT,
             env=self.env, start_new_session=True,  # Ctrl-C reaches the launcher, which stops them in order
         )
         child = Child(name, proc, log)
@@ -121,7 +122,7 @@ class LocalCluster:
 
     def _make_secrets(self) -> None:
         """A development CA, one certificate for every process (server and client) and a token."""
-        from asyncps.devcerts import cert_paths, generate_dev_certs
+        from asyncps.tools.devcerts import cert_paths, generate_dev_certs
 
         secrets_dir = self.run_dir / "secrets"
         secrets_dir.mkdir(mode=0o700, exist_ok=True)

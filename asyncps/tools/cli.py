@@ -187,7 +187,7 @@ def _setup_logging(level: str, role: str) -> None:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     """asyncps ps."""
-    from ps.main import PsConfig, run_ps
+    from asyncps.ps.main import PsConfig, run_ps
 
     tf = _tf_config()
     port, index = _port(args, tf, "ps"), int(args.index)
@@ -203,7 +203,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """asyncps worker."""
-    from worker.main import WorkerConfig, run_worker
+    from asyncps.worker.main import WorkerConfig, run_worker
 
     chief, index = args.chief, int(args.index)
     tf = _tf_config()
@@ -221,7 +221,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_chief(args: argparse.Namespace) -> int:
     """asyncps chief."""
-    from chief.main import ChiefConfig, run_chief
+    from asyncps.chief.main import ChiefConfig, run_chief
 
     ps = tuple(a for a in args.ps.split(",") if a)
     workers = int(args.workers)
@@ -242,7 +242,7 @@ def cmd_chief(args: argparse.Namespace) -> int:
 
 def cmd_local(args: argparse.Namespace) -> int:
     """asyncps local."""
-    from asyncps.local import default_run_dir, run_local
+    from asyncps.tools.local import default_run_dir, run_local
 
     run = run_config_from(args, int(args.workers), int(args.ps))
     if args.resume and not args.run_dir:
@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_security_flags(p)
     p.set_defaults(fn=cmd_health)
 
-    from asyncps import experiment, report  # cheap: matplotlib and the cluster load only when run
+    from asyncps.tools import experiment, report  # cheap: matplotlib and the cluster load only when run
 
     p = sub.add_parser("experiment", help="run a sweep of local clusters from a YAML/TOML spec and check its outcome")
     experiment.add_arguments(p)
