@@ -85,10 +85,8 @@ def test_only_the_asyncps_import_name_is_installed(tmp_path: Path) -> None:
 
 
 def test_a_running_shard_loads_neither_tensorflow_nor_matplotlib(shard_factory: ShardLauncher) -> None:
-    from asyncps.ps.optimizers import OptimizerConfig
-
     from asyncps.psclient import ShardClient
-    from asyncps.rules import UpdateRuleConfig
+    from asyncps.rules import OptimizerConfig, UpdateRuleConfig
     from asyncps.wire import rule_to_proto
 
     shard = shard_factory(1, python_flags=("-X", "importtime"))[0]
