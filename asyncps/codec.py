@@ -145,8 +145,14 @@ class TensorAssembler:
         self._filled: dict[tuple[str, int], int] = {}
         self._total = 0
 
-    def add(self, chunk: tensor_pb2.TensorChunk) -> None:
-        """Validate one chunk and copy its bytes into place."""
+    def add(self, chunk: tensor_pb2.TensorChunk, data: memoryview | bytes | None = None) -> None:
+        """Validate one chunk and put its bytes in place.
+
+        `data` is the chunk's bytes when they travel outside the message (raw frames); a tensor
+        that arrives whole in one chunk with no destination buffer is then kept as a read-only
+        view of those bytes instead of being copied.
+        """
+        payload = chunk.data if data is None else data
         key = (chunk.name, chunk.role)
         if not chunk.name:
             raise InvalidArgumentError("tensor chunk without a name")
@@ -154,10 +160,15 @@ class TensorAssembler:
             raise InvalidArgumentError(f"{chunk.name}: unknown tensor role {chunk.role}")
         dtype = dtype_from_proto(chunk.dtype)
         shape = tuple(int(d) for d in chunk.shape)
+        size = len(payload)
         target = self._arrays.get(key)
         if target is None:
             nbytes = _checked_nbytes(shape, dtype, self._limit - self._total)
             self._total += nbytes
+            if chunk.offset == 0 and size == nbytes and data is not None and not self._has_buffer(chunk, shape, dtype):
+                self._arrays[key] = np.frombuffer(data, dtype=dtype).reshape(shape)  # whole: no copy
+                self._filled[key] = size
+                return
             target = self._new_buffer(chunk.name, chunk.role, shape, dtype)
             self._arrays[key] = target
             self._filled[key] = 0
@@ -171,15 +182,19 @@ class TensorAssembler:
             raise InvalidArgumentError(
                 f"{chunk.name}: chunk at byte offset {chunk.offset}, expected {filled}"
             )
-        end = filled + len(chunk.data)
+        end = filled + size
         if end > target.nbytes:
             raise InvalidArgumentError(
                 f"{chunk.name}: {end} bytes for a {dtype.name}{list(shape)} tensor of {target.nbytes} bytes"
             )
-        if chunk.data:
+        if size:
             flat = target.reshape(-1).view(np.uint8)
-            flat[filled:end] = np.frombuffer(chunk.data, dtype=np.uint8)
+            flat[filled:end] = np.frombuffer(payload, dtype=np.uint8)
         self._filled[key] = end
+
+    def _has_buffer(self, chunk: tensor_pb2.TensorChunk, shape: tuple[int, ...], dtype: np.dtype[Any]) -> bool:
+        buf = self._buffers.get(chunk.name) if chunk.role == tensor_pb2.DENSE else None
+        return buf is not None and buf.shape == shape and buf.dtype == dtype and buf.flags.c_contiguous
 
     def _new_buffer(self, name: str, role: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
         buf = self._buffers.get(name) if role == tensor_pb2.DENSE else None

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61syncps/pb/tensor.proto\x12\nasyncps.pb\"G\n\x06Tensor\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.asyncps.pb.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x90\x01\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x04role\x18\x02 \x01(\x0e\x32\x16.asyncps.pb.TensorRole\x12 \n\x05\x64type\x18\x03 \x01(\x0e\x32\x11.asyncps.pb.DType\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c*[\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x12\t\n\x05INT32\x10\x04\x12\t\n\x05INT64\x10\x05*>\n\nTensorRole\x12\t\n\x05\x44\x45NSE\x10\x00\x12\x12\n\x0eSPARSE_INDICES\x10\x01\x12\x11\n\rSPARSE_VALUES\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61syncps/pb/tensor.proto\x12\nasyncps.pb\"G\n\x06Tensor\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.asyncps.pb.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xa0\x01\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x04role\x18\x02 \x01(\x0e\x32\x16.asyncps.pb.TensorRole\x12 \n\x05\x64type\x18\x03 \x01(\x0e\x32\x11.asyncps.pb.DType\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x0e\n\x06nbytes\x18\x07 \x01(\x03*[\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x12\t\n\x05INT32\x10\x04\x12\t\n\x05INT64\x10\x05*>\n\nTensorRole\x12\t\n\x05\x44\x45NSE\x10\x00\x12\x12\n\x0eSPARSE_INDICES\x10\x01\x12\x11\n\rSPARSE_VALUES\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'asyncps.pb.tensor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=259
-  _globals['_DTYPE']._serialized_end=350
-  _globals['_TENSORROLE']._serialized_start=352
-  _globals['_TENSORROLE']._serialized_end=414
+  _globals['_DTYPE']._serialized_start=275
+  _globals['_DTYPE']._serialized_end=366
+  _globals['_TENSORROLE']._serialized_start=368
+  _globals['_TENSORROLE']._serialized_end=430
   _globals['_TENSOR']._serialized_start=39
   _globals['_TENSOR']._serialized_end=110
   _globals['_TENSORCHUNK']._serialized_start=113
-  _globals['_TENSORCHUNK']._serialized_end=257
+  _globals['_TENSORCHUNK']._serialized_end=273
 # @@protoc_insertion_point(module_scope)

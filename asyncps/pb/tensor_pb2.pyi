@@ -107,12 +107,18 @@ class TensorChunk(_message.Message):
     SHAPE_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    NBYTES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     role: Global___TensorRole.ValueType
     dtype: Global___DType.ValueType
     offset: _builtins.int
     """byte offset of data inside the tensor"""
     data: _builtins.bytes
+    """the bytes, in messages that carry them (control plane, Tensor-like use)"""
+    nbytes: _builtins.int
+    """Raw frames (asyncps/frames.py): the bytes follow the message instead, nbytes of them,
+    starting at the next multiple of 8 bytes from the start of the frame; data stays empty.
+    """
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -124,10 +130,11 @@ class TensorChunk(_message.Message):
         shape: _abc.Iterable[_builtins.int] | None = ...,
         offset: _builtins.int = ...,
         data: _builtins.bytes = ...,
+        nbytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dtype", b"dtype", "name", b"name", "offset", b"offset", "role", b"role", "shape", b"shape"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dtype", b"dtype", "name", b"name", "nbytes", b"nbytes", "offset", b"offset", "role", b"role", "shape", b"shape"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
