@@ -17,9 +17,8 @@ from asyncps.datasets import load_dataset
 from asyncps.delays import NoDelay, StepDelay
 from asyncps.models import build_model, loss_fn
 from asyncps.placement import VariableSpec, place, split_for_shards
-from asyncps.psclient import ModelClient
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.wire import rule_to_proto
+from asyncps.transport import connect_model
 from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
 
 STEPS = 25
@@ -37,8 +36,8 @@ def test_one_worker_equals_sequential_sgd(start_shards: Callable[[int], list[str
     placement = place(specs, 2, slice_threshold_bytes=16 * 1024)
     assert any(p.sliced for p in placement.parts)
     initial = {v.path: np.array(v.numpy()) for v in model.trainable_variables}
-    client = ModelClient("worker-0", addresses, placement)
-    rule = rule_to_proto(UpdateRuleConfig(OptimizerConfig("sgd", LR)))
+    client = connect_model("worker-0", addresses, placement)
+    rule = UpdateRuleConfig(OptimizerConfig("sgd", LR))
     for shard, values in enumerate(split_for_shards(placement, initial)):
         client.shards[shard].initialize("test", shard, 2, rule, values)
 

@@ -14,7 +14,8 @@ import numpy as np
 from asyncps.codec import Array, Gradient, SparseRows
 from asyncps.delays import StepDelay
 from asyncps.pb import coordinator_pb2 as cpb
-from asyncps.psclient import ModelClient
+from asyncps.transport import ModelClient
+from asyncps.wire import push_record
 
 log = logging.getLogger(__name__)
 
@@ -238,13 +239,8 @@ class Trainer:
         self.step += 1
         self.examples += len(x)
         records = [
-            cpb.PushRecord(
-                wall_time=done, shard=r.shard, base_version=base[r.shard], version=r.result.version,
-                staleness=r.result.staleness, accepted=r.result.accepted,
-                effective_lr=r.result.effective_lr, loss=loss, step=self.step,
-                drop_reason=r.result.drop_reason,
-            )
-            for r in results if r.result.drop_reason != "empty"
+            push_record(r.outcome, done, r.shard, base[r.shard], loss, self.step)
+            for r in results if r.outcome is not None
         ]
         timing = cpb.StepTiming(step=self.step, start=start, pull_s=pull_s, compute_s=computed - start,
                                 push_s=done - computed - waited, wait_s=waited, examples=len(x))
