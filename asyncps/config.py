@@ -91,7 +91,8 @@ class RunConfig:
         "none", help="async: none | drop:K | lr-scale | dc-asgd[:L] | dc-asgd-a[:L0[,M]] | gap-aware[:C]")
     backup_workers: int = setting(0, help="sync: apply each step after the first (workers - b) gradients")
     staleness_bound: int = setting(0, help="ssp: the largest clock lead s")
-    num_workers: int = setting(2, help="number of workers", flags=("--workers",))
+    num_workers: int = setting(2, flags=("--workers",),
+                          help="number of workers (chief: else TF_CONFIG's, when it has one)")
     num_ps: int = setting(2, help="number of parameter-server shards", flags=("--ps",))
     max_updates: int = setting(0, help="stop after this many applied updates (0: no limit)")
     epochs: float = setting(DEFAULT_EPOCHS, help=(

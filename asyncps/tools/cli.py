@@ -46,10 +46,10 @@ def _add(parser: argparse._ActionsContainer, flag: str, default: Any, help: str,
 
 
 def add_run_flags(p: argparse.ArgumentParser, skip: Sequence[str] = (), only: Sequence[str] | None = None,
-                  config_file: bool = True) -> None:
+                  config_file: bool = True, title: str = "training run") -> None:
     """The flags of the RunConfig fields (all, or `only` these, less `skip`), generated from the fields'
     Options; see run_settings for how they combine with --run-config and the environment."""
-    g = p.add_argument_group("training run", "precedence: default < --run-config file < ASYNCPS_* environment "
+    g = p.add_argument_group(title, "precedence: default < --run-config file < ASYNCPS_* environment "
                                               "< flag" if config_file else "precedence: default < environment < flag")
     if config_file:
         _add(g, "--run-config", "", "JSON, YAML or TOML file of RunConfig fields (e.g. a run's config.json)")
@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ps", help="run one parameter-server shard")
     common(p, True)
     _add(p, "--index", 0, "shard index (TF_CONFIG task.index wins)", type=int)
-    add_run_flags(p, only=("chunk_bytes",), config_file=False)
+    add_run_flags(p, only=("chunk_bytes",), config_file=False, title="streaming")
     add_security_flags(p)
     p.set_defaults(fn=cmd_ps)
 
