@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from asyncps.config import RunConfig
+from asyncps.config import RunConfig, env_names, run_options
 from asyncps.rundir import wait_port_file
 from asyncps.security import SecurityConfig
 
@@ -41,6 +41,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("TF_CONFIG", None)  # local processes are configured by flags only
+    for name in run_options():  # and the launcher's resolved RunConfig: no ASYNCPS_MODE etc. over it
+        for var in env_names(name):
+            env.pop(var, None)
     env.update(extra or {})
     return env
 
@@ -103,12 +106,14 @@ class LocalCluster:
             port_file = self.logs / f"ps-{i}.port"
             port_file.unlink(missing_ok=True)
             shards.append((self._spawn(f"ps-{i}", ["ps", "--host", "127.0.0.1", "--port", "0", "--index", str(i),
+                                                  "--chunk-bytes", str(self.run.chunk_bytes),
                                                   "--port-file", str(port_file)]), port_file))
         for child, port_file in shards:
             port = wait_port_file(port_file, port_timeout_s, child.alive)
             self.ps_addresses.append(f"127.0.0.1:{port}")
             self._ps_args[child.name] = ["ps", "--host", "127.0.0.1", "--port", str(port),
-                                         "--index", child.name.split("-")[1]]
+                                         "--index", child.name.split("-")[1],
+                                         "--chunk-bytes", str(self.run.chunk_bytes)]
         port_file = self.logs / "chief.port"
         port_file.unlink(missing_ok=True)
         chief = self._spawn("chief", [
