@@ -80,10 +80,12 @@ def _is_float(dtype: np.dtype[Any]) -> bool:
 def _all_finite(a: Array) -> bool:
     if a.size == 0:
         return True
-    if a.dtype.itemsize <= 4:
-        # A float64 sum propagates NaN/Inf without a bool temporary the size of the tensor, and
-        # cannot overflow on float32/float16 inputs.
-        return bool(np.isfinite(np.add.reduce(a, axis=None, dtype=np.float64)))
+    # A sum propagates NaN/Inf without a bool temporary the size of the tensor: a finite sum
+    # proves every element finite. A non-finite one may also be an overflow of large finite
+    # values, so only then is every element checked.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(a, axis=None)):
+            return True
     return bool(np.isfinite(a).all())
 
 

@@ -503,3 +503,14 @@ def test_wait_newer_times_out_or_returns_at_once() -> None:
     assert store.wait_newer(0, timeout_s=30.0) == 1
     assert store.wait_newer(5, timeout_s=-1.0) == 1  # negative timeout: no wait
     assert time.monotonic() - started < 15.0
+
+
+def test_finite_gradients_whose_sum_overflows_are_accepted_and_nan_beside_them_is_not() -> None:
+    """The finiteness check sums first: an overflowing sum of finite values must fall back to
+    an exact check, not reject a valid gradient (and a NaN must still be found)."""
+    store = make_store(lr=1e-30)
+    huge = np.full(3, 3e38, np.float32)  # the float32 sum is inf, every element is finite
+    assert store.push("w0", 0, {"b": huge}).accepted
+    with pytest.raises(InvalidArgumentError, match="NaN or Inf"):
+        store.push("w0", 1, {"b": np.array([3e38, 3e38, np.nan], np.float32)})
+    assert store.version == 1
