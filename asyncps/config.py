@@ -125,6 +125,9 @@ class RunConfig:
     checkpoint_every_s: float = setting(0.0, help="checkpoint every this many seconds (0: off)", flags=(), env=())
     keep_checkpoints: int = setting(3, help="how many checkpoints to keep")
     task_size: int = setting(0, help="examples per data task (0: 4 batches)")
+    pipeline: bool = setting(False, help=(
+        "workers compute the next gradient while the previous push is in flight: more steps/s, one more "
+        "step of staleness (measured and recorded like any other)"))
 
     def __post_init__(self) -> None:
         problems = []
@@ -257,7 +260,19 @@ def parse_setting(name: str, text: str) -> dict[str, Any]:
         return {name: _parse_float(text)}
     if kind is str:
         return {name: text}
-    raise TypeError(f"RunConfig.{name}: no text parser for {kind}")  # a programming error
+    if kind is bool:
+        return {name: parse_bool(text)}
+    raise TypeError(f"RunConfig.{name}: no text parser for {kind}")
+
+
+def parse_bool(text: str) -> bool:
+    """1/true/yes/on or 0/false/no/off (any case)."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false (1/0, yes/no, on/off), got {text!r}")  # a programming error
 
 
 def settings_from_env(environ: Mapping[str, str], names: Iterable[str] | None = None) -> dict[str, Any]:
@@ -294,6 +309,8 @@ def coerce_settings(data: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def _coerce(kind: Any, value: Any) -> Any:
+    if kind is bool:
+        return value if isinstance(value, bool) else parse_bool(str(value))
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
     if kind is float and (numeric or isinstance(value, str)):
         return _parse_float(value) if isinstance(value, str) else float(value)

@@ -130,7 +130,8 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
     trainer = Trainer(client, names, make_grad_fn(model, loss_fn), batches, delay, telemetry,
-                      read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step))
+                      read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
+                      pipeline=run.pipeline)
     code = 0
     try:
         trainer.run(stop, config.max_steps)

@@ -63,9 +63,10 @@ def add_run_flags(p: argparse.ArgumentParser, skip: Sequence[str] = (), only: Se
         default = getattr(defaults, name)
         shown = "empty" if default in ("", {}) else f"{default:g}" if isinstance(default, float) else str(default)
         where = f"env {' or '.join(envs)}; " if envs else ""
+        switch: dict[str, Any] = {"nargs": "?", "const": "true"} if isinstance(default, bool) else {}  # --flag: on
         g.add_argument(*flags, dest=name, default=argparse.SUPPRESS, action="append" if option.repeat else "store",
                        metavar=flags[0].lstrip("-").replace("-", "_").upper(),
-                       help=f"{option.help} ({where}default: {shown})".replace("%", "%%"))
+                       help=f"{option.help} ({where}default: {shown})".replace("%", "%%"), **switch)
         names.append(name)
     p.set_defaults(run_fields=tuple(names))
 

@@ -102,20 +102,22 @@ class ModelClient:
         return per_shard
 
     def push_pull(
-        self, grads: Mapping[str, Gradient], step: int, loss: float, read_wait_s: float = 0.0
+        self, grads: Mapping[str, Gradient], step: int, loss: float, read_wait_s: float = 0.0,
+        base: Sequence[int] | None = None, incarnations: Sequence[int] | None = None,
     ) -> list[ShardPush]:
-        """Push one step's gradient to every shard with the versions it was computed from, and
-        receive the new values in the same round trip."""
+        """Push one step's gradient to every shard with the versions (and incarnations) it was
+        computed from — by default the ones last received — and receive the new values in the
+        same round trip."""
         per_shard = self.split(grads)
-        base = list(self.versions)
+        base = list(self.versions if base is None else base)
+        incarnations = list(self.incarnations if incarnations is None else incarnations)
 
         def one(shard: int) -> ShardPush:
             if not per_shard[shard]:  # nothing of this shard was touched (sparse-only models)
                 reply = self.shards[shard].pull(self.member_id, base[shard], self._views[shard])
                 self._accept(shard, reply)
                 return ShardPush(shard, None, reply.version)
-            request = PushRequest(self.member_id, base[shard], per_shard[shard], step, loss,
-                                  self.incarnations[shard])
+            request = PushRequest(self.member_id, base[shard], per_shard[shard], step, loss, incarnations[shard])
             outcome, reply = self.shards[shard].push_pull(request, -1, self._views[shard], read_wait_s)
             self._accept(shard, reply)
             return ShardPush(shard, outcome, reply.version, reply.waited_s)
