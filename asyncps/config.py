@@ -125,6 +125,9 @@ class RunConfig:
     checkpoint_every_s: float = setting(0.0, help="checkpoint every this many seconds (0: off)", flags=(), env=())
     keep_checkpoints: int = setting(3, help="how many checkpoints to keep")
     task_size: int = setting(0, help="examples per data task (0: 4 batches)")
+    transport: str = setting("auto", help=(
+        "how workers move tensors to shards: auto (shared memory with shards on the same host, gRPC frames "
+        "otherwise) | grpc | shm (shared memory required)"))
     pipeline: bool = setting(False, help=(
         "workers compute the next gradient while the previous push is in flight: more steps/s, one more "
         "step of staleness (measured and recorded like any other)"))
@@ -153,6 +156,8 @@ class RunConfig:
             problems.append("checkpoint intervals must be >= 0 and keep_checkpoints >= 1")
         if self.task_size < 0:
             problems.append("task_size must be >= 0")
+        if self.transport not in ("auto", "grpc", "shm"):
+            problems.append(f"transport must be auto, grpc or shm, not {self.transport!r}")
         if self.tf_threads < 0:
             problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
         if problems:

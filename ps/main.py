@@ -57,4 +57,5 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     log.info("shard %d stopping at version %d", config.index, store.version)
     health.enter_graceful_shutdown()
     server.stop(grace=2.0).wait()
+    servicer.close()
     return 0

@@ -11,12 +11,14 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import grpc
+import numpy as np
 
 from asyncps.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
-from asyncps.errors import InvalidArgumentError
+from asyncps.errors import FailedPreconditionError, InvalidArgumentError
 from asyncps.frames import identity, read_frames
 from asyncps.pb import ps_pb2
 from asyncps.ps.service import DEFAULT_MAX_WAITERS, ShardService
+from asyncps.ps.shm import Attachments
 from asyncps.ps.store import ShardStore
 from asyncps.rpc import handles_errors
 from asyncps.shard import PushRequest, ShardValues
@@ -81,6 +83,7 @@ class ParameterServerServicer:
         self._max_request_bytes = max_request_bytes
         self._on_shutdown = on_shutdown
         self._cache = _ReplyCache(chunk_bytes)
+        self._attachments = Attachments()
 
     @handles_errors
     def Initialize(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> ps_pb2.InitializeResponse:
@@ -183,6 +186,45 @@ class ParameterServerServicer:
         return ps_pb2.InitializeResponse(created=True, version=version)
 
     @handles_errors
+    def AttachShm(self, request: ps_pb2.AttachShmRequest, context: grpc.ServicerContext) -> ps_pb2.AttachShmResponse:
+        """Map a worker's shared-memory segment (same host only)."""
+        stats = self._service.stats()
+        if not stats.initialized:
+            raise FailedPreconditionError(f"shard {self._store.shard_index} is not initialized yet")
+        variables = {name: (np.dtype(dtype), tuple(shape)) for name, dtype, shape in stats.variables}
+        attachment = self._attachments.attach(request.worker_id, request.segment, request.segment_bytes,
+                                              request.token, request.values, variables)
+        log.info("attached the shared memory of %s (%d bytes)", request.worker_id, request.segment_bytes)
+        return ps_pb2.AttachShmResponse(attachment=attachment)
+
+    @handles_errors
+    def ShmPushPull(self, request: ps_pb2.ShmPushPullRequest, context: grpc.ServicerContext) -> ps_pb2.PullHeader:
+        """PushPull with the tensors in an attached segment; only the headers travel here."""
+        header = request.header
+        attachment = self._attachments.get(request.attachment, header.worker_id)
+        limit = self._wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
+        with attachment.lock:
+            if attachment.closed:
+                raise FailedPreconditionError("the shared-memory attachment was replaced: attach again")
+            grads = attachment.read_grads(request.grads)
+        self._service.count(pushed=sum(g.nbytes for g in grads.values()))
+        push = PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss, header.incarnation)
+        outcome, reply = self._service.push_pull(push, header.pull_if_newer_than, limit)
+        if reply.values is not None:
+            with attachment.lock:
+                if attachment.closed:
+                    raise FailedPreconditionError("the shared-memory attachment was replaced: attach again")
+                attachment.write_values(reply.values)
+            self._service.count(pulled=sum(v.nbytes for v in reply.values.values()))
+        return ps_pb2.PullHeader(version=reply.version, not_modified=reply.values is None,
+                                 shard_index=self._store.shard_index, push=outcome_to_proto(outcome),
+                                 waited_s=reply.waited_s, incarnation=reply.incarnation)
+
+    def close(self) -> None:
+        """Unmap every attached segment."""
+        self._attachments.close()
+
+    @handles_errors
     def Shutdown(self, request: ps_pb2.ShutdownRequest, context: grpc.ServicerContext) -> ps_pb2.ShutdownResponse:
         """Ask the hosting process to exit cleanly."""
         log.info("shutdown requested: %s", request.reason or "(no reason)")
@@ -217,5 +259,7 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
             servicer.Restore, request_deserializer=identity,
             response_serializer=ps_pb2.InitializeResponse.SerializeToString),
         "Shutdown": unary(servicer.Shutdown, ps_pb2.ShutdownRequest, ps_pb2.ShutdownResponse),
+        "AttachShm": unary(servicer.AttachShm, ps_pb2.AttachShmRequest, ps_pb2.AttachShmResponse),
+        "ShmPushPull": unary(servicer.ShmPushPull, ps_pb2.ShmPushPullRequest, ps_pb2.PullHeader),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SHARD_SERVICE, handlers),))

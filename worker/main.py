@@ -126,7 +126,7 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
     batches = TaskBatches(lambda: coord.get_task(member_id), data.x_train, data.y_train, run.batch_size,
                           run.seed)
     client = connect_model(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
-                         config.security)
+                           config.security, transport=run.transport)
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
     trainer = Trainer(client, names, make_grad_fn(model, loss_fn), batches, delay, telemetry,

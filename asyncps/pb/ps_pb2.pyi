@@ -779,3 +779,93 @@ class SnapshotChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SnapshotChunk: _TypeAlias = SnapshotChunk  # noqa: Y015
+
+@_typing.final
+class AttachShmRequest(_message.Message):
+    """Regions of a shared-memory segment are TensorChunks: name, role, dtype, shape, offset (the
+    byte offset in the segment, a multiple of 8) and nbytes (the tensor's whole size).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    segment: _builtins.str
+    """a name under /dev/shm: asyncps-[A-Za-z0-9_-]+"""
+    segment_bytes: _builtins.int
+    """the segment's exact size"""
+    token: _builtins.bytes
+    """the first bytes of the segment (proof of the same /dev/shm)"""
+    @_builtins.property
+    def values(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]:
+        """where each of this shard's values goes (dense, its own dtype)"""
+
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        segment: _builtins.str = ...,
+        segment_bytes: _builtins.int = ...,
+        token: _builtins.bytes = ...,
+        values: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment", "segment_bytes", b"segment_bytes", "token", b"token", "values", b"values", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachShmRequest: _TypeAlias = AttachShmRequest  # noqa: Y015
+
+@_typing.final
+class AttachShmResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTACHMENT_FIELD_NUMBER: _builtins.int
+    attachment: _builtins.int
+    """names this mapping in ShmPushPull; a new attach of the worker replaces it"""
+    def __init__(
+        self,
+        *,
+        attachment: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachShmResponse: _TypeAlias = AttachShmResponse  # noqa: Y015
+
+@_typing.final
+class ShmPushPullRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    ATTACHMENT_FIELD_NUMBER: _builtins.int
+    GRADS_FIELD_NUMBER: _builtins.int
+    attachment: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___PushHeader: ...
+    @_builtins.property
+    def grads(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]:
+        """dense gradients in the segment (sparse ones travel as frames)"""
+
+    def __init__(
+        self,
+        *,
+        header: Global___PushHeader | None = ...,
+        attachment: _builtins.int = ...,
+        grads: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment", "grads", b"grads", "header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShmPushPullRequest: _TypeAlias = ShmPushPullRequest  # noqa: Y015

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from asyncps import shmseg
 from asyncps.config import RunConfig, env_names, run_options
 from asyncps.rundir import wait_port_file
 from asyncps.security import SecurityConfig
@@ -77,7 +78,10 @@ class LocalCluster:
         self.restarts: dict[str, int] = {}
         self.run_dir = run_dir
         self.logs = run_dir / "logs"
-        self.env = child_env(env)
+        # segments of this run are named asyncps-<tag>-..., so stop() can sweep any a worker killed
+        # between creating and mapping one left behind
+        self.shm_tag = f"run{os.getpid()}x{secrets.token_hex(3)}"
+        self.env = child_env({shmseg.TAG_ENV: self.shm_tag, **(env or {})})
         self.children: list[Child] = []
         self.chief_address = ""
         self.ps_addresses: list[str] = []
@@ -186,6 +190,7 @@ class LocalCluster:
                 child.proc.kill()
                 child.proc.wait()
             child.log.close()
+        shmseg.sweep(self.shm_tag)
 
     def exit_codes(self) -> dict[str, int | None]:
         """Exit code of every process (None while running)."""

@@ -69,12 +69,12 @@ class GrpcShardTransport:
         seed: int | None = None,
     ) -> None:
         self.address = address
-        self._deadline_s = deadline_s
-        self._call_timeout_s = call_timeout_s
+        self.deadline_s = deadline_s
+        self.call_timeout_s = call_timeout_s
         self._chunk_bytes = chunk_bytes
         self._channel = secure_channel(address, security) if security else make_channel(address)
         self._rng = random.Random(seed)
-        ch = self._channel
+        ch = self.channel = self._channel
 
         def path(method: str) -> str:
             return f"/{SHARD_SERVICE}/{method}"
@@ -101,10 +101,11 @@ class GrpcShardTransport:
         self._shutdown = ch.unary_unary(path("Shutdown"), request_serializer=ps_pb2.ShutdownRequest.SerializeToString,
                                         response_deserializer=ps_pb2.ShutdownResponse.FromString)
 
-    def _retry(self, fn: Callable[[], T], deadline_s: float | None = None, training: bool = False) -> T:
+    def retry(self, fn: Callable[[], T], deadline_s: float | None = None, training: bool = False) -> T:
+        """Call fn, retrying UNAVAILABLE (and, for training calls, a shard waiting to be restored)."""
         codes = _TRAINING_RETRY if training else _RETRY
         return call_with_retry(fn, f"parameter server {self.address}",
-                               self._deadline_s if deadline_s is None else deadline_s, retry_codes=codes,
+                               self.deadline_s if deadline_s is None else deadline_s, retry_codes=codes,
                                rng=self._rng)
 
     def initialize(
@@ -114,8 +115,8 @@ class GrpcShardTransport:
         """Send initial values and the update rule (idempotent on the shard)."""
         header = ps_pb2.InitializeHeader(worker_id=member_id, shard_index=shard_index, num_shards=num_shards,
                                          rule=rule_to_proto(rule))
-        reply = self._retry(lambda: self._initialize(initialize_frames(header, values, self._chunk_bytes),
-                                                     timeout=self._call_timeout_s))
+        reply = self.retry(lambda: self._initialize(initialize_frames(header, values, self._chunk_bytes),
+                                                     timeout=self.call_timeout_s))
         return InitResult(reply.created, reply.version)
 
     def pull(
@@ -127,10 +128,10 @@ class GrpcShardTransport:
                                      wait_timeout_s=wait_timeout_s)
 
         def call() -> ShardValues:
-            stream = self._pull(request, timeout=self._call_timeout_s + wait_timeout_s)
+            stream = self._pull(request, timeout=self.call_timeout_s + wait_timeout_s)
             return _read_values(stream, buffers, "pull reply")[1]
 
-        return self._retry(call, training=True)
+        return self.retry(call, training=True)
 
     @staticmethod
     def _push_header(request: PushRequest, pull_if_newer_than: int = -1, read_wait_s: float = 0.0) -> ps_pb2.PushHeader:
@@ -141,8 +142,8 @@ class GrpcShardTransport:
     def push(self, request: PushRequest) -> PushOutcome:
         """Apply or drop one gradient."""
         header = self._push_header(request)
-        return outcome_from_proto(self._retry(
-            lambda: self._push(push_frames(header, request.grads, self._chunk_bytes), timeout=self._call_timeout_s)))
+        return outcome_from_proto(self.retry(
+            lambda: self._push(push_frames(header, request.grads, self._chunk_bytes), timeout=self.call_timeout_s)))
 
     def push_pull(
         self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
@@ -153,47 +154,47 @@ class GrpcShardTransport:
 
         def call() -> tuple[PushOutcome, ShardValues]:
             stream = self._push_pull(push_frames(header, request.grads, self._chunk_bytes),
-                                     timeout=self._call_timeout_s + read_wait_s)
+                                     timeout=self.call_timeout_s + read_wait_s)
             reply_header, values = _read_values(stream, buffers, "push-pull reply")
             return outcome_from_proto(reply_header.push), values
 
-        return self._retry(call, training=True)
+        return self.retry(call, training=True)
 
     def stats(self, deadline_s: float | None = None) -> StoreStats:
         """The shard's counters and variable metadata."""
-        return stats_from_proto(self._retry(
-            lambda: self._stats(ps_pb2.StatsRequest(), timeout=self._call_timeout_s), deadline_s))
+        return stats_from_proto(self.retry(
+            lambda: self._stats(ps_pb2.StatsRequest(), timeout=self.call_timeout_s), deadline_s))
 
     def pause(self, hold_s: float) -> int:
         """Hold pushes for up to hold_s seconds (0: release); returns the shard's version."""
         request = ps_pb2.PauseRequest(pause=hold_s > 0, max_hold_s=hold_s)
-        return int(self._retry(lambda: self._pause(request, timeout=self._call_timeout_s)).version)
+        return int(self.retry(lambda: self._pause(request, timeout=self.call_timeout_s)).version)
 
     def snapshot(self) -> Snapshot:
         """The shard's whole state (values, slots, counters)."""
         def call() -> Snapshot:
             assembler = TensorAssembler()
-            stream = self._snapshot(ps_pb2.SnapshotRequest(), timeout=self._call_timeout_s * 4)
+            stream = self._snapshot(ps_pb2.SnapshotRequest(), timeout=self.call_timeout_s * 4)
             header = read_frames(stream, parse_snapshot, assembler, "snapshot")
             return snapshot_from_wire(header, assembler.finish())
 
-        return self._retry(call)
+        return self.retry(call)
 
     def restore(self, snap: Snapshot, shard_index: int) -> InitResult:
         """Replace the shard's state with a checkpoint's part."""
         header = snapshot_header(snap, shard_index)
-        reply = self._retry(lambda: self._restore(snapshot_frames(header, snap, self._chunk_bytes),
-                                                  timeout=self._call_timeout_s * 4))
+        reply = self.retry(lambda: self._restore(snapshot_frames(header, snap, self._chunk_bytes),
+                                                  timeout=self.call_timeout_s * 4))
         return InitResult(reply.created, reply.version)
 
     def set_live_workers(self, worker_ids: Sequence[str]) -> None:
         """Tell the shard which workers are alive."""
         request = ps_pb2.LiveWorkersRequest(worker_ids=worker_ids)
-        self._retry(lambda: self._live(request, timeout=self._call_timeout_s))
+        self.retry(lambda: self._live(request, timeout=self.call_timeout_s))
 
     def shutdown(self, reason: str, deadline_s: float = 5.0) -> None:
         """Ask the shard process to exit."""
-        self._retry(lambda: self._shutdown(ps_pb2.ShutdownRequest(reason=reason), timeout=deadline_s), deadline_s)
+        self.retry(lambda: self._shutdown(ps_pb2.ShutdownRequest(reason=reason), timeout=deadline_s), deadline_s)
 
     def close(self) -> None:
         """Close the channel."""
