@@ -20,7 +20,7 @@ from asyncps.codec import Array
 if TYPE_CHECKING:
     from asyncps.chief.checkpoint import Checkpoint
     from asyncps.placement import Placement
-    from asyncps.psclient import ModelClient
+    from asyncps.transport import ModelClient
 
 log = logging.getLogger("asyncps.chief")
 
@@ -63,13 +63,11 @@ class Checkpointer:
         """Initialize a shard from the initial values, or restore it from a checkpoint."""
         from asyncps.chief.checkpoint import split
         from asyncps.placement import split_for_shards
-        from asyncps.wire import rule_to_proto
 
         client = self._client.shards[shard]
         if ckpt is None:
             part = split_for_shards(self._placement, self._initial_values)[shard]
-            reply = client.initialize("chief", shard, len(self._config.ps), rule_to_proto(self._run.update_rule()),
-                                      part)
+            reply = client.initialize("chief", shard, len(self._config.ps), self._run.update_rule(), part)
             log.info("shard %d at %s: %s at version %d", shard, self._config.ps[shard],
                      "initialized" if reply.created else "already initialized", reply.version)
             return

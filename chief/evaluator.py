@@ -15,7 +15,7 @@ from asyncps.codec import Array
 
 if TYPE_CHECKING:
     from asyncps.datasets import Dataset
-    from asyncps.psclient import ModelClient
+    from asyncps.transport import ModelClient
 
 log = logging.getLogger("asyncps.chief")
 

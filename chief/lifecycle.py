@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import grpc
     from grpc_health.v1.health import HealthServicer
 
-    from asyncps.psclient import ModelClient
+    from asyncps.transport import ModelClient
 
 log = logging.getLogger("asyncps.chief")
 

@@ -32,7 +32,7 @@ from asyncps.tfutil import limit_threads, quiet_tensorflow
 if TYPE_CHECKING:
     from asyncps.datasets import Dataset
     from asyncps.placement import Placement
-    from asyncps.psclient import ModelClient
+    from asyncps.transport import ModelClient
 
 __all__ = ["Chief", "ChiefConfig", "run_chief"]
 
@@ -59,7 +59,7 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     from asyncps.datasets import load_dataset
     from asyncps.models import build_model, loss_fn
     from asyncps.placement import VariableSpec, place
-    from asyncps.psclient import ModelClient
+    from asyncps.transport import connect_model
 
     data = load_dataset(run.dataset, run.seed)
     model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
@@ -67,7 +67,7 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     initial_values = evaluator.values()
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(config.ps), run.slice_threshold_bytes)
-    client = ModelClient("chief", list(config.ps), placement, run.rpc_deadline_s, run.chunk_bytes, config.security)
+    client = connect_model("chief", list(config.ps), placement, run.rpc_deadline_s, run.chunk_bytes, config.security)
     log.info("model %s: %d variables, %d parameters; bytes per shard %s", run.model, len(specs),
              sum(math.prod(s.shape) for s in specs), placement.shard_bytes())
     return ModelParts(data, model, evaluator, initial_values, placement, client)

@@ -138,7 +138,7 @@ class Membership:
 
 
 class LiveWorkersSink(Protocol):
-    """A shard that is told which workers are alive (a ShardClient)."""
+    """A shard that is told which workers are alive (a ShardTransport)."""
 
     def set_live_workers(self, worker_ids: Sequence[str]) -> None:
         """Replace the shard's live set."""

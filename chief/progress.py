@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from asyncps.psclient import ShardClient
+    from asyncps.transport import ShardTransport
 
 log = logging.getLogger("asyncps.chief")
 
@@ -72,7 +72,7 @@ class TrainClock:
 class ShardPoller:
     """Reads every shard's counters into Progress; an empty (restarted) shard is handed to `recover`."""
 
-    def __init__(self, shards: Sequence[ShardClient], addresses: Sequence[str], deadline_s: float,
+    def __init__(self, shards: Sequence[ShardTransport], addresses: Sequence[str], deadline_s: float,
                  progress: Progress, recover: Callable[[int], None]) -> None:
         self._shards = shards
         self._addresses = addresses
