@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"MLP {label}, batch 64, 2 shards + 2 workers", flush=True)
         local = _record(results, keras_local_loop(hidden, repeats=reps, seconds=secs))
         tf_ps = _record(results, tf_ps_strategy(hidden, repeats=max(2, reps - 2), seconds=secs + 2))
-        ours = _record(results, asyncps_training(hidden, seconds=25.0 if not args.quick else 12.0))
+        ours = _record(results, asyncps_training(hidden, seconds=25.0 if not args.quick else 12.0).samples)
         _ratio(results, f"asyncps/local {label}", ours, local)
         _ratio(results, f"asyncps/tf_ps_strategy {label}", ours, tf_ps)
         _ratio(results, f"tf_ps_strategy/local {label}", tf_ps, local)
