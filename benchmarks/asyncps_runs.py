@@ -1,8 +1,8 @@
 """The asyncps half of the benchmarks: local clusters over one transport, shard transfer MB/s.
 
-A transport is one entry of TRANSPORTS: its name and the RunConfig fields (and shard flags) that
-select it. gRPC selects nothing, it is the default; another transport (shared memory) is one more
-entry, and every section of `make bench` then measures it beside gRPC.
+A transport is one entry of TRANSPORTS: its name and the RunConfig fields that select it (today
+RunConfig.transport, `--transport`: gRPC frames or shared memory). Every section of `make bench`
+measures each transport it is given as one more contender; a new transport is one more entry.
 """
 
 from __future__ import annotations
@@ -38,13 +38,16 @@ WARMUP_S = 2.0
 class Transport:
     """How the workers of a run reach the shards."""
 
-    name: str
+    name: str  # also the `transport` argument of asyncps.transport.connect_shard (shard_transfer)
     run_overrides: Mapping[str, Any] = field(default_factory=dict)  # RunConfig fields that select it
-    ps_flags: tuple[str, ...] = ()  # extra `asyncps ps` flags it needs (shard_transfer)
 
 
-#: Every transport the benchmarks know, by name; `--transports` picks from these.
-TRANSPORTS: dict[str, Transport] = {"grpc": Transport("grpc")}
+#: Every transport the benchmarks know, by name; `--transports` picks from these. Each is pinned
+#: (not "auto"), so a contender measures the path it is named after or fails.
+TRANSPORTS: dict[str, Transport] = {
+    "grpc": Transport("grpc", {"transport": "grpc"}),  # tensors in gRPC frames
+    "shm": Transport("shm", {"transport": "shm"}),  # tensors in shared memory, control over gRPC
+}
 
 
 def transport(name: str) -> Transport:
@@ -178,12 +181,11 @@ def asyncps_training(hidden: tuple[int, ...], via: Transport | None = None, batc
 def shard_transfer(megabytes: int = 40, repeats: int = 5, via: Transport | None = None) -> tuple[Samples, Samples]:
     """Pull and push MB/s between one client and one shard process holding a `megabytes` variable.
 
-    The client is ShardClient, asyncps' gRPC shard client; a transport with a client of its own
-    plugs it in here.
+    The client is asyncps.transport.connect_shard's for `via`, as a worker's would be.
     """
-    from asyncps.psclient import ShardClient
     from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-    from asyncps.wire import rule_to_proto
+    from asyncps.shard import PushRequest
+    from asyncps.transport import connect_shard
 
     via = via or TRANSPORTS["grpc"]
     value = np.random.default_rng(0).standard_normal(megabytes * 1_000_000 // 4).astype(np.float32)
@@ -191,13 +193,12 @@ def shard_transfer(megabytes: int = 40, repeats: int = 5, via: Transport | None 
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "ps.port"
         proc = subprocess.Popen([sys.executable, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1", "--port", "0",
-                                 "--port-file", str(port_file), "--log-level", "WARNING", *via.ps_flags],
+                                 "--port-file", str(port_file), "--log-level", "WARNING"],
                                 cwd=ROOT, env=child_env())
         try:
             port = wait_port_file(port_file, 60, lambda: proc.poll() is None)
-            client = ShardClient(f"127.0.0.1:{port}")
-            client.initialize("bench", 0, 1, rule_to_proto(UpdateRuleConfig(OptimizerConfig("sgd", 1e-3))),
-                              {"w": value})
+            client = connect_shard(f"127.0.0.1:{port}", transport=via.name)
+            client.initialize("bench", 0, 1, UpdateRuleConfig(OptimizerConfig("sgd", 1e-3)), {"w": value})
             buffers = {"w": np.empty_like(value)}
             pulls, pushes = [], []
             for i in range(repeats + 1):
@@ -205,7 +206,7 @@ def shard_transfer(megabytes: int = 40, repeats: int = 5, via: Transport | None 
                 client.pull("bench", -1, buffers)
                 pull_s = time.perf_counter() - t
                 t = time.perf_counter()
-                client.push("bench", i, {"w": grad})
+                client.push(PushRequest("bench", i, {"w": grad}))
                 push_s = time.perf_counter() - t
                 if i:  # the first round trip warms channels and allocator pools
                     pulls.append(value.nbytes / 1e6 / pull_s)

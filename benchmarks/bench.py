@@ -6,8 +6,9 @@ at the same time. Three sections (`--only` picks some):
 training  steps/s of every contender on the 784-512-512-10 and 784-2048-2048-10 MLPs (batch 64,
           2 shards + 2 workers where distributed): the local Keras loop, TF's
           ParameterServerStrategy and asyncps once per transport (`--transports`, from
-          benchmarks.asyncps_runs.TRANSPORTS), with same-run ratios to the two baselines and
-          the per-step overhead of each transport: median step time - median gradient time.
+          benchmarks.asyncps_runs.TRANSPORTS: gRPC frames and shared memory), with same-run
+          ratios to the two baselines and the per-step overhead of each transport: median step
+          time - median gradient time.
 transfer  pull and push MB/s of a 40 MB model between one client and one shard, per transport,
           against raw gRPC streaming of the same bytes.
 scaling   the small MLP: steps/s, step/gradient times and peak RSS per role for 1, 2, 4, 8 workers
@@ -18,7 +19,8 @@ time after a warm-up; every child process gets asyncps.procenv's allocator setti
 thread counts of benchmarks.baselines.compute_threads (the cores shared out over the processes
 that compute gradients). Prints medians, min-max and ratios as markdown tables; writes the results
 as JSON (--out, default benchmarks/results/bench.json) and a plot next to it (same name, .png).
-`--quick` is a smoke run of a few minutes: the small MLP only, 2 samples of 2 s, 3 scaling points.
+`--quick` is a smoke run of a few minutes: the small MLP only, 2 samples of 2 s, 3 scaling points
+over the first transport only.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class BenchConfig:
 
     sections: tuple[str, ...] = SECTIONS
     models: tuple[tuple[int, ...], ...] = (MODELS["small"], MODELS["large"])
-    transports: tuple[str, ...] = ("grpc",)
+    transports: tuple[str, ...] = tuple(TRANSPORTS)
     repeats: int = 5  # samples per contender
     seconds: float = 3.0  # measured time per sample
     num_ps: int = 2  # cluster shape of the distributed training contenders
@@ -80,6 +82,7 @@ class BenchConfig:
     scaling_shards: tuple[int, ...] = (1, 2, 4)  # with fixed_workers workers
     fixed_shards: int = 2
     fixed_workers: int = 2
+    scaling_all_transports: bool = True  # False: the scaling section runs over transports[0] only
 
     def __post_init__(self) -> None:
         unknown = set(self.sections) - set(SECTIONS)
@@ -106,7 +109,8 @@ class BenchConfig:
         return list(dict.fromkeys(points))
 
 
-QUICK = dict(models=(MODELS["small"],), repeats=2, seconds=2.0, scaling_workers=(1, 2), scaling_shards=(1,))
+QUICK = dict(models=(MODELS["small"],), repeats=2, seconds=2.0, scaling_workers=(1, 2), scaling_shards=(1,),
+             scaling_all_transports=False)
 
 
 def model_label(hidden: Sequence[int]) -> str:
@@ -238,7 +242,7 @@ def _run_scaling(cfg: BenchConfig, results: dict[str, Any]) -> None:
                                "seconds": seconds, "fixed_shards": cfg.fixed_shards,
                                "fixed_workers": cfg.fixed_workers, "points": []}
     results["scaling"] = section
-    for name in cfg.transports:
+    for name in cfg.transports if cfg.scaling_all_transports else cfg.transports[:1]:
         print(f"## scaling: MLP {section['model']} over {name}", flush=True)
         for workers, shards in cfg.scaling_points():
             try:
@@ -472,12 +476,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path, bo
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file; the plot goes next to it")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: small MLP, 2 samples of 2 s, 3 scaling points")
+                        help="a smoke run: small MLP, 2 samples of 2 s, 3 scaling points on the first transport")
     parser.add_argument("--only", action="append", choices=SECTIONS, help="run only this section (repeatable)")
     parser.add_argument("--seconds", type=float, help="measured seconds per sample (default 3, quick 2)")
     parser.add_argument("--repeats", type=int, help="samples per contender (default 5, quick 2)")
     parser.add_argument("--models", help="comma list of small, large or hidden sizes like 256x256")
-    parser.add_argument("--transports", default="grpc",
+    parser.add_argument("--transports", default=",".join(TRANSPORTS),
                         help=f"asyncps transports, comma list of {', '.join(TRANSPORTS)}")
     parser.add_argument("--megabytes", type=int, help="model size of the transfer section (default 40)")
     parser.add_argument("--scaling-workers", type=_ints,

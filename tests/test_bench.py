@@ -35,21 +35,22 @@ def test_transfer_section_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert results["config"]["sections"] == ["transfer"]
     assert "training" not in results and "scaling" not in results
     contenders = results["transfer"]["contenders"]
-    assert list(contenders) == ["raw-grpc", "asyncps-grpc"]
+    assert list(contenders) == ["raw-grpc", "asyncps-grpc", "asyncps-shm"]
     assert all(len(c[way]["values"]) == 2 for c in contenders.values() for way in ("pull", "push"))
-    assert set(results["transfer"]["ratios"]) == {"asyncps-grpc / raw-grpc pull", "asyncps-grpc / raw-grpc push"}
+    assert set(results["transfer"]["ratios"]) == {f"asyncps-{t} / raw-grpc {way}" for t in ("grpc", "shm")
+                                                  for way in ("pull", "push")}
     assert "### Transfer of a 2 MB model, MB/s" in printed and "| asyncps-grpc | push |" in printed
 
 
 @pytest.mark.slow
 def test_one_scaling_point_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     results, printed = _run(tmp_path, capsys, "--only", "scaling", "--scaling-workers", "1", "--scaling-shards", "",
-                            "--fixed-shards", "1", "--repeats", "1", "--seconds", "2")
+                            "--fixed-shards", "1", "--repeats", "1", "--seconds", "2", "--transports", "shm")
     (point,) = results["scaling"]["points"]
-    assert (point["workers"], point["shards"], point["transport"]) == (1, 1, "grpc")
+    assert (point["workers"], point["shards"], point["transport"]) == (1, 1, "shm")
     assert point["steps_per_s"] > 0 and point["compute_ms"] > 0 and point["step_ms"] >= point["compute_ms"]
     assert point["worker_rss_mb"] > 0 and point["shard_rss_mb"] > 0 and point["chief_rss_mb"] > 0
-    assert "| grpc | 1 | 1 |" in printed
+    assert "| shm | 1 | 1 |" in printed
 
 
 def _synthetic() -> dict[str, Any]:
@@ -133,6 +134,9 @@ def test_options() -> None:
     assert cfg.scaling_points() == [(1, 2), (2, 2), (2, 1)]
     assert bench.parse_args([])[0].scaling_points() == [(1, 2), (2, 2), (4, 2), (8, 2), (2, 1), (2, 4)]
     assert bench.parse_args(["--models", "small,64x32"])[0].models == ((512, 512), (64, 32))
-    assert [c.name for c in bench.training_contenders(cfg)] == ["keras-local", "tf-ps-strategy", "asyncps-grpc"]
+    assert not cfg.scaling_all_transports
+    assert [c.name for c in bench.training_contenders(cfg)] == ["keras-local", "tf-ps-strategy", "asyncps-grpc",
+                                                                 "asyncps-shm"]
+    assert [c.name for c in bench.transfer_contenders(cfg)] == ["raw-grpc", "asyncps-grpc", "asyncps-shm"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--transports", "pigeon"])
