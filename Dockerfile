@@ -26,10 +26,11 @@ ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS base
 ARG ASYNCPS_UID=10001
-# TF: several roles share a few cores, so one thread per TF pool unless told
-# otherwise (override per service). glibc malloc: keep large tensor buffers in
-# the heap instead of an mmap/munmap per RPC, and don't give memory back to the
-# OS after every free.
+# TF: several roles share a few cores, so one thread per TF/OpenMP/BLAS pool
+# unless told otherwise (override per service). glibc malloc: keep large tensor
+# buffers in the heap instead of an mmap/munmap per RPC, and don't give memory
+# back to the OS after every free. Both sets equal asyncps/procenv.py
+# (thread_env(1), MALLOC_ENV); tests/test_procenv.py checks that they do.
 ENV VIRTUAL_ENV=/opt/asyncps \
     PATH=/opt/asyncps/bin:${PATH} \
     PYTHONUNBUFFERED=1 \
@@ -39,9 +40,10 @@ ENV VIRTUAL_ENV=/opt/asyncps \
     TF_NUM_INTRAOP_THREADS=1 \
     TF_NUM_INTEROP_THREADS=1 \
     OMP_NUM_THREADS=1 \
+    OPENBLAS_NUM_THREADS=1 \
     TF_CPP_MIN_LOG_LEVEL=1 \
     MALLOC_MMAP_THRESHOLD_=268435456 \
-    MALLOC_TRIM_THRESHOLD_=268435456 \
+    MALLOC_TRIM_THRESHOLD_=536870912 \
     MALLOC_TOP_PAD_=67108864
 RUN useradd --uid "${ASYNCPS_UID}" --user-group --no-log-init --create-home \
         --home-dir /home/asyncps --shell /usr/sbin/nologin asyncps \

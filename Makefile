@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: demo test test-e2e layers lint typecheck proto proto-check bench clean
 
@@ -48,9 +49,9 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) scripts/gen_proto.py --check
 
-## bench: steps/s against a local Keras loop and TF's ParameterServerStrategy, transfer MB/s
+## bench: steps/s against a Keras loop and TF's ParameterServerStrategy, transfer MB/s, scaling (BENCH_ARGS=--quick)
 bench: $(STAMP)
-	$(PY) -m benchmarks.bench
+	$(PY) -m benchmarks.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

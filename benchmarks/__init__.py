@@ -1,7 +1,8 @@
 """Benchmark suite for asyncps.
 
-:mod:`benchmarks.baselines` measures what asyncps is compared against, on the same machine and
-with the same synthetic MLP workload: a plain single-process Keras training loop, TensorFlow's
-own ``ParameterServerStrategy`` on a local cluster of separate processes, and raw gRPC byte
-streaming (the transport ceiling). ``python -m benchmarks.baselines`` runs them all.
+``python -m benchmarks.bench`` (``make bench``) runs everything in one invocation: training
+steps/s of asyncps against a plain Keras loop and TF's ``ParameterServerStrategy``
+(:mod:`benchmarks.baselines`, :mod:`benchmarks.asyncps_runs`), model transfer against raw gRPC
+streaming, and the scaling table (:mod:`benchmarks.scaling`). :mod:`benchmarks.load` is the
+many-pushers load test of one shard.
 """

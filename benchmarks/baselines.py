@@ -15,28 +15,36 @@ Process layout. Every TensorFlow measurement runs in fresh child processes
 (``benchmarks/_tf_child.py``), including the local loop and the PS coordinator, because
 
 * TF thread-pool sizes can only be set before TF's runtime initialises, and the glibc
-  ``MALLOC_*`` tunables of :func:`tune_malloc_env` are only read at process start;
+  ``MALLOC_*`` tunables (:data:`asyncps.procenv.MALLOC_ENV`, the one setting of every process
+  the project starts) are only read at process start;
 * ``ParameterServerStrategy`` installs a process-global remote eager context pointing at the
   cluster, which must not leak into the caller (who may run asyncps or another cluster next);
 * the numbers then do not depend on what the calling process did before.
 
 The gRPC server likewise runs in a child (``benchmarks/_grpc_child.py``); the gRPC client runs
 in the calling process. ``python -m benchmarks.baselines`` re-executes itself with
-:func:`tune_malloc_env` applied (see :func:`reexec_with_tuned_malloc`) so that the client side
+``MALLOC_ENV`` applied (see :func:`reexec_with_tuned_malloc`) so that the client side
 gets the same allocator settings. Children are always killed on exit, exceptions and
 timeouts, and additionally exit on their own once the benchmark process is gone.
 
-Thread settings (2-core machine; see ``DEFAULT_*`` constants below):
+Thread settings: one rule for every contender (:func:`compute_threads`): the machine's cores
+are shared out evenly over the processes that compute gradients, so each of them gets
+``intra_op = max(1, cores // compute processes)``; every other process gets 1. Every child's
+environment comes from :func:`asyncps.procenv.process_env` with its thread counts
+(``TF_NUM_*_THREADS``, ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``), and TF children also set
+the same counts through ``tf.config`` / ``ConfigProto``. On the 2-core machine:
 
-* local loop: ``intra_op=2`` (the one process may use both cores), ``inter_op=1`` (the MLP
-  step is a single dependency chain, so parallel op scheduling only adds contention);
+* local loop: ``intra_op=2`` (the one computing process gets both cores), ``inter_op=1`` (the
+  MLP step is a single dependency chain, so parallel op scheduling only adds contention);
 * PS strategy: workers ``intra_op=1`` (two workers = two cores) with ``inter_op=num_workers +
   1``: remote-variable reads block inter-op threads, and with ``inter_op=1`` the workers hang
   (reproduced here: no result within minutes; TF's own tutorial uses the same
   ``num_workers + 1`` rule on small machines); PS tasks and the coordinator ``intra_op=1``
   (they only apply element-wise SGD updates and dispatch RPCs), ``inter_op`` left at TF's
   default. Giving everything ``intra_op=2`` or the workers more inter-op threads measured no
-  better (within this shared machine's noise).
+  better (within this shared machine's noise);
+* asyncps (benchmarks.asyncps_runs): ``--tf-threads`` (intra and inter) of the workers and the
+  chief by the same rule.
 
 PS-strategy measurement details: ``ClusterCoordinator.schedule`` never blocks in practice
 (its queue holds 256Ki closures), so the coordinator keeps at most 4 steps per worker in
@@ -72,16 +80,17 @@ from typing import IO, Any
 
 import grpc
 
+from asyncps.procenv import MALLOC_ENV, has_malloc_env, process_env
 from benchmarks import _grpc_child
 
 __all__ = [
     "BaselineError",
     "Samples",
+    "compute_threads",
     "keras_local_loop",
     "raw_grpc_streaming",
     "reexec_with_tuned_malloc",
     "tf_ps_strategy",
-    "tune_malloc_env",
 ]
 
 MB = 1_000_000
@@ -91,11 +100,8 @@ _HERE = Path(__file__).resolve().parent
 _TF_CHILD = _HERE / "_tf_child.py"
 _GRPC_CHILD = _HERE / "_grpc_child.py"
 
-#: TF thread pools of the local-loop process (see module docstring).
-DEFAULT_LOCAL_INTRA_OP = 2
+#: TF inter-op threads of the local-loop process (see module docstring).
 DEFAULT_LOCAL_INTER_OP = 1
-#: TF ``intra_op`` threads of every PS-strategy process (PS, workers and coordinator).
-DEFAULT_PS_INTRA_OP = 1
 
 #: Seconds a child gets to import TensorFlow / start serving. TF's import alone takes 5-25 s
 #: on this 2-core machine depending on load, and several children start at once.
@@ -140,51 +146,35 @@ class Samples:
         )
 
 
-def tune_malloc_env() -> dict[str, str]:
-    """Return glibc malloc tunables that make large-buffer allocation fast here.
+def compute_threads(compute_processes: int, cpus: int | None = None) -> int:
+    """TF ``intra_op`` threads of each of ``compute_processes`` gradient-computing processes.
 
-    By default glibc serves every allocation above the (dynamic, at most 32 MiB) mmap
-    threshold with a fresh ``mmap`` and returns it on free, so each 40 MB buffer pays ~10k
-    page faults: ``ndarray.tobytes()`` of 40 MB took ~24 ms on this machine, ~3 ms with these
-    values. Raising the mmap threshold keeps such buffers on the heap, and raising the trim
-    threshold / top pad keeps freed heap memory mapped for reuse. glibc reads these only at
-    process start, so put them into a child's environment (or re-exec, see
-    :func:`reexec_with_tuned_malloc`).
+    The one thread rule of every contender: the machine's ``cpus`` (default: all) are shared
+    out evenly, at least one thread each.
     """
-    return {
-        "MALLOC_MMAP_THRESHOLD_": str(256 * _MIB),
-        "MALLOC_TRIM_THRESHOLD_": str(512 * _MIB),
-        "MALLOC_TOP_PAD_": str(256 * _MIB),
-    }
+    if compute_processes < 1:
+        raise ValueError("compute_processes must be >= 1")
+    return max(1, (cpus or os.cpu_count() or 1) // compute_processes)
 
 
 def malloc_is_tuned(environ: dict[str, str] | None = None) -> bool:
-    """Whether ``environ`` (default: ``os.environ``) already carries :func:`tune_malloc_env`."""
-    env = dict(os.environ) if environ is None else environ
-    return all(env.get(key) == value for key, value in tune_malloc_env().items())
+    """Whether ``environ`` (default: ``os.environ``) already carries ``MALLOC_ENV``."""
+    return has_malloc_env(environ)
 
 
 def reexec_with_tuned_malloc() -> None:
-    """Re-execute the current interpreter command line with :func:`tune_malloc_env` applied.
+    """Re-execute the current interpreter command line with ``MALLOC_ENV`` applied.
 
     A no-op when the variables are already set (so it cannot loop); otherwise it does not
     return. Call it first thing in a benchmark ``main`` so in-process clients get the same
     allocator behaviour as the child processes.
     """
-    if malloc_is_tuned():
+    if has_malloc_env():
         return
-    env = {**os.environ, **tune_malloc_env()}
+    env = {**os.environ, **MALLOC_ENV}
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
-
-
-def _child_env() -> dict[str, str]:
-    """Environment for child processes: ours + tuned malloc + quieter TF logging."""
-    env = {**os.environ, **tune_malloc_env()}
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
 
 
 def _free_ports(count: int) -> list[int]:
@@ -205,7 +195,7 @@ def _free_ports(count: int) -> list[int]:
 class _Child:
     """One child process: stdout is a pipe we parse, stderr goes to a temporary log file."""
 
-    def __init__(self, name: str, argv: Sequence[str]) -> None:
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str]) -> None:
         self.name = name
         # Closed in kill(); its lifetime is the child's, not a block's.
         self._log: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
@@ -218,7 +208,7 @@ class _Child:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=self._log,
-                env=_child_env(),
+                env=env,
                 # Own session: a terminal Ctrl-C reaches only us, and we clean up children.
                 start_new_session=True,
             )
@@ -274,9 +264,10 @@ class _Children(contextlib.AbstractContextManager["_Children"]):
     def __init__(self) -> None:
         self._children: list[_Child] = []
 
-    def start(self, name: str, argv: Sequence[str]) -> _Child:
-        """Start ``argv`` as a tracked child named ``name``."""
-        child = _Child(name, argv)
+    def start(self, name: str, argv: Sequence[str], intra_op: int = 1, inter_op: int = 0) -> _Child:
+        """Start ``argv`` as a tracked child named ``name``, its environment from
+        :func:`asyncps.procenv.process_env` with these thread counts (0: the library default)."""
+        child = _Child(name, argv, process_env(intra_op=intra_op, inter_op=inter_op))
         self._children.append(child)
         return child
 
@@ -305,7 +296,7 @@ def keras_local_loop(
     repeats: int = 5,
     seconds: float = 3.0,
     *,
-    intra_op: int = DEFAULT_LOCAL_INTRA_OP,
+    intra_op: int | None = None,
     inter_op: int = DEFAULT_LOCAL_INTER_OP,
 ) -> Samples:
     """Measure a plain single-process Keras training loop in steps/s.
@@ -314,8 +305,11 @@ def keras_local_loop(
     ``GradientTape`` step per ``tf.function`` call on a fixed synthetic batch of ``batch``
     rows. After a warm-up, each of the ``repeats`` repetitions steps for ``seconds`` and
     yields one steps/s value. Runs in a fresh child process with ``intra_op`` / ``inter_op``
-    TF threads (0 = TF's default) and :func:`tune_malloc_env`.
+    TF threads (0 = TF's default; ``intra_op`` by default :func:`compute_threads` of one
+    process) and ``MALLOC_ENV``.
     """
+    if intra_op is None:
+        intra_op = compute_threads(1)
     with _Children() as children:
         child = children.start(
             "keras-local",
@@ -323,6 +317,7 @@ def keras_local_loop(
                 "local", hidden=list(hidden), batch=batch, repeats=repeats, seconds=seconds,
                 warmup_steps=_LOCAL_WARMUP_STEPS, intra_op=intra_op, inter_op=inter_op,
             ),
+            intra_op, inter_op,
         )
         result = json.loads(
             child.read_tagged_line("RESULT", _STARTUP_TIMEOUT_S + 3 * repeats * seconds)
@@ -338,7 +333,7 @@ def tf_ps_strategy(
     repeats: int = 3,
     seconds: float = 5.0,
     *,
-    intra_op: int = DEFAULT_PS_INTRA_OP,
+    intra_op: int | None = None,
     worker_inter_op: int | None = None,
 ) -> Samples:
     """Measure TensorFlow's ``ParameterServerStrategy`` in aggregate steps/s.
@@ -351,10 +346,13 @@ def tf_ps_strategy(
     ``tf.distribute.coordinator.ClusterCoordinator``, with at most a few steps in flight per
     worker. Input batches are generated on the workers. Each of the ``repeats`` repetitions
     schedules steps for ``seconds``, waits for all of them to finish and reports steps done by
-    all workers per second. ``intra_op`` applies to every process; workers get
-    ``worker_inter_op`` inter-op threads, by default ``num_workers + 1`` (``inter_op=1``
-    hangs). All processes are killed on return, on error and on timeout.
+    all workers per second. Workers get ``intra_op`` threads (default: :func:`compute_threads`
+    of ``num_workers``) and ``worker_inter_op`` inter-op threads, by default ``num_workers + 1``
+    (``inter_op=1`` hangs); PS tasks and the coordinator 1 intra-op thread and TF's default
+    inter-op pool. All processes are killed on return, on error and on timeout.
     """
+    if intra_op is None:
+        intra_op = compute_threads(num_workers)
     if worker_inter_op is None:
         worker_inter_op = num_workers + 1
     ports = _free_ports(num_ps + num_workers)
@@ -363,15 +361,16 @@ def tf_ps_strategy(
         "worker": [f"127.0.0.1:{port}" for port in ports[num_ps:]],
     }
     tasks = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]
+    threads = {"ps": (1, 0), "worker": (intra_op, worker_inter_op), "coordinator": (1, 0)}
     with _Children() as children:
         servers = [
             children.start(
                 f"tf-{job}-{index}",
                 _tf_child_argv(
                     "server", cluster=cluster, job_name=job, task_index=index,
-                    intra_op=intra_op, inter_op=worker_inter_op if job == "worker" else 0,
-                    parent_pid=os.getpid(),
+                    intra_op=threads[job][0], inter_op=threads[job][1], parent_pid=os.getpid(),
                 ),
+                *threads[job],
             )
             for job, index in tasks
         ]
@@ -382,8 +381,9 @@ def tf_ps_strategy(
             _tf_child_argv(
                 "coordinator", cluster=cluster, hidden=list(hidden), batch=batch,
                 repeats=repeats, seconds=seconds, warmup_steps=_PS_WARMUP_STEPS,
-                intra_op=intra_op, inter_op=0,
+                intra_op=threads["coordinator"][0], inter_op=threads["coordinator"][1],
             ),
+            *threads["coordinator"],
         )
         result = json.loads(
             coordinator.read_tagged_line("RESULT", _STARTUP_TIMEOUT_S + 4 * repeats * seconds)
@@ -411,7 +411,7 @@ def raw_grpc_streaming(
     rpc_timeout = 120.0
     with _Children() as children:
         server = children.start(
-            "grpc-server", [sys.executable, str(_GRPC_CHILD), str(os.getpid())]
+            "grpc-server", [sys.executable, str(_GRPC_CHILD), str(os.getpid())], 1, 1
         )
         port = int(server.read_tagged_line("PORT", _STARTUP_TIMEOUT_S))
         with grpc.insecure_channel(

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from asyncps.procenv import process_env
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rundir import wait_port_file
 from asyncps.shard import PushRequest
@@ -269,10 +270,10 @@ def run_load(address: str, config: LoadConfig) -> LoadResult:
 
 
 def _shard_env() -> dict[str, str]:
-    # flags only: ASYNCPS_* and TF_CONFIG in the environment would override them
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCPS_") and k != "TF_CONFIG"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    return env
+    # asyncps.procenv's allocator and thread settings; flags only: ASYNCPS_* and TF_CONFIG in the
+    # environment would override them
+    return process_env({k: v for k, v in os.environ.items() if not k.startswith("ASYNCPS_") and k != "TF_CONFIG"},
+                       intra_op=1)
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from asyncps.procenv import process_env
 from asyncps.rundir import wait_port_file
 
 if TYPE_CHECKING:
@@ -50,8 +51,11 @@ class ShardProcess:
 
 
 def child_env() -> dict[str, str]:
-    # Flags must come from the command line only: ASYNCPS_* and TF_CONFIG would override them.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCPS_") and k != "TF_CONFIG"}
+    """Environment of every process a test starts: the allocator and thread settings of
+    asyncps.procenv (as in production), and no ASYNCPS_* or TF_CONFIG: flags must come from the
+    command line only, those would override them."""
+    env = process_env({k: v for k, v in os.environ.items() if not k.startswith("ASYNCPS_") and k != "TF_CONFIG"},
+                      intra_op=1)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env
 

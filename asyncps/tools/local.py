@@ -18,16 +18,9 @@ from typing import IO
 
 from asyncps import shmseg
 from asyncps.config import RunConfig, env_names, run_options
+from asyncps.procenv import process_env
 from asyncps.rundir import wait_port_file
 from asyncps.security import SecurityConfig
-
-# glibc keeps large buffers instead of mapping and page-faulting fresh ones for every tensor
-# (measured here: tobytes() of 40 MB 24 ms -> 3.4 ms, unary gRPC 230 MB/s -> ~1 GB/s).
-MALLOC_TUNING = {
-    "MALLOC_MMAP_THRESHOLD_": str(256 << 20),
-    "MALLOC_TRIM_THRESHOLD_": str(512 << 20),
-    "MALLOC_TOP_PAD_": str(64 << 20),
-}
 
 
 def default_run_dir() -> Path:
@@ -35,13 +28,11 @@ def default_run_dir() -> Path:
     return Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for cluster processes: quiet TF, unbuffered output, malloc tuning."""
-    env = dict(os.environ)
-    env.update(MALLOC_TUNING)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.pop("TF_CONFIG", None)  # local processes are configured by flags only
+def child_env(extra: dict[str, str] | None = None, tf_threads: int = 1) -> dict[str, str]:
+    """Environment for cluster processes: asyncps.procenv's allocator and thread settings, quiet TF,
+    unbuffered output, no TF_CONFIG (local processes are configured by flags only); then `extra`."""
+    env = process_env(intra_op=tf_threads)
+    env.pop("TF_CONFIG", None)
     for name in run_options():  # and the launcher's resolved RunConfig: no ASYNCPS_MODE etc. over it
         for var in env_names(name):
             env.pop(var, None)
@@ -81,7 +72,7 @@ class LocalCluster:
         # segments of this run are named asyncps-<tag>-..., so stop() can sweep any a worker killed
         # between creating and mapping one left behind
         self.shm_tag = f"run{os.getpid()}x{secrets.token_hex(3)}"
-        self.env = child_env({shmseg.TAG_ENV: self.shm_tag, **(env or {})})
+        self.env = child_env({shmseg.TAG_ENV: self.shm_tag, **(env or {})}, run.tf_threads)
         self.children: list[Child] = []
         self.chief_address = ""
         self.ps_addresses: list[str] = []

@@ -1,0 +1,142 @@
+"""`make bench` end to end on its smallest pieces: real processes, no speed assertions.
+
+The transfer section with a 2 MB model (a raw gRPC server and a shard process) runs in the default
+suite; one scaling point (a whole local cluster, TensorFlow in the chief and a worker) is slow.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import bench
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict[str, Any], str]:
+    out = tmp_path / "results" / "bench.json"
+    code = bench.main([*args, "--out", str(out), "--no-reexec"])
+    printed = capsys.readouterr().out
+    results = json.loads(out.read_text())
+    assert code == 0, results["failures"]
+    assert bench.validate(results) == []
+    assert out.with_suffix(".png").read_bytes()[:8] == PNG_MAGIC
+    return results, printed
+
+
+def test_transfer_section_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results, printed = _run(tmp_path, capsys, "--only", "transfer", "--megabytes", "2", "--repeats", "2")
+    assert results["config"]["sections"] == ["transfer"]
+    assert "training" not in results and "scaling" not in results
+    contenders = results["transfer"]["contenders"]
+    assert list(contenders) == ["raw-grpc", "asyncps-grpc", "asyncps-shm"]
+    assert all(len(c[way]["values"]) == 2 for c in contenders.values() for way in ("pull", "push"))
+    assert set(results["transfer"]["ratios"]) == {f"asyncps-{t} / raw-grpc {way}" for t in ("grpc", "shm")
+                                                  for way in ("pull", "push")}
+    assert "### Transfer of a 2 MB model, MB/s" in printed and "| asyncps-grpc | push |" in printed
+
+
+@pytest.mark.slow
+def test_one_scaling_point_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results, printed = _run(tmp_path, capsys, "--only", "scaling", "--scaling-workers", "1", "--scaling-shards", "",
+                            "--fixed-shards", "1", "--repeats", "1", "--seconds", "2", "--transports", "shm")
+    (point,) = results["scaling"]["points"]
+    assert (point["workers"], point["shards"], point["transport"]) == (1, 1, "shm")
+    assert point["steps_per_s"] > 0 and point["compute_ms"] > 0 and point["step_ms"] >= point["compute_ms"]
+    assert point["worker_rss_mb"] > 0 and point["shard_rss_mb"] > 0 and point["chief_rss_mb"] > 0
+    assert "| shm | 1 | 1 |" in printed
+
+
+def _synthetic() -> dict[str, Any]:
+    """A results dict with every section, shaped like run_bench's."""
+    def samples(name: str, unit: str, values: list[float]) -> dict[str, Any]:
+        return {"name": name, "unit": unit, "median": sorted(values)[len(values) // 2], "min": min(values),
+                "max": max(values), "values": values}
+
+    training = {}
+    for label in ("784-512-512-10", "784-2048-2048-10"):
+        training[label] = {"contenders": {
+            "keras-local": {**samples("k", "steps/s", [300.0, 310.0, 320.0]), "threads": {"intra_op": 2, "inter_op": 1},
+                            "transport": None, "reference": True, "step_ms": 3.2, "compute_ms": None,
+                            "overhead_ms": None},
+            "tf-ps-strategy": {**samples("t", "steps/s", [150.0, 160.0, 170.0]),
+                               "threads": {"intra_op": 1, "inter_op": 3}, "transport": None, "reference": True,
+                               "step_ms": None, "compute_ms": None, "overhead_ms": None},
+            "asyncps-grpc": {**samples("a", "steps/s", [200.0, 210.0, 220.0]),
+                             "threads": {"intra_op": 1, "inter_op": 1}, "transport": "grpc", "reference": False,
+                             "step_ms": 9.0, "compute_ms": 5.0, "overhead_ms": 4.0}},
+            "ratios": {"asyncps-grpc / keras-local": 210.0 / 310.0}}
+    points = [{"workers": w, "shards": s, "steps_per_s": 100.0 * w / s, "worker_rss_mb": 300.0,
+               "shard_rss_mb": 100.0, "chief_rss_mb": 400.0, "step_ms": 5.0, "compute_ms": 3.0, "transport": "grpc"}
+              for w, s in ((1, 2), (2, 2), (4, 2), (2, 1))]
+    return {
+        "schema": bench.SCHEMA, "started": "now", "machine": {"cpus": 2}, "env": {}, "failures": {}, "wall_s": 1.0,
+        "config": {"sections": list(bench.SECTIONS)}, "training": training,
+        "overhead": {"grpc": {"784-512-512-10": {"step_ms": 9.0, "compute_ms": 5.0, "overhead_ms": 4.0}}},
+        "transfer": {"megabytes": 40, "contenders": {
+            "raw-grpc": {"pull": samples("r", "MB/s", [900.0]), "push": samples("r", "MB/s", [800.0]),
+                         "reference": True},
+            "asyncps-grpc": {"pull": samples("a", "MB/s", [700.0]), "push": samples("a", "MB/s", [600.0]),
+                             "reference": False}}, "ratios": {}},
+        "scaling": {"hidden": [512, 512], "model": "784-512-512-10", "seconds": 17.0, "fixed_shards": 2,
+                    "fixed_workers": 2, "points": points},
+    }
+
+
+def test_tables_and_plot_of_every_section(tmp_path: Path) -> None:
+    results = _synthetic()
+    assert bench.validate(results) == []
+    tables = bench.markdown_tables(results)
+    for title in ("### Training steps/s, MLP 784-2048-2048-10", "### Per-step overhead", "### Transfer of a 40 MB",
+                  "### Scaling, MLP 784-512-512-10"):
+        assert title in tables
+    assert "| asyncps-grpc | 210.0 | 200.0-220.0 | 3 | 1/1 | 9.00 | 5.00 | 4.00 | 0.68 | 1.31 |" in tables
+    png = tmp_path / "plot.png"
+    bench.plot(results, png)
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    # a single scaling point off both curves' fixed shapes still plots, without warnings
+    only = {**results, "scaling": {**results["scaling"], "fixed_shards": 1, "points": results["scaling"]["points"][:1]}}
+    for key in ("training", "transfer", "overhead"):
+        only.pop(key)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bench.plot(only, png)
+
+
+def test_validate_rejects_broken_results() -> None:
+    good = _synthetic()
+    broken = []
+    for mutate in (
+        lambda r: r.pop("wall_s"),
+        lambda r: r.update(schema=99),
+        lambda r: r.pop("transfer"),  # listed in config.sections
+        lambda r: r["training"]["784-512-512-10"]["contenders"]["keras-local"].update(median=1e9),
+        lambda r: r["transfer"]["contenders"]["raw-grpc"]["pull"].update(values=[]),
+        lambda r: r["scaling"]["points"][0].pop("chief_rss_mb"),
+        lambda r: r["overhead"]["grpc"]["784-512-512-10"].pop("overhead_ms"),
+    ):
+        r = copy.deepcopy(good)
+        mutate(r)
+        broken.append(bench.validate(r))
+    assert all(broken), broken
+
+
+def test_options() -> None:
+    cfg, out, reexec = bench.parse_args(["--quick", "--only", "scaling", "--only", "training", "--no-reexec"])
+    assert cfg.sections == ("training", "scaling") and cfg.models == ((512, 512),) and not reexec
+    assert out == bench.DEFAULT_OUT
+    assert cfg.scaling_points() == [(1, 2), (2, 2), (2, 1)]
+    assert bench.parse_args([])[0].scaling_points() == [(1, 2), (2, 2), (4, 2), (8, 2), (2, 1), (2, 4)]
+    assert bench.parse_args(["--models", "small,64x32"])[0].models == ((512, 512), (64, 32))
+    assert not cfg.scaling_all_transports
+    assert [c.name for c in bench.training_contenders(cfg)] == ["keras-local", "tf-ps-strategy", "asyncps-grpc",
+                                                                 "asyncps-shm"]
+    assert [c.name for c in bench.transfer_contenders(cfg)] == ["raw-grpc", "asyncps-grpc", "asyncps-shm"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--transports", "pigeon"])
