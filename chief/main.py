@@ -10,16 +10,27 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from asyncps.chief.membership import Membership
-from asyncps.chief.recorder import Recorder, staleness_summary
+from asyncps.chief.recorder import Recorder
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.config import RunConfig
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
 from asyncps.rpc import Unreachable, create_server
-from asyncps.rundir import write_json, write_port_file
+from asyncps.rundir import (
+    EVAL_CSV,
+    INTERRUPTED,
+    EvalRow,
+    FinalEval,
+    RowWriter,
+    RunConfigRecord,
+    RunSummary,
+    ShardCounters,
+    StalenessSummary,
+    write_port_file,
+)
 from asyncps.security import SecurityConfig
 from asyncps.tfutil import limit_threads, quiet_tensorflow
 
@@ -27,8 +38,6 @@ if TYPE_CHECKING:
     from asyncps.chief.checkpoint import Checkpoint
 
 log = logging.getLogger("asyncps.chief")
-
-EVAL_COLUMNS = "wall_time,elapsed_s,updates,shard_versions,loss,accuracy\n"
 
 
 @dataclass(frozen=True)
@@ -205,11 +214,11 @@ class Chief:
     def status(self) -> cpb.ClusterStatus:
         """The run's progress for GetStatus."""
         histogram, _, examples, loss = self.recorder.snapshot()
-        stale = staleness_summary(histogram)
+        stale = StalenessSummary.of(histogram)
         p = self.progress
         with p.lock:
             return cpb.ClusterStatus(
-                updates=p.updates, updates_per_s=p.updates_per_s, mean_staleness=stale["mean"],
+                updates=p.updates, updates_per_s=p.updates_per_s, mean_staleness=stale.mean,
                 workers_alive=len(self.membership.live_workers()), eval_loss=p.eval_loss,
                 eval_accuracy=p.eval_accuracy, eval_version=p.eval_updates, worker_loss=loss,
                 done=p.done, elapsed_s=self._elapsed(),
@@ -224,10 +233,7 @@ class Chief:
         """Run to completion; return the process exit code."""
         run_dir = self.config.run_dir
         (run_dir / "tb").mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / "config.json", {
-            "run": dataclasses.asdict(self.run), "ps": list(self.config.ps),
-            "run_dir": str(run_dir),
-        })
+        RunConfigRecord.of(self.run, self.config.ps, run_dir).save(run_dir)
         self._build()
         try:
             self._initialize_shards()
@@ -248,11 +254,7 @@ class Chief:
         import tensorflow as tf
 
         self.writer = tf.summary.create_file_writer(str(run_dir / "tb"))
-        eval_path = run_dir / "eval.csv"
-        continuing = self.config.resume and eval_path.exists()
-        self._eval_file = open(eval_path, "a" if continuing else "w")  # noqa: SIM115
-        if not continuing:
-            self._eval_file.write(EVAL_COLUMNS)
+        self._eval_file = RowWriter(run_dir / EVAL_CSV, EvalRow, append=self.config.resume)
         try:
             self._control_loop()
             if self.run.checkpoint_every_updates or self.run.checkpoint_every_s:
@@ -321,7 +323,7 @@ class Chief:
     def _stop_reason(self) -> str | None:
         run, p = self.run, self.progress
         if self.interrupt.is_set():
-            return "interrupted"
+            return INTERRUPTED
         if run.max_updates and p.updates >= run.max_updates:
             return f"reached {run.max_updates} updates"
         if run.epochs and self.ledger.finished():
@@ -371,8 +373,7 @@ class Chief:
         with self.progress.lock:
             self.progress.eval_loss, self.progress.eval_accuracy = loss, accuracy
             self.progress.eval_updates = updates
-        self._eval_file.write(f"{time.time():.3f},{elapsed:.3f},{updates},{'|'.join(map(str, versions))},"
-                              f"{loss:.6f},{accuracy:.6f}\n")
+        self._eval_file.write(EvalRow(time.time(), elapsed, updates, tuple(versions), loss, accuracy))
         self._eval_file.flush()
         self._eval_history.append((elapsed, updates, loss, accuracy))
         import tensorflow as tf
@@ -393,36 +394,38 @@ class Chief:
         p = self.progress
         histogram, _, examples, _ = self.recorder.snapshot()
         wall_s = getattr(self, "_train_wall_s", self._elapsed())
-        summary: dict[str, Any] = {
-            "updates_applied": p.updates,
-            "updates_dropped": round(sum(p.dropped) / len(p.dropped)) if p.dropped else 0,
-            "staleness": staleness_summary(histogram),
-            "throughput_updates_per_s": p.updates / wall_s if wall_s > 0 else 0.0,
-            "final_eval": {"loss": final[0], "accuracy": final[1]},
-            "wall_s": wall_s,
-            "mode": self.run.mode,
-            "staleness_policy": self.run.staleness_policy,
-            "workers": self.run.num_workers,
-            "ps_shards": len(self.config.ps),
-            "model": self.run.model,
-            "dataset": self.run.dataset,
-            "epochs": examples / max(1, len(self.data.x_train)),
-            "stop_reason": self.membership.stop_reason,
-            "pushes_recorded": self.recorder.pushes_recorded,
-            "data": self.ledger.summary(),
-            "dropped_by_reason": p.dropped_by_reason,
-            "idle_fraction": self.recorder.idle_fractions(),
-            "max_clock_lead": p.max_clock_lead,
-            "backup_workers": self.run.backup_workers,
-            "staleness_bound": self.run.staleness_bound,
-            "shards": [{"version": v, "accepted": a, "dropped": d}
-                       for v, a, d in zip(p.versions, p.accepted, p.dropped, strict=True)],
-        }
+        train_loss: float | None = None
+        gap: float | None = None
         if self.data.optimal_loss is not None:
             train_loss, _ = self.evaluator.evaluate(self.data.x_train, self.data.y_train)
-            summary["final_train_loss"] = train_loss
-            summary["optimality_gap"] = train_loss - self.data.optimal_loss
-        write_json(self.config.run_dir / "summary.json", summary)
+            gap = train_loss - self.data.optimal_loss
+        RunSummary(
+            updates_applied=p.updates,
+            updates_dropped=round(sum(p.dropped) / len(p.dropped)) if p.dropped else 0,
+            staleness=StalenessSummary.of(histogram),
+            throughput_updates_per_s=p.updates / wall_s if wall_s > 0 else 0.0,
+            final_eval=FinalEval(loss=final[0], accuracy=final[1]),
+            wall_s=wall_s,
+            mode=self.run.mode,
+            staleness_policy=self.run.staleness_policy,
+            workers=self.run.num_workers,
+            ps_shards=len(self.config.ps),
+            model=self.run.model,
+            dataset=self.run.dataset,
+            epochs=examples / max(1, len(self.data.x_train)),
+            stop_reason=self.membership.stop_reason,
+            pushes_recorded=self.recorder.pushes_recorded,
+            data=self.ledger.summary(),
+            dropped_by_reason=p.dropped_by_reason,
+            idle_fraction=self.recorder.idle_fractions(),
+            max_clock_lead=p.max_clock_lead,
+            backup_workers=self.run.backup_workers,
+            staleness_bound=self.run.staleness_bound,
+            shards=tuple(ShardCounters(version=v, accepted=a, dropped=d)
+                         for v, a, d in zip(p.versions, p.accepted, p.dropped, strict=True)),
+            final_train_loss=train_loss,
+            optimality_gap=gap,
+        ).save(self.config.run_dir)
 
     def _export(self) -> None:
         """The final model as a Keras file and a SavedModel that plain TensorFlow can load."""

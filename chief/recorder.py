@@ -3,42 +3,12 @@
 from __future__ import annotations
 
 import collections
-import csv
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
 
 from asyncps.pb import coordinator_pb2 as cpb
-
-PUSH_COLUMNS = ["wall_time", "worker", "shard", "step", "base_version", "version", "staleness",
-                "accepted", "drop_reason", "effective_lr", "loss"]
-STEP_COLUMNS = ["worker", "step", "start", "pull_s", "compute_s", "push_s", "wait_s", "examples"]
-
-
-def staleness_summary(histogram: dict[int, int]) -> dict[str, Any]:
-    """mean, p50, p95, max and the histogram of integer staleness counts."""
-    total = sum(histogram.values())
-    if total == 0:
-        return {"mean": 0.0, "p50": 0, "p95": 0, "max": 0, "count": 0, "histogram": {}}
-    keys = sorted(histogram)
-
-    def quantile(q: float) -> int:
-        target, seen = q * total, 0
-        for k in keys:
-            seen += histogram[k]
-            if seen >= target:
-                return k
-        return keys[-1]
-
-    return {
-        "mean": sum(k * c for k, c in histogram.items()) / total,
-        "p50": quantile(0.5),
-        "p95": quantile(0.95),
-        "max": keys[-1],
-        "count": total,
-        "histogram": {str(k): histogram[k] for k in keys},
-    }
+from asyncps.rundir import PUSHES_CSV, TIMELINE_CSV, PushRow, RowWriter, StepRow
 
 
 class Recorder:
@@ -46,17 +16,9 @@ class Recorder:
 
     def __init__(self, run_dir: Path, append: bool = False) -> None:
         self._lock = threading.Lock()
-        pushes, steps = run_dir / "pushes.csv", run_dir / "timeline.csv"
         # a resumed run continues the same files
-        new_pushes, new_steps = not (append and pushes.exists()), not (append and steps.exists())
-        self._push_file: IO[str] = open(pushes, "w" if new_pushes else "a", newline="")  # noqa: SIM115
-        self._step_file: IO[str] = open(steps, "w" if new_steps else "a", newline="")  # noqa: SIM115
-        self._pushes = csv.writer(self._push_file)
-        self._steps = csv.writer(self._step_file)
-        if new_pushes:
-            self._pushes.writerow(PUSH_COLUMNS)
-        if new_steps:
-            self._steps.writerow(STEP_COLUMNS)
+        self._pushes = RowWriter(run_dir / PUSHES_CSV, PushRow, append=append)
+        self._steps = RowWriter(run_dir / TIMELINE_CSV, StepRow, append=append)
         self.staleness: collections.Counter[int] = collections.Counter()
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=4096)
         self.dropped_reasons: collections.Counter[str] = collections.Counter()
@@ -70,18 +32,16 @@ class Recorder:
         """Record one report from a worker."""
         with self._lock:
             for p in pushes:
-                self._pushes.writerow([f"{p.wall_time:.6f}", worker, p.shard, p.step, p.base_version,
-                                       p.version, p.staleness, int(p.accepted), p.drop_reason,
-                                       f"{p.effective_lr:.6g}", f"{p.loss:.6g}"])
+                self._pushes.write(PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version,
+                                           p.staleness, p.accepted, p.drop_reason, p.effective_lr, p.loss))
                 self.staleness[p.staleness] += 1
                 self.recent_staleness.append(p.staleness)
                 if not p.accepted:
                     self.dropped_reasons[p.drop_reason.split(" ")[0] or "dropped"] += 1
                 self.last_loss = p.loss
             for s in steps:
-                self._steps.writerow([worker, s.step, f"{s.start:.6f}", f"{s.pull_s:.6f}",
-                                      f"{s.compute_s:.6f}", f"{s.push_s:.6f}", f"{s.wait_s:.6f}",
-                                      s.examples])
+                self._steps.write(StepRow(worker, s.step, s.start, s.pull_s, s.compute_s, s.push_s, s.wait_s,
+                                          s.examples))
                 self.examples += s.examples
                 self.busy_s[worker] += s.pull_s + s.compute_s + s.push_s
                 self.wait_s[worker] += s.wait_s
@@ -92,14 +52,14 @@ class Recorder:
         with self._lock:
             return dict(self.staleness), list(self.recent_staleness), self.examples, self.last_loss
 
-    def idle_fractions(self) -> dict[str, float]:
+    def idle_fractions(self) -> dict[int, float]:
         """Per worker: the share of its step time spent held back by the consistency model."""
         with self._lock:
-            return {str(w): self.wait_s[w] / (self.busy_s[w] + self.wait_s[w])
+            return {w: self.wait_s[w] / (self.busy_s[w] + self.wait_s[w])
                     for w in sorted(self.busy_s) if self.busy_s[w] + self.wait_s[w] > 0}
 
     def close(self) -> None:
         """Flush and close the CSV files."""
         with self._lock:
-            self._push_file.close()
-            self._step_file.close()
+            self._pushes.close()
+            self._steps.close()
