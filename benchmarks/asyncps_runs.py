@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import subprocess
 import sys
@@ -13,17 +12,16 @@ from pathlib import Path
 import numpy as np
 
 from asyncps.config import RunConfig
-from asyncps.rundir import wait_port_file
+from asyncps.rundir import TIMELINE_CSV, StepRow, read_rows, wait_port_file
 from asyncps.tools.local import LocalCluster, child_env
 from benchmarks.baselines import Samples
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _window_rates(timeline: Path, skip_s: float, window_s: float) -> list[float]:
+def _window_rates(steps: list[StepRow], skip_s: float, window_s: float) -> list[float]:
     """Aggregate steps/s over consecutive windows of the run, after a warm-up."""
-    with open(timeline) as f:
-        ends = sorted(float(r["start"]) + float(r["compute_s"]) + float(r["push_s"]) for r in csv.DictReader(f))
+    ends = sorted(r.start + r.compute_s + r.push_s for r in steps)
     if not ends:
         return []
     t0, t_end = ends[0] + skip_s, ends[-1]
@@ -53,12 +51,11 @@ def asyncps_training(hidden: tuple[int, ...], batch: int = 64, num_ps: int = 2, 
                 time.sleep(0.2)
         finally:
             cluster.stop()
-        rates = _window_rates(run_dir / "timeline.csv", skip_s=2.0, window_s=window_s)
-        with open(run_dir / "timeline.csv") as f:
-            steps = list(csv.DictReader(f))
+        steps = read_rows(run_dir / TIMELINE_CSV, StepRow)
+        rates = _window_rates(steps, skip_s=2.0, window_s=window_s)
     # where a worker's step time goes: gradient computation vs the push-and-pull round trip
-    for column in ("compute_s", "push_s"):
-        values = sorted(float(r[column]) for r in steps)
+    for column, times in (("compute_s", [r.compute_s for r in steps]), ("push_s", [r.push_s for r in steps])):
+        values = sorted(times)
         if values:
             print(f"    {model}: median {column} {1000 * values[len(values) // 2]:.2f} ms per step", flush=True)
     return Samples(f"asyncps {num_ps}ps+{num_workers}w {model}", "steps/s", rates)

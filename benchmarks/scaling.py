@@ -3,7 +3,6 @@ shards are added (the small MLP, batch 64, no injected delays)."""
 
 from __future__ import annotations
 
-import csv
 import tempfile
 import threading
 import time
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asyncps.config import RunConfig
+from asyncps.rundir import TIMELINE_CSV, StepRow, read_rows
 from asyncps.tools.local import LocalCluster
 
 
@@ -41,16 +41,15 @@ def _peak_rss_mb(pid: int) -> float:
 
 def _steady_rate(timeline: Path, skip_s: float) -> tuple[float, float, float]:
     """(steps/s after the warm-up, median step ms, median compute ms) from timeline.csv."""
-    with open(timeline) as f:
-        rows = list(csv.DictReader(f))
-    ends = sorted(float(r["start"]) + float(r["compute_s"]) + float(r["push_s"]) + float(r["wait_s"]) for r in rows)
+    rows = read_rows(timeline, StepRow)
+    ends = sorted(r.end for r in rows)
     if len(ends) < 2:
         return 0.0, 0.0, 0.0
     t0 = ends[0] + skip_s
     steady = [t for t in ends if t >= t0]
     rate = (len(steady) - 1) / (steady[-1] - steady[0]) if len(steady) > 1 and steady[-1] > steady[0] else 0.0
-    steps = sorted(1000 * (float(r["compute_s"]) + float(r["push_s"]) + float(r["wait_s"])) for r in rows)
-    compute = sorted(1000 * float(r["compute_s"]) for r in rows)
+    steps = sorted(1000 * (r.compute_s + r.push_s + r.wait_s) for r in rows)
+    compute = sorted(1000 * r.compute_s for r in rows)
     return rate, steps[len(steps) // 2], compute[len(compute) // 2]
 
 
@@ -81,7 +80,7 @@ def scaling_point(workers: int, shards: int, seconds: float, hidden: tuple[int, 
         finally:
             done.set()
             cluster.stop()
-        rate, step_ms, compute_ms = _steady_rate(run_dir / "timeline.csv", skip_s=2.0)
+        rate, step_ms, compute_ms = _steady_rate(run_dir / TIMELINE_CSV, skip_s=2.0)
 
     def peak(prefix: str) -> float:
         return max((v for k, v in peaks.items() if k.startswith(prefix)), default=0.0)

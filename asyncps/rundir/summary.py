@@ -242,6 +242,13 @@ class RunSummary:
         """True when the run was stopped by a signal before its stop condition."""
         return self.stop_reason == INTERRUPTED
 
+    def settings(self) -> dict[str, Any]:
+        """The run settings the summary records, by their RunConfig field names (for runs whose
+        config.json is missing)."""
+        return {"mode": self.mode, "staleness_policy": self.staleness_policy, "num_workers": self.workers,
+                "num_ps": self.ps_shards, "model": self.model, "dataset": self.dataset,
+                "backup_workers": self.backup_workers, "staleness_bound": self.staleness_bound}
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (the optimum's fields only when known)."""
         data: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
