@@ -9,6 +9,7 @@ from pathlib import Path
 
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rundir import PUSHES_CSV, TIMELINE_CSV, PushRow, RowWriter, StepRow
+from asyncps.wire import drop_from_wire
 
 
 class Recorder:
@@ -32,12 +33,14 @@ class Recorder:
         """Record one report from a worker."""
         with self._lock:
             for p in pushes:
+                drop = drop_from_wire(p.drop)
+                kind = drop.value if drop is not None else ""
                 self._pushes.write(PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version,
-                                           p.staleness, p.accepted, p.drop_reason, p.effective_lr, p.loss))
+                                           p.staleness, p.accepted, kind, p.effective_lr, p.loss, p.drop_detail))
                 self.staleness[p.staleness] += 1
                 self.recent_staleness.append(p.staleness)
-                if not p.accepted:
-                    self.dropped_reasons[p.drop_reason.split(" ")[0] or "dropped"] += 1
+                if drop is not None:
+                    self.dropped_reasons[drop.value] += 1
                 self.last_loss = p.loss
             for s in steps:
                 self._steps.write(StepRow(worker, s.step, s.start, s.pull_s, s.compute_s, s.push_s, s.wait_s,

@@ -118,7 +118,7 @@ def test_config_record_round_trip(tmp_path: Path) -> None:
 
 ROWS: list[tuple[str, type[Any], list[Any]]] = [
     (PUSHES_CSV, PushRow, [PushRow(100.5, 0, 1, 7, 3, 5, 2, True, "", 0.05, 0.693147),
-                           PushRow(100.75, 1, 0, 2, 1, 9, 8, False, "late (staleness 8 > 4), sorry", 0.1, math.inf)]),
+                           PushRow(100.75, 1, 0, 2, 1, 9, 8, False, "stale", 0.1, math.inf, "staleness 8 > 4, sorry")]),
     (TIMELINE_CSV, StepRow, [StepRow(0, 1, 100.0, 0.25, 0.5, 0.125, 0.0, 32),
                              StepRow(1, 2, 101.5, 0, 0.5, 0.5, 1, 16)]),
     (EVAL_CSV, EvalRow, [EvalRow(1000.125, 0.5, 10, (9, 11), 0.5, 0.875), EvalRow(1001.0, 1.0, 20, (), 0.25, 1.0)]),
@@ -141,7 +141,7 @@ def test_rows_round_trip(tmp_path: Path, name: str, row_type: type[Any], rows: l
 
 def test_row_formats_are_the_chiefs() -> None:
     assert PushRow(1.5, 0, 1, 2, 3, 4, 1, True, "", 0.1, 0.5).cells() == [
-        "1.500000", "0", "1", "2", "3", "4", "1", "1", "", "0.1", "0.5"]
+        "1.500000", "0", "1", "2", "3", "4", "1", "1", "", "0.1", "0.5", ""]
     assert EvalRow(1.0, 2.0, 3, (4, 5), 0.5, 0.25).cells() == ["1.000", "2.000", "3", "4|5", "0.500000", "0.250000"]
 
 
@@ -156,6 +156,15 @@ def test_a_torn_line_is_skipped_and_a_bad_value_is_an_error(tmp_path: Path) -> N
         f.write("\n0,x,102.0,0.0,0.5,0.1,0.0,32\n")
     with pytest.raises(RunDirError, match=r"timeline.csv:5: column 'step': cannot read 'x' as int"):
         read_rows(path, StepRow)
+
+
+def test_an_older_pushes_csv_without_drop_detail_reads(tmp_path: Path) -> None:
+    path = tmp_path / PUSHES_CSV
+    path.write_text("wall_time,worker,shard,step,base_version,version,staleness,accepted,drop_reason,"
+                    "effective_lr,loss\r\n100.5,0,1,7,3,5,2,0,stale,0.05,0.5\r\n")
+    assert read_rows(path, PushRow) == [PushRow(100.5, 0, 1, 7, 3, 5, 2, False, "stale", 0.05, 0.5, "")]
+    with pytest.raises(RunDirError, match="cannot append"):  # resuming it would mix two formats
+        RowWriter(path, PushRow, append=True)
 
 
 def test_a_file_of_another_format_is_refused(tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from asyncps.rules.drops import DropReason
+
 
 class Verdict(Enum):
     """What the store does with an admitted gradient."""
@@ -31,6 +33,7 @@ class Admission:
 
     verdict: Verdict
     reason: str = ""
+    drop: DropReason | None = None  # the kind of a DROP verdict
 
 
 class Consistency(abc.ABC):
@@ -100,9 +103,10 @@ class SyncConsistency(Consistency):
     def admit(self, worker_id: str, base_version: int, version: int) -> Admission:
         """Accumulate a gradient for the current version; drop late or duplicate ones."""
         if base_version < version:
-            return Admission(Verdict.DROP, f"late: version {base_version} already applied")
+            return Admission(Verdict.DROP, f"late: version {base_version} already applied", DropReason.LATE)
         if worker_id in self.contributors:
-            return Admission(Verdict.DROP, f"duplicate: {worker_id} already pushed for version {version}")
+            return Admission(Verdict.DROP, f"duplicate: {worker_id} already pushed for version {version}",
+                             DropReason.DUPLICATE)
         self.contributors.add(worker_id)
         return Admission(Verdict.ACCUMULATE)
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from asyncps.codec import Array
+from asyncps.rules.drops import DropReason
 
 VALID_SPECS = "none, drop:K, lr-scale, dc-asgd[:LAMBDA], dc-asgd-a[:LAMBDA0[,MOMENTUM]], gap-aware[:C]"
 
@@ -26,6 +27,7 @@ class Decision:
     accept: bool
     lr_scale: float = 1.0
     reason: str = ""
+    drop: DropReason | None = None  # the kind of a refusal
 
 
 class StalenessPolicy(abc.ABC):
@@ -79,7 +81,7 @@ class DropAbove(StalenessPolicy):
     def decide(self, staleness: int) -> Decision:
         """Apply when staleness <= K, else drop with the reason."""
         if staleness > self.bound:
-            return Decision(False, reason=f"staleness {staleness} > {self.bound}")
+            return Decision(False, reason=f"staleness {staleness} > {self.bound}", drop=DropReason.STALE)
         return Decision(True)
 
 

@@ -5,7 +5,9 @@ says how a cell is read (int, float, str, bool as 0/1, tuple[int, ...] as `a|b|c
 `fmt` says how a number is written (so files stay byte-for-byte what earlier chiefs wrote).
 
 Reading: a file that does not exist has no rows. A header that lacks a column of the row type is a
-RunDirError naming the file and the columns (extra columns are ignored). A row with a different
+RunDirError naming the file and the columns (extra columns are ignored), except a column added
+after the first version (a field with a default, e.g. pushes.csv's `drop_detail`): files of earlier
+versions lack it and read with the default. A row with a different
 number of cells than the header is skipped: that is a line torn by a process killed while writing
 it (a resumed run appends after it). A row with the right cells that does not parse is a
 RunDirError naming the file, the line, the column and the value.
@@ -39,6 +41,12 @@ class CsvRow:
         """The file's header, in order."""
         return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
 
+    @classmethod
+    def required_columns(cls) -> tuple[str, ...]:
+        """The columns every file has had (the others were added later and have defaults)."""
+        return tuple(f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+
     def cells(self) -> list[str]:
         """This row as the file's cells."""
         out = []
@@ -60,6 +68,8 @@ class CsvRow:
         """A row from a header -> cell mapping; `where` (file:line) goes into the error."""
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in record:
+                continue  # a later column a file of an earlier version lacks (checked by the reader)
             text = record[f.name]
             try:
                 values[f.name] = _parse(str(f.type), text)
@@ -100,9 +110,10 @@ class PushRow(CsvRow):
     version: int  # the shard version after this push
     staleness: int
     accepted: bool
-    drop_reason: str
+    drop_reason: str  # why the shard dropped it (a DropReason value), empty when accepted
     effective_lr: float = field(metadata=_G6)
     loss: float = field(metadata=_G6)  # the worker's training loss of this step
+    drop_detail: str = ""  # the shard's words on the drop (added later: absent in older files)
 
 
 @dataclass(frozen=True)
@@ -188,7 +199,7 @@ def iter_rows(path: Path, row_type: type[R]) -> Iterator[R]:
         header = next(reader, None)
         if header is None:
             return
-        missing = [c for c in row_type.columns() if c not in header]
+        missing = [c for c in row_type.required_columns() if c not in header]
         if missing:
             raise RunDirError(f"{path}: no column(s) {missing}; a {row_type.FILE} has {list(row_type.columns())}")
         for cells in reader:
