@@ -7,7 +7,6 @@ measures each transport it is given as one more contender; a new transport is on
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import os
 import statistics
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from asyncps.config import RunConfig
-from asyncps.rundir import wait_port_file
+from asyncps.rundir import TIMELINE_CSV, StepRow, read_rows, wait_port_file
 from asyncps.tools.local import LocalCluster, child_env
 from benchmarks.baselines import Samples, compute_threads
 
@@ -89,12 +88,10 @@ class TimelineStats:
 
 def timeline_stats(timeline: Path, skip_s: float = WARMUP_S, window_s: float = 3.0) -> TimelineStats:
     """Rates and median step/gradient times from a run's timeline.csv (rows: one worker step)."""
-    with open(timeline) as f:
-        rows = list(csv.DictReader(f))
+    rows = read_rows(timeline, StepRow)
     if len(rows) < 2:
         raise RuntimeError(f"{timeline}: {len(rows)} steps recorded, too few to measure")
-    ends = sorted(float(r["start"]) + float(r["compute_s"]) + float(r["push_s"]) + float(r["wait_s"])
-                  for r in rows)
+    ends = sorted(r.end for r in rows)
     t0, t_end = ends[0] + skip_s, ends[-1]
     steady = [t for t in ends if t >= t0]
     rate = (len(steady) - 1) / (steady[-1] - steady[0]) if len(steady) > 1 and steady[-1] > steady[0] else 0.0
@@ -104,13 +101,12 @@ def timeline_stats(timeline: Path, skip_s: float = WARMUP_S, window_s: float = 3
         windows.append(sum(1 for t in ends if start <= t < start + window_s) / window_s)
         start += window_s
     # a step's wall time includes fetching its batch and reporting: the gap between step starts
-    starts: dict[str, list[float]] = defaultdict(list)
+    starts: dict[int, list[float]] = defaultdict(list)
     for r in rows:
-        starts[r["worker"]].append(float(r["start"]))
+        starts[r.worker].append(r.start)
     gaps = [b - a for s in starts.values() for a, b in zip(sorted(s), sorted(s)[1:], strict=False)]
-    step_s = statistics.median(gaps) if gaps else statistics.median(
-        float(r["compute_s"]) + float(r["push_s"]) + float(r["wait_s"]) for r in rows)
-    compute_s = statistics.median(float(r["compute_s"]) for r in rows)
+    step_s = statistics.median(gaps) if gaps else statistics.median(r.compute_s + r.push_s + r.wait_s for r in rows)
+    compute_s = statistics.median(r.compute_s for r in rows)
     return TimelineStats(windows, rate, 1000 * step_s, 1000 * compute_s, len(rows))
 
 
@@ -153,7 +149,7 @@ def run_cluster(run: RunConfig, window_s: float = 3.0) -> tuple[TimelineStats, d
         if codes.get("chief") != 0:
             log = (run_dir / "logs" / "chief.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"asyncps chief exited with {codes.get('chief')}; chief log tail:\n{log}")
-        return timeline_stats(run_dir / "timeline.csv", window_s=window_s), peaks
+        return timeline_stats(run_dir / TIMELINE_CSV, window_s=window_s), peaks
 
 
 @dataclass(frozen=True)

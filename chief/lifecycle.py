@@ -3,7 +3,6 @@ condition, the final model export, and the shutdown of the server and the shards
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -14,7 +13,7 @@ from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.tasks import TaskLedger
 from asyncps.pb import coordinator_pb2_grpc
 from asyncps.rpc import create_server
-from asyncps.rundir import write_json, write_port_file
+from asyncps.rundir import INTERRUPTED, RunConfigRecord, write_port_file
 
 if TYPE_CHECKING:
     import grpc
@@ -29,10 +28,7 @@ def prepare_run_dir(config: ChiefConfig) -> None:
     """The run directory with its config.json and the TensorBoard folder."""
     run_dir = config.run_dir
     (run_dir / "tb").mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "config.json", {
-        "run": dataclasses.asdict(config.run), "ps": list(config.ps),
-        "run_dir": str(run_dir),
-    })
+    RunConfigRecord.of(config.run, config.ps, run_dir).save(run_dir)
 
 
 def export_model(model: Any, config: ChiefConfig) -> None:
@@ -75,7 +71,7 @@ class Lifecycle:
         """Why the run must stop now (interrupt, updates, epochs or time reached), or None."""
         run, p = self._run, self._progress
         if self._interrupt.is_set():
-            return "interrupted"
+            return INTERRUPTED
         if run.max_updates and p.updates >= run.max_updates:
             return f"reached {run.max_updates} updates"
         if run.epochs and self._ledger.finished():

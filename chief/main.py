@@ -21,12 +21,13 @@ from asyncps.chief.evaluator import Evaluation, Evaluator
 from asyncps.chief.lifecycle import Lifecycle, export_model, prepare_run_dir
 from asyncps.chief.membership import LiveSet, Membership
 from asyncps.chief.progress import Progress, ShardPoller, TrainClock
-from asyncps.chief.recorder import EvalLog, Recorder, staleness_summary, write_summary
+from asyncps.chief.recorder import EvalLog, Recorder, write_summary
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.tasks import TaskLedger
 from asyncps.codec import Array
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
+from asyncps.rundir import StalenessSummary
 from asyncps.tfutil import limit_threads, quiet_tensorflow
 
 if TYPE_CHECKING:
@@ -101,11 +102,11 @@ class Chief:
     def status(self) -> cpb.ClusterStatus:
         """The run's progress for GetStatus."""
         histogram, _, examples, loss = self.recorder.snapshot()
-        stale = staleness_summary(histogram)
+        stale = StalenessSummary.of(histogram)
         p = self.progress
         with p.lock:
             return cpb.ClusterStatus(
-                updates=p.updates, updates_per_s=p.updates_per_s, mean_staleness=stale["mean"],
+                updates=p.updates, updates_per_s=p.updates_per_s, mean_staleness=stale.mean,
                 workers_alive=len(self.membership.live_workers()), eval_loss=p.eval_loss,
                 eval_accuracy=p.eval_accuracy, eval_version=p.eval_updates, worker_loss=loss,
                 done=p.done, elapsed_s=self.clock.elapsed(),
@@ -168,7 +169,7 @@ class Chief:
         self.checkpointer.checkpoint(lambda: self.recorder.snapshot()[2])
 
     def _write_summary(self, final: tuple[float, float]) -> None:
-        write_summary(self.config.run_dir / "summary.json", final, self.clock.wall_s(), self.progress,
+        write_summary(self.config.run_dir, final, self.clock.wall_s(), self.progress,
                       self.recorder, self.run, len(self.config.ps), self.model.data, self.membership.stop_reason,
                       self.ledger, self.model.evaluator)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
 import math
 import subprocess
 import sys
@@ -15,6 +14,20 @@ from typing import Any
 import pytest
 
 from asyncps.config import RunConfig
+from asyncps.rundir import (
+    EVAL_CSV,
+    PUSHES_CSV,
+    SUMMARY_JSON,
+    TIMELINE_CSV,
+    EvalRow,
+    FinalEval,
+    PushRow,
+    RunConfigRecord,
+    RunSummary,
+    StalenessSummary,
+    StepRow,
+    write_rows,
+)
 from asyncps.tools.experiment import (
     METRICS,
     ExperimentError,
@@ -189,41 +202,35 @@ def fake_run(run_dir: Path, config: RunConfig, *, rate: float, staleness: int = 
              gap: float | None = None, stop_reason: str = "reached 50 updates", dropped_every: int = 0) -> None:
     """A run directory with the files the chief writes, from a made-up steady run of 2 s."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps({"run": json.loads(config.to_json()), "ps": []}))
+    RunConfigRecord.of(config, [], run_dir).save(run_dir)
     workers, wall = config.num_workers, 2.0
-    pushes, steps = [], []
+    pushes: list[PushRow] = []
+    steps: list[StepRow] = []
     step_s = workers / rate
     for w in range(workers):
         t, n = 100.0 + 0.01 * w, 0
         while t < 100.0 + wall:
             n += 1
-            accepted = 0 if dropped_every and n % dropped_every == 0 else 1
-            pushes.append([f"{t + step_s:.6f}", w, 0, n, 0, staleness, staleness, accepted, "", "0.1", "0.5"])
-            steps.append([w, n, f"{t:.6f}", "0.01" if n == 1 else "0", f"{step_s * 0.7:.6f}",
-                          f"{step_s * 0.1:.6f}", f"{step_s * 0.2:.6f}", 32])
+            accepted = not (dropped_every and n % dropped_every == 0)
+            pushes.append(PushRow(t + step_s, w, 0, n, 0, staleness, staleness, accepted, "", 0.1, 0.5))
+            steps.append(StepRow(w, n, t, 0.01 if n == 1 else 0.0, step_s * 0.7, step_s * 0.1, step_s * 0.2, 32))
             t += step_s
-    with open(run_dir / "pushes.csv", "w", newline="") as f:
-        csv.writer(f).writerows([["wall_time", "worker", "shard", "step", "base_version", "version", "staleness",
-                                  "accepted", "drop_reason", "effective_lr", "loss"], *pushes])
-    with open(run_dir / "timeline.csv", "w", newline="") as f:
-        csv.writer(f).writerows([["worker", "step", "start", "pull_s", "compute_s", "push_s", "wait_s",
-                                  "examples"], *steps])
-    evals = [[f"{100 + i * 0.5:.3f}", f"{i * 0.5:.3f}", int(i * 0.5 * rate), "0", f"{1.0 - 0.1 * i:.6f}",
-              f"{accuracy_end * i / 4:.6f}"] for i in range(5)]
-    with open(run_dir / "eval.csv", "w", newline="") as f:
-        csv.writer(f).writerows([["wall_time", "elapsed_s", "updates", "shard_versions", "loss", "accuracy"],
-                                 *evals])
-    summary: dict[str, Any] = {
-        "updates_applied": int(rate * wall), "updates_dropped": 0, "wall_s": wall, "mode": config.mode,
-        "throughput_updates_per_s": rate, "workers": workers, "ps_shards": 1, "stop_reason": stop_reason,
-        "staleness": {"mean": float(staleness), "p50": staleness, "p95": staleness, "max": staleness,
-                      "histogram": {str(staleness): len(pushes)}},
-        "final_eval": {"loss": 0.6, "accuracy": accuracy_end},
-        "idle_fraction": {str(w): 0.2 for w in range(workers)},
-    }
-    if gap is not None:
-        summary["optimality_gap"] = gap
-    (run_dir / "summary.json").write_text(json.dumps(summary))
+    write_rows(run_dir / PUSHES_CSV, pushes, PushRow)
+    write_rows(run_dir / TIMELINE_CSV, steps, StepRow)
+    evals = [EvalRow(100 + i * 0.5, i * 0.5, int(i * 0.5 * rate), (0,), 1.0 - 0.1 * i, accuracy_end * i / 4)
+             for i in range(5)]
+    write_rows(run_dir / EVAL_CSV, evals, EvalRow)
+    RunSummary(
+        updates_applied=int(rate * wall), updates_dropped=0, wall_s=wall, mode=config.mode,
+        staleness_policy=config.staleness_policy, throughput_updates_per_s=rate, workers=workers, ps_shards=1,
+        model=config.model, dataset=config.dataset, epochs=1.0, stop_reason=stop_reason,
+        pushes_recorded=len(pushes), dropped_by_reason={}, backup_workers=config.backup_workers,
+        staleness_bound=config.staleness_bound, shards=(),
+        staleness=StalenessSummary(float(staleness), staleness, staleness, staleness, len(pushes),
+                                   {staleness: len(pushes)}),
+        final_eval=FinalEval(loss=0.6, accuracy=accuracy_end),
+        idle_fraction=dict.fromkeys(range(workers), 0.2), optimality_gap=gap,
+    ).save(run_dir)
 
 
 def test_run_metrics_from_a_run_directory(tmp_path: Path) -> None:
@@ -243,13 +250,12 @@ def test_run_metrics_from_a_run_directory(tmp_path: Path) -> None:
 def test_time_to_target_and_steady_staleness() -> None:
     from asyncps.tools.experiment import Target
 
-    evals = [{"elapsed_s": "1", "updates": "10", "loss": "0.9", "accuracy": "0.5"},
-             {"elapsed_s": "2", "updates": "25", "loss": "0.4", "accuracy": "0.8"}]
+    evals = [EvalRow(0.0, 1.0, 10, (10,), 0.9, 0.5), EvalRow(0.0, 2.0, 25, (25,), 0.4, 0.8)]
     assert time_to_target(evals, Target("loss", 0.5)) == pytest.approx((1.8, 22.0))  # interpolated
     assert time_to_target(evals, Target("accuracy", 0.5)) == (1.0, 10.0)  # met at the first evaluation
     assert all(math.isnan(x) for x in time_to_target(evals, Target("accuracy", 0.95)))
-    pushes = [{"wall_time": "1", "worker": "0", "staleness": "0"}, {"wall_time": "3", "worker": "1", "staleness": "40"},
-              {"wall_time": "4", "worker": "0", "staleness": "1"}, {"wall_time": "5", "worker": "1", "staleness": "1"}]
+    pushes = [PushRow(wall, worker, 0, 0, 0, 0, staleness, True, "", 0.1, 0.5)
+              for wall, worker, staleness in ((1, 0, 0), (3, 1, 40), (4, 0, 1), (5, 1, 1))]
     assert steady_staleness(pushes) == 1.0  # worker 1's first push (tracing) and everything before it left out
 
 
@@ -290,7 +296,7 @@ def test_sweep_writes_results_and_resumes_without_rerunning(tmp_path: Path) -> N
     assert again.calls == [] and {r.status for r in sweep.results} == {"resumed"} and sweep.passed
 
     # an unfinished point (no summary) is started over; a finished one of another config is an error
-    (out / "01-num_workers=1_scaled" / "summary.json").unlink()
+    (out / "01-num_workers=1_scaled" / SUMMARY_JSON).unlink()
     run_sweep(spec, out, again, io.StringIO())
     assert again.calls == ["01-num_workers=1_scaled"]
     changed = parse_spec({**_spec_dict(), "base": {**_spec_dict()["base"], "learning_rate": 0.5}})
@@ -327,6 +333,32 @@ def test_an_interrupted_point_stops_the_sweep_and_is_rerun_next_time(tmp_path: P
     assert runner.calls == ["01-num_workers=1_scaled", "02-num_workers=2_plain", "03-num_workers=2_scaled"]
 
 
+def test_older_and_unreadable_summaries_in_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from asyncps.rundir import RunDirError
+    from asyncps.tools.report import main as report_main
+
+    spec = load_spec(write_spec(tmp_path, SPEC_YAML))
+    out = tmp_path / "out"
+    run_sweep(spec, out, FakeRunner(), io.StringIO())
+    path = out / "00-num_workers=1_plain" / SUMMARY_JSON
+    data = json.loads(path.read_text())
+    for later in ("data", "idle_fraction", "max_clock_lead"):  # a run directory of an earlier chief
+        data.pop(later, None)
+    path.write_text(json.dumps(data))
+    m = run_metrics(path.parent)
+    assert math.isnan(m["idle_pct"]) and m["updates_per_s"] == 10
+    del data["wall_s"]  # not a summary any chief wrote: a clear error, and the point is not re-run
+    path.write_text(json.dumps(data))
+    runner = FakeRunner()
+    with pytest.raises(RunDirError, match=r"00-num_workers=1_plain/summary.json: missing field 'wall_s'"):
+        run_sweep(spec, out, runner, io.StringIO())
+    assert runner.calls == [] and path.exists()
+    assert report_main([str(out)]) == 2
+    assert "missing field 'wall_s'" in capsys.readouterr().err
+
+
 def test_the_shipped_experiment_specs_parse() -> None:
     specs = sorted((REPO / "experiments").glob("e*.yaml"))
     assert len(specs) >= 5
@@ -360,10 +392,8 @@ def test_report_of_a_sweep_and_of_one_run(tmp_path: Path) -> None:
 
 
 def test_timeline_window_skips_start_up() -> None:
-    from asyncps.tools.report import Step
-
-    steps = [Step(0, 1, 0.0, 0.1, 2.0, 0.01, 0.0), Step(1, 1, 0.5, 0.1, 0.05, 0.01, 0.0),
-             *[Step(w, n, 2.0 + n * 0.1, 0.0, 0.08, 0.01, 0.01) for w in (0, 1) for n in range(2, 60)]]
+    steps = [StepRow(0, 1, 0.0, 0.1, 2.0, 0.01, 0.0, 32), StepRow(1, 1, 0.5, 0.1, 0.05, 0.01, 0.0, 32),
+             *[StepRow(w, n, 2.0 + n * 0.1, 0.0, 0.08, 0.01, 0.01, 32) for w in (0, 1) for n in range(2, 60)]]
     lo, hi = timeline_window(steps, 2.0)
     assert lo >= 2.01 and hi - lo == 2.0
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 import secrets
@@ -19,7 +18,7 @@ from typing import IO
 from asyncps import shmseg
 from asyncps.config import RunConfig, env_names, run_options
 from asyncps.procenv import process_env
-from asyncps.rundir import wait_port_file
+from asyncps.rundir import SUMMARY_JSON, RunSummary, wait_port_file
 from asyncps.security import SecurityConfig
 
 
@@ -273,12 +272,10 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     failed = {n: c for n, c in codes.items() if c != 0}
     if failed:
         print(f"asyncps local: non-zero exits {failed}; logs in {cluster.logs}", file=sys.stderr)
-    summary = run_dir / "summary.json"
-    if summary.exists():
-        s = json.loads(summary.read_text())
-        print(f"done: {s['updates_applied']} updates in {s['wall_s']:.1f}s "
-              f"({s['throughput_updates_per_s']:.1f}/s), final test accuracy "
-              f"{s['final_eval']['accuracy']:.4f}, mean staleness {s['staleness']['mean']:.2f}")
+    if (run_dir / SUMMARY_JSON).exists():
+        s = RunSummary.load(run_dir)
+        print(f"done: {s.updates_applied} updates in {s.wall_s:.1f}s ({s.throughput_updates_per_s:.1f}/s), "
+              f"final test accuracy {s.final_eval.accuracy:.4f}, mean staleness {s.staleness.mean:.2f}")
     print(f"run directory: {run_dir}")
     chief_code = codes.get("chief")
     return 1 if chief_code is None else chief_code

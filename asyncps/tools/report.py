@@ -26,7 +26,20 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from asyncps.tools.experiment import ExperimentError, markdown_table, read_csv, run_metrics
+from asyncps.rundir import (
+    EVAL_CSV,
+    PUSHES_CSV,
+    SUMMARY_JSON,
+    TIMELINE_CSV,
+    EvalRow,
+    PushRow,
+    RunConfigRecord,
+    RunDirError,
+    RunSummary,
+    StepRow,
+    read_rows,
+)
+from asyncps.tools.experiment import RESULTS_MD, ExperimentError, markdown_table, read_results, run_metrics
 
 #: Colours of the timeline's segment kinds (and their legend names).
 SEGMENTS: dict[str, tuple[str, str]] = {
@@ -40,70 +53,38 @@ TARGET_METRICS = ("time_to_target_s", "updates_to_target")
 DPI = 100
 
 
-@dataclass(frozen=True)
-class Step:
-    """One worker step from timeline.csv (wall-clock seconds)."""
-
-    worker: int
-    step: int
-    start: float
-    pull_s: float
-    compute_s: float
-    push_s: float
-    wait_s: float
-
-    @property
-    def end(self) -> float:
-        """When the step's round trip came back."""
-        return self.start + self.compute_s + self.push_s + self.wait_s
-
-
 @dataclass
 class RunData:
     """One run directory's telemetry, read on demand."""
 
     label: str
     path: Path
-    summary: dict[str, Any] = field(repr=False)
-    config: dict[str, Any] = field(repr=False)
+    summary: RunSummary = field(repr=False)
+    config: dict[str, Any] = field(repr=False)  # the RunConfig fields of config.json
     target: dict[str, float] = field(default_factory=dict)  # time/updates to the sweep's target (results.csv)
 
     @classmethod
     def load(cls, path: Path, label: str = "", target: dict[str, float] | None = None) -> RunData:
         """Read summary.json and config.json; the label defaults to a description of the run."""
-        summary: dict[str, Any] = json.loads((path / "summary.json").read_text())
-        config_path = path / "config.json"
-        config: dict[str, Any] = json.loads(config_path.read_text()).get("run", {}) if config_path.exists() else {}
+        summary = RunSummary.load(path)
+        record = RunConfigRecord.load_if_present(path)
+        config = record.run if record is not None else {}
         return cls(label or describe_run(summary, config), path, summary, config, dict(target or {}))
 
     @cached_property
-    def evals(self) -> list[dict[str, float]]:
-        """eval.csv as numbers: elapsed_s, updates, loss, accuracy."""
-        rows = []
-        for r in read_csv(self.path / "eval.csv"):
-            try:
-                rows.append({k: float(r[k]) for k in ("elapsed_s", "updates", "loss", "accuracy")})
-            except (KeyError, ValueError):
-                continue
-        return rows
+    def evals(self) -> list[EvalRow]:
+        """eval.csv."""
+        return read_rows(self.path / EVAL_CSV, EvalRow)
 
     @cached_property
-    def steps(self) -> list[Step]:
-        """timeline.csv as Steps."""
-        steps = []
-        for r in read_csv(self.path / "timeline.csv"):
-            try:
-                steps.append(Step(int(r["worker"]), int(r["step"]), float(r["start"]), float(r["pull_s"]),
-                                  float(r["compute_s"]), float(r["push_s"]), float(r["wait_s"])))
-            except (KeyError, ValueError):
-                continue
-        return steps
+    def steps(self) -> list[StepRow]:
+        """timeline.csv."""
+        return read_rows(self.path / TIMELINE_CSV, StepRow)
 
     @cached_property
     def dropped_steps(self) -> set[tuple[int, int]]:
         """(worker, step) of every step whose gradient some shard dropped."""
-        return {(int(r["worker"]), int(r["step"])) for r in read_csv(self.path / "pushes.csv")
-                if r.get("accepted") == "0"}
+        return {(r.worker, r.step) for r in read_rows(self.path / PUSHES_CSV, PushRow) if not r.accepted}
 
     @cached_property
     def metrics(self) -> dict[str, float]:
@@ -111,40 +92,47 @@ class RunData:
         return {**run_metrics(self.path), **self.target}
 
     def setting(self, name: str) -> Any:
-        """A RunConfig field of the run (from config.json, else the summary)."""
-        return self.config.get(name, self.summary.get(name))
+        """A RunConfig field of the run (from config.json, else what the summary records of it)."""
+        return self.config.get(name, self.summary.settings().get(name))
 
 
-def describe_run(summary: dict[str, Any], config: dict[str, Any]) -> str:
+def describe_run(summary: RunSummary, config: dict[str, Any]) -> str:
     """E.g. `sync +1 backup, 4 workers` or `async lr-scale, 8 workers`."""
-    mode = str(config.get("mode", summary.get("mode", "?")))
+    settings = {**summary.settings(), **config}
+    mode = str(settings["mode"])
     text = mode
-    if mode == "sync" and config.get("backup_workers"):
-        text += f" +{config['backup_workers']} backup"
+    if mode == "sync" and settings.get("backup_workers"):
+        text += f" +{settings['backup_workers']} backup"
     if mode == "ssp":
-        text += f" s={config.get('staleness_bound', summary.get('staleness_bound', '?'))}"
-    policy = config.get("staleness_policy", summary.get("staleness_policy", "none"))
+        text += f" s={settings['staleness_bound']}"
+    policy = settings.get("staleness_policy", "none")
     if policy and policy != "none":
         text += f" {policy}"
-    return f"{text}, {config.get('num_workers', summary.get('workers', '?'))} workers"
+    return f"{text}, {settings['num_workers']} workers"
 
 
 def discover_runs(path: Path) -> list[RunData]:
     """The run at `path`, or every run directory inside it (labelled from results.csv if present)."""
-    if (path / "summary.json").exists():
+    if (path / SUMMARY_JSON).exists():
         return [RunData.load(path)]
     if not path.is_dir():
         raise ExperimentError(f"{path} is not a directory")
-    results = {r["point"]: r for r in read_csv(path / "results.csv") if "point" in r and "label" in r}
+    results = read_results(path)
+
+    def label(point: str) -> str:
+        record = results.get(point)
+        return record.label if record is not None else ""
 
     def target(point: str) -> dict[str, float]:
-        row = results.get(point, {})
-        return {k: float(row[k]) for k in TARGET_METRICS if row.get(k)}
+        record = results.get(point)
+        if record is None:
+            return {}
+        return {k: record.metrics[k] for k in TARGET_METRICS if not math.isnan(record.metrics[k])}
 
-    runs = [RunData.load(d, results.get(d.name, {}).get("label", ""), target(d.name)) for d in sorted(path.iterdir())
-            if d.is_dir() and (d / "summary.json").exists()]
+    runs = [RunData.load(d, label(d.name), target(d.name)) for d in sorted(path.iterdir())
+            if d.is_dir() and (d / SUMMARY_JSON).exists()]
     if not runs:
-        raise ExperimentError(f"no run directories (with summary.json) in {path}")
+        raise ExperimentError(f"no run directories (with {SUMMARY_JSON}) in {path}")
     return runs
 
 
@@ -201,14 +189,14 @@ def plot_curves(runs: Sequence[RunData], path: Path) -> Path | None:
         return None
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.2), sharex="col")
-    losses = [e["loss"] for r in runs for e in r.evals if e["loss"] > 0 and math.isfinite(e["loss"])]
+    losses = [e.loss for r in runs for e in r.evals if e.loss > 0 and math.isfinite(e.loss)]
     log_loss = bool(losses) and max(losses) / min(losses) > 20
     for i, run in enumerate(runs):
-        for col, x_key in enumerate(("elapsed_s", "updates")):
-            xs = [e[x_key] for e in run.evals]
-            axes[0][col].plot(xs, [e["accuracy"] for e in run.evals], color=_color(i), marker=".", ms=3, lw=1.3,
+        x_columns = ([e.elapsed_s for e in run.evals], [float(e.updates) for e in run.evals])
+        for col, xs in enumerate(x_columns):
+            axes[0][col].plot(xs, [e.accuracy for e in run.evals], color=_color(i), marker=".", ms=3, lw=1.3,
                               label=run.label)
-            axes[1][col].plot(xs, [e["loss"] for e in run.evals], color=_color(i), marker=".", ms=3, lw=1.3)
+            axes[1][col].plot(xs, [e.loss for e in run.evals], color=_color(i), marker=".", ms=3, lw=1.3)
     for col, xlabel in enumerate(("wall time since the first update (s)", "updates applied")):
         axes[1][col].set_xlabel(xlabel)
         if log_loss:
@@ -225,8 +213,7 @@ def plot_curves(runs: Sequence[RunData], path: Path) -> Path | None:
 
 
 def _histogram(run: RunData) -> list[tuple[int, int]]:
-    hist = run.summary.get("staleness", {}).get("histogram", {})
-    return sorted((int(k), int(v)) for k, v in hist.items())
+    return sorted(run.summary.staleness.histogram.items())
 
 
 def plot_staleness(runs: Sequence[RunData], path: Path) -> Path | None:
@@ -252,9 +239,9 @@ def plot_staleness(runs: Sequence[RunData], path: Path) -> Path | None:
         shown = [(k, c) for k, c in hist if k <= right]
         ax.bar([k for k, _ in shown], [100 * c / total for _, c in shown], color=_color(i), width=0.8)
         ax.set_xlim(-0.6, right + 0.6)
-        s = run.summary["staleness"]
-        ax.axvline(s["mean"], color="black", ls="--", lw=1)
-        ax.set_title(f"{run.label}\nmean {s['mean']:.2f}, p95 {s['p95']}, max {s['max']}")
+        s = run.summary.staleness
+        ax.axvline(s.mean, color="black", ls="--", lw=1)
+        ax.set_title(f"{run.label}\nmean {s.mean:.2f}, p95 {s.p95}, max {s.max}")
         ax.set_xlabel("staleness (updates)")
         ax.xaxis.get_major_locator().set_params(integer=True)
         if i % cols == 0:
@@ -266,10 +253,10 @@ def plot_staleness(runs: Sequence[RunData], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def timeline_window(steps: Sequence[Step], window_s: float) -> tuple[float, float]:
+def timeline_window(steps: Sequence[StepRow], window_s: float) -> tuple[float, float]:
     """A window of window_s seconds in the steady state: after every worker's first step (which
     includes TensorFlow's tracing), 30% of the way into what is left of the run."""
-    first: dict[int, Step] = {}
+    first: dict[int, StepRow] = {}
     for s in steps:
         if s.worker not in first or s.step < first[s.worker].step:
             first[s.worker] = s
@@ -531,7 +518,7 @@ def make_report(path: Path, figures_dir: Path | None = None, prefix: str = "", w
     lines = [f"# Report: {path.name or path}\n",
              f"{len(runs)} run(s): " + ", ".join(f"`{r.path.name}` ({r.label})" for r in runs) + ".\n",
              markdown_table([(r.label, r.metrics, False) for r in runs], None)]
-    if (path / "results.md").exists():
+    if (path / RESULTS_MD).exists():
         lines.append("The sweep's table with its target and its check: [results.md](results.md).\n")
     for name in FIGURES:
         figure = made.get(name)
@@ -579,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give a run or sweep directory, or --stale-gradient-figure PATH")
     try:
         return cmd_report(args)
-    except ExperimentError as exc:
+    except (ExperimentError, RunDirError) as exc:
         print(f"report: error: {exc}", file=sys.stderr)
         return 2
 

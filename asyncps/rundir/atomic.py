@@ -1,4 +1,4 @@
-"""Run-directory helpers shared by the roles: atomic writes and port files."""
+"""Atomic writes and port files of a run directory (shared by every role)."""
 
 from __future__ import annotations
 

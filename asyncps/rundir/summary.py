@@ -1,0 +1,364 @@
+"""summary.json (the run's outcome) and config.json (its settings): typed, written and read here only.
+
+Reading validates: a missing field or a value of the wrong type is a RunDirError naming the file
+and the field (e.g. `runs/x/summary.json: field 'staleness.p95': expected an integer, got 'a'`).
+Keys this version does not know are ignored, so a newer chief's files still read.
+
+Older run directories: no field has been renamed. The fields the chief has written since the first
+version are required; the three added later (`data`, `idle_fraction`, `max_clock_lead`) read as
+empty / 0 when absent, so run directories of earlier chiefs read. `final_train_loss` and
+`optimality_gap` exist only for datasets with a known optimum and are left out of the file
+otherwise (None here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncps.config import RunConfig
+from asyncps.rundir.atomic import write_json
+from asyncps.rundir.names import CONFIG_JSON, SUMMARY_JSON, RunDirError
+
+#: The stop reason of a run stopped by a signal (Ctrl-C, SIGTERM): not a finished run.
+INTERRUPTED = "interrupted"
+
+_MISSING: Any = object()
+
+
+class _Fields:
+    """Typed access to one JSON object of a file, with errors that name the file and the field."""
+
+    def __init__(self, data: Any, source: str, prefix: str = "") -> None:
+        if not isinstance(data, dict):
+            what = f"field {prefix.rstrip('.')!r}" if prefix else "the file"
+            raise RunDirError(f"{source}: {what} must be a JSON object, got {_show(data)}")
+        self.data: dict[str, Any] = data
+        self.source, self.prefix = source, prefix
+
+    def error(self, name: str, expected: str, value: Any) -> RunDirError:
+        """The error for field `name` holding `value` instead of `expected`."""
+        return RunDirError(f"{self.source}: field {self.prefix + name!r}: expected {expected}, got {_show(value)}")
+
+    def get(self, name: str, default: Any = _MISSING) -> Any:
+        """The raw value (a RunDirError when missing and there is no default)."""
+        if name in self.data:
+            return self.data[name]
+        if default is _MISSING:
+            raise RunDirError(f"{self.source}: missing field {self.prefix + name!r}")
+        return default
+
+    def integer(self, name: str, default: Any = _MISSING) -> int:
+        """An integer field (a bool is not one)."""
+        value = self.get(name, default)
+        if not _is_int(value):
+            raise self.error(name, "an integer", value)
+        return int(value)
+
+    def number(self, name: str, default: Any = _MISSING) -> float:
+        """A number field (NaN allowed)."""
+        value = self.get(name, default)
+        if not _is_number(value):
+            raise self.error(name, "a number", value)
+        return float(value)
+
+    def optional_number(self, name: str) -> float | None:
+        """A number field that may be absent or null."""
+        return None if self.get(name, None) is None else self.number(name)
+
+    def text(self, name: str) -> str:
+        """A string field."""
+        value = self.get(name)
+        if not isinstance(value, str):
+            raise self.error(name, "a string", value)
+        return value
+
+    def optional_text(self, name: str) -> str | None:
+        """A string field that may be null (it must be present)."""
+        return None if self.get(name) is None else self.text(name)
+
+    def obj(self, name: str) -> _Fields:
+        """A nested object."""
+        return _Fields(self.get(name), self.source, f"{self.prefix}{name}.")
+
+    def objects(self, name: str) -> list[_Fields]:
+        """A list of objects."""
+        value = self.get(name)
+        if not isinstance(value, list):
+            raise self.error(name, "a list", value)
+        return [_Fields(item, self.source, f"{self.prefix}{name}[{i}].") for i, item in enumerate(value)]
+
+    def mapping(self, name: str, default: Any = _MISSING) -> dict[str, Any]:
+        """An object as a plain dict."""
+        value = self.get(name, default)
+        if not isinstance(value, dict):
+            raise self.error(name, "an object", value)
+        return value
+
+    def counts(self, name: str, default: Any = _MISSING, int_keys: bool = False,
+               nullable: bool = False) -> dict[Any, Any]:
+        """An object of integer values (None allowed when nullable), keys optionally integers."""
+        out: dict[Any, Any] = {}
+        for key, value in self.mapping(name, default).items():
+            if not (_is_int(value) or (nullable and value is None)):
+                raise self.error(f"{name}.{key}", "an integer", value)
+            out[_int_key(self, name, key) if int_keys else key] = value
+        return out
+
+    def numbers(self, name: str, default: Any = _MISSING) -> dict[int, float]:
+        """An object of numbers keyed by integers written as strings."""
+        out: dict[int, float] = {}
+        for key, value in self.mapping(name, default).items():
+            if not _is_number(value):
+                raise self.error(f"{name}.{key}", "a number", value)
+            out[_int_key(self, name, key)] = float(value)
+        return out
+
+
+def _int_key(fields: _Fields, name: str, key: str) -> int:
+    try:
+        return int(key)
+    except ValueError:
+        raise fields.error(name, "integer keys", key) from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _load_object(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise RunDirError(f"{path}: not JSON ({exc})") from None
+
+
+@dataclass(frozen=True)
+class StalenessSummary:
+    """Staleness of the run's pushes: mean, quantiles, maximum, count and the histogram."""
+
+    mean: float
+    p50: int
+    p95: int
+    max: int
+    count: int
+    histogram: dict[int, int]  # staleness -> number of pushes
+
+    @classmethod
+    def of(cls, histogram: Mapping[int, int]) -> StalenessSummary:
+        """The summary of a histogram of integer staleness counts (all zero when empty)."""
+        total = sum(histogram.values())
+        if total == 0:
+            return cls(0.0, 0, 0, 0, 0, {})
+        keys = sorted(histogram)
+
+        def quantile(q: float) -> int:
+            target, seen = q * total, 0
+            for k in keys:
+                seen += histogram[k]
+                if seen >= target:
+                    return k
+            return keys[-1]
+
+        return cls(mean=sum(k * c for k, c in histogram.items()) / total, p50=quantile(0.5), p95=quantile(0.95),
+                   max=keys[-1], count=total, histogram={k: histogram[k] for k in keys})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (histogram keys as strings)."""
+        return {"mean": self.mean, "p50": self.p50, "p95": self.p95, "max": self.max, "count": self.count,
+                "histogram": {str(k): v for k, v in sorted(self.histogram.items())}}
+
+    @classmethod
+    def read(cls, f: _Fields) -> StalenessSummary:
+        """From its JSON object."""
+        return cls(mean=f.number("mean"), p50=f.integer("p50"), p95=f.integer("p95"), max=f.integer("max"),
+                   count=f.integer("count"), histogram=f.counts("histogram", int_keys=True))
+
+
+@dataclass(frozen=True)
+class FinalEval:
+    """The evaluation at the end of the run, on the test set."""
+
+    loss: float
+    accuracy: float
+
+
+@dataclass(frozen=True)
+class ShardCounters:
+    """A shard's version and push counters at the end of the run."""
+
+    version: int
+    accepted: int
+    dropped: int
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """summary.json: what a finished (or interrupted) run did. Written by the chief, read by the tools."""
+
+    updates_applied: int
+    updates_dropped: int
+    staleness: StalenessSummary
+    throughput_updates_per_s: float
+    final_eval: FinalEval
+    wall_s: float  # training time: from the first update to the stop
+    mode: str
+    staleness_policy: str
+    workers: int
+    ps_shards: int
+    model: str
+    dataset: str
+    epochs: float
+    stop_reason: str | None
+    pushes_recorded: int
+    dropped_by_reason: dict[str, int]
+    backup_workers: int
+    staleness_bound: int
+    shards: tuple[ShardCounters, ...]
+    # added after the first version: empty / 0 when reading an older run directory
+    data: dict[str, int | None] = field(default_factory=dict)  # the data-task ledger's counts
+    idle_fraction: dict[int, float] = field(default_factory=dict)  # worker -> share of step time held back
+    max_clock_lead: float = 0.0
+    # datasets with a known optimum only
+    final_train_loss: float | None = None
+    optimality_gap: float | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        """True when the run was stopped by a signal before its stop condition."""
+        return self.stop_reason == INTERRUPTED
+
+    def settings(self) -> dict[str, Any]:
+        """The run settings the summary records, by their RunConfig field names (for runs whose
+        config.json is missing)."""
+        return {"mode": self.mode, "staleness_policy": self.staleness_policy, "num_workers": self.workers,
+                "num_ps": self.ps_shards, "model": self.model, "dataset": self.dataset,
+                "backup_workers": self.backup_workers, "staleness_bound": self.staleness_bound}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (the optimum's fields only when known)."""
+        data: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["staleness"] = self.staleness.to_dict()
+        data["final_eval"] = dataclasses.asdict(self.final_eval)
+        data["shards"] = [dataclasses.asdict(s) for s in self.shards]
+        data["idle_fraction"] = {str(k): v for k, v in self.idle_fraction.items()}
+        data["dropped_by_reason"] = dict(self.dropped_by_reason)
+        data["data"] = dict(self.data)
+        for name in ("final_train_loss", "optimality_gap"):
+            if data[name] is None:
+                del data[name]
+        return data
+
+    def to_json(self) -> str:
+        """The file's text."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = SUMMARY_JSON) -> RunSummary:
+        """Validate and convert a parsed summary.json (`source` names it in errors)."""
+        f = _Fields(data, source)
+        final = f.obj("final_eval")
+        return cls(
+            updates_applied=f.integer("updates_applied"), updates_dropped=f.integer("updates_dropped"),
+            staleness=StalenessSummary.read(f.obj("staleness")),
+            throughput_updates_per_s=f.number("throughput_updates_per_s"),
+            final_eval=FinalEval(final.number("loss"), final.number("accuracy")),
+            wall_s=f.number("wall_s"), mode=f.text("mode"), staleness_policy=f.text("staleness_policy"),
+            workers=f.integer("workers"), ps_shards=f.integer("ps_shards"), model=f.text("model"),
+            dataset=f.text("dataset"), epochs=f.number("epochs"), stop_reason=f.optional_text("stop_reason"),
+            pushes_recorded=f.integer("pushes_recorded"), dropped_by_reason=f.counts("dropped_by_reason"),
+            backup_workers=f.integer("backup_workers"), staleness_bound=f.integer("staleness_bound"),
+            shards=tuple(ShardCounters(s.integer("version"), s.integer("accepted"), s.integer("dropped"))
+                         for s in f.objects("shards")),
+            data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
+            max_clock_lead=f.number("max_clock_lead", 0.0),
+            final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str, source: str = SUMMARY_JSON) -> RunSummary:
+        """Parse and validate the file's text."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RunDirError(f"{source}: not JSON ({exc})") from None
+        return cls.from_dict(data, source)
+
+    def save(self, run_dir: Path) -> Path:
+        """Write run_dir/summary.json atomically."""
+        path = run_dir / SUMMARY_JSON
+        write_json(path, self.to_dict())
+        return path
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunSummary:
+        """Read and validate run_dir/summary.json."""
+        path = run_dir / SUMMARY_JSON
+        return cls.from_dict(_load_object(path), str(path))
+
+    def mean_idle_fraction(self) -> float:
+        """The workers' mean share of step time held back (NaN when not recorded)."""
+        values = list(self.idle_fraction.values())
+        return sum(values) / len(values) if values else math.nan
+
+
+@dataclass(frozen=True)
+class RunConfigRecord:
+    """config.json: the run's settings (RunConfig fields, as a mapping so older runs with other fields
+    still read), the shard addresses and the run directory, written by the chief when it starts."""
+
+    run: dict[str, Any]
+    ps: tuple[str, ...] = ()
+    run_dir: str = ""
+
+    @classmethod
+    def of(cls, run: RunConfig, ps: tuple[str, ...] | list[str], run_dir: Path) -> RunConfigRecord:
+        """The record of a run about to start."""
+        return cls(dataclasses.asdict(run), tuple(ps), str(run_dir))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object."""
+        return {"run": dict(self.run), "ps": list(self.ps), "run_dir": self.run_dir}
+
+    def save(self, run_dir: Path) -> Path:
+        """Write run_dir/config.json atomically."""
+        path = run_dir / CONFIG_JSON
+        write_json(path, self.to_dict())
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = CONFIG_JSON) -> RunConfigRecord:
+        """Validate and convert a parsed config.json."""
+        f = _Fields(data, source)
+        ps = f.get("ps", [])
+        if not isinstance(ps, list) or not all(isinstance(a, str) for a in ps):
+            raise f.error("ps", "a list of addresses", ps)
+        run_dir = f.get("run_dir", "")
+        if not isinstance(run_dir, str):
+            raise f.error("run_dir", "a string", run_dir)
+        return cls(f.mapping("run"), tuple(ps), run_dir)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunConfigRecord:
+        """Read and validate run_dir/config.json."""
+        path = run_dir / CONFIG_JSON
+        return cls.from_dict(_load_object(path), str(path))
+
+    @classmethod
+    def load_if_present(cls, run_dir: Path) -> RunConfigRecord | None:
+        """run_dir/config.json, or None when the directory has none."""
+        return cls.load(run_dir) if (run_dir / CONFIG_JSON).exists() else None

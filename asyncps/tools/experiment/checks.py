@@ -1,0 +1,272 @@
+"""Checks: the expected outcome of a sweep (approx, trend, compare claims) and their verdicts."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import itertools
+import json
+import math
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from asyncps.tools.experiment.errors import ExperimentError
+from asyncps.tools.experiment.expr import evaluate_expression
+from asyncps.tools.experiment.grid import format_value
+from asyncps.tools.experiment.metrics import METRICS
+
+
+@dataclass(frozen=True)
+class Row:
+    """One point's outcome as the checks see it: its settings and its metrics."""
+
+    label: str
+    settings: dict[str, Any]
+    metrics: dict[str, float]
+
+    def value(self, name: str) -> Any:
+        """A metric, else a setting (KeyError if neither)."""
+        if name in self.metrics:
+            return self.metrics[name]
+        return self.settings[name]
+
+    def matches(self, where: Mapping[str, Any]) -> bool:
+        """True when every `where` key has the given value (or one of the given list)."""
+        return all(_any_equal(self.settings.get(k), v) for k, v in where.items())
+
+
+def _any_equal(actual: Any, wanted: Any) -> bool:
+    options = wanted if isinstance(wanted, list) else [wanted]
+    return any(_equal(actual, w) for w in options)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+    return str(a) == str(b)
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """A claim's verdict with the measured numbers that decided it."""
+
+    name: str
+    passed: bool
+    detail: str
+    why: str = ""
+
+    def describe(self) -> str:
+        """`PASS name: detail` (and the reason for the claim on the next line)."""
+        text = f"{'PASS' if self.passed else 'FAIL'}  {self.name}: {self.detail}"
+        return text + (f"\n      why: {self.why}" if self.why else "")
+
+
+def _num(x: float) -> str:
+    if math.isnan(x):
+        return "n/a"
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+@dataclass(frozen=True)
+class Check(abc.ABC):
+    """One expected outcome of a sweep, evaluated on its rows."""
+
+    name: str
+    metric: str
+    where: dict[str, Any]
+    why: str
+
+    kind: ClassVar[str]
+
+    def selected(self, rows: Sequence[Row], where: Mapping[str, Any] | None = None) -> list[Row]:
+        """The rows the claim is about."""
+        wanted = self.where if where is None else {**self.where, **where}
+        return [r for r in rows if r.matches(wanted)]
+
+    @abc.abstractmethod
+    def evaluate(self, rows: Sequence[Row]) -> CheckOutcome:
+        """PASS or FAIL, with the numbers."""
+
+    def outcome(self, passed: bool, detail: str) -> CheckOutcome:
+        """A CheckOutcome of this claim."""
+        return CheckOutcome(self.name, passed, detail, " ".join(self.why.split()))
+
+
+@dataclass(frozen=True)
+class Approx(Check):
+    """Every selected row: |metric - expected| <= abs_tol + rel_tol * |expected|."""
+
+    expected: str = "0"
+    rel_tol: float = 0.0
+    abs_tol: float = 0.0
+    kind: ClassVar[str] = "approx"
+
+    def evaluate(self, rows: Sequence[Row]) -> CheckOutcome:
+        """Pass when every selected row is within tolerance."""
+        selected = self.selected(rows)
+        if not selected:
+            return self.outcome(False, "no rows match " + json.dumps(self.where))
+        parts, ok = [], True
+        for row in selected:
+            actual = float(row.value(self.metric))
+            expected = evaluate_expression(self.expected, row.value)
+            tol = self.abs_tol + self.rel_tol * abs(expected)
+            good = abs(actual - expected) <= tol
+            ok = ok and good
+            parts.append(f"{row.label}: {_num(actual)} vs {_num(expected)} ± {_num(tol)}{'' if good else ' ✗'}")
+        return self.outcome(ok, f"{self.metric} ≈ {self.expected}: " + "; ".join(parts))
+
+
+_DIRECTIONS = ("increasing", "decreasing", "nondecreasing", "nonincreasing")
+
+
+@dataclass(frozen=True)
+class Trend(Check):
+    """The metric, averaged per value of `by`, moves in one direction (with slack), by at least min_ratio."""
+
+    by: str = "num_workers"
+    direction: str = "increasing"
+    abs_slack: float = 0.0
+    rel_slack: float = 0.0
+    min_ratio: float = 0.0
+    kind: ClassVar[str] = "trend"
+
+    def __post_init__(self) -> None:
+        if self.direction not in _DIRECTIONS:
+            raise ExperimentError(f"check {self.name}: direction must be one of {', '.join(_DIRECTIONS)}")
+
+    def evaluate(self, rows: Sequence[Row]) -> CheckOutcome:
+        """Pass when each neighbour pair and the end-to-end ratio agree with the direction."""
+        groups: dict[float, list[float]] = {}
+        for row in self.selected(rows):
+            groups.setdefault(float(row.value(self.by)), []).append(float(row.value(self.metric)))
+        if len(groups) < 2:
+            return self.outcome(False, f"needs at least 2 values of {self.by}, got {len(groups)}")
+        keys = sorted(groups)
+        means = [sum(groups[k]) / len(groups[k]) for k in keys]
+        shown = ", ".join(f"{format_value(k) if not k.is_integer() else int(k)}: {_num(m)}"
+                          for k, m in zip(keys, means, strict=True))
+        detail = f"{self.metric} by {self.by} ({shown})"
+        if any(math.isnan(m) for m in means):
+            return self.outcome(False, detail + " — missing values (target not reached?)")
+        up = self.direction in ("increasing", "nondecreasing")
+        strict = self.direction in ("increasing", "decreasing")
+        bad = []
+        for (k0, m0), (k1, m1) in itertools.pairwise(zip(keys, means, strict=True)):
+            slack = self.abs_slack + self.rel_slack * abs(m0)
+            step = (m1 - m0) if up else (m0 - m1)
+            if step < -slack or (strict and slack == 0 and step <= 0):
+                bad.append(f"{format_value(k0)}→{format_value(k1)}")
+        detail += f" {self.direction}"
+        if self.abs_slack or self.rel_slack:
+            parts = ([f"{_num(self.abs_slack)}"] if self.abs_slack else []) + (
+                [f"{_num(self.rel_slack * 100)}%"] if self.rel_slack else [])
+            detail += f" (slack {' + '.join(parts)})"
+        ok = not bad
+        if bad:
+            detail += "; breaks at " + ", ".join(bad)
+        if self.min_ratio:
+            first, last = means[0], means[-1]
+            ratio = (last / first if up else first / last) if (first if up else last) > 0 else math.inf
+            detail += f"; {'last/first' if up else 'first/last'} {_num(ratio)} (need >= {_num(self.min_ratio)})"
+            ok = ok and ratio >= self.min_ratio
+        return self.outcome(ok, detail)
+
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+}
+_AGGREGATES: dict[str, Callable[[list[float]], float]] = {
+    "mean": lambda xs: sum(xs) / len(xs), "max": max, "min": min,
+}
+
+
+@dataclass(frozen=True)
+class Compare(Check):
+    """agg(left rows' metric) op factor * agg(right rows' metric)."""
+
+    left: dict[str, Any] = field(default_factory=dict)
+    right: dict[str, Any] = field(default_factory=dict)
+    op: str = ">="
+    factor: float = 1.0
+    left_agg: str = "mean"
+    right_agg: str = "mean"
+    kind: ClassVar[str] = "compare"
+
+    def __post_init__(self) -> None:
+        if self.op not in _OPS:
+            raise ExperimentError(f"check {self.name}: op must be one of {', '.join(_OPS)}")
+        for agg in (self.left_agg, self.right_agg):
+            if agg not in _AGGREGATES:
+                raise ExperimentError(f"check {self.name}: aggregates are {', '.join(_AGGREGATES)}")
+
+    def _side(self, rows: Sequence[Row], where: dict[str, Any], agg: str) -> tuple[float, str]:
+        selected = self.selected(rows, where)
+        if not selected:
+            return math.nan, "no rows match " + json.dumps(where)
+        values = [float(r.value(self.metric)) for r in selected]
+        name = ", ".join(f"{k}={format_value(v)}" for k, v in where.items())
+        many = f"{agg} of {len(values)} " if len(values) > 1 else ""
+        return _AGGREGATES[agg](values), f"{name}: {many}{_num(_AGGREGATES[agg](values))}"
+
+    def evaluate(self, rows: Sequence[Row]) -> CheckOutcome:
+        """Pass when the comparison holds (and both sides were measured)."""
+        left, left_text = self._side(rows, self.left, self.left_agg)
+        right, right_text = self._side(rows, self.right, self.right_agg)
+        scale = f"{_num(self.factor)} * " if self.factor != 1 else ""
+        detail = f"{self.metric} [{left_text}] {self.op} {scale}[{right_text}]"
+        if math.isnan(left) or math.isnan(right):
+            return self.outcome(False, detail + " — missing values")
+        if right:
+            detail += f" (ratio {_num(left / right)})"
+        return self.outcome(_OPS[self.op](left, self.factor * right), detail)
+
+
+_CHECK_KINDS: dict[str, type[Check]] = {c.kind: c for c in (Approx, Trend, Compare)}
+
+
+def parse_check(data: Any, names: Iterable[str], index: int = 0) -> Check:
+    """One claim of a spec's `check` list; `names` are the settings a `where` filter may name."""
+    if not isinstance(data, dict) or "kind" not in data or "metric" not in data:
+        raise ExperimentError(f"check {index}: a mapping with kind ({', '.join(_CHECK_KINDS)}) and metric")
+    kind = _CHECK_KINDS.get(str(data["kind"]))
+    if kind is None:
+        raise ExperimentError(f"check {index}: unknown kind {data['kind']!r}; valid: {', '.join(_CHECK_KINDS)}")
+    if data["metric"] not in METRICS:
+        raise ExperimentError(f"check {index}: unknown metric {data['metric']!r}; valid: {', '.join(METRICS)}")
+    known = set(names)
+    filters = [data.get("where") or {}] + [data.get(k) or {} for k in ("left", "right")]
+    for where in filters:
+        if not isinstance(where, dict) or set(where) - known:
+            raise ExperimentError(f"check {index}: filters name settings, axes or label; "
+                                  f"unknown {sorted(set(where) - known) if isinstance(where, dict) else where}")
+    if kind is Trend and data.get("by", "num_workers") not in known:
+        raise ExperimentError(f"check {index}: by must name a setting")
+    fields = {f.name for f in dataclasses.fields(kind)}
+    args = {k: v for k, v in data.items() if k != "kind"}
+    unknown = sorted(set(args) - fields)
+    if unknown:
+        raise ExperimentError(f"check {index} ({kind.kind}): unknown keys {unknown}; valid: {sorted(fields)}")
+    args.setdefault("name", f"{kind.kind} {data['metric']}")
+    args.setdefault("where", {})
+    args.setdefault("why", "")
+    if "expected" in args:
+        args["expected"] = str(args["expected"])
+    try:
+        return kind(**args)
+    except TypeError as exc:
+        raise ExperimentError(f"check {index}: {exc}") from None
+
+
+def evaluate_checks(checks: Sequence[Check], rows: Sequence[Row]) -> list[CheckOutcome]:
+    """Every claim's verdict (a claim that cannot be evaluated fails, with the reason)."""
+    outcomes = []
+    for check in checks:
+        try:
+            outcomes.append(check.evaluate(rows))
+        except (KeyError, ValueError, ZeroDivisionError) as exc:
+            outcomes.append(check.outcome(False, f"could not evaluate: {exc!r}"))
+    return outcomes

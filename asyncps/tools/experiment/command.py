@@ -1,0 +1,47 @@
+"""`asyncps experiment SPEC`: the command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from asyncps.tools.experiment.spec import load_spec
+from asyncps.tools.experiment.sweep import SweepInterrupted, finished, run_sweep
+from asyncps.tools.experiment.tables import RESULTS_CSV, RESULTS_MD
+
+
+def cmd_experiment(args: Any) -> int:
+    """asyncps experiment SPEC [--out DIR] [--dry-run]: run the sweep, print the check; 1 on FAIL."""
+    spec_path = Path(args.spec)
+    spec = load_spec(spec_path)
+    out = Path(args.out) if args.out else Path("runs") / spec.name
+    points = spec.points()
+    if args.dry_run:
+        for p in points:
+            state = "done" if finished(out / p.slug) else "to run"
+            print(f"{p.slug}: {p.label} ({state})")
+        return 0
+    print(f"asyncps experiment {spec.name}: {len(points)} points -> {out}", flush=True)
+    try:
+        sweep = run_sweep(spec, out)
+    except (SweepInterrupted, KeyboardInterrupt) as exc:
+        where = f" at {exc}" if str(exc) else ""
+        print(f"interrupted{where}; run the same command again to resume", file=sys.stderr)
+        return 130
+    print(f"results: {out / RESULTS_CSV}, {out / RESULTS_MD} ({sweep.sweep_s:.0f}s)")
+    for outcome in sweep.outcomes:
+        print(outcome.describe())
+    failed = [r.point.label for r in sweep.results if r.status == "failed"]
+    if failed:
+        print(f"FAIL  points failed: {', '.join(failed)}")
+    if sweep.outcomes or failed:
+        print(f"check: {'PASS' if sweep.passed else 'FAIL'}")
+    return 0 if sweep.passed else 1
+
+
+def add_arguments(p: Any) -> None:
+    """The `asyncps experiment` arguments."""
+    p.add_argument("spec", help="YAML or TOML experiment spec (see experiments/)")
+    p.add_argument("--out", default="", help="sweep directory (default: runs/<spec name>); finished points are kept")
+    p.add_argument("--dry-run", action="store_true", help="list the points and whether they are done; run nothing")

@@ -1,0 +1,83 @@
+"""The grid: every point of a spec (the Cartesian product of its axes over the base settings)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from asyncps.config import RunConfig, coerce_settings
+from asyncps.tools.experiment.errors import ExperimentError
+
+if TYPE_CHECKING:
+    from asyncps.tools.experiment.spec import ExperimentSpec
+
+RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of a sweep: its position, a human label, a directory name and its RunConfig."""
+
+    index: int
+    label: str
+    slug: str
+    axes: dict[str, Any]  # axis name -> the value (scalar) or label (mapping) this point takes
+    config: RunConfig
+
+    def settings(self) -> dict[str, Any]:
+        """What `where` filters and check expressions see: every RunConfig field, the axes and the label."""
+        return {**dataclasses.asdict(self.config), **self.axes, "label": self.label}
+
+
+def make_run_config(fields: Mapping[str, Any]) -> RunConfig:
+    """A RunConfig from spec fields: values coerced to the field's type (as in a --run-config file);
+    no `epochs` given and a max_updates or max_seconds stop means epochs 0 (as with `asyncps local`)."""
+    try:
+        return RunConfig.from_layers(coerce_settings(fields, "spec"))
+    except TypeError as exc:
+        raise ExperimentError(str(exc)) from None
+
+
+def format_value(value: Any) -> str:
+    """A setting as labels and tables show it (floats in %g)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _slug(text: str) -> str:
+    """A directory-name-safe version of a label (other letters by their Unicode names: λ -> lamda)."""
+    ascii_text = "".join(ch if ch.isascii() or not ch.isalnum() else unicodedata.name(ch, "_").split()[-1].lower()
+                         for ch in text)
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", ascii_text).strip("_")[:80]
+
+
+def expand_grid(spec: ExperimentSpec) -> list[Point]:
+    """The Cartesian product of the grid's axes (first axis slowest) over the base settings."""
+    axes = list(spec.grid.items())
+    points = []
+    for index, combo in enumerate(itertools.product(*(values for _, values in axes))):
+        fields = dict(spec.base)
+        parts: list[str] = []
+        chosen: dict[str, Any] = {}
+        for (axis, _), value in zip(axes, combo, strict=True):
+            if isinstance(value, dict):
+                overrides = {k: v for k, v in value.items() if k != "label"}
+                label = str(value.get("label") or ", ".join(f"{k}={format_value(v)}" for k, v in overrides.items()))
+                fields.update(overrides)
+                chosen[axis] = label
+                parts.append(label)
+            else:
+                fields[axis] = value
+                chosen[axis] = value
+                parts.append(f"{axis}={format_value(value)}")
+        label = ", ".join(parts) or "base"
+        try:
+            config = make_run_config(fields)
+        except ValueError as exc:
+            raise ExperimentError(f"point {index} ({label}): {exc}") from None
+        points.append(Point(index, label, f"{index:02d}-{_slug(label)}", chosen, config))
+    return points

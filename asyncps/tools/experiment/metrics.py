@@ -1,0 +1,105 @@
+"""One run's metrics: read from its run directory through the core's run-directory types."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncps.rundir import EVAL_CSV, PUSHES_CSV, EvalRow, PushRow, RunSummary, read_rows
+from asyncps.tools.experiment.errors import ExperimentError
+
+#: The metrics of every point, in results.csv order; checks and targets refer to them by name.
+METRICS: tuple[str, ...] = (
+    "updates", "wall_s", "updates_per_s", "gradients_per_s", "staleness_mean", "staleness_steady_mean",
+    "staleness_p95", "staleness_max", "dropped_pct", "idle_pct", "time_to_target_s", "updates_to_target",
+    "final_accuracy", "final_loss", "optimality_gap", "run_s",
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """An evaluation level to reach: accuracy at least `value`, or loss at most `value`."""
+
+    metric: str
+    value: float
+
+    def __post_init__(self) -> None:
+        if self.metric not in ("accuracy", "loss"):
+            raise ExperimentError(f"target metric must be accuracy or loss, got {self.metric!r}")
+        if not math.isfinite(self.value):
+            raise ExperimentError(f"target value must be a finite number, got {self.value!r}")
+
+    def reached(self, loss: float, accuracy: float) -> bool:
+        """True when an evaluation with this loss and accuracy meets the target."""
+        return accuracy >= self.value if self.metric == "accuracy" else loss <= self.value
+
+    def describe(self) -> str:
+        """E.g. `accuracy >= 0.9`."""
+        return f"{self.metric} {'>=' if self.metric == 'accuracy' else '<='} {self.value:g}"
+
+
+def time_to_target(evals: Sequence[EvalRow], target: Target) -> tuple[float, float]:
+    """(seconds, updates) at which the evaluations first meet the target; NaN, NaN if they never do.
+
+    Linearly interpolated between the last evaluation short of the target and the first that meets
+    it: evaluations are ~0.3-1 s apart, too coarse on their own to compare runs a few updates apart.
+    """
+    previous: tuple[float, float, float] | None = None
+    for row in evals:
+        elapsed, updates = row.elapsed_s, float(row.updates)
+        value = row.accuracy if target.metric == "accuracy" else row.loss
+        if target.reached(row.loss, row.accuracy):
+            if previous is None or value == previous[2] or math.isnan(previous[2]):
+                return elapsed, updates
+            frac = min(1.0, max(0.0, (target.value - previous[2]) / (value - previous[2])))
+            return (previous[0] + frac * (elapsed - previous[0]), previous[1] + frac * (updates - previous[1]))
+        previous = (elapsed, updates, value)
+    return math.nan, math.nan
+
+
+def steady_staleness(pushes: Sequence[PushRow]) -> float:
+    """Mean staleness of the pushes after every worker's first push: without start-up skew (workers
+    joining one by one) and the first step's TensorFlow tracing, which make a few pushes very stale."""
+    first: dict[int, float] = {}
+    for p in pushes:
+        first[p.worker] = min(first.get(p.worker, p.wall_time), p.wall_time)
+    if not first:
+        return math.nan
+    ready = max(first.values())
+    steady = [p.staleness for p in pushes if p.wall_time > ready]
+    return sum(steady) / len(steady) if steady else math.nan
+
+
+def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]:
+    """The sweep's metrics of one finished run directory (NaN where a metric does not apply)."""
+    s = RunSummary.load(run_dir)
+    pushes = read_rows(run_dir / PUSHES_CSV, PushRow)
+    accepted = sum(1 for p in pushes if p.accepted)
+    shards = max(1, s.ps_shards)
+    if pushes:
+        dropped_pct = 100.0 * (len(pushes) - accepted) / len(pushes)
+    else:
+        applied, dropped = s.updates_applied, s.updates_dropped
+        dropped_pct = 100.0 * dropped / (applied + dropped) if applied + dropped else 0.0
+    reach_s, reach_updates = (time_to_target(read_rows(run_dir / EVAL_CSV, EvalRow), target)
+                              if target else (math.nan, math.nan))
+    return {
+        "updates": float(s.updates_applied),
+        "wall_s": s.wall_s,
+        "updates_per_s": s.throughput_updates_per_s,
+        # a sync update averages a quorum of gradients: gradients/s compares the work done
+        "gradients_per_s": accepted / shards / s.wall_s if s.wall_s > 0 else math.nan,
+        "staleness_mean": s.staleness.mean,
+        "staleness_steady_mean": steady_staleness(pushes),
+        "staleness_p95": float(s.staleness.p95),
+        "staleness_max": float(s.staleness.max),
+        "dropped_pct": dropped_pct,
+        "idle_pct": 100.0 * s.mean_idle_fraction(),
+        "time_to_target_s": reach_s,
+        "updates_to_target": reach_updates,
+        "final_accuracy": s.final_eval.accuracy,
+        "final_loss": s.final_eval.loss,
+        "optimality_gap": math.nan if s.optimality_gap is None else s.optimality_gap,
+    }

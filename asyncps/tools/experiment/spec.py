@@ -1,0 +1,109 @@
+"""The spec file: its keys, parsing and validation (every grid point and check included)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncps.tools.experiment.checks import Check, parse_check
+from asyncps.tools.experiment.errors import ExperimentError
+from asyncps.tools.experiment.grid import RUN_FIELDS, Point, expand_grid
+from asyncps.tools.experiment.metrics import Target
+
+SPEC_KEYS = ("name", "description", "base", "grid", "target", "check")
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """A parsed spec: the base run settings, the grid to sweep, the target and the expected outcome."""
+
+    name: str
+    description: str
+    base: dict[str, Any]
+    grid: dict[str, list[Any]]
+    target: Target | None = None
+    checks: tuple[Check, ...] = ()
+
+    def points(self) -> list[Point]:
+        """Every point of the grid, validated (see expand_grid)."""
+        return expand_grid(self)
+
+
+def load_spec(path: Path) -> ExperimentSpec:
+    """Read a YAML (.yaml, .yml) or TOML (.toml) spec and validate it, every grid point included."""
+    text = path.read_text()
+    data: Any
+    if path.suffix == ".toml":
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            raise ExperimentError(f"{path}: TOML specs need Python 3.11 or later (tomllib); use YAML") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ExperimentError(f"{path}: {exc}") from None
+    elif path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ExperimentError(f"{path}: {exc}") from None
+    else:
+        raise ExperimentError(f"{path}: a spec is .yaml, .yml or .toml")
+    return parse_spec(data, default_name=path.stem)
+
+
+def parse_spec(data: Any, default_name: str = "experiment") -> ExperimentSpec:
+    """Build an ExperimentSpec from the spec file's mapping; every problem is an ExperimentError."""
+    if not isinstance(data, dict):
+        raise ExperimentError("a spec is a mapping with keys " + ", ".join(SPEC_KEYS))
+    unknown = sorted(set(data) - set(SPEC_KEYS))
+    if unknown:
+        raise ExperimentError(f"unknown spec keys {unknown}; valid: {', '.join(SPEC_KEYS)}")
+    base = data.get("base") or {}
+    if not isinstance(base, dict):
+        raise ExperimentError("base must be a mapping of RunConfig fields")
+    _check_run_fields(base, "base")
+    grid_data = data.get("grid") or {}
+    if not isinstance(grid_data, dict):
+        raise ExperimentError("grid must be a mapping of axis name -> list of values")
+    grid: dict[str, list[Any]] = {}
+    for axis, values in grid_data.items():
+        if not isinstance(values, list) or not values:
+            raise ExperimentError(f"grid.{axis} must be a non-empty list")
+        for value in values:
+            if isinstance(value, dict):
+                _check_run_fields({k: v for k, v in value.items() if k != "label"}, f"grid.{axis}")
+            elif axis not in RUN_FIELDS:
+                raise ExperimentError(f"grid.{axis}: {axis!r} is not a RunConfig field, so its values must be "
+                                      f"mappings of fields (with an optional label); fields: {', '.join(RUN_FIELDS)}")
+        grid[str(axis)] = list(values)
+    target = None
+    if data.get("target") is not None:
+        t = data["target"]
+        if not isinstance(t, dict) or set(t) != {"metric", "value"}:
+            raise ExperimentError("target must be {metric: accuracy|loss, value: NUMBER}")
+        try:
+            target = Target(str(t["metric"]), float(t["value"]))
+        except (TypeError, ValueError) as exc:
+            raise ExperimentError(f"target: {exc}") from None
+    check_data = data.get("check") or []
+    if isinstance(check_data, dict):
+        check_data = [check_data]
+    if not isinstance(check_data, list):
+        raise ExperimentError("check must be a mapping or a list of mappings")
+    names = set(RUN_FIELDS) | set(grid) | {"label"}
+    checks = tuple(parse_check(c, names, i) for i, c in enumerate(check_data))
+    spec = ExperimentSpec(name=str(data.get("name") or default_name), description=str(data.get("description") or ""),
+                          base=dict(base), grid=grid, target=target, checks=checks)
+    spec.points()  # every point must be a valid RunConfig before anything runs
+    return spec
+
+
+def _check_run_fields(fields: Mapping[str, Any], where: str) -> None:
+    unknown = sorted(set(fields) - set(RUN_FIELDS))
+    if unknown:
+        raise ExperimentError(f"{where}: unknown RunConfig fields {unknown}; valid: {', '.join(RUN_FIELDS)}")

@@ -1,0 +1,147 @@
+"""The sweep: run (or resume) every point as a local cluster, collect metrics, evaluate the checks."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from asyncps.config import RunConfig
+from asyncps.rundir import SUMMARY_JSON, RunConfigRecord, RunSummary
+from asyncps.tools.experiment.checks import CheckOutcome, Row, evaluate_checks
+from asyncps.tools.experiment.errors import ExperimentError
+from asyncps.tools.experiment.grid import Point
+from asyncps.tools.experiment.metrics import METRICS, Target, run_metrics
+from asyncps.tools.experiment.spec import ExperimentSpec
+from asyncps.tools.experiment.tables import write_results
+
+Runner = Callable[[RunConfig, Path], int]
+
+
+def run_local_quietly(run: RunConfig, run_dir: Path) -> int:
+    """Run one local cluster with no live progress; the launcher's own lines go to run_dir/launcher.log."""
+    from asyncps.tools.local import run_local
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "launcher.log", "w") as log, contextlib.redirect_stdout(log):
+        return run_local(run, run_dir, progress=False)
+
+
+class SweepInterrupted(Exception):
+    """The user stopped a point (Ctrl-C); finished points stay, the sweep resumes on the next call."""
+
+
+@dataclass
+class PointResult:
+    """A point's outcome: its metrics (NaN where missing) and whether it ran, was resumed or failed."""
+
+    point: Point
+    status: str  # "ran", "resumed" or "failed"
+    metrics: dict[str, float]
+
+    def row(self) -> Row:
+        """The point as the checks see it."""
+        return Row(self.point.label, self.point.settings(), self.metrics)
+
+
+def finished(run_dir: Path) -> bool:
+    """True when the run directory holds the summary of a run that was not interrupted.
+
+    A summary.json that does not read is a RunDirError (naming the file and the field), not an
+    unfinished run: the point is not deleted and re-run behind the user's back."""
+    if not (run_dir / SUMMARY_JSON).exists():
+        return False
+    return not RunSummary.load(run_dir).interrupted
+
+
+def _same_config(run_dir: Path, config: RunConfig) -> str | None:
+    """None when run_dir/config.json was written for `config`, else the first difference."""
+    record = RunConfigRecord.load_if_present(run_dir)
+    if record is None:
+        return None
+    recorded = record.run
+    wanted = json.loads(config.to_json())
+    for key in sorted(set(recorded) | set(wanted)):
+        if recorded.get(key) != wanted.get(key):
+            return f"{key}: {recorded.get(key)!r} there, {wanted.get(key)!r} in the spec"
+    return None
+
+
+def run_point(point: Point, out: Path, target: Target | None, runner: Runner) -> tuple[PointResult, bool]:
+    """Run one point unless its directory already holds a finished run; (result, was it run now)."""
+    run_dir = out / point.slug
+    if finished(run_dir):
+        difference = _same_config(run_dir, point.config)
+        if difference:
+            raise ExperimentError(f"{run_dir} holds a run of another configuration ({difference}); "
+                                  "use another --out or delete it")
+        return PointResult(point, "resumed", {**run_metrics(run_dir, target), "run_s": math.nan}), False
+    if run_dir.exists():  # an unfinished run: start it over
+        shutil.rmtree(run_dir)
+    started = time.monotonic()
+    code = runner(point.config, run_dir)
+    run_s = time.monotonic() - started
+    if (run_dir / SUMMARY_JSON).exists() and not finished(run_dir):
+        raise SweepInterrupted(point.label)
+    if code != 0 or not (run_dir / SUMMARY_JSON).exists():
+        return PointResult(point, "failed", {**dict.fromkeys(METRICS, math.nan), "run_s": run_s}), True
+    return PointResult(point, "ran", {**run_metrics(run_dir, target), "run_s": run_s}), True
+
+
+def progress_line(n: int, total: int, result: PointResult) -> str:
+    """One line per point: its label and headline numbers."""
+    m = result.metrics
+    head = f"[{n}/{total}] {result.point.label}: "
+    if result.status == "failed":
+        return head + f"FAILED after {m['run_s']:.0f}s (see {result.point.slug}/logs)"
+    text = (f"{m['updates']:.0f} updates in {m['wall_s']:.1f}s ({m['updates_per_s']:.1f}/s), staleness "
+            f"{m['staleness_mean']:.2f} (p95 {m['staleness_p95']:.0f}), dropped {m['dropped_pct']:.1f}%, "
+            f"idle {m['idle_pct']:.1f}%")
+    if not math.isnan(m["optimality_gap"]):
+        text += f", gap {m['optimality_gap']:.4g}"
+    else:
+        text += f", acc {m['final_accuracy']:.3f}"
+    if not math.isnan(m["updates_to_target"]):
+        text += f", target at {m['updates_to_target']:.0f} updates / {m['time_to_target_s']:.1f}s"
+    return head + text + (" (resumed)" if result.status == "resumed" else f" [{m['run_s']:.0f}s]")
+
+
+@dataclass
+class SweepResult:
+    """Every point's result, the checks' verdicts and the sweep's wall time."""
+
+    spec: ExperimentSpec
+    results: list[PointResult]
+    outcomes: list[CheckOutcome]
+    sweep_s: float
+
+    @property
+    def passed(self) -> bool:
+        """True when no point failed and every check passed."""
+        return all(r.status != "failed" for r in self.results) and all(o.passed for o in self.outcomes)
+
+
+def run_sweep(spec: ExperimentSpec, out: Path, runner: Runner = run_local_quietly,
+              stream: IO[str] = sys.stdout) -> SweepResult:
+    """Run (or resume) every point, write results.csv and results.md, evaluate the checks."""
+    points = spec.points()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results = []
+    for n, point in enumerate(points, 1):
+        result, _ = run_point(point, out, spec.target, runner)
+        results.append(result)
+        stream.write(progress_line(n, len(points), result) + "\n")
+        stream.flush()
+        write_results(SweepResult(spec, results, [], time.monotonic() - started), out)  # partial, if stopped
+    outcomes = evaluate_checks(spec.checks, [r.row() for r in results if r.status != "failed"])
+    sweep = SweepResult(spec, results, outcomes, time.monotonic() - started)
+    write_results(sweep, out)
+    return sweep

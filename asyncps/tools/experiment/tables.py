@@ -1,0 +1,116 @@
+"""The sweep's results files: results.csv (written and read here) and results.md (a table and the checks)."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from asyncps.tools.experiment.errors import ExperimentError
+from asyncps.tools.experiment.grid import format_value
+from asyncps.tools.experiment.metrics import METRICS, Target
+
+if TYPE_CHECKING:
+    from asyncps.tools.experiment.spec import ExperimentSpec
+    from asyncps.tools.experiment.sweep import SweepResult
+
+RESULTS_CSV = "results.csv"
+RESULTS_MD = "results.md"
+
+
+def results_columns(spec: ExperimentSpec) -> list[str]:
+    """results.csv's header: point, label, one column per grid axis, status, then METRICS."""
+    return ["point", "label", *spec.grid, "status", *METRICS]
+
+
+def write_results(sweep: SweepResult, out: Path) -> None:
+    """results.csv (every metric, empty where not measured) and results.md (a table and the checks)."""
+    spec = sweep.spec
+    with open(out / RESULTS_CSV, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(results_columns(spec))
+        for r in sweep.results:
+            metrics = ["" if math.isnan(r.metrics[k]) else f"{r.metrics[k]:.6g}" for k in METRICS]
+            axes = [format_value(r.point.axes[a]) for a in spec.grid]
+            writer.writerow([r.point.slug, r.point.label, *axes, r.status, *metrics])
+    (out / RESULTS_MD).write_text(results_markdown(sweep))
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """One row of results.csv read back: the point's directory, its label, its status and its metrics
+    (NaN where the cell is empty; a metric an older results.csv lacks is NaN too)."""
+
+    point: str
+    label: str
+    status: str
+    metrics: dict[str, float]
+
+
+def read_results(out: Path) -> dict[str, ResultRecord]:
+    """A sweep directory's results.csv by point directory name (empty when there is none)."""
+    path = out / RESULTS_CSV
+    if not path.exists():
+        return {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = sorted({"point", "label", "status"} - set(reader.fieldnames or ()))
+        if missing:
+            raise ExperimentError(f"{path}: no column(s) {missing}; not a results.csv of asyncps experiment")
+        records = {}
+        for row in reader:
+            try:
+                metrics = {k: float(row.get(k) or "nan") for k in METRICS}
+            except ValueError as exc:
+                raise ExperimentError(f"{path}:{reader.line_num}: {exc}") from None
+            records[row["point"]] = ResultRecord(row["point"], row["label"], row["status"], metrics)
+    return records
+
+
+def _cell(x: float, spec: str = ".3g") -> str:
+    return "—" if math.isnan(x) else format(x, spec)
+
+
+def markdown_table(rows: Sequence[tuple[str, Mapping[str, float], bool]], target: Target | None) -> str:
+    """(label, metrics, failed) rows as a markdown table (optimality gap instead of accuracy where measured)."""
+    gap = any(not math.isnan(m["optimality_gap"]) for _, m, _ in rows)
+    header = ["run", "updates/s", "grads/s", "staleness mean", "p95", "dropped %", "idle %"]
+    if target:
+        header += [f"time to {target.describe()} (s)", "updates to target"]
+    header += ["updates", "optimality gap" if gap else "final accuracy"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, m, failed in rows:
+        cells = [label + (" (failed)" if failed else ""), _cell(m["updates_per_s"], ".1f"),
+                 _cell(m["gradients_per_s"], ".1f"), _cell(m["staleness_mean"], ".2f"),
+                 _cell(m["staleness_p95"], ".0f"), _cell(m["dropped_pct"], ".1f"), _cell(m["idle_pct"], ".1f")]
+        if target:
+            cells += [_cell(m["time_to_target_s"], ".1f"), _cell(m["updates_to_target"], ".0f")]
+        cells += [_cell(m["updates"], ".0f"),
+                  _cell(m["optimality_gap"], ".4f") if gap else _cell(m["final_accuracy"], ".3f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def results_markdown(sweep: SweepResult) -> str:
+    """results.md: what was swept, the table, and each check's verdict."""
+    spec = sweep.spec
+    ran = [r.metrics["run_s"] for r in sweep.results if r.status == "ran"]
+    parts = [f"# {spec.name}\n"]
+    if spec.description:
+        parts.append(spec.description.strip() + "\n")
+    base = ", ".join(f"{k}={format_value(v)}" for k, v in spec.base.items())
+    parts.append(f"Base: {base or 'defaults'}. Points: {len(sweep.results)}; this invocation took "
+                 f"{sweep.sweep_s:.0f}s ({len(ran)} run, {len(sweep.results) - len(ran)} resumed).\n")
+    parts.append(markdown_table([(r.point.label, r.metrics, r.status == "failed") for r in sweep.results],
+                                spec.target))
+    if sweep.outcomes:
+        verdict = "PASS" if sweep.passed else "FAIL"
+        parts.append(f"## Check: {verdict}\n")
+        for o in sweep.outcomes:
+            parts.append(f"- **{'PASS' if o.passed else 'FAIL'}** {o.name}: {o.detail}"
+                         + (f"  \n  _why_: {o.why}" if o.why else ""))
+        parts.append("")
+    return "\n".join(parts)
