@@ -10,7 +10,8 @@ from typing import Any
 from asyncps.codec import DEFAULT_CHUNK_BYTES
 from asyncps.delays import StepDelay
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
-from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.rules import POLICIES, OptimizerConfig, UpdateRuleConfig
+from asyncps.rules.modes import MODE_ALIASES, fold_mode_aliases, mode_alias_values
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,10 @@ class RunConfig:
     optimizer: str = "sgd"
     learning_rate: float = 0.1
     optimizer_params: dict[str, float] = field(default_factory=dict)
-    mode: str = "async"
-    staleness_policy: str = "none"
+    mode: str = "async"  # a mode spec: async | sync[:backup=B] | ssp[:bound=S], kept canonical
+    staleness_policy: str = "none"  # a staleness policy spec, kept canonical
+    # Older spellings of the mode's parameters (--backup-workers, --staleness-bound): a nonzero
+    # value is folded into `mode` (a contradiction is an error); afterwards both mirror the mode.
     backup_workers: int = 0
     staleness_bound: int = 0
     num_workers: int = 2
@@ -51,6 +54,7 @@ class RunConfig:
     task_size: int = 0  # examples per data task (0: 4 batches)
 
     def __post_init__(self) -> None:
+        self._fold_rule_specs()
         problems = []
         if self.batch_size < 1:
             problems.append("batch_size must be >= 1")
@@ -63,7 +67,7 @@ class RunConfig:
         if self.max_updates == 0 and self.epochs == 0 and self.max_seconds == 0:
             problems.append("set a stop condition: max_updates, epochs or max_seconds")
         if self.backup_workers >= self.num_workers:
-            problems.append("backup_workers must be < num_workers")
+            problems.append(f"backup workers ({self.backup_workers}) must be < num_workers")
         if self.eval_every_s <= 0 or self.heartbeat_interval_s <= 0:
             problems.append("eval_every_s and heartbeat_interval_s must be > 0")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
@@ -81,6 +85,18 @@ class RunConfig:
         self.update_rule()  # validates optimizer, mode and staleness policy
         self.step_delay(0)
 
+    def _fold_rule_specs(self) -> None:
+        """Canonical mode and policy specs, with the old per-mode fields folded into the mode."""
+        try:
+            mode = fold_mode_aliases(self.mode, {alias: getattr(self, alias) for alias in MODE_ALIASES})
+            policy = POLICIES.normalize(self.staleness_policy)
+        except ValueError as error:
+            raise ValueError(f"invalid run configuration: {error}") from None
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "staleness_policy", policy)
+        for alias, value in mode_alias_values(mode).items():
+            object.__setattr__(self, alias, value)
+
     def step_delay(self, worker_index: int) -> StepDelay:
         """The injected delays of one worker (seeded by run seed and worker index)."""
         return StepDelay.for_worker(worker_index, self.compute_delay, self.stragglers, self.slowdown,
@@ -90,8 +106,7 @@ class RunConfig:
         """The shards' update rule for this run."""
         return UpdateRuleConfig(
             optimizer=OptimizerConfig(self.optimizer, self.learning_rate, self.optimizer_params),
-            mode=self.mode, staleness_policy=self.staleness_policy, num_workers=self.num_workers,
-            backup_workers=self.backup_workers, staleness_bound=self.staleness_bound)
+            mode=self.mode, staleness_policy=self.staleness_policy, num_workers=self.num_workers)
 
     def to_json(self) -> str:
         """Serialize (for config.json and for workers)."""

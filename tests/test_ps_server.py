@@ -325,7 +325,7 @@ def test_uninitialized_shard_refuses_pushes_and_pulls(shard_server: str) -> None
             call()
         assert "FAILED_PRECONDITION" in str(unreachable.value), name
         assert "shard 0 is not initialized" in str(unreachable.value), name
-    bad_rule = ps_pb2.UpdateRule(optimizer=ps_pb2.OptimizerSpec(name="rmsprop", learning_rate=0.1))
+    bad_rule = ps_pb2.UpdateRule(optimizer="rmsprop:lr=0.1")
     bad_inits = [
         (bad_rule, initial_values(), "bad update rule"),
         (RULE, {"b": np.array([np.inf, 0, 0], np.float32)}, "NaN or Inf"),

@@ -15,6 +15,8 @@ from typing import Any
 
 from asyncps.cluster import ClusterConfigError, TFConfig, parse_tf_config
 from asyncps.config import RunConfig
+from asyncps.rules import MODES, POLICIES
+from asyncps.rules.modes import MODE_ALIASES
 from asyncps.security import SecurityConfig
 
 ENV_PREFIX = "ASYNCPS_"
@@ -65,9 +67,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     _add(g, "--lr", d.learning_rate, "learning rate", type=float)
     _add(g, "--opt-param", [], "optimizer hyperparameter KEY=VALUE (repeatable), e.g. beta_1=0.9",
          action="append")
-    _add(g, "--mode", d.mode, "consistency model: async | sync | ssp")
-    _add(g, "--staleness-policy", d.staleness_policy,
-         "async: none | drop:K | lr-scale | dc-asgd[:L] | dc-asgd-a[:L0[,M]] | gap-aware[:C]")
+    _add(g, "--mode", d.mode, f"consistency mode spec: {MODES.usage()}")
+    _add(g, "--staleness-policy", d.staleness_policy, f"staleness policy spec: {POLICIES.usage()}")
     _add(g, "--max-updates", d.max_updates, "stop after this many updates (0: no limit)", type=int)
     _add(g, "--epochs", None, f"stop after this many passes over the training data (0: no limit; "
          f"{d.epochs:g} unless --max-updates or --max-seconds is given)", type=float)
@@ -80,9 +81,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     _add(g, "--slowdown", d.slowdown, "random slowdowns P:F: with probability P a step is F times slower")
     _add(g, "--rpc-latency", d.rpc_latency_s, "seconds added before every worker round trip", type=float)
     _add(g, "--read-wait", d.read_wait_s, "longest a shard holds a sync/ssp worker before answering", type=float)
-    _add(g, "--backup-workers", d.backup_workers, "sync: apply each step after the first (workers - b) gradients",
-         type=int)
-    _add(g, "--staleness-bound", d.staleness_bound, "ssp: the largest clock lead s", type=int)
+    _add(g, "--backup-workers", d.backup_workers, "same as --mode sync:backup=B", type=int)
+    _add(g, "--staleness-bound", d.staleness_bound, "same as --mode ssp:bound=S", type=int)
     _add(g, "--checkpoint-every", "0", "checkpoint every N updates, or every Ns seconds with a trailing s (0: off)")
     _add(g, "--keep-checkpoints", d.keep_checkpoints, "how many checkpoints to keep", type=int)
     _add(g, "--slice-threshold", d.slice_threshold_bytes,
@@ -137,7 +137,32 @@ def run_config_from(args: argparse.Namespace, num_workers: int, num_ps: int) -> 
     if base:  # a config file wins over built-in defaults, explicit flags win over the file
         explicit = {k for k, v in fields.items() if v != getattr(RunConfig(), k, None)}
         fields = {**fields, **{k: v for k, v in base.items() if k not in explicit}}
+        fields = _mode_from_flags_over_file(fields, explicit)
     return RunConfig(**fields)
+
+
+def _mode_from_flags_over_file(fields: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
+    """The file's mode and its mirrored per-mode fields give way to the mode flags given.
+
+    An explicit --mode replaces the file's mode with its parameters; an explicit --backup-workers or
+    --staleness-bound replaces that one parameter of the file's mode.
+    """
+    fields = dict(fields)
+    if "mode" in explicit:
+        for alias in MODE_ALIASES:
+            if alias not in explicit:
+                fields[alias] = 0
+        return fields
+    given = [alias for alias in MODE_ALIASES if alias in explicit]
+    if given:
+        name, params = MODES.split(str(fields["mode"]))
+        for alias in MODE_ALIASES:
+            if alias not in given:
+                fields[alias] = 0
+            elif MODE_ALIASES[alias][0] == name:
+                params.pop(MODE_ALIASES[alias][1], None)
+        fields["mode"] = name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+    return fields
 
 
 def _checkpoint_every(text: str) -> dict[str, Any]:

@@ -117,12 +117,15 @@ class RunData:
 
 def describe_run(summary: dict[str, Any], config: dict[str, Any]) -> str:
     """E.g. `sync +1 backup, 4 workers` or `async lr-scale, 8 workers`."""
-    mode = str(config.get("mode", summary.get("mode", "?")))
+    # The mode is a spec (sync:backup=1); runs recorded before specs kept its parameters apart.
+    mode, _, params = str(config.get("mode", summary.get("mode", "?"))).partition(":")
+    settings = dict(item.split("=", 1) for item in params.split(",") if "=" in item)
     text = mode
-    if mode == "sync" and config.get("backup_workers"):
-        text += f" +{config['backup_workers']} backup"
+    backup = settings.get("backup", config.get("backup_workers"))
+    if mode == "sync" and backup and str(backup) != "0":
+        text += f" +{backup} backup"
     if mode == "ssp":
-        text += f" s={config.get('staleness_bound', summary.get('staleness_bound', '?'))}"
+        text += f" s={settings.get('bound', config.get('staleness_bound', summary.get('staleness_bound', '?')))}"
     policy = config.get("staleness_policy", summary.get("staleness_policy", "none"))
     if policy and policy != "none":
         text += f" {policy}"
