@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
@@ -235,58 +235,3 @@ class TensorAssembler:
     def total_bytes(self) -> int:
         """Bytes of tensor data announced so far."""
         return self._total
-
-
-def frames(
-    chunks: Iterable[tensor_pb2.TensorChunk], frame_bytes: int = DEFAULT_CHUNK_BYTES
-) -> Iterator[list[tensor_pb2.TensorChunk]]:
-    """Group chunks into frames of at most frame_bytes of data (at least one chunk each).
-
-    Many small tensors then share one stream message: per-message cost, not bytes, dominates
-    small models over Python gRPC.
-    """
-    frame: list[tensor_pb2.TensorChunk] = []
-    size = 0
-    for chunk in chunks:
-        n = len(chunk.data)
-        if frame and size + n > frame_bytes:
-            yield frame
-            frame, size = [], 0
-        frame.append(chunk)
-        size += n
-    if frame:
-        yield frame
-
-
-def framed(
-    make: Callable[[Any, list[tensor_pb2.TensorChunk]], M],
-    header: Any,
-    chunks: Iterable[tensor_pb2.TensorChunk],
-    frame_bytes: int = DEFAULT_CHUNK_BYTES,
-) -> Iterator[M]:
-    """Stream messages: `make(header, frame)` for the first frame, `make(None, frame)` after it;
-    a stream without tensors is one header-only message."""
-    first = True
-    for frame in frames(chunks, frame_bytes):
-        yield make(header if first else None, frame)
-        first = False
-    if first:
-        yield make(header, [])
-
-
-def read_frames(messages: Iterable[Any], assembler: TensorAssembler, what: str) -> Any:
-    """Consume a stream of frames into the assembler; return the header, which must be in the
-    first frame and only there (InvalidArgumentError otherwise)."""
-    header = None
-    for i, msg in enumerate(messages):
-        if msg.HasField("header"):
-            if i > 0:
-                raise InvalidArgumentError(f"{what}: header in frame {i}; it belongs in the first frame only")
-            header = msg.header
-        elif i == 0:
-            raise InvalidArgumentError(f"{what}: the first frame has no header")
-        for chunk in msg.tensors:
-            assembler.add(chunk)
-    if header is None:
-        raise InvalidArgumentError(f"{what}: empty stream (no header)")
-    return header

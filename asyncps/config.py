@@ -1,57 +1,142 @@
-"""The run configuration: everything that defines a training run, resolved and validated once."""
+"""The run configuration: everything that defines a training run, resolved and validated once.
+
+Every RunConfig field carries its Option (help text, command-line flags, environment names, text
+parser); the CLI's flags, the `ASYNCPS_*` environment variables, `--run-config` files and their
+help are all derived from these fields, and resolved in one order (see RunConfig.from_layers):
+built-in default < `--run-config` file < `ASYNCPS_*` environment < explicit flag.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from asyncps.codec import DEFAULT_CHUNK_BYTES
 from asyncps.delays import StepDelay
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
-from asyncps.rules import POLICIES, OptimizerConfig, UpdateRuleConfig
+from asyncps.rules import MODES, POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import MODE_ALIASES, fold_mode_aliases, mode_alias_values
+
+ENV_PREFIX = "ASYNCPS_"
+DEFAULT_EPOCHS = 30.0
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one RunConfig field is set from outside the program (flags, environment, help)."""
+
+    help: str
+    flags: tuple[str, ...] | None = None  # None: --field-name; (): no flag of its own
+    env: tuple[str, ...] | None = None  # None: ASYNCPS_<FIELD>, then ASYNCPS_<FLAG> of every flag
+    parse: Callable[[str], Any] | None = None  # text -> value; None: by the field's type
+    spreads: bool = False  # parse returns several fields' values as a mapping
+    repeat: bool = False  # the flag may be repeated; the parsed mappings are merged
+
+
+def setting(default: Any = dataclasses.MISSING, *, help: str, factory: Callable[[], Any] | None = None,
+            flags: tuple[str, ...] | None = None, env: tuple[str, ...] | None = None,
+            parse: Callable[[str], Any] | None = None, spreads: bool = False, repeat: bool = False) -> Any:
+    """A RunConfig field with its Option (in the field's metadata)."""
+    option = Option(help, flags, env, parse, spreads, repeat)
+    if factory is not None:
+        return field(default_factory=factory, metadata={"option": option})
+    return field(default=default, metadata={"option": option})
+
+
+def parse_opt_params(text: str) -> dict[str, float]:
+    """`beta_1=0.9 beta_2=0.999` (spaces or commas) -> {"beta_1": 0.9, "beta_2": 0.999}."""
+    out = {}
+    for item in (i for i in text.replace(",", " ").split() if i):
+        key, sep, value = item.partition("=")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key:
+            raise ValueError(f"wants KEY=NUMBER items, got {item!r}")
+    return out
+
+
+def parse_checkpoint_every(text: str) -> dict[str, Any]:
+    """`500` -> every 500 updates; `30s` -> every 30 seconds; `0`: off."""
+    text = text.strip()
+    try:
+        if text.endswith("s"):
+            return {"checkpoint_every_s": float(text[:-1]), "checkpoint_every_updates": 0}
+        return {"checkpoint_every_updates": int(text), "checkpoint_every_s": 0.0}
+    except ValueError:
+        raise ValueError(f"wants N (updates) or Ns (seconds), got {text!r}") from None
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """A training run; the chief owns it and hands it to every worker when it registers."""
 
-    model: str = "mlp"
-    dataset: str = "digits"
-    batch_size: int = 32
-    optimizer: str = "sgd"
-    learning_rate: float = 0.1
-    optimizer_params: dict[str, float] = field(default_factory=dict)
-    mode: str = "async"  # a mode spec: async | sync[:backup=B] | ssp[:bound=S], kept canonical
-    staleness_policy: str = "none"  # a staleness policy spec, kept canonical
-    # Older spellings of the mode's parameters (--backup-workers, --staleness-bound): a nonzero
-    # value is folded into `mode` (a contradiction is an error); afterwards both mirror the mode.
-    backup_workers: int = 0
-    staleness_bound: int = 0
-    num_workers: int = 2
-    num_ps: int = 2
-    max_updates: int = 0  # stop after this many applied updates (0: no limit)
-    epochs: float = 30.0  # stop after this many passes over the training set (0: no limit)
-    max_seconds: float = 0.0  # stop after this much training time (0: no limit)
-    eval_every_s: float = 2.0
-    seed: int = 0
-    compute_delay: str = "none"
-    stragglers: str = ""  # permanent slow factors, e.g. "0:4x,3:2x"
-    slowdown: str = ""  # random slowdowns "P:F": with probability P a step is F times slower
-    rpc_latency_s: float = 0.0  # added before every worker round trip
-    slice_threshold_bytes: int = DEFAULT_SLICE_THRESHOLD_BYTES
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    heartbeat_interval_s: float = 0.5
-    heartbeat_timeout_s: float = 10.0
-    rpc_deadline_s: float = 60.0
-    read_wait_s: float = 30.0  # how long a shard may hold a sync/ssp worker before answering anyway
-    tf_threads: int = 1
-    checkpoint_every_updates: int = 0  # 0: not by updates
-    checkpoint_every_s: float = 0.0  # 0: not by time
-    keep_checkpoints: int = 3
-    task_size: int = 0  # examples per data task (0: 4 batches)
+    model: str = setting("mlp", help="logreg | mlp | mlp:H1,H2,... | cnn | embedding")
+    dataset: str = setting("digits", help="digits | mnist | fashion_mnist | npz:PATH | synthetic-logreg")
+    batch_size: int = setting(32, help="examples per worker step")
+    optimizer: str = setting("sgd", help="sgd | momentum | nesterov | adam | adagrad")
+    learning_rate: float = setting(0.1, help="learning rate", flags=("--lr", "--learning-rate"))
+    optimizer_params: dict[str, float] = setting(  # noqa: RUF009 - a dataclasses.field with a default_factory
+        factory=dict, help="optimizer hyperparameter KEY=VALUE (repeatable), e.g. beta_1=0.9",
+        flags=("--opt-param",), parse=parse_opt_params, repeat=True)
+    # The mode and the policy are specs (sync:backup=1, drop:bound=4), kept canonical; the table of
+    # every mode and policy with its parameters is in the README (scripts/rules_table.py).
+    mode: str = setting("async", help="consistency mode spec: async | sync[:backup=B] | ssp[:bound=S]")
+    staleness_policy: str = setting(
+        "none", help="staleness policy spec (async): none | drop:bound=K | lr-scale | dc-asgd[:lambda=L] | "
+                     "dc-asgd-a[:lambda0=L0,momentum=M] | gap-aware[:c=C]")
+    # Older spellings of the mode's parameters: a nonzero value folds into `mode` (a contradiction is
+    # an error); afterwards both mirror the mode (0 for another mode's parameter).
+    backup_workers: int = setting(0, help="same as --mode sync:backup=B")
+    staleness_bound: int = setting(0, help="same as --mode ssp:bound=S")
+    num_workers: int = setting(2, flags=("--workers",),
+                          help="number of workers (chief: else TF_CONFIG's, when it has one)")
+    num_ps: int = setting(2, help="number of parameter-server shards", flags=("--ps",))
+    max_updates: int = setting(0, help="stop after this many applied updates (0: no limit)")
+    epochs: float = setting(DEFAULT_EPOCHS, help=(
+        f"stop after this many passes over the training data (0: no limit; {DEFAULT_EPOCHS:g} unless "
+        "max_updates or max_seconds is set, then 0)"))
+    max_seconds: float = setting(0.0, help="stop after this much training time (0: no limit)")
+    eval_every_s: float = setting(2.0, help="seconds between evaluations", flags=("--eval-every",))
+    seed: int = setting(0, help="seed of model init, data order and injected delays")
+    compute_delay: str = setting("none", help="injected delay per step: none | const:S | uniform:A,B | exp:MEAN")
+    stragglers: str = setting("", help="permanent slow workers, e.g. 0:4x,3:2x (seeded experiments)")
+    slowdown: str = setting("", help="random slowdowns P:F: with probability P a step is F times slower")
+    rpc_latency_s: float = setting(0.0, help="seconds added before every worker round trip",
+                                   flags=("--rpc-latency",))
+    slice_threshold_bytes: int = setting(DEFAULT_SLICE_THRESHOLD_BYTES, flags=("--slice-threshold",),
+                                         help="variables larger than this many bytes are sliced over shards")
+    chunk_bytes: int = setting(DEFAULT_CHUNK_BYTES, help="bytes per streamed tensor chunk")
+    heartbeat_interval_s: float = setting(0.5, help="seconds between worker heartbeats",
+                                          flags=("--heartbeat-interval",))
+    heartbeat_timeout_s: float = setting(10.0, help="silence after which a worker is dead",
+                                         flags=("--heartbeat-timeout",))
+    rpc_deadline_s: float = setting(60.0, help="seconds to keep retrying an unreachable peer",
+                                    flags=("--rpc-deadline",))
+    read_wait_s: float = setting(30.0, help="longest a shard holds a sync/ssp worker before answering",
+                                 flags=("--read-wait",))
+    tf_threads: int = setting(1, help="TensorFlow intra/inter-op threads per process (0: TF default)")
+    checkpoint_every_updates: int = setting(
+        0, help="checkpoint every N updates, or every Ns seconds with a trailing s (0: off)",
+        flags=("--checkpoint-every",), env=("ASYNCPS_CHECKPOINT_EVERY",), parse=parse_checkpoint_every,
+        spreads=True)
+    checkpoint_every_s: float = setting(0.0, help="checkpoint every this many seconds (0: off)", flags=(), env=())
+    keep_checkpoints: int = setting(3, help="how many checkpoints to keep")
+    task_size: int = setting(0, help="examples per data task (0: 4 batches)")
+    transport: str = setting("auto", help=(
+        "how workers move tensors to shards: auto (shared memory with shards on the same host, gRPC frames "
+        "otherwise) | grpc | shm (shared memory required)"))
+    pipeline: bool = setting(False, help=(
+        "workers compute the next gradient while the previous push is in flight: more steps/s, one more "
+        "step of staleness (measured and recorded like any other)"))
 
     def __post_init__(self) -> None:
         self._fold_rule_specs()
@@ -78,6 +163,8 @@ class RunConfig:
             problems.append("checkpoint intervals must be >= 0 and keep_checkpoints >= 1")
         if self.task_size < 0:
             problems.append("task_size must be >= 0")
+        if self.transport not in ("auto", "grpc", "shm"):
+            problems.append(f"transport must be auto, grpc or shm, not {self.transport!r}")
         if self.tf_threads < 0:
             problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
         if problems:
@@ -121,3 +208,200 @@ class RunConfig:
         if unknown:
             raise ValueError(f"unknown run configuration keys {sorted(unknown)}")
         return cls(**data)
+
+    @classmethod
+    def from_layers(cls, *layers: Mapping[str, Any]) -> RunConfig:
+        """The RunConfig of settings layers, each overriding the ones before it (e.g. file, environment,
+        flags); no layer setting `epochs` and a max_updates or max_seconds stop means epochs 0."""
+        merged: dict[str, Any] = {}
+        for layer in layers:
+            merged = _merge_mode_layer(merged, layer)
+        unknown = sorted(set(merged) - set(run_options()))
+        if unknown:
+            raise ValueError(f"unknown run configuration keys {unknown}")
+        if "epochs" not in merged and (merged.get("max_updates") or merged.get("max_seconds")):
+            merged["epochs"] = 0.0
+        return cls(**merged)
+
+
+def _merge_mode_layer(merged: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+    """`merged` overridden by `layer`, where a layer's mode settings replace the earlier ones: a layer
+    giving `mode` drops the earlier mirrored per-mode fields; one giving only backup_workers or
+    staleness_bound replaces that parameter of the earlier mode spec (so a config.json, which
+    records both the spec and its mirror, can be overridden by --backup-workers or --mode)."""
+    out = {**merged, **layer}
+    if "mode" in layer:
+        for alias in MODE_ALIASES:
+            if alias not in layer:
+                out.pop(alias, None)
+        return out
+    given = [alias for alias in MODE_ALIASES if alias in layer]
+    if given and "mode" in merged:
+        name, params = MODES.split(str(merged["mode"]))
+        for alias in given:
+            mode, key = MODE_ALIASES[alias]
+            if mode == name:
+                params.pop(key, None)
+        out["mode"] = name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+    return out
+
+
+# -- the options of the fields: names, parsing of text and of file values ------------------------
+@functools.cache
+def run_options() -> dict[str, Option]:
+    """Every RunConfig field's Option, in field order."""
+    return {f.name: f.metadata["option"] for f in dataclasses.fields(RunConfig)}
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(RunConfig)
+
+
+def flag_names(name: str) -> tuple[str, ...]:
+    """The command-line flags of a field (the first one is the main spelling)."""
+    option = run_options()[name]
+    return ("--" + name.replace("_", "-"),) if option.flags is None else option.flags
+
+
+def env_names(name: str) -> tuple[str, ...]:
+    """The environment variables of a field: ASYNCPS_<FIELD>, then ASYNCPS_<FLAG> of each of its flags."""
+    option = run_options()[name]
+    if option.env is not None:
+        return option.env
+    names = [ENV_PREFIX + name.upper()]
+    names += [ENV_PREFIX + f.lstrip("-").replace("-", "_").upper() for f in flag_names(name)]
+    return tuple(dict.fromkeys(names))
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"wants an integer, got {text!r}") from None
+
+
+def _parse_float(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"wants a number, got {text!r}") from None
+    if math.isnan(value):
+        raise ValueError(f"wants a number, got {text!r}")
+    return value
+
+
+def parse_setting(name: str, text: str) -> dict[str, Any]:
+    """The settings one text value of a field's flag or variable stands for ({name: value}, or several
+    fields' for an option that spreads); ValueError says what the text should look like."""
+    option = run_options()[name]
+    if option.parse is not None:
+        value = option.parse(text)
+        return dict(value) if option.spreads else {name: value}
+    kind = _field_types()[name]
+    if kind is int:
+        return {name: _parse_int(text)}
+    if kind is float:
+        return {name: _parse_float(text)}
+    if kind is str:
+        return {name: text}
+    if kind is bool:
+        return {name: parse_bool(text)}
+    raise TypeError(f"RunConfig.{name}: no text parser for {kind}")
+
+
+def parse_bool(text: str) -> bool:
+    """1/true/yes/on or 0/false/no/off (any case)."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false (1/0, yes/no, on/off), got {text!r}")  # a programming error
+
+
+def settings_from_env(environ: Mapping[str, str], names: Iterable[str] | None = None) -> dict[str, Any]:
+    """The settings the environment gives (every field, or only `names`); an empty variable counts
+    as unset; a bad value is a ValueError naming the variable."""
+    out: dict[str, Any] = {}
+    for name in run_options() if names is None else names:
+        given = [(var, environ[var]) for var in env_names(name) if environ.get(var, "").strip()]
+        if len({value for _, value in given}) > 1:
+            raise ValueError("conflicting environment variables " + ", ".join(f"{v}={t!r}" for v, t in given))
+        if given:
+            var, text = given[0]
+            try:
+                out.update(parse_setting(name, text))
+            except ValueError as exc:
+                raise ValueError(f"environment variable {var}={text!r}: {exc}") from None
+    return out
+
+
+def coerce_settings(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Settings from a file (JSON, YAML, TOML, an experiment spec): field names checked, values of the
+    field's type (ints as floats, whole floats as ints, numbers as strings, numeric strings parsed)."""
+    types = _field_types()
+    unknown = sorted(str(k) for k in set(data) - set(types))
+    if unknown:
+        raise ValueError(f"{where}: unknown RunConfig fields {unknown}; valid: {', '.join(types)}")
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        try:
+            out[name] = _coerce(types[name], value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {name}: {exc}") from None
+    return out
+
+
+def _coerce(kind: Any, value: Any) -> Any:
+    if kind is bool:
+        return value if isinstance(value, bool) else parse_bool(str(value))
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is float and (numeric or isinstance(value, str)):
+        return _parse_float(value) if isinstance(value, str) else float(value)
+    if kind is int and isinstance(value, str):
+        return _parse_int(value)
+    if kind is int and numeric and float(value).is_integer():
+        return int(value)
+    if kind is str and (numeric or isinstance(value, str)):
+        return str(value)
+    if typing.get_origin(kind) is dict:  # optimizer_params: a mapping of numbers, or KEY=VALUE text
+        if isinstance(value, str):
+            return parse_opt_params(value)
+        if isinstance(value, Mapping):
+            return {str(k): _coerce(float, v) for k, v in value.items()}
+    raise TypeError(f"wants {getattr(kind, '__name__', kind)}, got {value!r}")
+
+
+def _load(suffix: str, text: str) -> Any:
+    if suffix == ".json":
+        return json.loads(text)
+    if suffix == ".toml":
+        import tomllib
+
+        return tomllib.loads(text)
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def read_settings_file(path: Path) -> dict[str, Any]:
+    """The settings of a run configuration file: a mapping of RunConfig fields in JSON (.json), YAML
+    (.yaml, .yml) or TOML (.toml), or a run directory's config.json (its `run`). Problems are ValueErrors."""
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".yaml", ".yml", ".toml"):
+        raise ValueError(f"{path}: a run configuration file is .json, .yaml, .yml or .toml")
+    text = path.read_text()
+    try:
+        data = _load(suffix, text)
+    except ImportError as exc:  # tomllib: Python 3.11 or later
+        raise ValueError(f"{path}: reading {suffix} needs {exc.name}") from None
+    except Exception as exc:  # the parsers' own errors (yaml.YAMLError is no ValueError)
+        raise ValueError(f"{path}: {exc}") from None
+    if data is None:
+        data = {}
+    if isinstance(data, dict) and isinstance(data.get("run"), dict):  # a run directory's config.json
+        data = data["run"]
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: wants a mapping of RunConfig fields, got {type(data).__name__}")
+    return coerce_settings(data, str(path))

@@ -6,21 +6,54 @@ them; none of them knows about protobuf.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from asyncps.codec import Array
+from asyncps.codec import Array, Gradient
 from asyncps.rules import UpdateRuleConfig
+from asyncps.rules.drops import DropReason
 
 
 @dataclass(frozen=True)
 class PushOutcome:
-    """The shard's answer to one push."""
+    """The shard's answer to one push: applied (or accumulated), or dropped for a reason."""
 
     accepted: bool
     staleness: int
     version: int
     effective_lr: float
-    drop_reason: str = ""
+    drop: DropReason | None = None
+    detail: str = ""  # a human-readable explanation of a drop
+
+    def __post_init__(self) -> None:
+        if self.accepted == (self.drop is not None):
+            raise ValueError("a push is either accepted or dropped for a reason, not both or neither")
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    """One step's gradient for one shard, with what it was computed from."""
+
+    member_id: str
+    base_version: int
+    grads: Mapping[str, Gradient]
+    step: int = 0
+    loss: float = 0.0
+    incarnation: int = 0  # of the values the gradient was computed from; 0: not checked
+
+
+@dataclass(frozen=True)
+class ShardValues:
+    """A shard's values at one version, or None when not newer than the caller asked.
+
+    The arrays are read-only and never change afterwards (the shard copies a variable before
+    its next update while a reader may hold it), so they can be encoded without any lock held.
+    """
+
+    version: int
+    incarnation: int
+    values: Mapping[str, Array] | None
+    waited_s: float = 0.0  # time the consistency model held the reply back (sync/ssp)
 
 
 @dataclass(frozen=True)
@@ -48,3 +81,9 @@ class StoreStats:
     rule: UpdateRuleConfig | None
     dropped_by_reason: dict[str, int] = field(default_factory=dict)
     mode_stats: dict[str, float] = field(default_factory=dict)
+    shard_index: int = 0
+    bytes_pulled: int = 0  # tensor bytes served and received by the shard's transport
+    bytes_pushed: int = 0
+
+
+__all__ = ["DropReason", "PushOutcome", "PushRequest", "ShardValues", "Snapshot", "StoreStats"]

@@ -7,13 +7,16 @@ so roles and tools never build or read those messages field by field.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
-from asyncps.codec import Array, Gradient, SparseRows, framed, iter_chunks
+import numpy as np
+
+from asyncps.codec import Array, Gradient, SparseRows, dtype_from_proto, dtype_to_proto
 from asyncps.errors import InvalidArgumentError
-from asyncps.pb import ps_pb2
+from asyncps.frames import frames, gradient_slices, parser, tensor_slices
+from asyncps.pb import coordinator_pb2, ps_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.shard import PushOutcome, Snapshot
+from asyncps.shard import DropReason, PushOutcome, Snapshot, StoreStats
 
 
 def rule_to_proto(rule: UpdateRuleConfig) -> ps_pb2.UpdateRule:
@@ -35,6 +38,30 @@ def rule_from_proto(msg: ps_pb2.UpdateRule) -> UpdateRuleConfig:
         raise InvalidArgumentError(f"bad update rule: {exc}") from None
 
 
+_DROP_TO_WIRE: dict[DropReason, ps_pb2.DropReason.ValueType] = {
+    DropReason.STALE: ps_pb2.DROP_STALE,
+    DropReason.LATE: ps_pb2.DROP_LATE,
+    DropReason.DUPLICATE: ps_pb2.DROP_DUPLICATE,
+    DropReason.RESTORED: ps_pb2.DROP_RESTORED,
+}
+_DROP_FROM_WIRE = {number: reason for reason, number in _DROP_TO_WIRE.items()}
+
+
+def drop_to_wire(reason: DropReason | None) -> ps_pb2.DropReason.ValueType:
+    """The proto enum of a drop reason (DROP_NONE for an accepted push)."""
+    return ps_pb2.DROP_NONE if reason is None else _DROP_TO_WIRE[reason]
+
+
+def drop_from_wire(number: int) -> DropReason | None:
+    """The drop reason of a proto enum number; an unknown number is InvalidArgumentError."""
+    if number == ps_pb2.DROP_NONE:
+        return None
+    try:
+        return _DROP_FROM_WIRE[number]  # type: ignore[index]
+    except KeyError:
+        raise InvalidArgumentError(f"unknown drop reason {number}") from None
+
+
 def outcome_to_proto(outcome: PushOutcome) -> ps_pb2.PushResult:
     """Encode a push outcome."""
     return ps_pb2.PushResult(
@@ -42,7 +69,62 @@ def outcome_to_proto(outcome: PushOutcome) -> ps_pb2.PushResult:
         staleness=outcome.staleness,
         version=outcome.version,
         effective_lr=outcome.effective_lr,
-        drop_reason=outcome.drop_reason,
+        drop=drop_to_wire(outcome.drop),
+        drop_detail=outcome.detail,
+    )
+
+
+def outcome_from_proto(msg: ps_pb2.PushResult) -> PushOutcome:
+    """Decode a push outcome; an inconsistent one is InvalidArgumentError."""
+    try:
+        return PushOutcome(msg.accepted, msg.staleness, msg.version, msg.effective_lr, drop_from_wire(msg.drop),
+                           msg.drop_detail)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"bad push result: {exc}") from None
+
+
+def push_record(
+    outcome: PushOutcome, wall_time: float, shard: int, base_version: int, loss: float, step: int
+) -> coordinator_pb2.PushRecord:
+    """The telemetry record of one push, as a worker reports it to the chief."""
+    return coordinator_pb2.PushRecord(
+        wall_time=wall_time, shard=shard, base_version=base_version, version=outcome.version,
+        staleness=outcome.staleness, accepted=outcome.accepted, effective_lr=outcome.effective_lr, loss=loss,
+        step=step, drop=drop_to_wire(outcome.drop), drop_detail=outcome.detail)
+
+
+def stats_to_proto(stats: StoreStats) -> ps_pb2.ShardStats:
+    """Encode a shard's counters and variable metadata."""
+    return ps_pb2.ShardStats(
+        shard_index=stats.shard_index,
+        initialized=stats.initialized,
+        version=stats.version,
+        pushes_accepted=stats.pushes_accepted,
+        pushes_dropped=stats.pushes_dropped,
+        variables=[ps_pb2.VariableInfo(name=n, dtype=dtype_to_proto(np.dtype(d)), shape=s)
+                   for n, d, s in stats.variables],
+        rule=rule_to_proto(stats.rule) if stats.rule else None,
+        bytes_pulled=stats.bytes_pulled,
+        bytes_pushed=stats.bytes_pushed,
+        dropped_by_reason=stats.dropped_by_reason,
+        mode_stats=stats.mode_stats,
+    )
+
+
+def stats_from_proto(msg: ps_pb2.ShardStats) -> StoreStats:
+    """Decode a shard's counters and variable metadata."""
+    return StoreStats(
+        initialized=msg.initialized,
+        version=msg.version,
+        pushes_accepted=msg.pushes_accepted,
+        pushes_dropped=msg.pushes_dropped,
+        variables=tuple((v.name, dtype_from_proto(v.dtype).name, tuple(v.shape)) for v in msg.variables),
+        rule=rule_from_proto(msg.rule) if msg.HasField("rule") else None,
+        dropped_by_reason=dict(msg.dropped_by_reason),
+        mode_stats=dict(msg.mode_stats),
+        shard_index=msg.shard_index,
+        bytes_pulled=msg.bytes_pulled,
+        bytes_pushed=msg.bytes_pushed,
     )
 
 
@@ -55,15 +137,15 @@ def snapshot_header(snap: Snapshot, shard_index: int) -> ps_pb2.SnapshotHeader:
 
 def snapshot_frames(
     header: ps_pb2.SnapshotHeader, snap: Snapshot, chunk_bytes: int
-) -> Iterator[ps_pb2.SnapshotChunk]:
-    """A snapshot as a stream of frames: the header first, then values and slots."""
-    chunks = itertools.chain(
-        (c for name, value in snap.values.items()
-         for c in iter_chunks(f"value/{name}", value, chunk_bytes=chunk_bytes)),
-        (c for name, slots in snap.slots.items() for slot, a in slots.items()
-         for c in iter_chunks(f"slot/{slot}/{name}", a, chunk_bytes=chunk_bytes)),
+) -> Iterator[bytes]:
+    """A snapshot as a stream of raw frames: the header first, then values and slots."""
+    slices = itertools.chain(
+        (s for name, value in snap.values.items()
+         for s in tensor_slices(f"value/{name}", value, chunk_bytes=chunk_bytes)),
+        (s for name, slots in snap.slots.items() for slot, a in slots.items()
+         for s in tensor_slices(f"slot/{slot}/{name}", a, chunk_bytes=chunk_bytes)),
     )
-    return framed(lambda h, frame: ps_pb2.SnapshotChunk(header=h, tensors=frame), header, chunks, chunk_bytes)
+    return frames(lambda h, chunks: ps_pb2.SnapshotChunk(header=h, tensors=chunks), header, slices, chunk_bytes)
 
 
 def snapshot_from_wire(header: ps_pb2.SnapshotHeader, tensors: dict[str, Gradient]) -> Snapshot:
@@ -85,3 +167,42 @@ def snapshot_from_wire(header: ps_pb2.SnapshotHeader, tensors: dict[str, Gradien
         raise InvalidArgumentError(f"slots for unknown variables {sorted(set(slots) - set(values))}")
     return Snapshot(rule=rule_from_proto(header.rule), version=header.version, accepted=header.pushes_accepted,
                     dropped=header.pushes_dropped, values=values, slots=slots, updates=dict(header.updates))
+
+
+# -- the shard service's streams ---------------------------------------------------------------
+# Which methods of asyncps.pb.ParameterServer carry raw frames (asyncps.frames) instead of plain
+# protobuf messages, in each direction; the other methods are plain protobuf.
+SHARD_SERVICE = "asyncps.pb.ParameterServer"
+FRAMED_REQUESTS = frozenset({"Initialize", "Push", "PushPull", "Restore"})
+FRAMED_REPLIES = frozenset({"Pull", "PushPull", "Snapshot"})
+parse_initialize = parser(ps_pb2.InitializeChunk)
+parse_push = parser(ps_pb2.PushChunk)
+parse_pull = parser(ps_pb2.PullChunk)
+parse_snapshot = parser(ps_pb2.SnapshotChunk)
+
+
+def initialize_frames(
+    header: ps_pb2.InitializeHeader, values: Mapping[str, Array], chunk_bytes: int
+) -> Iterator[bytes]:
+    """An Initialize request: header, then the initial values (a header-only frame when none)."""
+    slices = (s for name, value in values.items() for s in tensor_slices(name, value, chunk_bytes=chunk_bytes))
+    return frames(lambda h, chunks: ps_pb2.InitializeChunk(header=h, tensors=chunks), header, slices, chunk_bytes)
+
+
+def push_frames(header: ps_pb2.PushHeader, grads: Mapping[str, Gradient], chunk_bytes: int) -> Iterator[bytes]:
+    """A Push or PushPull request: header, then the gradients (dense or sparse rows)."""
+    slices = (s for name, grad in grads.items() for s in gradient_slices(name, grad, chunk_bytes))
+    return frames(lambda h, chunks: ps_pb2.PushChunk(header=h, tensors=chunks), header, slices, chunk_bytes)
+
+
+def pull_header_frame(header: ps_pb2.PullHeader) -> bytes:
+    """The first frame of a pull reply: the header alone (the values follow, cached per version)."""
+    return next(frames(lambda h, chunks: ps_pb2.PullChunk(header=h, tensors=chunks), header, ()))
+
+
+def value_frames(values: Mapping[str, Array], chunk_bytes: int) -> list[bytes]:
+    """The frames after a pull reply's header: every value, no header (the same for every reader
+    of one version, so a shard encodes them once)."""
+    slices = (s for name, value in values.items() for s in tensor_slices(name, value, chunk_bytes=chunk_bytes))
+    out = list(frames(lambda h, chunks: ps_pb2.PullChunk(tensors=chunks), None, slices, chunk_bytes))
+    return out if values else []

@@ -66,9 +66,9 @@ def asyncps_training(hidden: tuple[int, ...], batch: int = 64, num_ps: int = 2, 
 
 def shard_transfer(megabytes: int = 40, repeats: int = 5) -> tuple[Samples, Samples]:
     """Pull and push MB/s between one client and one shard process holding a `megabytes` variable."""
-    from asyncps.psclient import ShardClient
     from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-    from asyncps.wire import rule_to_proto
+    from asyncps.shard import PushRequest
+    from asyncps.transport import GrpcShardTransport
 
     value = np.random.default_rng(0).standard_normal(megabytes * (1 << 20) // 4).astype(np.float32)
     grad = np.full_like(value, 1e-3)
@@ -79,8 +79,8 @@ def shard_transfer(megabytes: int = 40, repeats: int = 5) -> tuple[Samples, Samp
                                 cwd=ROOT, env=child_env())
         try:
             port = wait_port_file(port_file, 60, lambda: proc.poll() is None)
-            client = ShardClient(f"127.0.0.1:{port}")
-            client.initialize("bench", 0, 1, rule_to_proto(UpdateRuleConfig(OptimizerConfig("sgd", 1e-3))),
+            client = GrpcShardTransport(f"127.0.0.1:{port}")
+            client.initialize("bench", 0, 1, UpdateRuleConfig(OptimizerConfig("sgd", 1e-3)),
                               {"w": value})
             buffers = {"w": np.empty_like(value)}
             pulls, pushes = [], []
@@ -89,7 +89,7 @@ def shard_transfer(megabytes: int = 40, repeats: int = 5) -> tuple[Samples, Samp
                 client.pull("bench", -1, buffers)
                 pull_s = time.perf_counter() - t
                 t = time.perf_counter()
-                client.push("bench", i, {"w": grad})
+                client.push(PushRequest("bench", i, {"w": grad}))
                 push_s = time.perf_counter() - t
                 if i:  # the first round trip warms channels and allocator pools
                     pulls.append(megabytes * 1.048576 / pull_s)

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from asyncps.psclient import ShardClient
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rundir import wait_port_file
-from asyncps.wire import rule_to_proto
+from asyncps.shard import PushRequest
+from asyncps.transport import GrpcShardTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 GRADIENT_RANGE = 2  # gradient entries are integers in [-2, 2]
@@ -183,7 +183,7 @@ def _push_loop(
     address: str, config: LoadConfig, record: PusherRecord, start: threading.Barrier, run: dict[str, float],
 ) -> None:
     """One pusher: its own channel, pushes until the shared deadline, every outcome recorded."""
-    client = ShardClient(address, deadline_s=config.call_timeout_s, call_timeout_s=config.call_timeout_s)
+    client = GrpcShardTransport(address, deadline_s=config.call_timeout_s, call_timeout_s=config.call_timeout_s)
     member = f"pusher-{record.index}"
     record.sums = {name: np.zeros(v.shape, np.int64) for name, v in initial_values(config).items()}
     try:
@@ -194,7 +194,7 @@ def _push_loop(
             grads = gradient(record.index, step, config)
             began = time.perf_counter()
             try:
-                result = client.push(member, base_version, grads, step=step)
+                result = client.push(PushRequest(member, base_version, grads, step=step))
             except Exception as exc:  # a load test records every failure and carries on
                 record.errors.append(f"{type(exc).__name__}: {exc}")
                 if len(record.errors) > 10:
@@ -224,9 +224,9 @@ def run_load(address: str, config: LoadConfig) -> LoadResult:
     Nothing else may push to the shard meanwhile. A shard that already holds this model (an
     identical earlier initialization) is fine: the check starts from the values it holds now.
     """
-    setup = ShardClient(address, deadline_s=config.call_timeout_s, call_timeout_s=config.call_timeout_s)
+    setup = GrpcShardTransport(address, deadline_s=config.call_timeout_s, call_timeout_s=config.call_timeout_s)
     try:
-        setup.initialize("load", 0, 1, rule_to_proto(UpdateRuleConfig(OptimizerConfig("sgd", 1.0))),
+        setup.initialize("load", 0, 1, UpdateRuleConfig(OptimizerConfig("sgd", 1.0)),
                          initial_values(config))
         before = setup.pull("load")
         assert before.values is not None

@@ -105,7 +105,7 @@ class Chief:
         from asyncps.datasets import load_dataset
         from asyncps.models import build_model, loss_fn
         from asyncps.placement import VariableSpec, place
-        from asyncps.psclient import ModelClient
+        from asyncps.transport import connect_model
 
         self.data = load_dataset(self.run.dataset, self.run.seed)
         model = build_model(self.run.model, self.data.num_features, self.data.num_classes,
@@ -122,7 +122,7 @@ class Chief:
         self.checkpoints = CheckpointDir(self.config.checkpoints, self.run.keep_checkpoints)
         specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
         self.placement = place(specs, len(self.config.ps), self.run.slice_threshold_bytes)
-        self.client = ModelClient("chief", list(self.config.ps), self.placement, self.run.rpc_deadline_s,
+        self.client = connect_model("chief", list(self.config.ps), self.placement, self.run.rpc_deadline_s,
                                   self.run.chunk_bytes, self.config.security)
         log.info("model %s: %d variables, %d parameters; bytes per shard %s", self.run.model, len(specs),
                  sum(math.prod(s.shape) for s in specs), self.placement.shard_bytes())
@@ -144,12 +144,11 @@ class Chief:
         """Initialize a shard from the initial values, or restore it from a checkpoint."""
         from asyncps.chief.checkpoint import split
         from asyncps.placement import split_for_shards
-        from asyncps.wire import rule_to_proto
 
         client = self.client.shards[shard]
         if ckpt is None:
             part = split_for_shards(self.placement, self.initial_values)[shard]
-            reply = client.initialize("chief", shard, len(self.config.ps), rule_to_proto(self.run.update_rule()), part)
+            reply = client.initialize("chief", shard, len(self.config.ps), self.run.update_rule(), part)
             log.info("shard %d at %s: %s at version %d", shard, self.config.ps[shard],
                      "initialized" if reply.created else "already initialized", reply.version)
             return

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.wire import drop_from_wire
 
 PUSH_COLUMNS = ["wall_time", "worker", "shard", "step", "base_version", "version", "staleness",
-                "accepted", "drop_reason", "effective_lr", "loss"]
+                "accepted", "drop_reason", "effective_lr", "loss", "drop_detail"]
 STEP_COLUMNS = ["worker", "step", "start", "pull_s", "compute_s", "push_s", "wait_s", "examples"]
 
 
@@ -70,13 +71,15 @@ class Recorder:
         """Record one report from a worker."""
         with self._lock:
             for p in pushes:
+                drop = drop_from_wire(p.drop)
+                kind = drop.value if drop is not None else ""
                 self._pushes.writerow([f"{p.wall_time:.6f}", worker, p.shard, p.step, p.base_version,
-                                       p.version, p.staleness, int(p.accepted), p.drop_reason,
-                                       f"{p.effective_lr:.6g}", f"{p.loss:.6g}"])
+                                       p.version, p.staleness, int(p.accepted), kind,
+                                       f"{p.effective_lr:.6g}", f"{p.loss:.6g}", p.drop_detail])
                 self.staleness[p.staleness] += 1
                 self.recent_staleness.append(p.staleness)
-                if not p.accepted:
-                    self.dropped_reasons[p.drop_reason.split(" ")[0] or "dropped"] += 1
+                if drop is not None:
+                    self.dropped_reasons[drop.value] += 1
                 self.last_loss = p.loss
             for s in steps:
                 self._steps.writerow([worker, s.step, f"{s.start:.6f}", f"{s.pull_s:.6f}",

@@ -7,8 +7,12 @@ import threading
 from dataclasses import dataclass, field
 
 from asyncps.codec import DEFAULT_CHUNK_BYTES
-from asyncps.pb import ps_pb2_grpc
-from asyncps.ps.servicer import DEFAULT_MAX_REQUEST_BYTES, SHARD_HANDLER_THREADS, ParameterServerServicer
+from asyncps.ps.servicer import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    SHARD_HANDLER_THREADS,
+    ParameterServerServicer,
+    add_to_server,
+)
 from asyncps.ps.store import ShardStore
 from asyncps.rpc import create_server
 from asyncps.rundir import write_port_file
@@ -44,7 +48,7 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
                                        on_shutdown=lambda reason: stop.set())
     server, port, health = create_server(
         f"{config.host}:{config.port}",
-        [lambda s: ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, s)],
+        [lambda s: add_to_server(servicer, s)],
         max_workers=SHARD_HANDLER_THREADS,
         interceptors=config.security.server_interceptors(), credentials=config.security.server_credentials())
     write_port_file(config.port_file, port)
@@ -53,4 +57,5 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     log.info("shard %d stopping at version %d", config.index, store.version)
     health.enter_graceful_shutdown()
     server.stop(grace=2.0).wait()
+    servicer.close()
     return 0

@@ -1,52 +1,73 @@
-"""gRPC adapter for a shard: proto <-> domain objects, domain errors -> status codes."""
+"""gRPC adapter for a shard: frames and protobuf <-> the service layer's domain calls, domain
+errors -> status codes. Tensor streams travel as raw frames (asyncps.frames); control calls are
+plain protobuf."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import grpc
 import numpy as np
 
-from asyncps.codec import (
-    DEFAULT_CHUNK_BYTES,
-    Array,
-    SparseRows,
-    TensorAssembler,
-    dtype_to_proto,
-    framed,
-    iter_chunks,
-    read_frames,
-)
-from asyncps.errors import InvalidArgumentError
-from asyncps.pb import ps_pb2, ps_pb2_grpc, tensor_pb2
+from asyncps.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
+from asyncps.errors import FailedPreconditionError, InvalidArgumentError
+from asyncps.frames import identity, read_frames
+from asyncps.pb import ps_pb2
+from asyncps.ps.service import DEFAULT_MAX_WAITERS, ShardService
+from asyncps.ps.shm import Attachments
 from asyncps.ps.store import ShardStore
 from asyncps.rpc import handles_errors
-from asyncps.shard import PushOutcome
+from asyncps.shard import PushRequest, ShardValues
 from asyncps.wire import (
+    SHARD_SERVICE,
     outcome_to_proto,
+    parse_initialize,
+    parse_push,
+    parse_snapshot,
+    pull_header_frame,
     rule_from_proto,
-    rule_to_proto,
     snapshot_frames,
     snapshot_from_wire,
     snapshot_header,
+    stats_to_proto,
+    value_frames,
 )
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_REQUEST_BYTES = 2 << 30
 MAX_WAIT_S = 300.0  # longest a long-poll blocks, whatever the caller asks
-# Blocking waits (sync steps, SSP gates, long polls) allowed at once; the server has more handler
-# threads than this (SHARD_HANDLER_THREADS), so waiters can never starve other calls.
-DEFAULT_MAX_WAITERS = 192
+# The server has more handler threads than the service lets wait at once (DEFAULT_MAX_WAITERS).
 SHARD_HANDLER_THREADS = 256
 
 
-class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
-    """Serves one ShardStore over gRPC."""
+class _ReplyCache:
+    """The encoded value frames of the latest version read: every reader of one version shares
+    them, and they are built from the store's read-only arrays with no lock of the store held."""
+
+    def __init__(self, chunk_bytes: int) -> None:
+        self._chunk_bytes = chunk_bytes
+        self._lock = threading.Lock()
+        self._key: tuple[int, int] | None = None
+        self._frames: list[bytes] = []
+        self._nbytes = 0
+
+    def frames(self, incarnation: int, version: int, values: Mapping[str, Array]) -> tuple[list[bytes], int]:
+        """The frames of these values and their tensor bytes (encoded once per version)."""
+        with self._lock:
+            if self._key != (incarnation, version):
+                self._frames = value_frames(values, self._chunk_bytes)
+                self._nbytes = sum(v.nbytes for v in values.values())
+                self._key = (incarnation, version)
+            return self._frames, self._nbytes
+
+
+class ParameterServerServicer:
+    """Serves one shard over gRPC (registered by add_to_server)."""
 
     def __init__(
         self,
@@ -56,52 +77,39 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         on_shutdown: Callable[[str], None] | None = None,
         max_waiters: int = DEFAULT_MAX_WAITERS,
     ) -> None:
+        self._service = ShardService(store, max_waiters)
         self._store = store
         self._chunk_bytes = chunk_bytes
         self._max_request_bytes = max_request_bytes
         self._on_shutdown = on_shutdown
-        self._counter_lock = threading.Lock()
-        self._waiters = threading.BoundedSemaphore(max_waiters)
-        self._bytes_pulled = 0
-        self._bytes_pushed = 0
-
-    def _count(self, pulled: int = 0, pushed: int = 0) -> None:
-        with self._counter_lock:
-            self._bytes_pulled += pulled
-            self._bytes_pushed += pushed
+        self._cache = _ReplyCache(chunk_bytes)
+        self._attachments = Attachments()
 
     @handles_errors
-    def Initialize(
-        self, request_iterator: Iterator[ps_pb2.InitializeChunk], context: grpc.ServicerContext
-    ) -> ps_pb2.InitializeResponse:
+    def Initialize(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> ps_pb2.InitializeResponse:
         """Create the shard's variables and update rule (idempotent)."""
         assembler = TensorAssembler(self._max_request_bytes)
-        header = read_frames(request_iterator, assembler, "Initialize")
+        header = read_frames(request_iterator, parse_initialize, assembler, "Initialize")
         rule = rule_from_proto(header.rule)
         values: dict[str, Array] = {}
         for name, value in assembler.finish().items():
             if isinstance(value, SparseRows):
                 raise InvalidArgumentError(f"{name}: initial values must be dense")
             values[name] = value
-        created = self._store.initialize(rule, values)
+        created, version = self._service.initialize(rule, values)
         log.info("Initialize from %s: %s (%d variables)", header.worker_id,
                  "created" if created else "identical, accepted", len(values))
-        return ps_pb2.InitializeResponse(created=created, version=self._store.version)
+        return ps_pb2.InitializeResponse(created=created, version=version)
 
-    def _pull_stream(
-        self, worker_id: str, if_newer_than: int, push: ps_pb2.PushResult | None = None, waited_s: float = 0.0
-    ) -> Iterator[ps_pb2.PullChunk]:
-        def encode(name: str, value: Array) -> list[tensor_pb2.TensorChunk]:
-            return list(iter_chunks(name, value, chunk_bytes=self._chunk_bytes))
-
-        version, incarnation, encoded = self._store.pull_with_incarnation(if_newer_than, encode, worker_id)
-        header = ps_pb2.PullHeader(version=version, not_modified=encoded is None,
-                                   shard_index=self._store.shard_index, push=push, waited_s=waited_s,
-                                   incarnation=incarnation)
-        chunks = [c for chunks in encoded or () for c in chunks]
-        yield from framed(lambda h, frame: ps_pb2.PullChunk(header=h, tensors=frame), header, chunks,
-                          self._chunk_bytes)
-        self._count(pulled=sum(len(c.data) for c in chunks))
+    def _reply(self, reply: ShardValues, push: ps_pb2.PushResult | None = None) -> Iterator[bytes]:
+        header = ps_pb2.PullHeader(version=reply.version, not_modified=reply.values is None,
+                                   shard_index=self._store.shard_index, push=push, waited_s=reply.waited_s,
+                                   incarnation=reply.incarnation)
+        yield pull_header_frame(header)
+        if reply.values is not None:
+            frames, nbytes = self._cache.frames(reply.incarnation, reply.version, reply.values)
+            yield from frames
+            self._service.count(pulled=nbytes)
 
     def _wait_limit(self, what: str, asked_s: float, context: grpc.ServicerContext, margin_s: float = 0.0) -> float:
         """How long a long-poll may block: what the caller asked, within its deadline and our cap."""
@@ -111,130 +119,147 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         limit = min(asked_s, MAX_WAIT_S)
         return limit if remaining is None else min(limit, max(0.0, remaining - margin_s))
 
-    @contextlib.contextmanager
-    def _waiter(self) -> Iterator[bool]:
-        """A slot for a blocking wait; when every slot is taken the call answers at once instead,
-        so long polls can never occupy all handler threads."""
-        acquired = self._waiters.acquire(blocking=False)
-        try:
-            yield acquired
-        finally:
-            if acquired:
-                self._waiters.release()
-
     @handles_errors
-    def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[ps_pb2.PullChunk]:
+    def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Stream the values (optionally after a long-poll for a newer version)."""
         limit = self._wait_limit("wait_timeout_s", request.wait_timeout_s, context)
-        if limit > 0:
-            with self._waiter() as may_wait:
-                if may_wait:
-                    self._store.wait_newer(request.if_newer_than, limit)
-        yield from self._pull_stream(request.worker_id, request.if_newer_than)
+        yield from self._reply(self._service.pull(request.worker_id, request.if_newer_than, limit))
 
-    def _push(
-        self, request_iterator: Iterator[ps_pb2.PushChunk], check: Callable[[ps_pb2.PushHeader], None] | None = None
-    ) -> tuple[ps_pb2.PushHeader, PushOutcome]:
+    def _read_push(
+        self, request_iterator: Iterator[bytes], what: str
+    ) -> tuple[ps_pb2.PushHeader, PushRequest]:
         assembler = TensorAssembler(self._max_request_bytes)
-        header = read_frames(request_iterator, assembler, "Push")
-        if check is not None:
-            check(header)  # the whole request is validated before the store changes
+        header: ps_pb2.PushHeader = read_frames(request_iterator, parse_push, assembler, what)
         grads = assembler.finish()
-        outcome = self._store.push(header.worker_id, header.base_version, grads, header.incarnation)
-        self._count(pushed=assembler.total_bytes)
-        return header, outcome
+        self._service.count(pushed=assembler.total_bytes)
+        return header, PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss,
+                                   header.incarnation)
 
     @handles_errors
-    def Push(
-        self, request_iterator: Iterator[ps_pb2.PushChunk], context: grpc.ServicerContext
-    ) -> ps_pb2.PushResult:
+    def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> ps_pb2.PushResult:
         """Apply or drop one gradient."""
-        _, outcome = self._push(request_iterator)
-        return outcome_to_proto(outcome)
+        _, request = self._read_push(request_iterator, "Push")
+        return outcome_to_proto(self._service.push(request))
 
     @handles_errors
-    def PushPull(
-        self, request_iterator: Iterator[ps_pb2.PushChunk], context: grpc.ServicerContext
-    ) -> Iterator[ps_pb2.PullChunk]:
+    def PushPull(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         """Push, then stream the values back in the same call."""
-        limits: list[float] = []
-        header, outcome = self._push(
-            request_iterator,
-            lambda h: limits.append(self._wait_limit("read_wait_s", h.read_wait_s, context, margin_s=1.0)))
-        waited = 0.0
-        limit = limits[0]
-        if limit > 0:
-            with self._waiter() as may_wait:
-                if may_wait:
-                    waited = self._store.wait_readable(header.worker_id, header.base_version, limit)
-        yield from self._pull_stream(header.worker_id, header.pull_if_newer_than, outcome_to_proto(outcome),
-                                     waited)
+        header, request = self._read_push(request_iterator, "PushPull")
+        # the whole request is validated before the store changes
+        limit = self._wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
+        outcome, reply = self._service.push_pull(request, header.pull_if_newer_than, limit)
+        yield from self._reply(reply, outcome_to_proto(outcome))
 
     @handles_errors
     def GetStats(self, request: ps_pb2.StatsRequest, context: grpc.ServicerContext) -> ps_pb2.ShardStats:
         """Counters and variable metadata."""
-        stats = self._store.stats()
-        with self._counter_lock:
-            pulled, pushed = self._bytes_pulled, self._bytes_pushed
-        return ps_pb2.ShardStats(
-            shard_index=self._store.shard_index,
-            initialized=stats.initialized,
-            version=stats.version,
-            pushes_accepted=stats.pushes_accepted,
-            pushes_dropped=stats.pushes_dropped,
-            variables=[
-                ps_pb2.VariableInfo(name=n, dtype=dtype_to_proto(np.dtype(d)), shape=s)
-                for n, d, s in stats.variables
-            ],
-            rule=rule_to_proto(stats.rule) if stats.rule else None,
-            bytes_pulled=pulled,
-            bytes_pushed=pushed,
-            dropped_by_reason=stats.dropped_by_reason,
-            mode_stats=stats.mode_stats,
-        )
+        return stats_to_proto(self._service.stats())
 
     @handles_errors
     def SetLiveWorkers(
         self, request: ps_pb2.LiveWorkersRequest, context: grpc.ServicerContext
     ) -> ps_pb2.LiveWorkersResponse:
         """Update the live set used by the consistency model."""
-        self._store.set_live_workers(request.worker_ids)
-        return ps_pb2.LiveWorkersResponse(version=self._store.version)
+        return ps_pb2.LiveWorkersResponse(version=self._service.set_live_workers(list(request.worker_ids)))
 
     @handles_errors
     def Pause(self, request: ps_pb2.PauseRequest, context: grpc.ServicerContext) -> ps_pb2.PauseResponse:
         """Hold or release pushes (a checkpoint cut)."""
         if request.pause and not 0 < request.max_hold_s <= 600:
             raise InvalidArgumentError("a pause needs max_hold_s in (0, 600] seconds")
-        version = self._store.pause(request.max_hold_s if request.pause else 0.0)
-        return ps_pb2.PauseResponse(version=version)
+        return ps_pb2.PauseResponse(version=self._service.pause(request.max_hold_s if request.pause else 0.0))
 
     @handles_errors
-    def Snapshot(
-        self, request: ps_pb2.SnapshotRequest, context: grpc.ServicerContext
-    ) -> Iterator[ps_pb2.SnapshotChunk]:
+    def Snapshot(self, request: ps_pb2.SnapshotRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Stream the whole state for a checkpoint."""
-        snap = self._store.snapshot()
+        snap = self._service.snapshot()
         yield from snapshot_frames(snapshot_header(snap, self._store.shard_index), snap, self._chunk_bytes)
 
     @handles_errors
-    def Restore(
-        self, request_iterator: Iterator[ps_pb2.SnapshotChunk], context: grpc.ServicerContext
-    ) -> ps_pb2.InitializeResponse:
+    def Restore(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> ps_pb2.InitializeResponse:
         """Replace the state with a checkpoint's part."""
         assembler = TensorAssembler(self._max_request_bytes)
-        header = read_frames(request_iterator, assembler, "Restore")
+        header = read_frames(request_iterator, parse_snapshot, assembler, "Restore")
         snap = snapshot_from_wire(header, assembler.finish())
-        self._store.restore(snap)
-        log.info("restored %d variables at version %d", len(snap.values), snap.version)
-        return ps_pb2.InitializeResponse(created=True, version=snap.version)
+        version = self._service.restore(snap)
+        log.info("restored %d variables at version %d", len(snap.values), version)
+        return ps_pb2.InitializeResponse(created=True, version=version)
 
     @handles_errors
-    def Shutdown(
-        self, request: ps_pb2.ShutdownRequest, context: grpc.ServicerContext
-    ) -> ps_pb2.ShutdownResponse:
+    def AttachShm(self, request: ps_pb2.AttachShmRequest, context: grpc.ServicerContext) -> ps_pb2.AttachShmResponse:
+        """Map a worker's shared-memory segment (same host only)."""
+        stats = self._service.stats()
+        if not stats.initialized:
+            raise FailedPreconditionError(f"shard {self._store.shard_index} is not initialized yet")
+        variables = {name: (np.dtype(dtype), tuple(shape)) for name, dtype, shape in stats.variables}
+        attachment = self._attachments.attach(request.worker_id, request.segment, request.segment_bytes,
+                                              request.token, request.values, variables)
+        log.info("attached the shared memory of %s (%d bytes)", request.worker_id, request.segment_bytes)
+        return ps_pb2.AttachShmResponse(attachment=attachment)
+
+    @handles_errors
+    def ShmPushPull(self, request: ps_pb2.ShmPushPullRequest, context: grpc.ServicerContext) -> ps_pb2.PullHeader:
+        """PushPull with the tensors in an attached segment; only the headers travel here."""
+        header = request.header
+        attachment = self._attachments.get(request.attachment, header.worker_id)
+        limit = self._wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
+        with attachment.lock:
+            if attachment.closed:
+                raise FailedPreconditionError("the shared-memory attachment was replaced: attach again")
+            grads = attachment.read_grads(request.grads)
+        self._service.count(pushed=sum(g.nbytes for g in grads.values()))
+        push = PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss, header.incarnation)
+        outcome, reply = self._service.push_pull(push, header.pull_if_newer_than, limit)
+        if reply.values is not None:
+            with attachment.lock:
+                if attachment.closed:
+                    raise FailedPreconditionError("the shared-memory attachment was replaced: attach again")
+                attachment.write_values(reply.values)
+            self._service.count(pulled=sum(v.nbytes for v in reply.values.values()))
+        return ps_pb2.PullHeader(version=reply.version, not_modified=reply.values is None,
+                                 shard_index=self._store.shard_index, push=outcome_to_proto(outcome),
+                                 waited_s=reply.waited_s, incarnation=reply.incarnation)
+
+    def close(self) -> None:
+        """Unmap every attached segment."""
+        self._attachments.close()
+
+    @handles_errors
+    def Shutdown(self, request: ps_pb2.ShutdownRequest, context: grpc.ServicerContext) -> ps_pb2.ShutdownResponse:
         """Ask the hosting process to exit cleanly."""
         log.info("shutdown requested: %s", request.reason or "(no reason)")
         if self._on_shutdown is not None:
             self._on_shutdown(request.reason)
         return ps_pb2.ShutdownResponse()
+
+
+def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
+    """Register the shard service: frame methods with pass-through (de)serializers, the rest with
+    protobuf's (the method names and paths are those of ps.proto's ParameterServer)."""
+    def unary(fn: Callable[..., Any], request: type, reply: type) -> grpc.RpcMethodHandler[Any, Any]:
+        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request.FromString,  # type: ignore[attr-defined]
+                                                   response_serializer=reply.SerializeToString)  # type: ignore[attr-defined]
+
+    handlers = {
+        "Initialize": grpc.stream_unary_rpc_method_handler(
+            servicer.Initialize, request_deserializer=identity,
+            response_serializer=ps_pb2.InitializeResponse.SerializeToString),
+        "Pull": grpc.unary_stream_rpc_method_handler(
+            servicer.Pull, request_deserializer=ps_pb2.PullRequest.FromString, response_serializer=identity),
+        "Push": grpc.stream_unary_rpc_method_handler(
+            servicer.Push, request_deserializer=identity, response_serializer=ps_pb2.PushResult.SerializeToString),
+        "PushPull": grpc.stream_stream_rpc_method_handler(
+            servicer.PushPull, request_deserializer=identity, response_serializer=identity),
+        "GetStats": unary(servicer.GetStats, ps_pb2.StatsRequest, ps_pb2.ShardStats),
+        "SetLiveWorkers": unary(servicer.SetLiveWorkers, ps_pb2.LiveWorkersRequest, ps_pb2.LiveWorkersResponse),
+        "Pause": unary(servicer.Pause, ps_pb2.PauseRequest, ps_pb2.PauseResponse),
+        "Snapshot": grpc.unary_stream_rpc_method_handler(
+            servicer.Snapshot, request_deserializer=ps_pb2.SnapshotRequest.FromString, response_serializer=identity),
+        "Restore": grpc.stream_unary_rpc_method_handler(
+            servicer.Restore, request_deserializer=identity,
+            response_serializer=ps_pb2.InitializeResponse.SerializeToString),
+        "Shutdown": unary(servicer.Shutdown, ps_pb2.ShutdownRequest, ps_pb2.ShutdownResponse),
+        "AttachShm": unary(servicer.AttachShm, ps_pb2.AttachShmRequest, ps_pb2.AttachShmResponse),
+        "ShmPushPull": unary(servicer.ShmPushPull, ps_pb2.ShmPushPullRequest, ps_pb2.PullHeader),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SHARD_SERVICE, handlers),))

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.modes import Consistency, Verdict
 from asyncps.rules.optimizers import Optimizer, make_optimizer
 from asyncps.rules.policies import StalenessPolicy
-from asyncps.shard import PushOutcome, Snapshot, StoreStats
+from asyncps.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
 
 
 @dataclass
@@ -41,9 +41,9 @@ class _Variable:
     lock: threading.Lock = field(default_factory=threading.Lock)
     updates: int = 0
     policy_state: dict[str, Array] = field(default_factory=dict)
+    shared: bool = False  # `value` was handed to a reader: read-only, copy before the next update
 
 
-T = TypeVar("T")
 
 
 def _is_float(dtype: np.dtype[Any]) -> bool:
@@ -53,10 +53,12 @@ def _is_float(dtype: np.dtype[Any]) -> bool:
 def _all_finite(a: Array) -> bool:
     if a.size == 0:
         return True
-    if a.dtype.itemsize <= 4:
-        # A float64 sum propagates NaN/Inf without a bool temporary the size of the tensor, and
-        # cannot overflow on float32/float16 inputs.
-        return bool(np.isfinite(np.add.reduce(a, axis=None, dtype=np.float64)))
+    # A sum propagates NaN/Inf without a bool temporary the size of the tensor: a finite sum
+    # proves every element finite. A non-finite one may also be an overflow of large finite
+    # values, so only then is every element checked.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(a, axis=None)):
+            return True
     return bool(np.isfinite(a).all())
 
 
@@ -131,32 +133,29 @@ class ShardStore:
                     raise AlreadyExistsError(f"{name}: already initialized with different values")
 
     # -- pull -----------------------------------------------------------------------------
-    def pull(
-        self, if_newer_than: int, encode: Callable[[str, Array], T], worker_id: str = ""
-    ) -> tuple[int, list[T] | None]:
-        """Like pull_with_incarnation, without the incarnation."""
-        version, _, encoded = self.pull_with_incarnation(if_newer_than, encode, worker_id)
-        return version, encoded
+    def pull(self, if_newer_than: int = -1, worker_id: str = "") -> ShardValues:
+        """The values at the current version (one consistent model), or None when not newer.
 
-    def pull_with_incarnation(
-        self, if_newer_than: int, encode: Callable[[str, Array], T], worker_id: str = ""
-    ) -> tuple[int, int, list[T] | None]:
-        """Encode every variable under the locks (one consistent model) unless not newer.
-
-        `encode(name, value)` runs while the locks are held and must copy what it keeps.
-        Returns (version, encoded) with encoded None when version <= if_newer_than. When the
-        staleness policy corrects gradients with the values a worker read, a copy is kept.
+        Costs no copy: the returned arrays are marked read-only and shared, and the next update
+        of a shared variable copies it first (copy-on-write), so a reply can be encoded and sent
+        with no lock held while pushes go on. When the staleness policy corrects gradients with
+        the values a worker read, the same shared arrays are kept for it.
         """
         self._require_initialized()
         assert self._policy is not None
         with self._version_cond:
             if self._version <= if_newer_than:
-                return self._version, self._incarnation, None
-        with self._all_locks():
-            version = self._version
+                return ShardValues(self._version, self._incarnation, None)
+        with self._all_locks(), self._version_cond:
+            values: dict[str, Array] = {}
+            for name, var in self._vars.items():
+                if not var.shared:
+                    var.value.flags.writeable = False
+                    var.shared = True
+                values[name] = var.value
             if self._policy.needs_read_values and worker_id:
-                self._read[worker_id] = {name: var.value.copy() for name, var in self._vars.items()}
-            return version, self._incarnation, [encode(name, var.value) for name, var in self._vars.items()]
+                self._read[worker_id] = values
+            return ShardValues(self._version, self._incarnation, values)
 
     def wait_readable(self, worker_id: str, base_version: int, timeout_s: float) -> float:
         """Block until the consistency model lets worker_id read (or timeout); return seconds waited."""
@@ -218,8 +217,9 @@ class ShardStore:
                 if incarnation and incarnation != self._incarnation:
                     # computed from values this shard no longer has (it was restored): drop, the
                     # worker gets the current values with the reply
-                    self._count_drop("restored: gradient from a previous incarnation of the shard")
-                    return PushOutcome(False, 0, version_now, 0.0, "restored: shard state was restored")
+                    self._count_drop(DropReason.RESTORED)
+                    return PushOutcome(False, 0, version_now, 0.0, DropReason.RESTORED,
+                                       "gradient from a previous incarnation of the shard (it was restored)")
                 if base_version > version_now:
                     raise InvalidArgumentError(
                         f"base_version {base_version} is from the future: shard version is {version_now}"
@@ -234,10 +234,12 @@ class ShardStore:
                     return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
                 decision = self._policy.decide(staleness)
                 if admission.verdict is Verdict.DROP or not decision.accept:
-                    reason = admission.reason or decision.reason
-                    self._count_drop(reason)
+                    drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
+                    assert drop is not None, "a drop verdict names its reason"
+                    self._count_drop(drop)
                     self._version_cond.notify_all()
-                    return PushOutcome(False, staleness, version_now, 0.0, reason)
+                    return PushOutcome(False, staleness, version_now, 0.0, drop,
+                                       admission.reason or decision.reason)
             lr = self._rule.optimizer.learning_rate * decision.lr_scale
             read = self._read.get(worker_id) if self._policy.needs_read_values else None
             for name in sorted(grads):
@@ -273,13 +275,15 @@ class ShardStore:
         self._version += 1
         self._accepted += 1
 
-    def _count_drop(self, reason: str) -> None:
+    def _count_drop(self, reason: DropReason) -> None:
         self._dropped += 1
-        kind = reason.split(":")[0].split(" ")[0] or "dropped"
-        self._dropped_by_reason[kind] = self._dropped_by_reason.get(kind, 0) + 1
+        self._dropped_by_reason[reason.value] = self._dropped_by_reason.get(reason.value, 0) + 1
 
     def _apply(self, var: _Variable, grad: Gradient, lr: float) -> None:
         assert self._optimizer is not None
+        if var.shared:  # a reader holds the current array: update a private copy
+            var.value = var.value.copy()
+            var.shared = False
         var.updates += 1
         if isinstance(grad, SparseRows):
             self._optimizer.apply_sparse(var.value, grad.indices, grad.values, var.slots, lr, var.updates)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -32,6 +33,13 @@ class ShardProcess:
     address: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    killed: bool = False  # killed on purpose: teardown expects no clean exit
+
+    def kill(self) -> None:
+        """SIGKILL the shard (a crash); teardown will not count it as a problem."""
+        self.killed = True
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
 
     def log_tail(self, chars: int = 4000) -> str:
         """The end of the shard's combined stdout/stderr, for failure messages."""
@@ -59,7 +67,8 @@ class ShardLauncher:
         self._workdir = workdir
         self._started: list[ShardProcess] = []
 
-    def __call__(self, count: int = 1, first_index: int = 0, python_flags: tuple[str, ...] = ()) -> list[ShardProcess]:
+    def __call__(self, count: int = 1, first_index: int = 0, python_flags: tuple[str, ...] = (),
+                 extra_env: dict[str, str] | None = None) -> list[ShardProcess]:
         """Start `count` shards with indices first_index.. and wait until all serve."""
         pending = []
         for index in range(first_index, first_index + count):
@@ -70,7 +79,7 @@ class ShardLauncher:
                 process = subprocess.Popen(
                     [sys.executable, *python_flags, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1",
                      "--port", "0", "--port-file", str(port_file), "--index", str(index)],
-                    stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO_ROOT,
+                    stdout=log, stderr=subprocess.STDOUT, env={**child_env(), **(extra_env or {})}, cwd=REPO_ROOT,
                 )
             pending.append((index, process, port_file, log_path))
         shards = []
@@ -101,7 +110,7 @@ class ShardLauncher:
                 shard.process.wait()
                 problems.append(f"shard {shard.index} ignored SIGTERM for {STOP_TIMEOUT_S:.0f}s")
                 continue
-            if code != 0:
+            if code != 0 and not shard.killed:
                 problems.append(f"shard {shard.index} exited with {code}:\n{shard.log_tail()}")
         return problems
 

@@ -10,6 +10,7 @@ import pytest
 from asyncps.ps.store import ShardStore
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import SSPConsistency, SyncConsistency, make_consistency
+from asyncps.shard import DropReason
 
 
 def make_store(mode: str, workers: int, backup: int = 0, bound: int = 0) -> ShardStore:
@@ -37,13 +38,13 @@ def test_sync_waits_for_the_quorum_and_drops_late_and_duplicate_gradients() -> N
     store = make_store("sync", workers=3, backup=1)
     store.push("w0", 0, grad(1.0))
     dup = store.push("w0", 0, grad(5.0))
-    assert not dup.accepted and dup.drop_reason.startswith("duplicate")
+    assert not dup.accepted and dup.drop is DropReason.DUPLICATE and dup.detail.startswith("duplicate")
     assert store.version == 0
     store.push("w1", 0, grad(3.0))  # quorum of 3 - 1 = 2 reached
     assert store.version == 1
     np.testing.assert_array_equal(store.values()["w"], np.full(3, -2.0, np.float32))
     late = store.push("w2", 0, grad(100.0))
-    assert not late.accepted and late.drop_reason.startswith("late") and late.staleness == 1
+    assert not late.accepted and late.drop is DropReason.LATE and late.staleness == 1
     assert store.version == 1
     assert store.stats().dropped_by_reason == {"duplicate": 1, "late": 1}
 

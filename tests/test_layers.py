@@ -85,15 +85,15 @@ def test_only_the_asyncps_import_name_is_installed(tmp_path: Path) -> None:
 
 
 def test_a_running_shard_loads_neither_tensorflow_nor_matplotlib(shard_factory: ShardLauncher) -> None:
-    from asyncps.psclient import ShardClient
     from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-    from asyncps.wire import rule_to_proto
+    from asyncps.shard import PushRequest
+    from asyncps.transport import GrpcShardTransport
 
     shard = shard_factory(1, python_flags=("-X", "importtime"))[0]
-    client = ShardClient(shard.address, deadline_s=30)
+    client = GrpcShardTransport(shard.address, deadline_s=30)
     values = {"w": np.ones((4, 3), np.float32)}
-    client.initialize("test", 0, 1, rule_to_proto(UpdateRuleConfig(OptimizerConfig("adam", 0.1))), values)
-    result, reply = client.push_pull("test", 0, {"w": np.ones((4, 3), np.float32)})
+    client.initialize("test", 0, 1, UpdateRuleConfig(OptimizerConfig("adam", 0.1)), values)
+    result, reply = client.push_pull(PushRequest("test", 0, {"w": np.ones((4, 3), np.float32)}))
     assert result.accepted and reply.values is not None
     client.snapshot()
     client.stats()

@@ -7,14 +7,15 @@ its values equal to initial - sum(accepted gradients) bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pytest
 
 import benchmarks.load as load
+from asyncps.shard import PushRequest
 from benchmarks.load import LoadConfig, run_load
 
 PUSHERS = 32
@@ -46,19 +47,19 @@ def test_concurrent_pushers_lose_and_invent_nothing(shard_server: str, pytestcon
 def test_the_accounting_catches_a_single_wrong_update(shard_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The exact check is not vacuous: one push that sends other values than it records is caught."""
 
-    class OneBadPush(load.ShardClient):
+    class OneBadPush(load.GrpcShardTransport):
         sabotaged = False
         lock = threading.Lock()
 
-        def push(self, member_id: str, base_version: int, grads: Mapping[str, Any], step: int = 0,
-                 loss: float = 0.0) -> Any:
+        def push(self, request: PushRequest) -> Any:
             with OneBadPush.lock:
                 bad, OneBadPush.sabotaged = not OneBadPush.sabotaged, True
             if bad:
-                grads = {**grads, "b": grads["b"] + np.float32(1)}
-            return super().push(member_id, base_version, grads, step, loss)
+                grads = request.grads
+                request = dataclasses.replace(request, grads={**grads, "b": grads["b"] + np.float32(1)})
+            return super().push(request)
 
-    monkeypatch.setattr(load, "ShardClient", OneBadPush)
+    monkeypatch.setattr(load, "GrpcShardTransport", OneBadPush)
     result = run_load(shard_server, LoadConfig(pushers=2, seconds=0.3, rows=4, cols=3))
     assert OneBadPush.sabotaged and not result.errors
     assert result.version_after == result.accepted  # the version alone cannot tell

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from asyncps.rules.drops import DropReason
 from asyncps.rules.policies import (
     AdaptiveDelayCompensated,
     ApplyAll,
@@ -34,7 +35,7 @@ def close(actual: np.ndarray, expected: np.ndarray, rtol: float = 1e-6) -> None:
 def test_drop_above_applies_up_to_the_bound_and_drops_beyond(bound: int) -> None:
     policy = DropAbove(bound)
     assert [policy.decide(s).accept for s in range(bound + 3)] == [True] * (bound + 1) + [False, False]
-    assert policy.decide(bound + 1) == Decision(False, 1.0, f"staleness {bound + 1} > {bound}")
+    assert policy.decide(bound + 1) == Decision(False, 1.0, f"staleness {bound + 1} > {bound}", DropReason.STALE)
 
 
 def test_lr_scale_matches_one_over_max_one_staleness() -> None:

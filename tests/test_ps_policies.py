@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.rules.drops import DropReason
 from asyncps.rules.policies import ApplyAll, Decision, DropAbove, LrScale, parse_policy
 
 
@@ -41,7 +42,7 @@ def test_drop_above_accepts_up_to_and_including_the_bound(bound: int) -> None:
     for staleness in range(bound + 1):
         assert policy.decide(staleness) == Decision(True, 1.0, "")
     for staleness in (bound + 1, bound + 7):
-        assert policy.decide(staleness) == Decision(False, 1.0, f"staleness {staleness} > {bound}")
+        assert policy.decide(staleness) == Decision(False, 1.0, f"staleness {staleness} > {bound}", DropReason.STALE)
 
 
 @pytest.mark.parametrize("staleness, scale", [(0, 1.0), (1, 1.0), (2, 0.5), (4, 0.25), (10, 0.1)])

@@ -13,19 +13,21 @@ import numpy as np
 import pytest
 
 from asyncps.codec import SparseRows, iter_chunks
-from asyncps.pb import ps_pb2, ps_pb2_grpc, tensor_pb2
+from asyncps.frames import decode_frame, encode_frame, identity
+from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.placement import Placement, VariableSpec, place, split_for_shards
-from asyncps.psclient import ModelClient, ShardClient
 from asyncps.rpc import Unreachable, make_channel
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.security import SecurityConfig, check_health
-from asyncps.wire import rule_to_proto
+from asyncps.shard import PushOutcome, PushRequest, StoreStats
+from asyncps.transport import GrpcShardTransport, connect_model
+from asyncps.wire import SHARD_SERVICE, parse_pull, rule_to_proto
 
 if TYPE_CHECKING:
     from conftest import ShardLauncher, ShardProcess
 
 CALL_TIMEOUT_S = 30.0
-RULE = rule_to_proto(UpdateRuleConfig(OptimizerConfig("sgd", 1.0)))
+RULE = UpdateRuleConfig(OptimizerConfig("sgd", 1.0))
 SHARD_INDEX = 2  # not 0, so a header or stats field left at its default shows
 Code = grpc.StatusCode
 
@@ -39,13 +41,31 @@ def initial_values() -> dict[str, np.ndarray]:
 
 @dataclass
 class Shard:
-    """One initialized shard process with a typed client and a raw stub."""
+    """One initialized shard process with a typed client and a raw channel."""
 
     process: ShardProcess
-    client: ShardClient
-    stub: ps_pb2_grpc.ParameterServerStub
+    client: GrpcShardTransport
+    channel: grpc.Channel
 
-    def state(self) -> tuple[dict[str, np.ndarray], ps_pb2.ShardStats]:
+    def raw_pull(self, request: ps_pb2.PullRequest) -> list[ps_pb2.PullChunk]:
+        """A Pull sent and read frame by frame, below the transport."""
+        call = self.channel.unary_stream(f"/{SHARD_SERVICE}/Pull", response_deserializer=identity,
+                                         request_serializer=ps_pb2.PullRequest.SerializeToString)
+        return [decode_frame(frame, parse_pull, "test")[0] for frame in call(request, timeout=CALL_TIMEOUT_S)]
+
+    def raw_push(self, method: str, messages: list[ps_pb2.PushChunk]) -> object:
+        """Push or PushPull with hand-made messages, each sent as a frame with its bytes moved
+        after the message."""
+        frames = [frame_of(m) for m in messages]
+        if method == "Push":
+            return self.channel.stream_unary(f"/{SHARD_SERVICE}/Push", request_serializer=identity,
+                                             response_deserializer=ps_pb2.PushResult.FromString)(
+                iter(frames), timeout=CALL_TIMEOUT_S)
+        call = self.channel.stream_stream(f"/{SHARD_SERVICE}/PushPull", request_serializer=identity,
+                                          response_deserializer=identity)
+        return list(call(iter(frames), timeout=CALL_TIMEOUT_S))
+
+    def state(self) -> tuple[dict[str, np.ndarray], StoreStats]:
         """The shard's values (one pull), then its counters."""
         values = self.client.pull("probe").values
         stats = self.client.stats()
@@ -57,15 +77,15 @@ class Shard:
 def shard(module_shard_factory: ShardLauncher) -> Iterator[Shard]:
     process = module_shard_factory(1, first_index=SHARD_INDEX)[0]
     # tiny chunks: every tensor of these tests travels as several chunks
-    client = ShardClient(process.address, deadline_s=CALL_TIMEOUT_S, chunk_bytes=20,
-                         call_timeout_s=CALL_TIMEOUT_S)
+    client = GrpcShardTransport(process.address, deadline_s=CALL_TIMEOUT_S, chunk_bytes=20,
+                                call_timeout_s=CALL_TIMEOUT_S)
     reply = client.initialize("test", SHARD_INDEX, 3, RULE, initial_values())
     assert (reply.created, reply.version) == (True, 0)
     pulled = client.pull("test")
     assert pulled.version == 0 and pulled.values is not None
     assert_same_values(pulled.values, initial_values())
     channel = make_channel(process.address)
-    yield Shard(process, client, ps_pb2_grpc.ParameterServerStub(channel))
+    yield Shard(process, client, channel)
     client.close()
     channel.close()
 
@@ -77,7 +97,18 @@ def assert_same_values(got: dict[str, np.ndarray], expected: dict[str, np.ndarra
         assert got[name].tobytes() == value.tobytes(), name
 
 
-def assert_counters_equal(after: ps_pb2.ShardStats, before: ps_pb2.ShardStats) -> None:
+def frame_of(message: ps_pb2.PushChunk | ps_pb2.InitializeChunk) -> bytes:
+    """A message with inline chunk bytes, as a raw frame (the bytes moved after the message)."""
+    framed = type(message)()
+    framed.CopyFrom(message)
+    data = []
+    for chunk in framed.tensors:
+        data.append(memoryview(chunk.data))
+        chunk.nbytes, chunk.data = len(chunk.data), b""
+    return encode_frame(framed, data)
+
+
+def assert_counters_equal(after: StoreStats, before: StoreStats) -> None:
     assert (after.version, after.pushes_accepted, after.pushes_dropped) == (
         before.version, before.pushes_accepted, before.pushes_dropped)
 
@@ -93,7 +124,7 @@ def test_identical_initialize_is_accepted_and_conflicts_are_already_exists(shard
     values, before = shard.state()
     reply = shard.client.initialize("other", SHARD_INDEX, 3, RULE, initial_values())
     assert (reply.created, reply.version) == (False, before.version)
-    other_rule = rule_to_proto(UpdateRuleConfig(OptimizerConfig("sgd", 0.5)))
+    other_rule = UpdateRuleConfig(OptimizerConfig("sgd", 0.5))
     conflicts = [
         (other_rule, initial_values(), "different rule"),
         (RULE, {**initial_values(), "w": np.zeros((4, 6), np.float32)},
@@ -117,8 +148,7 @@ def test_pull_round_trip_and_not_modified(shard: Shard) -> None:
     assert reply.version == stats.version and reply.values is not None
     assert_same_values(reply.values, values)
     assert shard.client.pull("t", if_newer_than=stats.version).values is None
-    stream = list(shard.stub.Pull(ps_pb2.PullRequest(if_newer_than=stats.version),
-                                  timeout=CALL_TIMEOUT_S))
+    stream = shard.raw_pull(ps_pb2.PullRequest(if_newer_than=stats.version))
     assert len(stream) == 1 and stream[0].HasField("header") and not stream[0].tensors
     header = stream[0].header
     assert (header.version, header.not_modified, header.shard_index) == (
@@ -134,20 +164,20 @@ def test_push_and_push_pull_round_trip(shard: Shard) -> None:
     values, stats = shard.state()
     v0 = stats.version
     grad = {"w": np.full((6, 4), 2.0, np.float32), "b": np.array([1, 2, 3], np.float32)}
-    result = shard.client.push("t", v0, grad, step=7, loss=0.25)
+    result = shard.client.push(PushRequest("t", v0, grad, step=7, loss=0.25))
     assert (result.accepted, result.staleness, result.version) == (True, 0, v0 + 1)
-    assert (result.effective_lr, result.drop_reason) == (1.0, "")
+    assert (result.effective_lr, result.drop, result.detail) == (1.0, None, "")
     expected = {n: values[n] - grad[n] for n in values}
     assert_same_values(shard.state()[0], expected)
 
     # computed from v0, arriving at v0 + 1: staleness 1, and the reply carries the new model
-    result, reply = shard.client.push_pull("t", v0, {"b": np.ones(3, np.float32)})
+    result, reply = shard.client.push_pull(PushRequest("t", v0, {"b": np.ones(3, np.float32)}))
     assert (result.accepted, result.staleness, result.version) == (True, 1, v0 + 2)
     expected["b"] = expected["b"] - 1
     assert reply.version == v0 + 2 and reply.values is not None
     assert_same_values(reply.values, expected)
 
-    result, reply = shard.client.push_pull("t", v0 + 2, {"b": np.ones(3, np.float32)},
+    result, reply = shard.client.push_pull(PushRequest("t", v0 + 2, {"b": np.ones(3, np.float32)}),
                                            pull_if_newer_than=v0 + 3)
     assert (result.accepted, result.version) == (True, v0 + 3)
     assert reply.version == v0 + 3 and reply.values is None  # not newer than asked
@@ -160,12 +190,11 @@ def test_push_and_push_pull_round_trip(shard: Shard) -> None:
 def test_stats_round_trip_and_byte_counters(shard: Shard) -> None:
     _, before = shard.state()
     assert before.shard_index == SHARD_INDEX and before.initialized
-    assert [(v.name, v.dtype, list(v.shape)) for v in before.variables] == [
-        ("b", tensor_pb2.FLOAT32, [3]), ("w", tensor_pb2.FLOAT32, [6, 4])]
+    assert list(before.variables) == [("b", "float32", (3,)), ("w", "float32", (6, 4))]
     assert before.rule == RULE
     assert before.version == before.pushes_accepted and before.pushes_dropped == 0
     shard.client.pull("t")
-    shard.client.push("t", before.version, {"w": np.zeros((6, 4), np.float32)})
+    shard.client.push(PushRequest("t", before.version, {"w": np.zeros((6, 4), np.float32)}))
     after = shard.client.stats()
     assert after.bytes_pulled - before.bytes_pulled == (24 + 3) * 4  # one whole model
 
@@ -183,7 +212,7 @@ def test_long_poll_pull_returns_when_a_push_lands(shard: Shard) -> None:
     started = time.monotonic()
     poller = threading.Thread(target=poll)
     poller.start()
-    shard.client.push("t", stats.version, {"b": np.zeros(3, np.float32)})
+    shard.client.push(PushRequest("t", stats.version, {"b": np.zeros(3, np.float32)}))
     poller.join(2 * CALL_TIMEOUT_S)
     assert not poller.is_alive()
     assert len(replies) == 1 and replies[0].version == stats.version + 1
@@ -296,10 +325,7 @@ def test_bad_push_gets_its_status_code_and_changes_nothing(shard: Shard, case: s
     build, code, message = BAD_PUSHES[case]
     values, before = shard.state()
     with pytest.raises(grpc.RpcError) as info:
-        frames = one_per_frame(build(before.version))
-        reply = getattr(shard.stub, method)(iter(frames), timeout=CALL_TIMEOUT_S)
-        if method == "PushPull":
-            list(reply)
+        shard.raw_push(method, one_per_frame(build(before.version)))
     assert info.value.code() == code, info.value.details()
     assert message in info.value.details()
     # the shard still serves, with its values and version untouched
@@ -309,25 +335,23 @@ def test_bad_push_gets_its_status_code_and_changes_nothing(shard: Shard, case: s
 
 
 def test_uninitialized_shard_refuses_pushes_and_pulls(shard_server: str) -> None:
-    client = ShardClient(shard_server, deadline_s=CALL_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S)
+    client = GrpcShardTransport(shard_server, deadline_s=CALL_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S)
     stats = client.stats()
     assert (stats.initialized, stats.version, stats.shard_index, len(stats.variables)) == (
         False, 0, 0, 0)
     with pytest.raises(grpc.RpcError) as info:
-        client.push("t", 0, {"b": ONES_B})
+        client.push(PushRequest("t", 0, {"b": ONES_B}))
     assert info.value.code() == Code.FAILED_PRECONDITION
     assert "shard 0 is not initialized" in info.value.details()
     # training calls ride through a shard waiting to be restored, until their deadline
-    patient = ShardClient(shard_server, deadline_s=1.0, call_timeout_s=CALL_TIMEOUT_S)
-    for name, call in {"push_pull": lambda: patient.push_pull("t", 0, {"b": ONES_B}),
+    patient = GrpcShardTransport(shard_server, deadline_s=1.0, call_timeout_s=CALL_TIMEOUT_S)
+    for name, call in {"push_pull": lambda: patient.push_pull(PushRequest("t", 0, {"b": ONES_B})),
                        "pull": lambda: patient.pull("t")}.items():
         with pytest.raises(Unreachable) as unreachable:
             call()
         assert "FAILED_PRECONDITION" in str(unreachable.value), name
         assert "shard 0 is not initialized" in str(unreachable.value), name
-    bad_rule = ps_pb2.UpdateRule(optimizer="rmsprop:lr=0.1")
     bad_inits = [
-        (bad_rule, initial_values(), "bad update rule"),
         (RULE, {"b": np.array([np.inf, 0, 0], np.float32)}, "NaN or Inf"),
         (RULE, {"i": np.arange(3, dtype=np.int32)}, "floating point"),
     ]
@@ -335,14 +359,22 @@ def test_uninitialized_shard_refuses_pushes_and_pulls(shard_server: str) -> None
         with pytest.raises(grpc.RpcError) as info:
             client.initialize("t", 0, 1, rule, values)
         assert info.value.code() == Code.INVALID_ARGUMENT and message in info.value.details()
-    # sparse initial values cannot be expressed through ShardClient: send them raw
-    stub = ps_pb2_grpc.ParameterServerStub(client._channel)
+    # a bad rule and sparse initial values cannot be expressed through the transport: send them raw
+    channel = make_channel(shard_server)
+    initialize = channel.stream_unary(f"/{SHARD_SERVICE}/Initialize", request_serializer=identity,
+                                      response_deserializer=ps_pb2.InitializeResponse.FromString)
+    bad_rule = ps_pb2.UpdateRule(optimizer="rmsprop:lr=0.1")
+    with pytest.raises(grpc.RpcError) as info:
+        initialize(iter([frame_of(ps_pb2.InitializeChunk(
+            header=ps_pb2.InitializeHeader(rule=bad_rule), tensors=tensors("b", ONES_B)))]), timeout=CALL_TIMEOUT_S)
+    assert info.value.code() == Code.INVALID_ARGUMENT and "bad update rule" in info.value.details()
     sparse_init = [ps_pb2.InitializeChunk(
-        header=ps_pb2.InitializeHeader(rule=RULE),
+        header=ps_pb2.InitializeHeader(rule=rule_to_proto(RULE)),
         tensors=tensors("b", np.array([0], np.int64), tensor_pb2.SPARSE_INDICES)
         + tensors("b", np.ones(1, np.float32), tensor_pb2.SPARSE_VALUES))]
     with pytest.raises(grpc.RpcError) as info:
-        stub.Initialize(iter(sparse_init), timeout=CALL_TIMEOUT_S)
+        initialize(iter([frame_of(m) for m in sparse_init]), timeout=CALL_TIMEOUT_S)
+    channel.close()
     assert info.value.code() == Code.INVALID_ARGUMENT
     assert "initial values must be dense" in info.value.details()
     assert not client.stats().initialized
@@ -356,7 +388,7 @@ def test_a_shard_that_placement_leaves_empty_can_be_initialized(shard_server: st
     per_shard = split_for_shards(placement, {"kernel": np.zeros((64, 10), np.float32),
                                              "bias": np.zeros(10, np.float32)})
     assert per_shard[2] == {}
-    client = ShardClient(shard_server, deadline_s=CALL_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S)
+    client = GrpcShardTransport(shard_server, deadline_s=CALL_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S)
     try:
         assert client.initialize("chief", 2, 3, RULE, per_shard[2]).created
         assert client.stats().initialized
@@ -371,18 +403,18 @@ def test_concurrent_pushers_over_grpc_lose_nothing(shard: Shard) -> None:
     pushers_n, pushes_n = 4, 25
     values, before = shard.state()
     start = threading.Barrier(pushers_n)
-    results: list[list[ps_pb2.PushResult]] = [[] for _ in range(pushers_n)]
+    results: list[list[PushOutcome]] = [[] for _ in range(pushers_n)]
     errors: list[BaseException] = []
 
     def pusher(t: int) -> None:
-        client = ShardClient(shard.process.address, deadline_s=CALL_TIMEOUT_S,
-                             call_timeout_s=CALL_TIMEOUT_S)
+        client = GrpcShardTransport(shard.process.address, deadline_s=CALL_TIMEOUT_S,
+                                    call_timeout_s=CALL_TIMEOUT_S)
         try:
             start.wait()
             for j in range(pushes_n):
                 c = float(t * pushes_n + j + 1)  # integer-valued: sums are exact in float32
                 grads = {"w": np.full((6, 4), c, np.float32), "b": np.full(3, c, np.float32)}
-                results[t].append(client.push(f"w{t}", before.version, grads))
+                results[t].append(client.push(PushRequest(f"w{t}", before.version, grads)))
         except BaseException as exc:  # reported below: a thread's exception is otherwise lost
             errors.append(exc)
         finally:
@@ -436,7 +468,7 @@ def sliced_model(module_shard_factory: ShardLauncher) -> SlicedModel:
         "emb": rng.integers(-50, 50, EMB_SHAPE).astype(np.float32),
         "bias": np.arange(64, dtype=np.float32),
     }
-    model = ModelClient("init", addresses, placement, deadline_s=CALL_TIMEOUT_S)
+    model = connect_model("init", addresses, placement, deadline_s=CALL_TIMEOUT_S)
     for shard, values in enumerate(split_for_shards(placement, initial)):
         assert model.shards[shard].initialize("init", shard, 2, RULE, values).created
     model.close()
@@ -444,23 +476,21 @@ def sliced_model(module_shard_factory: ShardLauncher) -> SlicedModel:
 
 
 def test_sliced_40mb_variable_is_reassembled_exactly(sliced_model: SlicedModel) -> None:
-    model = ModelClient("t", sliced_model.addresses, sliced_model.placement,
-                        deadline_s=CALL_TIMEOUT_S)
+    model = connect_model("t", sliced_model.addresses, sliced_model.placement, deadline_s=CALL_TIMEOUT_S)
     buffers = {name: id(value) for name, value in model.values.items()}
     versions = model.pull()
     assert versions == [0, 0]  # the first test on these shards
     assert_same_values(model.values, sliced_model.initial)
     assert {name: id(value) for name, value in model.values.items()} == buffers  # in place
     for shard, client in enumerate(model.shards):
-        names = [v.name for v in client.stats().variables]
+        names = [name for name, _, _ in client.stats().variables]
         assert names == sorted(p.name for p in sliced_model.placement.parts_on(shard))
     assert model.pull(only_if_newer=True) == versions  # nothing newer: headers only
     model.close()
 
 
 def _pull_fresh(sliced_model: SlicedModel) -> dict[str, np.ndarray]:
-    model = ModelClient("check", sliced_model.addresses, sliced_model.placement,
-                        deadline_s=CALL_TIMEOUT_S)
+    model = connect_model("check", sliced_model.addresses, sliced_model.placement, deadline_s=CALL_TIMEOUT_S)
     model.pull()
     model.close()
     return model.values
@@ -469,8 +499,7 @@ def _pull_fresh(sliced_model: SlicedModel) -> dict[str, np.ndarray]:
 def test_sparse_push_across_a_slice_boundary_touches_only_its_rows(
     sliced_model: SlicedModel,
 ) -> None:
-    model = ModelClient("t", sliced_model.addresses, sliced_model.placement,
-                        deadline_s=CALL_TIMEOUT_S)
+    model = connect_model("t", sliced_model.addresses, sliced_model.placement, deadline_s=CALL_TIMEOUT_S)
     before_versions = model.pull()
     before = {name: value.copy() for name, value in model.values.items()}
     emb_parts = sliced_model.placement.parts_of("emb")
@@ -482,7 +511,7 @@ def test_sparse_push_across_a_slice_boundary_touches_only_its_rows(
              "bias": SparseRows(np.array([0, 63], np.int64), np.array([5.0, -5.0], np.float32))}
     results = model.push_pull(grads, step=1, loss=0.5)
     assert [r.shard for r in results] == [0, 1]
-    assert all(r.result.accepted and r.result.staleness == 0 for r in results)
+    assert all(r.outcome is not None and r.outcome.accepted and r.outcome.staleness == 0 for r in results)
     assert [r.version for r in results] == [v + 1 for v in before_versions]
 
     expected = {name: value.copy() for name, value in before.items()}
@@ -498,8 +527,7 @@ def test_sparse_push_across_a_slice_boundary_touches_only_its_rows(
 def test_sparse_push_inside_one_slice_leaves_the_other_shard_alone(
     sliced_model: SlicedModel,
 ) -> None:
-    model = ModelClient("t", sliced_model.addresses, sliced_model.placement,
-                        deadline_s=CALL_TIMEOUT_S)
+    model = connect_model("t", sliced_model.addresses, sliced_model.placement, deadline_s=CALL_TIMEOUT_S)
     before_versions = model.pull()
     before = {name: value.copy() for name, value in model.values.items()}
     upper = sliced_model.placement.parts_of("emb")[1]
@@ -508,9 +536,10 @@ def test_sparse_push_inside_one_slice_leaves_the_other_shard_alone(
     results = model.push_pull({"emb": SparseRows(indices, rows)}, step=2, loss=0.5)
     by_shard = {r.shard: r for r in results}
     touched, other = upper.shard, 1 - upper.shard
-    assert by_shard[touched].result.accepted
+    outcome = by_shard[touched].outcome
+    assert outcome is not None and outcome.accepted
     assert by_shard[touched].version == before_versions[touched] + 1
-    assert by_shard[other].result.drop_reason == "empty"  # nothing sent: only a pull
+    assert by_shard[other].outcome is None  # nothing sent: only a pull
     assert by_shard[other].version == before_versions[other]
     expected = {name: value.copy() for name, value in before.items()}
     expected["emb"][indices] -= 1.0
@@ -526,7 +555,7 @@ def test_sparse_push_inside_one_slice_leaves_the_other_shard_alone(
 def test_shutdown_rpc_makes_the_process_exit_cleanly(shard_factory: ShardLauncher) -> None:
     process = shard_factory(1)[0]
     assert check_health(process.address, SecurityConfig())
-    client = ShardClient(process.address, deadline_s=CALL_TIMEOUT_S)
+    client = GrpcShardTransport(process.address, deadline_s=CALL_TIMEOUT_S)
     client.shutdown("tests are done")
     client.close()
     assert process.process.wait(timeout=30) == 0, process.log_tail()

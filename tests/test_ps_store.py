@@ -20,7 +20,7 @@ from asyncps.errors import (
 )
 from asyncps.ps.store import ShardStore
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.shard import PushOutcome
+from asyncps.shard import DropReason, PushOutcome
 
 JOIN_TIMEOUT_S = 60.0
 
@@ -64,8 +64,10 @@ def assert_unchanged(store: ShardStore, before: Snapshot) -> None:
         assert after.values[name].tobytes() == value.tobytes(), name
 
 
-def copy_encode(name: str, value: np.ndarray) -> tuple[str, np.ndarray]:
-    return name, value.copy()
+def pulled(store: ShardStore, if_newer_than: int = -1) -> tuple[int, dict[str, np.ndarray] | None]:
+    """(version, values or None) of one pull."""
+    reply = store.pull(if_newer_than)
+    return reply.version, None if reply.values is None else dict(reply.values)
 
 
 def start_all(threads: list[threading.Thread]) -> None:
@@ -166,7 +168,7 @@ def test_bad_initialize_is_invalid_and_leaves_the_shard_uninitialized(
 def test_a_shard_placement_leaves_empty_initializes_and_holds_nothing() -> None:
     store = ShardStore()
     assert store.initialize(rule(), {}) is True
-    assert store.pull(-1, lambda name, value: name) == (0, [])
+    assert pulled(store) == (0, {})
     with pytest.raises(InvalidArgumentError, match="without gradients"):
         store.push("w0", 0, {})
 
@@ -176,7 +178,7 @@ def test_push_and_pull_before_initialize_are_failed_precondition() -> None:
     with pytest.raises(FailedPreconditionError, match="shard 5 is not initialized"):
         store.push("w0", 0, {"w": np.zeros((6, 4), np.float32)})
     with pytest.raises(FailedPreconditionError, match="not initialized"):
-        store.pull(-1, copy_encode)
+        store.pull(-1)
     with pytest.raises(FailedPreconditionError, match="not initialized"):
         store.values()
     stats = store.stats()
@@ -215,16 +217,40 @@ def test_version_counts_accepted_pushes_and_staleness_is_version_minus_base() ->
 
 def test_pull_if_newer_than() -> None:
     store = make_store()
-    version, encoded = store.pull(-1, copy_encode)
-    assert version == 0 and encoded is not None
-    assert [name for name, _ in encoded] == ["b", "w"]
-    assert store.pull(0, copy_encode) == (0, None)
+    version, values = pulled(store)
+    assert version == 0 and values is not None
+    assert list(values) == ["b", "w"]
+    assert pulled(store, 0) == (0, None)
     store.push("w0", 0, {"b": np.ones(3, np.float32)})
-    version, encoded = store.pull(0, copy_encode)
-    assert version == 1 and encoded is not None
-    np.testing.assert_array_equal(dict(encoded)["b"], initial_values()["b"] - 1)
-    assert store.pull(1, copy_encode) == (1, None)
-    assert store.pull(7, copy_encode) == (1, None)
+    version, newer = pulled(store, 0)
+    assert version == 1 and newer is not None
+    np.testing.assert_array_equal(newer["b"], initial_values()["b"] - 1)
+    assert pulled(store, 1) == (1, None)
+    assert pulled(store, 7) == (1, None)
+
+
+def test_pulled_values_are_read_only_and_never_change_afterwards() -> None:
+    """Copy-on-write: a reply is encoded with no lock held, so what a pull returned must stay
+    exactly as it was while pushes go on, and the store must not copy when nobody reads."""
+    store = make_store()
+    first = store.pull().values
+    assert first is not None
+    kept = {name: value.copy() for name, value in first.items()}
+    with pytest.raises(ValueError, match="read-only"):
+        first["b"][0] = 7.0
+    store.push("w0", 0, {"b": np.ones(3, np.float32), "w": np.ones((6, 4), np.float32)})
+    for name, value in kept.items():
+        np.testing.assert_array_equal(first[name], value)  # the old reply is untouched
+    second = store.pull().values
+    assert second is not None
+    np.testing.assert_array_equal(second["b"], kept["b"] - 1)
+    assert second["b"] is not first["b"]
+    # with no reader in between, updates happen in place: the next two pushes copy once
+    store.push("w0", 1, {"b": np.ones(3, np.float32)})
+    private = store._vars["b"].value
+    store.push("w0", 2, {"b": np.ones(3, np.float32)})
+    assert store._vars["b"].value is private and private.flags.writeable
+    np.testing.assert_array_equal(second["b"], kept["b"] - 1)
 
 
 def sparse(indices: list[int], rows: np.ndarray) -> SparseRows:
@@ -345,7 +371,7 @@ def test_drop_policy_never_applies_staleness_above_its_bound() -> None:
             applied += 1
             assert outcome == PushOutcome(True, staleness, version_now + 1, 1.0)
         else:
-            assert outcome == PushOutcome(False, staleness, version_now, 0.0,
+            assert outcome == PushOutcome(False, staleness, version_now, 0.0, DropReason.STALE,
                                           f"staleness {staleness} > 2")
     stats = store.stats()
     assert (stats.version, stats.pushes_accepted, stats.pushes_dropped) == (applied, applied, 3)
@@ -389,8 +415,8 @@ def test_concurrent_pushes_lose_nothing_and_pulls_are_consistent() -> None:
         start.wait()
         w0, b0 = initial_values()["w"], initial_values()["b"]
         while not pushers_done.is_set():
-            version, encoded = store.pull(-1, copy_encode)
-            values = dict(encoded or ())
+            version, pulled_values = pulled(store)
+            values = pulled_values or {}
             dw, db = w0 - values["w"], b0 - values["b"]
             if not (np.all(dw == dw.flat[0]) and np.all(db == dw.flat[0])):
                 problems.append(f"torn model at version {version}: {dw.flat[0]} vs {db}")
@@ -477,3 +503,14 @@ def test_wait_newer_times_out_or_returns_at_once() -> None:
     assert store.wait_newer(0, timeout_s=30.0) == 1
     assert store.wait_newer(5, timeout_s=-1.0) == 1  # negative timeout: no wait
     assert time.monotonic() - started < 15.0
+
+
+def test_finite_gradients_whose_sum_overflows_are_accepted_and_nan_beside_them_is_not() -> None:
+    """The finiteness check sums first: an overflowing sum of finite values must fall back to
+    an exact check, not reject a valid gradient (and a NaN must still be found)."""
+    store = make_store(lr=1e-30)
+    huge = np.full(3, 3e38, np.float32)  # the float32 sum is inf, every element is finite
+    assert store.push("w0", 0, {"b": huge}).accepted
+    with pytest.raises(InvalidArgumentError, match="NaN or Inf"):
+        store.push("w0", 1, {"b": np.array([3e38, 3e38, np.nan], np.float32)})
+    assert store.version == 1

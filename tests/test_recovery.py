@@ -18,9 +18,9 @@ from asyncps.chief.checkpoint import CheckpointDir, assemble, split
 from asyncps.config import RunConfig
 from asyncps.coordclient import CoordinatorClient
 from asyncps.placement import VariableSpec, place
-from asyncps.psclient import ModelClient
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.tools.local import LocalCluster
+from asyncps.transport import connect_model
 from tests.conftest import REPO_ROOT as ROOT
 from tests.conftest import child_env
 from tests.test_local_cluster import run_cli
@@ -113,7 +113,7 @@ def test_two_shard_checkpoint_restores_into_three_shards_exactly(
     assert any(p.sliced for p in placement.parts)
     rule = UpdateRuleConfig(OptimizerConfig("adam", 0.001))
     addresses = start_shards(3)
-    client = ModelClient("test", addresses, placement)
+    client = connect_model("test", addresses, placement)
     for shard, snap in enumerate(split(placement, ckpt, rule)):
         client.shards[shard].restore(snap, shard)
     client.pull()

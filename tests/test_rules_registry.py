@@ -38,6 +38,7 @@ from asyncps.rules import (
     registries,
     rules_markdown,
 )
+from asyncps.rules.drops import DropReason
 from asyncps.rules.modes import SyncConsistency, fold_mode_aliases
 from asyncps.rules.optimizers import make_optimizer
 from asyncps.rules.policies import Decision, StalenessPolicy
@@ -232,7 +233,7 @@ def test_fold_mode_aliases_treats_an_explicit_default_as_given() -> None:
 def cli_config(*argv: str) -> RunConfig:
     parser = argparse.ArgumentParser()
     add_run_flags(parser)
-    return run_config_from(parser.parse_args(list(argv)), num_workers=3, num_ps=1)
+    return run_config_from(parser.parse_args(list(argv)), environ={}, num_workers=3, num_ps=1)
 
 
 def test_cli_old_flags_equal_the_mode_spec(tmp_path: Path) -> None:
@@ -345,7 +346,7 @@ def test_sync_steps_through_the_store_match_the_old_arithmetic(optimizer: str) -
                 assert outcome.accepted
                 pushes.append(grads)
             else:  # the backup's gradient arrives after its step was applied
-                assert not outcome.accepted and outcome.drop_reason.startswith("late")
+                assert not outcome.accepted and outcome.drop is DropReason.LATE
         for name, grad in sorted(reference_sync_step(pushes).items()):
             if isinstance(grad, SparseRows):
                 opt.apply_sparse(values[name], grad.indices, grad.values, slots[name], 0.05, step + 1)

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from asyncps import rpc
 from asyncps.pb import coordinator_pb2, coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
-from asyncps.ps.servicer import ParameterServerServicer
+from asyncps.ps.servicer import ParameterServerServicer, add_to_server
 from asyncps.ps.store import ShardStore
 from asyncps.security import (
     TOKEN_ENV,
@@ -46,8 +46,7 @@ HANDSHAKE_DETAIL = re.compile(r"handshake|certificate|ssl|tls", re.IGNORECASE)
 
 # -- helpers -------------------------------------------------------------------------------------
 def register_services(server: grpc.Server) -> None:
-    ps_pb2_grpc.add_ParameterServerServicer_to_server(
-        ParameterServerServicer(ShardStore(shard_index=SHARD_INDEX)), server)
+    add_to_server(ParameterServerServicer(ShardStore(shard_index=SHARD_INDEX)), server)
     # The generated base servicer answers UNIMPLEMENTED: enough to show that a call got past the
     # interceptor, and it keeps these tests independent of the chief's constructor.
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(

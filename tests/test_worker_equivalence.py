@@ -17,9 +17,8 @@ from asyncps.datasets import load_dataset
 from asyncps.delays import NoDelay, StepDelay
 from asyncps.models import build_model, loss_fn
 from asyncps.placement import VariableSpec, place, split_for_shards
-from asyncps.psclient import ModelClient
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.wire import rule_to_proto
+from asyncps.transport import connect_model
 from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
 
 STEPS = 25
@@ -37,8 +36,8 @@ def test_one_worker_equals_sequential_sgd(start_shards: Callable[[int], list[str
     placement = place(specs, 2, slice_threshold_bytes=16 * 1024)
     assert any(p.sliced for p in placement.parts)
     initial = {v.path: np.array(v.numpy()) for v in model.trainable_variables}
-    client = ModelClient("worker-0", addresses, placement)
-    rule = rule_to_proto(UpdateRuleConfig(OptimizerConfig("sgd", LR)))
+    client = connect_model("worker-0", addresses, placement)
+    rule = UpdateRuleConfig(OptimizerConfig("sgd", LR))
     for shard, values in enumerate(split_for_shards(placement, initial)):
         client.shards[shard].initialize("test", shard, 2, rule, values)
 
@@ -67,4 +66,49 @@ def test_one_worker_equals_sequential_sgd(start_shards: Callable[[int], list[str
                                    err_msg=var.path)
     moved = max(float(np.abs(client.values[n] - initial[n]).max()) for n in names)
     assert moved > 1e-3, "training did not move the parameters"
+    client.close()
+
+
+def test_a_pipelined_worker_computes_sgd_delayed_by_one_step_and_records_it(
+    start_shards: Callable[[int], list[str]],
+) -> None:
+    """--pipeline: gradient k is computed from the values after step k-2 while step k-1 is in
+    flight, so one worker runs SGD with a delay of one step: w[k+1] = w[k] - lr * g(w[k-1]),
+    every push after the first is measured at staleness 1, and nothing is lost or doubled."""
+    addresses = start_shards(2)
+    data = load_dataset("digits", 0)
+    x, y = data.x_train[:600], data.y_train[:600]
+    model = build_model("mlp", data.num_features, data.num_classes, seed=3)
+    names = [v.path for v in model.trainable_variables]
+    specs = [VariableSpec(v.path, tuple(v.shape), "float32") for v in model.trainable_variables]
+    placement = place(specs, 2, slice_threshold_bytes=16 * 1024)
+    initial = {v.path: np.array(v.numpy()) for v in model.trainable_variables}
+    client = connect_model("worker-0", addresses, placement)
+    rule = UpdateRuleConfig(OptimizerConfig("sgd", LR))
+    for shard, values in enumerate(split_for_shards(placement, initial)):
+        client.shards[shard].initialize("test", shard, 2, rule, values)
+
+    telemetry = Telemetry()
+    trainer = Trainer(client, names, make_grad_fn(model, loss_fn), BatchStream(x, y, 32, seed=5),
+                      StepDelay(NoDelay()), telemetry, pipeline=True)
+    trainer.run(threading.Event(), max_steps=STEPS)
+    pushes, steps = telemetry.drain()
+    assert len(steps) == STEPS and len(pushes) == 2 * STEPS
+    assert all(p.accepted for p in pushes)
+    assert sorted(p.staleness for p in pushes) == [0, 0] + [1] * (2 * STEPS - 2)
+    assert client.versions == [STEPS, STEPS]
+
+    grad_fn = make_grad_fn(model, loss_fn)
+    batches = BatchStream(x, y, 32, seed=5)
+    current = [initial[n].copy() for n in names]
+    previous = [v.copy() for v in current]
+    for _ in range(STEPS):
+        bx, by = batches.next()
+        _, grads = grad_fn(previous, bx, by)
+        previous = [v.copy() for v in current]
+        current = [v - np.float32(LR) * np.asarray(g) for v, g in zip(current, grads, strict=True)]
+
+    client.pull()
+    for name, value in zip(names, current, strict=True):
+        np.testing.assert_allclose(client.values[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
     client.close()

@@ -115,7 +115,7 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
     from asyncps.datasets import load_dataset
     from asyncps.models import build_model, loss_fn
     from asyncps.placement import VariableSpec, place
-    from asyncps.psclient import ModelClient
+    from asyncps.transport import connect_model
     from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
 
     data = load_dataset(run.dataset, run.seed)
@@ -125,12 +125,13 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
     batches = TaskBatches(lambda: coord.get_task(member_id), data.x_train, data.y_train, run.batch_size,
                           run.seed)
-    client = ModelClient(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
-                         config.security)
+    client = connect_model(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
+                           config.security, transport=run.transport)
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
     trainer = Trainer(client, names, make_grad_fn(model, loss_fn), batches, delay, telemetry,
-                      read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step))
+                      read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
+                      pipeline=run.pipeline)
     code = 0
     try:
         trainer.run(stop, config.max_steps)

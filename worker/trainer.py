@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -14,7 +15,8 @@ import numpy as np
 from asyncps.codec import Array, Gradient, SparseRows
 from asyncps.delays import StepDelay
 from asyncps.pb import coordinator_pb2 as cpb
-from asyncps.psclient import ModelClient
+from asyncps.transport import ModelClient
+from asyncps.wire import push_record
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +196,7 @@ class Trainer:
         sleep: Callable[[float], None] = time.sleep,
         read_wait_s: float = 30.0,
         on_step: Callable[[int], None] | None = None,
+        pipeline: bool = False,
     ) -> None:
         self._client = client
         self._names = variable_names
@@ -204,6 +207,7 @@ class Trainer:
         self._sleep = sleep
         self._read_wait_s = read_wait_s
         self._on_step = on_step
+        self._pipeline = pipeline
         self.step = 0
         self.examples = 0
 
@@ -212,43 +216,86 @@ class Trainer:
         t0 = time.time()
         self._client.pull()
         pull_s = time.time() - t0
+        if self._pipeline:
+            self._run_pipelined(stop, max_steps, pull_s)
+            return
         while not stop.is_set() and (max_steps == 0 or self.step < max_steps):
             batch = self._batches.next_batch(stop)
             if batch is None:
                 return
             pull_s = self.run_step(batch, pull_s)
 
-    def run_step(self, batch: Batch, pull_s: float = 0.0) -> float:
-        """One step: gradients at the current values, then push them with their base versions."""
+    def _compute(self, batch: Batch, values: list[Array]) -> tuple[float, list[Gradient], float, float]:
+        """Gradients of one batch at `values` (with the injected delays); (loss, grads, start, computed)."""
         start = time.time()
-        x, y = batch.x, batch.y
-        values = [self._client.values[n] for n in self._names]
-        loss, grads = self._grad_fn(values, x, y)
+        loss, grads = self._grad_fn(values, batch.x, batch.y)
         extra = self._delay.extra_compute_s(time.time() - start)
         if extra > 0:
             self._sleep(extra)
         computed = time.time()
         if self._delay.rpc_latency_s > 0:
             self._sleep(self._delay.rpc_latency_s)
-        base = list(self._client.versions)
+        return loss, grads, start, computed
+
+    def _exchange(self, batch: Batch, loss: float, grads: list[Gradient], base: list[int],
+                  incarnations: list[int] | None, start: float, computed: float, pull_s: float) -> None:
+        """Push one step's gradient computed from `base` and receive the new values; record it."""
         results = self._client.push_pull(dict(zip(self._names, grads, strict=True)), self.step, loss,
-                                         self._read_wait_s)
+                                         self._read_wait_s, base, incarnations)
         done = time.time()
         waited = max((r.waited_s for r in results), default=0.0)
         self.step += 1
-        self.examples += len(x)
+        self.examples += len(batch.x)
         records = [
-            cpb.PushRecord(
-                wall_time=done, shard=r.shard, base_version=base[r.shard], version=r.result.version,
-                staleness=r.result.staleness, accepted=r.result.accepted,
-                effective_lr=r.result.effective_lr, loss=loss, step=self.step,
-                drop_reason=r.result.drop_reason,
-            )
-            for r in results if r.result.drop_reason != "empty"
+            push_record(r.outcome, done, r.shard, base[r.shard], loss, self.step)
+            for r in results if r.outcome is not None
         ]
         timing = cpb.StepTiming(step=self.step, start=start, pull_s=pull_s, compute_s=computed - start,
-                                push_s=done - computed - waited, wait_s=waited, examples=len(x))
+                                push_s=done - computed - waited, wait_s=waited, examples=len(batch.x))
         self._telemetry.add(records, timing, batch.completes)
         if self._on_step is not None:
             self._on_step(self.step)
+
+    def run_step(self, batch: Batch, pull_s: float = 0.0) -> float:
+        """One step: gradients at the current values, then push them with their base versions."""
+        values = [self._client.values[n] for n in self._names]
+        loss, grads, start, computed = self._compute(batch, values)
+        self._exchange(batch, loss, grads, list(self._client.versions), None, start, computed, pull_s)
         return 0.0
+
+    def _run_pipelined(self, stop: threading.Event, max_steps: int, pull_s: float) -> None:
+        """Compute step k on a private copy of the values while step k-1's push-pull is in flight.
+
+        The copy is taken between two exchanges (nothing is being received then), so a gradient is
+        computed from one consistent set of values, pushed with exactly their versions, and the
+        extra step of staleness shows in what the shards measure.
+        """
+        private = {n: np.empty_like(v) for n, v in self._client.values.items()}
+
+        def snapshot() -> tuple[list[int], list[int]]:
+            for name, value in self._client.values.items():
+                np.copyto(private[name], value)
+            return list(self._client.versions), list(self._client.incarnations)
+
+        values = [private[n] for n in self._names]
+        base, incarnations = snapshot()
+        inflight: concurrent.futures.Future[None] | None = None
+        submitted = self.step
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exchange") as pool:
+            try:
+                while not stop.is_set() and (max_steps == 0 or submitted < max_steps):
+                    batch = self._batches.next_batch(stop)
+                    if batch is None:
+                        break
+                    loss, grads, start, computed = self._compute(batch, values)
+                    if inflight is not None:
+                        inflight.result()
+                    pushed_base, pushed_incarnations = base, incarnations
+                    base, incarnations = snapshot()
+                    inflight = pool.submit(self._exchange, batch, loss, grads, pushed_base, pushed_incarnations,
+                                           start, computed, pull_s)
+                    submitted += 1
+                    pull_s = 0.0
+            finally:
+                if inflight is not None:
+                    inflight.result()

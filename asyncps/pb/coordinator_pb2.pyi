@@ -3,6 +3,7 @@
 isort:skip_file
 The chief's coordination service: membership, heartbeats, stop, telemetry."""
 
+from asyncps.pb import ps_pb2 as _ps_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -156,7 +157,8 @@ class PushRecord(_message.Message):
     EFFECTIVE_LR_FIELD_NUMBER: _builtins.int
     LOSS_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
-    DROP_REASON_FIELD_NUMBER: _builtins.int
+    DROP_DETAIL_FIELD_NUMBER: _builtins.int
+    DROP_FIELD_NUMBER: _builtins.int
     wall_time: _builtins.float
     shard: _builtins.int
     base_version: _builtins.int
@@ -166,7 +168,10 @@ class PushRecord(_message.Message):
     effective_lr: _builtins.float
     loss: _builtins.float
     step: _builtins.int
-    drop_reason: _builtins.str
+    drop_detail: _builtins.str
+    """the shard's explanation of a drop"""
+    drop: _ps_pb2.DropReason.ValueType
+    """DROP_NONE when accepted"""
     def __init__(
         self,
         *,
@@ -179,11 +184,12 @@ class PushRecord(_message.Message):
         effective_lr: _builtins.float = ...,
         loss: _builtins.float = ...,
         step: _builtins.int = ...,
-        drop_reason: _builtins.str = ...,
+        drop_detail: _builtins.str = ...,
+        drop: _ps_pb2.DropReason.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop_reason", b"drop_reason", "effective_lr", b"effective_lr", "loss", b"loss", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "loss", b"loss", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -8,6 +8,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -18,6 +19,38 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _DropReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DropReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DropReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DROP_NONE: _DropReason.ValueType  # 0
+    """accepted"""
+    DROP_STALE: _DropReason.ValueType  # 1
+    """the staleness policy refused it (drop:K)"""
+    DROP_LATE: _DropReason.ValueType  # 2
+    """sync: its version was already applied without it"""
+    DROP_DUPLICATE: _DropReason.ValueType  # 3
+    """sync: the worker already contributed to the pending version"""
+    DROP_RESTORED: _DropReason.ValueType  # 4
+    """computed from a previous incarnation of the shard"""
+
+class DropReason(_DropReason, metaclass=_DropReasonEnumTypeWrapper):
+    """Why a shard dropped a push (asyncps.rules.drops.DropReason)."""
+
+DROP_NONE: DropReason.ValueType  # 0
+"""accepted"""
+DROP_STALE: DropReason.ValueType  # 1
+"""the staleness policy refused it (drop:K)"""
+DROP_LATE: DropReason.ValueType  # 2
+"""sync: its version was already applied without it"""
+DROP_DUPLICATE: DropReason.ValueType  # 3
+"""sync: the worker already contributed to the pending version"""
+DROP_RESTORED: DropReason.ValueType  # 4
+"""computed from a previous incarnation of the shard"""
+Global___DropReason: _TypeAlias = DropReason  # noqa: Y015
 
 @_typing.final
 class UpdateRule(_message.Message):
@@ -242,7 +275,8 @@ class PushResult(_message.Message):
     STALENESS_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     EFFECTIVE_LR_FIELD_NUMBER: _builtins.int
-    DROP_REASON_FIELD_NUMBER: _builtins.int
+    DROP_DETAIL_FIELD_NUMBER: _builtins.int
+    DROP_FIELD_NUMBER: _builtins.int
     accepted: _builtins.bool
     staleness: _builtins.int
     """version_now - base_version when the push arrived"""
@@ -250,8 +284,10 @@ class PushResult(_message.Message):
     """the shard's version after this push"""
     effective_lr: _builtins.float
     """learning rate actually used (policies may scale it)"""
-    drop_reason: _builtins.str
-    """empty when accepted"""
+    drop_detail: _builtins.str
+    """a human-readable explanation; empty when accepted"""
+    drop: Global___DropReason.ValueType
+    """DROP_NONE when accepted"""
     def __init__(
         self,
         *,
@@ -259,11 +295,12 @@ class PushResult(_message.Message):
         staleness: _builtins.int = ...,
         version: _builtins.int = ...,
         effective_lr: _builtins.float = ...,
-        drop_reason: _builtins.str = ...,
+        drop_detail: _builtins.str = ...,
+        drop: Global___DropReason.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "drop_reason", b"drop_reason", "effective_lr", b"effective_lr", "staleness", b"staleness", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "staleness", b"staleness", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -689,3 +726,93 @@ class SnapshotChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SnapshotChunk: _TypeAlias = SnapshotChunk  # noqa: Y015
+
+@_typing.final
+class AttachShmRequest(_message.Message):
+    """Regions of a shared-memory segment are TensorChunks: name, role, dtype, shape, offset (the
+    byte offset in the segment, a multiple of 8) and nbytes (the tensor's whole size).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    segment: _builtins.str
+    """a name under /dev/shm: asyncps-[A-Za-z0-9_-]+"""
+    segment_bytes: _builtins.int
+    """the segment's exact size"""
+    token: _builtins.bytes
+    """the first bytes of the segment (proof of the same /dev/shm)"""
+    @_builtins.property
+    def values(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]:
+        """where each of this shard's values goes (dense, its own dtype)"""
+
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        segment: _builtins.str = ...,
+        segment_bytes: _builtins.int = ...,
+        token: _builtins.bytes = ...,
+        values: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment", "segment_bytes", b"segment_bytes", "token", b"token", "values", b"values", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachShmRequest: _TypeAlias = AttachShmRequest  # noqa: Y015
+
+@_typing.final
+class AttachShmResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTACHMENT_FIELD_NUMBER: _builtins.int
+    attachment: _builtins.int
+    """names this mapping in ShmPushPull; a new attach of the worker replaces it"""
+    def __init__(
+        self,
+        *,
+        attachment: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachShmResponse: _TypeAlias = AttachShmResponse  # noqa: Y015
+
+@_typing.final
+class ShmPushPullRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    ATTACHMENT_FIELD_NUMBER: _builtins.int
+    GRADS_FIELD_NUMBER: _builtins.int
+    attachment: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___PushHeader: ...
+    @_builtins.property
+    def grads(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]:
+        """dense gradients in the segment (sparse ones travel as frames)"""
+
+    def __init__(
+        self,
+        *,
+        header: Global___PushHeader | None = ...,
+        attachment: _builtins.int = ...,
+        grads: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment", "grads", b"grads", "header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShmPushPullRequest: _TypeAlias = ShmPushPullRequest  # noqa: Y015

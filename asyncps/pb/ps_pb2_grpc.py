@@ -84,6 +84,16 @@ class ParameterServerStub:
                 request_serializer=asyncps_dot_pb_dot_ps__pb2.ShutdownRequest.SerializeToString,
                 response_deserializer=asyncps_dot_pb_dot_ps__pb2.ShutdownResponse.FromString,
                 _registered_method=True)
+        self.AttachShm = channel.unary_unary(
+                '/asyncps.pb.ParameterServer/AttachShm',
+                request_serializer=asyncps_dot_pb_dot_ps__pb2.AttachShmRequest.SerializeToString,
+                response_deserializer=asyncps_dot_pb_dot_ps__pb2.AttachShmResponse.FromString,
+                _registered_method=True)
+        self.ShmPushPull = channel.unary_unary(
+                '/asyncps.pb.ParameterServer/ShmPushPull',
+                request_serializer=asyncps_dot_pb_dot_ps__pb2.ShmPushPullRequest.SerializeToString,
+                response_deserializer=asyncps_dot_pb_dot_ps__pb2.PullHeader.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -160,6 +170,23 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachShm(self, request, context):
+        """Same-host data path: the shard maps a worker's shared-memory segment (proving it sees the
+        same /dev/shm by a token the worker wrote into it) and learns where its values go in it.
+        FAILED_PRECONDITION when the segment is not visible here (another host): use the frames.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShmPushPull(self, request, context):
+        """PushPull over an attached segment: the gradients are read from the segment, the values
+        written into it; only this small message and the reply header travel over gRPC.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -212,6 +239,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=asyncps_dot_pb_dot_ps__pb2.ShutdownRequest.FromString,
                     response_serializer=asyncps_dot_pb_dot_ps__pb2.ShutdownResponse.SerializeToString,
+            ),
+            'AttachShm': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachShm,
+                    request_deserializer=asyncps_dot_pb_dot_ps__pb2.AttachShmRequest.FromString,
+                    response_serializer=asyncps_dot_pb_dot_ps__pb2.AttachShmResponse.SerializeToString,
+            ),
+            'ShmPushPull': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShmPushPull,
+                    request_deserializer=asyncps_dot_pb_dot_ps__pb2.ShmPushPullRequest.FromString,
+                    response_serializer=asyncps_dot_pb_dot_ps__pb2.PullHeader.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -484,6 +521,60 @@ class ParameterServer:
             '/asyncps.pb.ParameterServer/Shutdown',
             asyncps_dot_pb_dot_ps__pb2.ShutdownRequest.SerializeToString,
             asyncps_dot_pb_dot_ps__pb2.ShutdownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachShm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncps.pb.ParameterServer/AttachShm',
+            asyncps_dot_pb_dot_ps__pb2.AttachShmRequest.SerializeToString,
+            asyncps_dot_pb_dot_ps__pb2.AttachShmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShmPushPull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncps.pb.ParameterServer/ShmPushPull',
+            asyncps_dot_pb_dot_ps__pb2.ShmPushPullRequest.SerializeToString,
+            asyncps_dot_pb_dot_ps__pb2.PullHeader.FromString,
             options,
             channel_credentials,
             insecure,

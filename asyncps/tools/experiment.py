@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
-from asyncps.config import RunConfig
+from asyncps.config import RunConfig, coerce_settings
 
 
 class ExperimentError(ValueError):
@@ -61,7 +61,6 @@ class ExperimentError(ValueError):
 
 
 RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
-_FIELD_TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(RunConfig)}
 SPEC_KEYS = ("name", "description", "base", "grid", "target", "check")
 
 #: The metrics of every point, in results.csv order; checks and targets refer to them by name.
@@ -205,21 +204,10 @@ def _check_run_fields(fields: Mapping[str, Any], where: str) -> None:
 
 
 def make_run_config(fields: Mapping[str, Any]) -> RunConfig:
-    """A RunConfig from spec fields: numbers coerced to the field's type; no `epochs` given and a
-    max_updates or max_seconds stop means epochs 0 (as with `asyncps local`)."""
-    values = dict(fields)
-    for name, value in values.items():
-        kind = _FIELD_TYPES[name]
-        if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
-            values[name] = float(value)
-        elif kind == "int" and isinstance(value, float) and value.is_integer():
-            values[name] = int(value)
-        elif kind == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            values[name] = str(value)
-    if "epochs" not in values and (values.get("max_updates") or values.get("max_seconds")):
-        values["epochs"] = 0.0
+    """A RunConfig from spec fields: values coerced to the field's type (as in a --run-config file);
+    no `epochs` given and a max_updates or max_seconds stop means epochs 0 (as with `asyncps local`)."""
     try:
-        return RunConfig(**values)
+        return RunConfig.from_layers(coerce_settings(fields, "spec"))
     except TypeError as exc:
         raise ExperimentError(str(exc)) from None
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from asyncps.config import RunConfig
+from asyncps import shmseg
+from asyncps.config import RunConfig, env_names, run_options
 from asyncps.rundir import wait_port_file
 from asyncps.security import SecurityConfig
 
@@ -41,6 +42,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("TF_CONFIG", None)  # local processes are configured by flags only
+    for name in run_options():  # and the launcher's resolved RunConfig: no ASYNCPS_MODE etc. over it
+        for var in env_names(name):
+            env.pop(var, None)
     env.update(extra or {})
     return env
 
@@ -74,7 +78,10 @@ class LocalCluster:
         self.restarts: dict[str, int] = {}
         self.run_dir = run_dir
         self.logs = run_dir / "logs"
-        self.env = child_env(env)
+        # segments of this run are named asyncps-<tag>-..., so stop() can sweep any a worker killed
+        # between creating and mapping one left behind
+        self.shm_tag = f"run{os.getpid()}x{secrets.token_hex(3)}"
+        self.env = child_env({shmseg.TAG_ENV: self.shm_tag, **(env or {})})
         self.children: list[Child] = []
         self.chief_address = ""
         self.ps_addresses: list[str] = []
@@ -103,12 +110,14 @@ class LocalCluster:
             port_file = self.logs / f"ps-{i}.port"
             port_file.unlink(missing_ok=True)
             shards.append((self._spawn(f"ps-{i}", ["ps", "--host", "127.0.0.1", "--port", "0", "--index", str(i),
+                                                  "--chunk-bytes", str(self.run.chunk_bytes),
                                                   "--port-file", str(port_file)]), port_file))
         for child, port_file in shards:
             port = wait_port_file(port_file, port_timeout_s, child.alive)
             self.ps_addresses.append(f"127.0.0.1:{port}")
             self._ps_args[child.name] = ["ps", "--host", "127.0.0.1", "--port", str(port),
-                                         "--index", child.name.split("-")[1]]
+                                         "--index", child.name.split("-")[1],
+                                         "--chunk-bytes", str(self.run.chunk_bytes)]
         port_file = self.logs / "chief.port"
         port_file.unlink(missing_ok=True)
         chief = self._spawn("chief", [
@@ -181,6 +190,7 @@ class LocalCluster:
                 child.proc.kill()
                 child.proc.wait()
             child.log.close()
+        shmseg.sweep(self.shm_tag)
 
     def exit_codes(self) -> dict[str, int | None]:
         """Exit code of every process (None while running)."""

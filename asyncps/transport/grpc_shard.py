@@ -1,0 +1,204 @@
+"""The gRPC transport to one shard: raw frames for tensor streams, protobuf for control calls,
+deadlines, and retries of transient failures only. Protobuf does not leave this module."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
+
+import grpc
+
+from asyncps.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
+from asyncps.errors import InvalidArgumentError
+from asyncps.frames import identity, read_frames
+from asyncps.pb import ps_pb2
+from asyncps.rpc import call_with_retry, make_channel
+from asyncps.rules import UpdateRuleConfig
+from asyncps.security import SecurityConfig, secure_channel
+from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
+from asyncps.transport.base import InitResult
+from asyncps.wire import (
+    SHARD_SERVICE,
+    initialize_frames,
+    outcome_from_proto,
+    parse_pull,
+    parse_snapshot,
+    push_frames,
+    rule_to_proto,
+    snapshot_frames,
+    snapshot_from_wire,
+    snapshot_header,
+    stats_from_proto,
+)
+
+T = TypeVar("T")
+
+_RETRY = (grpc.StatusCode.UNAVAILABLE,)
+# Training calls also ride through a shard that restarted and waits for the chief to restore it
+# (FAILED_PRECONDITION: not initialized).
+_TRAINING_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def _read_values(
+    stream: Iterable[bytes], buffers: Mapping[str, Array] | None, what: str
+) -> tuple[ps_pb2.PullHeader, ShardValues]:
+    """A pull reply: its header and the values, received into `buffers` where they fit."""
+    assembler = TensorAssembler(buffers=buffers)
+    header: ps_pb2.PullHeader = read_frames(stream, parse_pull, assembler, what)
+    values: dict[str, Array] | None = None
+    if not header.not_modified:
+        values = {}
+        for name, value in assembler.finish().items():
+            if isinstance(value, SparseRows):
+                raise InvalidArgumentError(f"{name}: shard sent sparse values")
+            values[name] = value
+    return header, ShardValues(header.version, header.incarnation, values, header.waited_s)
+
+
+class GrpcShardTransport:
+    """Typed calls to one shard over gRPC, with deadlines and retries of UNAVAILABLE only."""
+
+    def __init__(
+        self,
+        address: str,
+        deadline_s: float = 60.0,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        security: SecurityConfig | None = None,
+        call_timeout_s: float = 30.0,
+        seed: int | None = None,
+    ) -> None:
+        self.address = address
+        self.deadline_s = deadline_s
+        self.call_timeout_s = call_timeout_s
+        self._chunk_bytes = chunk_bytes
+        self._channel = secure_channel(address, security) if security else make_channel(address)
+        self._rng = random.Random(seed)
+        ch = self.channel = self._channel
+
+        def path(method: str) -> str:
+            return f"/{SHARD_SERVICE}/{method}"
+
+        self._initialize = ch.stream_unary(path("Initialize"), request_serializer=identity,
+                                           response_deserializer=ps_pb2.InitializeResponse.FromString)
+        self._pull = ch.unary_stream(path("Pull"), request_serializer=ps_pb2.PullRequest.SerializeToString,
+                                     response_deserializer=identity)
+        self._push = ch.stream_unary(path("Push"), request_serializer=identity,
+                                     response_deserializer=ps_pb2.PushResult.FromString)
+        self._push_pull = ch.stream_stream(path("PushPull"), request_serializer=identity,
+                                           response_deserializer=identity)
+        self._snapshot = ch.unary_stream(path("Snapshot"), request_serializer=ps_pb2.SnapshotRequest.SerializeToString,
+                                         response_deserializer=identity)
+        self._restore = ch.stream_unary(path("Restore"), request_serializer=identity,
+                                        response_deserializer=ps_pb2.InitializeResponse.FromString)
+        self._stats = ch.unary_unary(path("GetStats"), request_serializer=ps_pb2.StatsRequest.SerializeToString,
+                                     response_deserializer=ps_pb2.ShardStats.FromString)
+        self._pause = ch.unary_unary(path("Pause"), request_serializer=ps_pb2.PauseRequest.SerializeToString,
+                                     response_deserializer=ps_pb2.PauseResponse.FromString)
+        self._live = ch.unary_unary(path("SetLiveWorkers"),
+                                    request_serializer=ps_pb2.LiveWorkersRequest.SerializeToString,
+                                    response_deserializer=ps_pb2.LiveWorkersResponse.FromString)
+        self._shutdown = ch.unary_unary(path("Shutdown"), request_serializer=ps_pb2.ShutdownRequest.SerializeToString,
+                                        response_deserializer=ps_pb2.ShutdownResponse.FromString)
+
+    def retry(self, fn: Callable[[], T], deadline_s: float | None = None, training: bool = False) -> T:
+        """Call fn, retrying UNAVAILABLE (and, for training calls, a shard waiting to be restored)."""
+        codes = _TRAINING_RETRY if training else _RETRY
+        return call_with_retry(fn, f"parameter server {self.address}",
+                               self.deadline_s if deadline_s is None else deadline_s, retry_codes=codes,
+                               rng=self._rng)
+
+    def initialize(
+        self, member_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
+        values: Mapping[str, Array],
+    ) -> InitResult:
+        """Send initial values and the update rule (idempotent on the shard)."""
+        header = ps_pb2.InitializeHeader(worker_id=member_id, shard_index=shard_index, num_shards=num_shards,
+                                         rule=rule_to_proto(rule))
+        reply = self.retry(lambda: self._initialize(initialize_frames(header, values, self._chunk_bytes),
+                                                     timeout=self.call_timeout_s))
+        return InitResult(reply.created, reply.version)
+
+    def pull(
+        self, member_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+        wait_timeout_s: float = 0.0,
+    ) -> ShardValues:
+        """The shard's values (into `buffers` where they fit), or None when not newer."""
+        request = ps_pb2.PullRequest(worker_id=member_id, if_newer_than=if_newer_than,
+                                     wait_timeout_s=wait_timeout_s)
+
+        def call() -> ShardValues:
+            stream = self._pull(request, timeout=self.call_timeout_s + wait_timeout_s)
+            return _read_values(stream, buffers, "pull reply")[1]
+
+        return self.retry(call, training=True)
+
+    @staticmethod
+    def _push_header(request: PushRequest, pull_if_newer_than: int = -1, read_wait_s: float = 0.0) -> ps_pb2.PushHeader:
+        return ps_pb2.PushHeader(worker_id=request.member_id, base_version=request.base_version, step=request.step,
+                                 loss=request.loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s,
+                                 incarnation=request.incarnation)
+
+    def push(self, request: PushRequest) -> PushOutcome:
+        """Apply or drop one gradient."""
+        header = self._push_header(request)
+        return outcome_from_proto(self.retry(
+            lambda: self._push(push_frames(header, request.grads, self._chunk_bytes), timeout=self.call_timeout_s)))
+
+    def push_pull(
+        self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+        read_wait_s: float = 0.0,
+    ) -> tuple[PushOutcome, ShardValues]:
+        """Push, then receive the values in one round trip (held up to read_wait_s by sync/ssp)."""
+        header = self._push_header(request, pull_if_newer_than, read_wait_s)
+
+        def call() -> tuple[PushOutcome, ShardValues]:
+            stream = self._push_pull(push_frames(header, request.grads, self._chunk_bytes),
+                                     timeout=self.call_timeout_s + read_wait_s)
+            reply_header, values = _read_values(stream, buffers, "push-pull reply")
+            return outcome_from_proto(reply_header.push), values
+
+        return self.retry(call, training=True)
+
+    def stats(self, deadline_s: float | None = None) -> StoreStats:
+        """The shard's counters and variable metadata."""
+        return stats_from_proto(self.retry(
+            lambda: self._stats(ps_pb2.StatsRequest(), timeout=self.call_timeout_s), deadline_s))
+
+    def pause(self, hold_s: float) -> int:
+        """Hold pushes for up to hold_s seconds (0: release); returns the shard's version."""
+        request = ps_pb2.PauseRequest(pause=hold_s > 0, max_hold_s=hold_s)
+        return int(self.retry(lambda: self._pause(request, timeout=self.call_timeout_s)).version)
+
+    def snapshot(self) -> Snapshot:
+        """The shard's whole state (values, slots, counters)."""
+        def call() -> Snapshot:
+            assembler = TensorAssembler()
+            stream = self._snapshot(ps_pb2.SnapshotRequest(), timeout=self.call_timeout_s * 4)
+            header = read_frames(stream, parse_snapshot, assembler, "snapshot")
+            return snapshot_from_wire(header, assembler.finish())
+
+        return self.retry(call)
+
+    def restore(self, snap: Snapshot, shard_index: int) -> InitResult:
+        """Replace the shard's state with a checkpoint's part."""
+        header = snapshot_header(snap, shard_index)
+        reply = self.retry(lambda: self._restore(snapshot_frames(header, snap, self._chunk_bytes),
+                                                  timeout=self.call_timeout_s * 4))
+        return InitResult(reply.created, reply.version)
+
+    def set_live_workers(self, worker_ids: Sequence[str]) -> None:
+        """Tell the shard which workers are alive."""
+        request = ps_pb2.LiveWorkersRequest(worker_ids=worker_ids)
+        self.retry(lambda: self._live(request, timeout=self.call_timeout_s))
+
+    def shutdown(self, reason: str, deadline_s: float = 5.0) -> None:
+        """Ask the shard process to exit."""
+        self.retry(lambda: self._shutdown(ps_pb2.ShutdownRequest(reason=reason), timeout=deadline_s), deadline_s)
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+
+__all__ = ["GrpcShardTransport"]

@@ -1,0 +1,134 @@
+"""The whole model over all shards: pulls into full-size buffers, splits and pushes gradients.
+
+Works over any ShardTransport; which one is decided by the caller (asyncps.transport.connect).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from asyncps.codec import Array, Gradient, SparseRows
+from asyncps.errors import InvalidArgumentError
+from asyncps.placement import Placement
+from asyncps.shard import PushOutcome, PushRequest, ShardValues
+from asyncps.transport.base import ShardTransport
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ShardPush:
+    """One step's exchange with one shard: the push's outcome (None when the step touched
+    nothing on that shard, so nothing was pushed), the version received and the time held."""
+
+    shard: int
+    outcome: PushOutcome | None
+    version: int
+    waited_s: float = 0.0
+
+
+class ModelClient:
+    """The whole model over all shards.
+
+    Received parts are written straight into views of the full variable buffers (an axis-0 slice
+    of a C-contiguous array is contiguous), so reassembling a sliced variable costs no copy.
+    """
+
+    def __init__(self, member_id: str, shards: Sequence[ShardTransport], placement: Placement) -> None:
+        if len(shards) != placement.num_shards:
+            raise ValueError(f"{len(shards)} shard transports for a placement over {placement.num_shards}")
+        self.member_id = member_id
+        self.placement = placement
+        self.shards = list(shards)
+        self.values: dict[str, Array] = {
+            v.name: np.zeros(v.shape, dtype=v.dtype) for v in placement.variables
+        }
+        self.versions = [-1] * placement.num_shards
+        self.incarnations = [0] * placement.num_shards
+        self._views: list[dict[str, Array]] = [{} for _ in shards]
+        for part in placement.parts:
+            full = self.values[part.variable]
+            self._views[part.shard][part.name] = full[part.rows()] if part.sliced else full
+        self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="shard")
+
+    def _on_all(self, fn: Callable[[int], T]) -> list[T]:
+        if len(self.shards) == 1:
+            return [fn(0)]
+        return list(self._pool.map(fn, range(len(self.shards))))
+
+    def _accept(self, shard: int, reply: ShardValues) -> None:
+        self.versions[shard] = reply.version
+        self.incarnations[shard] = reply.incarnation
+        if reply.values is None:
+            return
+        views = self._views[shard]
+        if set(reply.values) != set(views):
+            raise InvalidArgumentError(
+                f"shard {shard} holds {sorted(reply.values)}, placement expects {sorted(views)}")
+        for name, value in reply.values.items():
+            if value is not views[name]:  # not received in place: shapes differ or a first pull
+                np.copyto(views[name], value)
+
+    def pull(self, only_if_newer: bool = False) -> list[int]:
+        """Refresh every variable from every shard; return the version vector."""
+        def one(shard: int) -> None:
+            since = self.versions[shard] if only_if_newer else -1
+            self._accept(shard, self.shards[shard].pull(self.member_id, since, self._views[shard]))
+
+        self._on_all(one)
+        return list(self.versions)
+
+    def split(self, grads: Mapping[str, Gradient]) -> list[dict[str, Gradient]]:
+        """Cut full-variable gradients into per-shard dicts of parts."""
+        per_shard: list[dict[str, Gradient]] = [{} for _ in self.shards]
+        for part in self.placement.parts:
+            grad = grads.get(part.variable)
+            if grad is None:
+                continue
+            if not part.sliced:
+                per_shard[part.shard][part.name] = grad
+            elif isinstance(grad, SparseRows):
+                mask = (grad.indices >= part.row_start) & (grad.indices < part.row_stop)
+                if mask.any():
+                    per_shard[part.shard][part.name] = SparseRows(
+                        grad.indices[mask] - part.row_start, grad.values[mask])
+            else:
+                per_shard[part.shard][part.name] = grad[part.rows()]
+        return per_shard
+
+    def push_pull(
+        self, grads: Mapping[str, Gradient], step: int, loss: float, read_wait_s: float = 0.0,
+        base: Sequence[int] | None = None, incarnations: Sequence[int] | None = None,
+    ) -> list[ShardPush]:
+        """Push one step's gradient to every shard with the versions (and incarnations) it was
+        computed from — by default the ones last received — and receive the new values in the
+        same round trip."""
+        per_shard = self.split(grads)
+        base = list(self.versions if base is None else base)
+        incarnations = list(self.incarnations if incarnations is None else incarnations)
+
+        def one(shard: int) -> ShardPush:
+            if not per_shard[shard]:  # nothing of this shard was touched (sparse-only models)
+                reply = self.shards[shard].pull(self.member_id, base[shard], self._views[shard])
+                self._accept(shard, reply)
+                return ShardPush(shard, None, reply.version)
+            request = PushRequest(self.member_id, base[shard], per_shard[shard], step, loss, incarnations[shard])
+            outcome, reply = self.shards[shard].push_pull(request, -1, self._views[shard], read_wait_s)
+            self._accept(shard, reply)
+            return ShardPush(shard, outcome, reply.version, reply.waited_s)
+
+        return self._on_all(one)
+
+    def close(self) -> None:
+        """Close every transport and the thread pool."""
+        self._pool.shutdown(wait=False)
+        for shard in self.shards:
+            shard.close()
+
+
+__all__ = ["ModelClient", "ShardPush"]

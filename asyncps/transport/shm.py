@@ -1,0 +1,241 @@
+"""The same-host transport: gRPC carries the headers, shared memory carries the tensors.
+
+Per shard, the worker creates a segment holding that shard's value parts and one region per
+dense gradient part, asks the shard to map it (AttachShm, proven by a token), and unlinks its
+name right after: nothing is left in /dev/shm whatever happens to either process later. A push
+then writes the gradients into the segment and sends only a small ShmPushPull; the shard copies
+them out, decides exactly as for a framed push, and writes the new values back into the
+segment. When the segment cannot be seen (another host) the shard says so and this transport
+uses gRPC frames instead; when a restarted shard has forgotten the mapping, a fresh segment is
+attached. Sparse gradients always travel as frames.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+
+from asyncps import shmseg
+from asyncps.codec import Array, SparseRows, dtype_to_proto
+from asyncps.errors import FailedPreconditionError
+from asyncps.pb import ps_pb2, tensor_pb2
+from asyncps.rules import UpdateRuleConfig
+from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
+from asyncps.transport.base import InitResult
+from asyncps.transport.grpc_shard import GrpcShardTransport
+from asyncps.wire import SHARD_SERVICE, outcome_from_proto
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "grpc", "shm")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each value and gradient of one shard lives in its segment."""
+
+    values: dict[str, tuple[int, np.dtype[Any], tuple[int, ...]]]
+    grads: dict[str, tuple[int, np.dtype[Any], tuple[int, ...]]]
+    size: int
+
+    @classmethod
+    def of(cls, parts: Mapping[str, Array]) -> _Layout:
+        position = shmseg.align(shmseg.TOKEN_BYTES)
+        values: dict[str, tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
+        grads: dict[str, tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
+        for table in (values, grads):
+            for name, like in sorted(parts.items()):
+                table[name] = (position, like.dtype, tuple(like.shape))
+                position = shmseg.align(position + like.nbytes)
+        return cls(values, grads, max(position, shmseg.ALIGN))
+
+    @staticmethod
+    def chunk(name: str, where: tuple[int, np.dtype[Any], tuple[int, ...]]) -> tensor_pb2.TensorChunk:
+        offset, dtype, shape = where
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return tensor_pb2.TensorChunk(name=name, role=tensor_pb2.DENSE, dtype=dtype_to_proto(dtype), shape=shape,
+                                      offset=offset, nbytes=nbytes)
+
+
+class _Mapping:
+    """One attached segment: its views and the shard's attachment id."""
+
+    def __init__(self, segment: shmseg.Segment, layout: _Layout, attachment: int) -> None:
+        self.segment = segment
+        self.layout = layout
+        self.attachment = attachment
+
+        def view(where: tuple[int, np.dtype[Any], tuple[int, ...]]) -> Array:
+            offset, dtype, shape = where
+            count = int(np.prod(shape, dtype=np.int64))
+            return np.frombuffer(segment.buffer, dtype, count, offset).reshape(shape)
+
+        self.values = {name: view(w) for name, w in layout.values.items()}
+        self.grads = {name: view(w) for name, w in layout.grads.items()}
+        self.grad_chunks = {name: _Layout.chunk(name, w) for name, w in layout.grads.items()}
+
+
+class ShmShardTransport:
+    """A shard on the same host: ShardTransport over gRPC headers and shared-memory tensors."""
+
+    def __init__(self, inner: GrpcShardTransport, mode: str = "auto") -> None:
+        if mode not in ("auto", "shm"):
+            raise ValueError(f"shared-memory transport mode {mode!r}: auto or shm")
+        self.address = inner.address
+        self._inner = inner
+        self._mode = mode
+        self._lock = threading.Lock()
+        self._mapping: _Mapping | None = None
+        self._unavailable = False  # the shard cannot see our segments: frames from now on
+        channel = inner.channel
+        self._attach = channel.unary_unary(f"/{SHARD_SERVICE}/AttachShm",
+                                           request_serializer=ps_pb2.AttachShmRequest.SerializeToString,
+                                           response_deserializer=ps_pb2.AttachShmResponse.FromString)
+        self._push_pull = channel.unary_unary(f"/{SHARD_SERVICE}/ShmPushPull",
+                                              request_serializer=ps_pb2.ShmPushPullRequest.SerializeToString,
+                                              response_deserializer=ps_pb2.PullHeader.FromString)
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        """Whether pushes currently travel through shared memory."""
+        return self._mapping is not None
+
+    def _attach_segment(self, member_id: str, like: Mapping[str, Array]) -> _Mapping | None:
+        """A fresh segment shaped like `like`, mapped by the shard; None when the shard cannot see it."""
+        layout = _Layout.of(like)
+        segment = shmseg.create(layout.size)
+        request = ps_pb2.AttachShmRequest(
+            worker_id=member_id, segment=segment.name, segment_bytes=segment.size, token=segment.token,
+            values=[_Layout.chunk(n, w) for n, w in layout.values.items()])
+        give_up = time.monotonic() + self._inner.deadline_s
+        try:
+            while True:
+                try:
+                    reply = self._inner.retry(lambda: self._attach(request, timeout=self._inner.call_timeout_s))
+                    break
+                except grpc.RpcError as exc:
+                    code, details = exc.code(), exc.details() or ""  # type: ignore[attr-defined]
+                    if code != grpc.StatusCode.FAILED_PRECONDITION:
+                        raise
+                    if "not visible" in details:
+                        if self._mode != "auto":
+                            raise
+                        log.info("shard %s cannot map this worker's shared memory (%s): using gRPC frames",
+                                 self.address, details)
+                        self._unavailable = True
+                        return None
+                    if time.monotonic() > give_up:  # e.g. a restarted shard never restored
+                        raise
+                    time.sleep(0.05)  # a restarted shard waiting for the chief to restore it
+        finally:
+            segment.unlink()  # mapped by both sides now (or by nobody): the name is not needed
+        log.info("shard %s: tensors through shared memory (%d bytes)", self.address, segment.size)
+        return _Mapping(segment, layout, reply.attachment)
+
+    def push_pull(
+        self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+        read_wait_s: float = 0.0,
+    ) -> tuple[PushOutcome, ShardValues]:
+        """Push and pull through the segment (gRPC frames for sparse gradients or another host)."""
+        dense = all(not isinstance(g, SparseRows) for g in request.grads.values())
+        if self._unavailable or not dense or buffers is None:
+            return self._inner.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
+        with self._lock:  # one exchange at a time per segment
+            for attempt in (0, 1):
+                mapping = self._mapping
+                if mapping is None or set(mapping.values) != set(buffers):
+                    mapping = self._mapping = self._attach_segment(request.member_id, buffers)
+                    if mapping is None:
+                        return self._inner.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
+                try:
+                    return self._exchange(mapping, request, pull_if_newer_than, buffers, read_wait_s)
+                except grpc.RpcError as exc:
+                    forgotten = (exc.code() == grpc.StatusCode.FAILED_PRECONDITION  # type: ignore[attr-defined]
+                                 and "attach again" in (exc.details() or ""))  # type: ignore[attr-defined]
+                    if not forgotten or attempt:
+                        raise
+                    self._mapping = None  # a restarted shard: map a fresh segment
+            raise AssertionError("unreachable")
+
+    def _exchange(
+        self, mapping: _Mapping, request: PushRequest, pull_if_newer_than: int, buffers: Mapping[str, Array],
+        read_wait_s: float,
+    ) -> tuple[PushOutcome, ShardValues]:
+        chunks = []
+        for name, grad in request.grads.items():
+            target = mapping.grads.get(name)
+            if target is None:
+                raise FailedPreconditionError(f"no shared-memory region for gradient {name!r}")
+            assert not isinstance(grad, SparseRows)  # sparse pushes take the frames (push_pull)
+            np.copyto(target, grad)
+            chunks.append(mapping.grad_chunks[name])
+        header = ps_pb2.PushHeader(worker_id=request.member_id, base_version=request.base_version, step=request.step,
+                                   loss=request.loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s,
+                                   incarnation=request.incarnation)
+        message = ps_pb2.ShmPushPullRequest(header=header, attachment=mapping.attachment, grads=chunks)
+        # UNAVAILABLE only: a restarted shard answers FAILED_PRECONDITION "attach again" at once
+        reply = self._inner.retry(lambda: self._push_pull(message, timeout=self._inner.call_timeout_s + read_wait_s))
+        values: dict[str, Array] | None = None
+        if not reply.not_modified:
+            for name, value in mapping.values.items():
+                np.copyto(buffers[name], value)
+            values = dict(buffers)
+        return outcome_from_proto(reply.push), ShardValues(reply.version, reply.incarnation, values, reply.waited_s)
+
+    # everything else is the gRPC transport's
+    def initialize(self, member_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
+                   values: Mapping[str, Array]) -> InitResult:
+        """See ShardTransport."""
+        return self._inner.initialize(member_id, shard_index, num_shards, rule, values)
+
+    def pull(self, member_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+             wait_timeout_s: float = 0.0) -> ShardValues:
+        """See ShardTransport."""
+        return self._inner.pull(member_id, if_newer_than, buffers, wait_timeout_s)
+
+    def push(self, request: PushRequest) -> PushOutcome:
+        """See ShardTransport."""
+        return self._inner.push(request)
+
+    def stats(self, deadline_s: float | None = None) -> StoreStats:
+        """See ShardTransport."""
+        return self._inner.stats(deadline_s)
+
+    def pause(self, hold_s: float) -> int:
+        """See ShardTransport."""
+        return self._inner.pause(hold_s)
+
+    def snapshot(self) -> Snapshot:
+        """See ShardTransport."""
+        return self._inner.snapshot()
+
+    def restore(self, snap: Snapshot, shard_index: int) -> InitResult:
+        """See ShardTransport."""
+        return self._inner.restore(snap, shard_index)
+
+    def set_live_workers(self, worker_ids: Sequence[str]) -> None:
+        """See ShardTransport."""
+        self._inner.set_live_workers(worker_ids)
+
+    def shutdown(self, reason: str, deadline_s: float = 5.0) -> None:
+        """See ShardTransport."""
+        self._inner.shutdown(reason, deadline_s)
+
+    def close(self) -> None:
+        """Close the channel and unmap the segment."""
+        self._inner.close()
+        with self._lock:
+            if self._mapping is not None:
+                self._mapping.values.clear()
+                self._mapping.grads.clear()
+                self._mapping = None
+
+
+__all__ = ["MODES", "ShmShardTransport"]

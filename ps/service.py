@@ -1,0 +1,107 @@
+"""The shard's service layer: push -> wait -> pull, waiter slots and byte counters.
+
+Transport adapters (the gRPC servicer) translate their messages to these calls and back; what a
+call means, how long it may block and what it counts is decided here, once for every transport.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Iterator, Mapping
+
+from asyncps.codec import Array
+from asyncps.ps.store import ShardStore
+from asyncps.rules import UpdateRuleConfig
+from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
+
+# Blocking waits (sync steps, SSP gates, long polls) allowed at once; a server must have more
+# handler threads than this, so waiters can never starve other calls.
+DEFAULT_MAX_WAITERS = 192
+
+
+class ShardService:
+    """One shard's operations in domain terms, shared by every transport."""
+
+    def __init__(self, store: ShardStore, max_waiters: int = DEFAULT_MAX_WAITERS) -> None:
+        self.store = store
+        self._waiters = threading.BoundedSemaphore(max_waiters)
+        self._counter_lock = threading.Lock()
+        self._bytes_pulled = 0
+        self._bytes_pushed = 0
+
+    @contextlib.contextmanager
+    def _waiter(self) -> Iterator[bool]:
+        """A slot for a blocking wait; when every slot is taken the call answers at once instead,
+        so long polls can never occupy all handler threads."""
+        acquired = self._waiters.acquire(blocking=False)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                self._waiters.release()
+
+    def count(self, pulled: int = 0, pushed: int = 0) -> None:
+        """Tensor bytes a transport sent (pulled) or received (pushed)."""
+        with self._counter_lock:
+            self._bytes_pulled += pulled
+            self._bytes_pushed += pushed
+
+    def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array]) -> tuple[bool, int]:
+        """Create the variables (idempotent); (created, version)."""
+        created = self.store.initialize(rule, values)
+        return created, self.store.version
+
+    def pull(self, worker_id: str, if_newer_than: int, wait_s: float = 0.0) -> ShardValues:
+        """The values, after a long-poll of up to wait_s for a version newer than if_newer_than."""
+        if wait_s > 0:
+            with self._waiter() as may_wait:
+                if may_wait:
+                    self.store.wait_newer(if_newer_than, wait_s)
+        return self.store.pull(if_newer_than, worker_id)
+
+    def push(self, request: PushRequest) -> PushOutcome:
+        """Apply, accumulate or drop one gradient."""
+        return self.store.push(request.member_id, request.base_version, request.grads, request.incarnation)
+
+    def push_pull(
+        self, request: PushRequest, pull_if_newer_than: int, read_wait_s: float
+    ) -> tuple[PushOutcome, ShardValues]:
+        """Push, wait until the consistency model lets the worker read (up to read_wait_s), pull."""
+        outcome = self.push(request)
+        waited = 0.0
+        if read_wait_s > 0:
+            with self._waiter() as may_wait:
+                if may_wait:
+                    waited = self.store.wait_readable(request.member_id, request.base_version, read_wait_s)
+        values = self.store.pull(pull_if_newer_than, request.member_id)
+        return outcome, dataclasses.replace(values, waited_s=waited)
+
+    def stats(self) -> StoreStats:
+        """Counters, variable metadata and the bytes moved."""
+        with self._counter_lock:
+            pulled, pushed = self._bytes_pulled, self._bytes_pushed
+        return dataclasses.replace(self.store.stats(), shard_index=self.store.shard_index,
+                                   bytes_pulled=pulled, bytes_pushed=pushed)
+
+    def set_live_workers(self, worker_ids: list[str]) -> int:
+        """Update the live set used by the consistency model; the version."""
+        self.store.set_live_workers(worker_ids)
+        return self.store.version
+
+    def pause(self, hold_s: float) -> int:
+        """Hold (hold_s > 0) or release pushes; the version."""
+        return self.store.pause(hold_s)
+
+    def snapshot(self) -> Snapshot:
+        """The whole state for a checkpoint."""
+        return self.store.snapshot()
+
+    def restore(self, snap: Snapshot) -> int:
+        """Replace the state with a checkpoint's part; the version."""
+        self.store.restore(snap)
+        return snap.version
+
+
+__all__ = ["DEFAULT_MAX_WAITERS", "ShardService"]

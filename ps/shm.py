@@ -1,0 +1,171 @@
+"""The shard's side of the same-host data path: mapped worker segments ("attachments").
+
+A worker's segment holds its full model values and a region per gradient part. The shard maps
+it once (AttachShm), then for every ShmPushPull copies the gradients out of it (so a client
+writing while the shard validates cannot slip a NaN past the checks), hands them to the
+service exactly as a framed push would, and writes the reply's values into the worker's
+regions. Every offset and length is checked against the segment before any view is made.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import mmap
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from asyncps import shmseg
+from asyncps.codec import Array, _checked_nbytes, dtype_from_proto
+from asyncps.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from asyncps.pb import tensor_pb2
+
+DEFAULT_MAX_ATTACHMENTS = 256
+
+
+@dataclass(frozen=True)
+class Region:
+    """A tensor in a segment."""
+
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    def view(self, buffer: mmap.mmap) -> Array:
+        """The region as an array over the segment (no copy)."""
+        count = self.nbytes // self.dtype.itemsize
+        return np.frombuffer(buffer, self.dtype, count, self.offset).reshape(self.shape)
+
+
+def region_of(chunk: tensor_pb2.TensorChunk, size: int, what: str) -> Region:
+    """Check one region of a segment of `size` bytes: dense, known dtype, inside, aligned, exact."""
+    if chunk.role != tensor_pb2.DENSE:
+        raise InvalidArgumentError(f"{what} {chunk.name!r}: only dense tensors travel through shared memory")
+    try:
+        dtype = dtype_from_proto(chunk.dtype)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{what} {chunk.name!r}: {exc}") from None
+    nbytes = _checked_nbytes(chunk.shape, dtype, size)
+    if chunk.nbytes != nbytes:
+        raise InvalidArgumentError(f"{what} {chunk.name!r}: {chunk.nbytes} bytes for a {dtype}{list(chunk.shape)} "
+                                   f"tensor of {nbytes}")
+    if chunk.offset % 8 or chunk.offset < shmseg.TOKEN_BYTES or chunk.offset + nbytes > size:
+        raise InvalidArgumentError(f"{what} {chunk.name!r}: bytes [{chunk.offset}, {chunk.offset + nbytes}) are not "
+                                   f"an 8-aligned range of the segment's [{shmseg.TOKEN_BYTES}, {size})")
+    return Region(chunk.name, dtype, tuple(int(d) for d in chunk.shape), chunk.offset, nbytes)
+
+
+@dataclass
+class Attachment:
+    """One worker's mapped segment and where this shard's values go in it."""
+
+    id: int
+    worker_id: str
+    buffer: mmap.mmap
+    values: dict[str, Region]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+    def close(self) -> None:
+        """Unmap (under the lock, so no request is using it)."""
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                self.buffer.close()
+
+    def read_grads(self, chunks: Iterable[tensor_pb2.TensorChunk]) -> dict[str, Array]:
+        """Copies of the gradients in the segment (caller holds the lock)."""
+        grads: dict[str, Array] = {}
+        for chunk in chunks:
+            region = region_of(chunk, len(self.buffer), "gradient")
+            if region.name in grads:
+                raise InvalidArgumentError(f"gradient {region.name!r} named twice")
+            grads[region.name] = region.view(self.buffer).copy()
+        return grads
+
+    def write_values(self, values: Mapping[str, Array]) -> None:
+        """Write the reply's values into the worker's regions (caller holds the lock)."""
+        missing = sorted(set(values) - set(self.values))
+        if missing:
+            raise FailedPreconditionError(f"attachment has no region for {missing}: attach again")
+        for name, value in values.items():
+            region = self.values[name]
+            if value.shape != region.shape or value.dtype != region.dtype:
+                raise FailedPreconditionError(f"{name}: the shard holds {value.dtype}{list(value.shape)}, the "
+                                              f"attachment {region.dtype}{list(region.shape)}: attach again")
+            np.copyto(region.view(self.buffer), value)
+
+
+class Attachments:
+    """The mapped segments of one shard, at most one per worker, at most max_attachments."""
+
+    def __init__(self, max_attachments: int = DEFAULT_MAX_ATTACHMENTS) -> None:
+        self._lock = threading.Lock()
+        self._by_id: collections.OrderedDict[int, Attachment] = collections.OrderedDict()
+        self._ids = itertools.count(1)
+        self._max = max_attachments
+
+    def attach(
+        self, worker_id: str, segment: str, size: int, token: bytes, regions: Sequence[tensor_pb2.TensorChunk],
+        variables: Mapping[str, tuple[np.dtype[Any], tuple[int, ...]]],
+    ) -> int:
+        """Map a worker's segment; check every region against it and against the shard's variables."""
+        if not shmseg.TOKEN_BYTES <= size <= shmseg.MAX_SEGMENT_BYTES:
+            raise InvalidArgumentError(f"segment_bytes {size} outside [{shmseg.TOKEN_BYTES}, "
+                                       f"{shmseg.MAX_SEGMENT_BYTES}]")
+        values: dict[str, Region] = {}
+        for chunk in regions:
+            region = region_of(chunk, size, "value")
+            if region.name in values:
+                raise InvalidArgumentError(f"value {region.name!r} named twice")
+            if region.name not in variables:
+                raise NotFoundError(f"unknown variable {region.name!r} on this shard")
+            dtype, shape = variables[region.name]
+            if (region.dtype, region.shape) != (dtype, shape):
+                raise InvalidArgumentError(f"{region.name}: region {region.dtype}{list(region.shape)} for a variable "
+                                           f"{dtype}{list(shape)}")
+            values[region.name] = region
+        if set(values) != set(variables):
+            raise InvalidArgumentError(f"regions for {sorted(values)}, the shard holds {sorted(variables)}")
+        try:
+            buffer = shmseg.attach(segment, size, token)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        except (FileNotFoundError, PermissionError) as exc:
+            raise FailedPreconditionError(f"segment {segment!r} is not visible from this shard (another host?): "
+                                          f"{type(exc).__name__}") from None
+        attachment = Attachment(next(self._ids), worker_id, buffer, values)
+        evicted = []
+        with self._lock:
+            for old in [a for a in self._by_id.values() if a.worker_id == worker_id]:
+                evicted.append(self._by_id.pop(old.id))
+            while len(self._by_id) >= self._max:
+                evicted.append(self._by_id.popitem(last=False)[1])
+            self._by_id[attachment.id] = attachment
+        for old in evicted:
+            old.close()
+        return attachment.id
+
+    def get(self, attachment_id: int, worker_id: str) -> Attachment:
+        """The attachment of this worker; FAILED_PRECONDITION when gone (attach again)."""
+        with self._lock:
+            attachment = self._by_id.get(attachment_id)
+        if attachment is None or attachment.worker_id != worker_id:
+            raise FailedPreconditionError(f"no shared-memory attachment {attachment_id} of {worker_id!r}: attach again")
+        return attachment
+
+    def close(self) -> None:
+        """Unmap everything."""
+        with self._lock:
+            attachments, self._by_id = list(self._by_id.values()), collections.OrderedDict()
+        for attachment in attachments:
+            attachment.close()
+
+
+__all__ = ["Attachment", "Attachments", "Region", "region_of"]

@@ -1,0 +1,289 @@
+"""The same-host data path: shared-memory segments between a worker and real shard processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+import numpy as np
+import pytest
+
+from asyncps import shmseg
+from asyncps.datasets import load_dataset
+from asyncps.delays import NoDelay, StepDelay
+from asyncps.models import build_model, loss_fn
+from asyncps.pb import ps_pb2, tensor_pb2
+from asyncps.placement import VariableSpec, place, split_for_shards
+from asyncps.rpc import make_channel
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.shard import PushRequest
+from asyncps.transport import GrpcShardTransport, ModelClient, ShmShardTransport, connect_model, connect_shard
+from asyncps.wire import SHARD_SERVICE
+from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
+
+if TYPE_CHECKING:
+    from conftest import ShardLauncher, ShardProcess
+
+pytestmark = pytest.mark.skipif(not shmseg.available(), reason="no writable /dev/shm on this host")
+
+CALL_TIMEOUT_S = 30.0
+RULE = UpdateRuleConfig(OptimizerConfig("adam", 0.01))
+Code = grpc.StatusCode
+
+
+def segments() -> set[str]:
+    return {p.name for p in shmseg.SHM_DIR.glob(f"{shmseg.PREFIX}*")}
+
+
+def initial_values() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {"w": rng.standard_normal((300, 40)).astype(np.float32), "b": np.zeros(40, np.float32)}
+
+
+@pytest.fixture
+def shard(shard_factory: ShardLauncher) -> Iterator[ShardProcess]:
+    process = shard_factory(1)[0]
+    client = GrpcShardTransport(process.address, deadline_s=CALL_TIMEOUT_S)
+    assert client.initialize("test", 0, 1, RULE, initial_values()).created
+    client.close()
+    yield process
+
+
+def test_shared_memory_and_grpc_give_bit_identical_training(start_shards: Callable[[int], list[str]]) -> None:
+    """One seeded worker for N steps over each transport (fresh shards each): the same bits."""
+    data = load_dataset("digits", 0)
+    x, y = data.x_train[:400], data.y_train[:400]
+    results = {}
+    before = segments()
+    for transport in ("grpc", "shm"):
+        addresses = start_shards(2)
+        model = build_model("mlp", data.num_features, data.num_classes, seed=3)
+        names = [v.path for v in model.trainable_variables]
+        specs = [VariableSpec(v.path, tuple(v.shape), "float32") for v in model.trainable_variables]
+        placement = place(specs, 2, slice_threshold_bytes=16 * 1024)  # sliced parts travel too
+        initial = {v.path: np.array(v.numpy()) for v in model.trainable_variables}
+        client = connect_model("worker-0", addresses, placement, deadline_s=CALL_TIMEOUT_S, transport=transport)
+        for shard, values in enumerate(split_for_shards(placement, initial)):
+            client.shards[shard].initialize("test", shard, 2, RULE, values)
+        trainer = Trainer(client, names, make_grad_fn(model, loss_fn), BatchStream(x, y, 32, seed=5),
+                          StepDelay(NoDelay()), Telemetry())
+        trainer.run(threading.Event(), max_steps=12)
+        uses = [isinstance(s, ShmShardTransport) and s.uses_shared_memory for s in client.shards]
+        assert uses == ([False, False] if transport == "grpc" else [True, True])
+        assert client.versions == [12, 12]
+        client.pull()  # what the shards hold, over frames
+        results[transport] = {n: v.copy() for n, v in client.values.items()}
+        client.close()
+    for name, value in results["grpc"].items():
+        assert value.tobytes() == results["shm"][name].tobytes(), name
+    assert segments() <= before  # every segment was unlinked once mapped
+
+
+def test_auto_falls_back_to_frames_when_the_shard_cannot_see_the_segment(
+    shard_factory: ShardLauncher, tmp_path: Path,
+) -> None:
+    """A shard that looks in another directory (as on another host) refuses the attach; auto
+    then pushes over frames with the same results, and shm mode reports the error."""
+    elsewhere = tmp_path / "other-shm"
+    elsewhere.mkdir()
+    process = shard_factory(1, extra_env={"ASYNCPS_SHM_DIR": str(elsewhere)})[0]
+    setup = GrpcShardTransport(process.address, deadline_s=CALL_TIMEOUT_S)
+    setup.initialize("test", 0, 1, RULE, initial_values())
+    auto = connect_shard(process.address, deadline_s=CALL_TIMEOUT_S, transport="auto")
+    assert isinstance(auto, ShmShardTransport)
+    buffers = {n: np.empty_like(v) for n, v in initial_values().items()}
+    grads = {"w": np.ones((300, 40), np.float32), "b": np.ones(40, np.float32)}
+    outcome, reply = auto.push_pull(PushRequest("w0", 0, grads), -1, buffers)
+    assert outcome.accepted and reply.version == 1 and not auto.uses_shared_memory
+    assert reply.values is not None
+    np.testing.assert_array_equal(reply.values["b"], setup.pull("probe").values["b"])  # type: ignore[index]
+    forced = connect_shard(process.address, deadline_s=CALL_TIMEOUT_S, transport="shm")
+    with pytest.raises(grpc.RpcError) as info:
+        forced.push_pull(PushRequest("w1", 1, grads), -1, buffers)
+    assert info.value.code() == Code.FAILED_PRECONDITION and "not visible" in info.value.details()
+    assert setup.stats().version == 1  # the refused attach changed nothing
+    for client in (setup, auto, forced):
+        client.close()
+
+
+def test_a_restarted_shard_gets_a_fresh_segment(shard_factory: ShardLauncher) -> None:
+    """The mapping dies with the shard; the next push maps a new segment (the old name is gone)."""
+    process = shard_factory(1)[0]
+    setup = GrpcShardTransport(process.address, deadline_s=CALL_TIMEOUT_S)
+    setup.initialize("test", 0, 1, RULE, initial_values())
+    client = connect_shard(process.address, deadline_s=CALL_TIMEOUT_S, transport="shm")
+    assert isinstance(client, ShmShardTransport)
+    buffers = {n: np.empty_like(v) for n, v in initial_values().items()}
+    grads = {"w": np.ones((300, 40), np.float32), "b": np.ones(40, np.float32)}
+    client.push_pull(PushRequest("w0", 0, grads), -1, buffers)
+    first = client._mapping
+    # a second transport of the same worker replaces the shard's mapping of the first
+    other = connect_shard(process.address, deadline_s=CALL_TIMEOUT_S, transport="shm")
+    other.push_pull(PushRequest("w0", 1, grads), -1, buffers)
+    outcome, reply = client.push_pull(PushRequest("w0", 2, grads), -1, buffers)
+    assert outcome.accepted and reply.version == 3 and client._mapping is not first
+    for c in (setup, client, other):
+        c.close()
+
+
+# -- hostile input ----------------------------------------------------------------------------
+
+
+class Raw:
+    """AttachShm and ShmPushPull with hand-made requests."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = make_channel(address)
+        self.attach = self.channel.unary_unary(f"/{SHARD_SERVICE}/AttachShm",
+                                               request_serializer=ps_pb2.AttachShmRequest.SerializeToString,
+                                               response_deserializer=ps_pb2.AttachShmResponse.FromString)
+        self.push_pull = self.channel.unary_unary(f"/{SHARD_SERVICE}/ShmPushPull",
+                                                  request_serializer=ps_pb2.ShmPushPullRequest.SerializeToString,
+                                                  response_deserializer=ps_pb2.PullHeader.FromString)
+
+    def code(self, call: Callable[[], object]) -> tuple[Code, str]:
+        try:
+            call()
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details()  # type: ignore[attr-defined]
+        return Code.OK, ""
+
+
+def region(name: str, shape: tuple[int, ...], offset: int, nbytes: int | None = None,
+           dtype: int = tensor_pb2.FLOAT32, role: int = tensor_pb2.DENSE) -> tensor_pb2.TensorChunk:
+    size = int(np.prod(shape)) * 4
+    return tensor_pb2.TensorChunk(name=name, role=role, dtype=dtype, shape=shape, offset=offset,  # type: ignore[arg-type]
+                                  nbytes=size if nbytes is None else nbytes)
+
+
+def test_hostile_attach_and_push_requests_are_refused_and_change_nothing(shard: ShardProcess) -> None:
+    raw = Raw(shard.address)
+    probe = GrpcShardTransport(shard.address, deadline_s=CALL_TIMEOUT_S)
+    before = probe.pull("probe").values
+    assert before is not None
+    segment = shmseg.create(1 << 16)
+    try:
+        good = [region("b", (40,), 64), region("w", (300, 40), 1024)]
+
+        def attach(**changes: object) -> tuple[Code, str]:
+            fields: dict[str, object] = {"worker_id": "evil", "segment": segment.name, "segment_bytes": segment.size,
+                                         "token": segment.token, "values": good}
+            fields.update(changes)
+            return raw.code(lambda: raw.attach(ps_pb2.AttachShmRequest(**fields), timeout=CALL_TIMEOUT_S))
+
+        cases = {
+            "path traversal": ({"segment": "../../etc/passwd"}, Code.INVALID_ARGUMENT, "is not asyncps-"),
+            "absent": ({"segment": "asyncps-nosuchsegment"}, Code.FAILED_PRECONDITION, "not visible"),
+            "wrong size": ({"segment_bytes": segment.size - 8}, Code.INVALID_ARGUMENT, "holds"),
+            "huge size": ({"segment_bytes": 1 << 62}, Code.INVALID_ARGUMENT, "outside"),
+            "wrong token": ({"token": bytes(16)}, Code.FAILED_PRECONDITION, "not visible"),
+            "past the end": ({"values": [region("b", (40,), 64), region("w", (300, 40), 1 << 15)]},
+                             Code.INVALID_ARGUMENT, "8-aligned range"),
+            "over the token": ({"values": [region("b", (40,), 0), region("w", (300, 40), 1024)]},
+                               Code.INVALID_ARGUMENT, "8-aligned range"),
+            "misaligned": ({"values": [region("b", (40,), 68), region("w", (300, 40), 1024)]},
+                           Code.INVALID_ARGUMENT, "8-aligned range"),
+            "short nbytes": ({"values": [region("b", (40,), 64, nbytes=8), region("w", (300, 40), 1024)]},
+                             Code.INVALID_ARGUMENT, "bytes for a"),
+            "wrong shape": ({"values": [region("b", (41,), 64), region("w", (300, 40), 1024)]},
+                            Code.INVALID_ARGUMENT, "for a variable"),
+            "unknown name": ({"values": [*good, region("nope", (1,), 60000)]}, Code.NOT_FOUND, "unknown variable"),
+            "missing name": ({"values": good[:1]}, Code.INVALID_ARGUMENT, "the shard holds"),
+            "sparse": ({"values": [region("b", (40,), 64, role=tensor_pb2.SPARSE_VALUES), good[1]]},
+                       Code.INVALID_ARGUMENT, "only dense"),
+        }
+        for what, (changes, code, message) in cases.items():
+            got, details = attach(**changes)
+            assert (got, message in details) == (code, True), (what, got, details)
+        assert segment.path.exists()  # nothing above mapped it (or unlinked it)
+        attachment = raw.attach(ps_pb2.AttachShmRequest(worker_id="evil2", segment=segment.name,
+                                                        segment_bytes=segment.size, token=segment.token,
+                                                        values=good), timeout=CALL_TIMEOUT_S).attachment
+        assert not segment.path.exists()  # mapped, so the shard unlinked the name
+        header = ps_pb2.PushHeader(worker_id="evil2", base_version=0)
+        np.frombuffer(segment.buffer, np.float32, 40, 2048)[:] = np.nan
+        pushes = {
+            "unknown attachment": (ps_pb2.ShmPushPullRequest(header=header, attachment=attachment + 99),
+                                   Code.FAILED_PRECONDITION, "attach again"),
+            "someone else's": (ps_pb2.ShmPushPullRequest(header=ps_pb2.PushHeader(worker_id="evil"),
+                                                         attachment=attachment), Code.FAILED_PRECONDITION,
+                               "attach again"),
+            "out of bounds": (ps_pb2.ShmPushPullRequest(header=header, attachment=attachment,
+                                                        grads=[region("b", (40,), 1 << 16)]),
+                              Code.INVALID_ARGUMENT, "8-aligned range"),
+            "nan gradient": (ps_pb2.ShmPushPullRequest(header=header, attachment=attachment,
+                                                       grads=[region("b", (40,), 2048)]),
+                             Code.INVALID_ARGUMENT, "NaN or Inf"),
+            "twice": (ps_pb2.ShmPushPullRequest(header=header, attachment=attachment,
+                                                grads=[region("w", (300, 40), 4096)] * 2),
+                      Code.INVALID_ARGUMENT, "named twice"),
+            "no gradients": (ps_pb2.ShmPushPullRequest(header=header, attachment=attachment),
+                             Code.INVALID_ARGUMENT, "without gradients"),
+        }
+        for what, (request, code, message) in pushes.items():
+            got, details = raw.code(lambda r=request: raw.push_pull(r, timeout=CALL_TIMEOUT_S))
+            assert (got, message in details) == (code, True), (what, got, details)
+    finally:
+        segment.unlink()
+    after = probe.pull("probe").values
+    assert after is not None and all(after[n].tobytes() == before[n].tobytes() for n in before)
+    assert probe.stats().version == 0
+    probe.close()
+    raw.channel.close()
+
+
+def test_no_segment_outlives_kill_9_of_a_worker_or_a_shard(shard_factory: ShardLauncher) -> None:
+    """A worker process maps segments with two shards, then it and one shard are killed with
+    SIGKILL: /dev/shm holds nothing of theirs (names are unlinked as soon as they are mapped)."""
+    shards = shard_factory(2)
+    for i, s in enumerate(shards):
+        setup = GrpcShardTransport(s.address, deadline_s=CALL_TIMEOUT_S)
+        setup.initialize("test", i, 2, RULE, initial_values())
+        setup.close()
+    script = textwrap.dedent(f"""
+        import sys, time, numpy as np
+        from asyncps.shard import PushRequest
+        from asyncps.transport import connect_shard
+        clients = [connect_shard(a, transport="shm") for a in {[s.address for s in shards]!r}]
+        buffers = {{"w": np.empty((300, 40), np.float32), "b": np.empty(40, np.float32)}}
+        grads = {{"w": np.ones((300, 40), np.float32), "b": np.ones(40, np.float32)}}
+        for c in clients:
+            c.push_pull(PushRequest("w0", 0, grads), -1, buffers)
+            assert c.uses_shared_memory
+        print("mapped", flush=True)
+        time.sleep(600)
+    """)
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, shmseg.TAG_ENV: "killtest"})
+    try:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "mapped"
+        assert not list(shmseg.SHM_DIR.glob(f"{shmseg.PREFIX}killtest-*"))  # unlinked while both live
+        worker.send_signal(signal.SIGKILL)
+        shards[0].kill()
+        worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert not list(shmseg.SHM_DIR.glob(f"{shmseg.PREFIX}killtest-*"))
+    assert shards[1].process.poll() is None  # the other shard keeps serving
+
+
+def test_the_model_client_over_shared_memory_is_a_model_client(start_shards: Callable[[int], list[str]]) -> None:
+    addresses = start_shards(1)
+    placement = place([VariableSpec("w", (300, 40)), VariableSpec("b", (40,))], 1)
+    client = connect_model("w0", addresses, placement, transport="auto")
+    assert isinstance(client, ModelClient)
+    client.shards[0].initialize("t", 0, 1, RULE, initial_values())
+    client.pull()
+    results = client.push_pull({"w": np.ones((300, 40), np.float32), "b": np.ones(40, np.float32)}, 0, 0.0)
+    assert results[0].outcome is not None and results[0].outcome.accepted
+    assert isinstance(client.shards[0], ShmShardTransport) and client.shards[0].uses_shared_memory
+    client.close()
