@@ -1,13 +1,23 @@
-"""Evaluation of the current model on held-out data."""
+"""Evaluation of the current model on held-out data, on the run's schedule."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from asyncps.chief.progress import Progress, TrainClock
+from asyncps.chief.recorder import EvalLog
 from asyncps.codec import Array
+
+if TYPE_CHECKING:
+    from asyncps.datasets import Dataset
+    from asyncps.transport import ModelClient
+
+log = logging.getLogger("asyncps.chief")
 
 
 class Evaluator:
@@ -47,3 +57,42 @@ class Evaluator:
     def values(self) -> dict[str, Array]:
         """The model's current values."""
         return {name: np.array(var.numpy()) for name, var in self._variables.items()}
+
+
+class Evaluation:
+    """The run's evaluations: pull the shards' current values, measure them on the test set, publish
+    the result to Progress (GetStatus) and to the EvalLog; every `every_s` seconds of training."""
+
+    def __init__(self, evaluator: Evaluator, client: ModelClient, data: Dataset, every_s: float,
+                 progress: Progress, clock: TrainClock, record: EvalLog) -> None:
+        self._evaluator = evaluator
+        self._client = client
+        self._data = data
+        self._every_s = every_s
+        self._progress = progress
+        self._clock = clock
+        self._record = record
+        self._last = 0.0  # monotonic time of the last scheduled evaluation
+
+    def due(self) -> bool:
+        """Training runs and the last scheduled evaluation is `every_s` old."""
+        return self._clock.started and time.monotonic() - self._last >= self._every_s
+
+    def scheduled(self) -> None:
+        """An evaluation on the schedule (the next one is due `every_s` after it ends)."""
+        self.evaluate()
+        self._last = time.monotonic()
+
+    def evaluate(self) -> tuple[float, float]:
+        """Evaluate the shards' current values; return (loss, accuracy)."""
+        versions = self._client.pull()
+        self._evaluator.load(self._client.values)
+        loss, accuracy = self._evaluator.evaluate(self._data.x_test, self._data.y_test)
+        updates = round(sum(versions) / len(versions))
+        elapsed = self._clock.elapsed()
+        with self._progress.lock:
+            self._progress.eval_loss, self._progress.eval_accuracy = loss, accuracy
+            self._progress.eval_updates = updates
+        self._record.add(elapsed, updates, versions, loss, accuracy, self._progress.updates_per_s)
+        log.info("eval at %d updates: loss %.4f accuracy %.4f", updates, loss, accuracy)
+        return loss, accuracy

@@ -1,13 +1,18 @@
-"""Who is in the cluster: worker registration, indices, heartbeats, dead-worker detection, stop."""
+"""Who is in the cluster: worker registration, indices, heartbeats, dead-worker detection, stop,
+and telling the shards which workers are alive."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from asyncps.errors import InvalidArgumentError, NotFoundError
+
+log = logging.getLogger("asyncps.chief")
 
 
 @dataclass
@@ -130,3 +135,31 @@ class Membership:
             if member is None:
                 raise NotFoundError(f"unknown member {member_id!r}")
             return member.index
+
+
+class LiveWorkersSink(Protocol):
+    """A shard that is told which workers are alive (a ShardTransport)."""
+
+    def set_live_workers(self, worker_ids: Sequence[str]) -> None:
+        """Replace the shard's live set."""
+
+
+class LiveSet:
+    """Pushes the live worker set to the shards once every planned worker joined, and on every change."""
+
+    def __init__(self, membership: Membership, shards: Sequence[LiveWorkersSink]) -> None:
+        self._membership = membership
+        self._shards = shards
+        self._sent: list[str] | None = None
+
+    def sync(self) -> None:
+        """Tell the shards who is alive once every planned worker has joined, and on every change."""
+        if self._membership.indices_seen() < self._membership.num_workers:
+            return
+        live = sorted(m.member_id for m in self._membership.live_workers())
+        if live == self._sent:
+            return
+        for shard in self._shards:
+            shard.set_live_workers(live)
+        self._sent = live
+        log.info("live workers: %d", len(live))

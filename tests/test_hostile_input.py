@@ -1,6 +1,9 @@
 """Hostile input against real shard processes: malformed requests for every RPC, made by hypothesis.
 
-Every request goes through the raw generated stub, so nothing is sanitized on the way. Each one is a
+Every request is built here as protobuf messages and sent through bare gRPC callables, so nothing
+is sanitized on the way: the tensor streams, raw frames on the wire (asyncps/frames.py), are
+converted as they are, tensor bytes moved out of each chunk's `data` into the frame's payload (see
+Shard.send); frame-level defects have their own test. Each request is a
 valid request with a set of *defects* applied; every defect names the status codes it may cause. A
 request with defects must fail with one of those codes (so never INTERNAL or UNKNOWN) and a
 message, and change nothing; a request without defects must succeed, and its effect is accounted
@@ -16,29 +19,35 @@ requests is printed when the module finishes.
 from __future__ import annotations
 
 import collections
+import copy
 import itertools
 import math
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import grpc
 import numpy as np
 import pytest
+from google.protobuf import message_factory
+from google.protobuf.descriptor import MethodDescriptor
+from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncps.codec import MAX_RANK, SparseRows, TensorAssembler, dtype_from_proto, dtype_to_proto, wire_array
-from asyncps.pb import ps_pb2, ps_pb2_grpc, tensor_pb2
+from asyncps.frames import decode_frame, encode_frame, identity, parser, read_frames
+from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.ps.servicer import DEFAULT_MAX_REQUEST_BYTES
-from asyncps.psclient import ShardClient
 from asyncps.rpc import MAX_MESSAGE_BYTES
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.shard import Snapshot
-from asyncps.wire import rule_to_proto
+from asyncps.transport import GrpcShardTransport
+from asyncps.wire import FRAMED_REPLIES, FRAMED_REQUESTS, SHARD_SERVICE, rule_from_proto, rule_to_proto
 
 if TYPE_CHECKING:
     from conftest import ShardLauncher, ShardProcess
@@ -135,11 +144,63 @@ class Outcome:
         return Code.OK if self.error is None else self.error.code()
 
 
-STREAMED_REPLIES = {"Pull", "PushPull", "Snapshot"}
+# ------------------------------------------------------------------- the wire, frames included
+
+SERVICE = ps_pb2.DESCRIPTOR.services_by_name[SHARD_SERVICE.rpartition(".")[2]]
+assert SERVICE.full_name == SHARD_SERVICE
+# The messages of a tensor stream (one per frame): a header, then TensorChunks.
+ChunkMessage = ps_pb2.InitializeChunk | ps_pb2.PushChunk | ps_pb2.PullChunk | ps_pb2.SnapshotChunk
+M = TypeVar("M", ps_pb2.InitializeChunk, ps_pb2.PushChunk, ps_pb2.PullChunk, ps_pb2.SnapshotChunk)
+
+
+def method_of(rpc: str) -> MethodDescriptor:
+    return SERVICE.methods_by_name[rpc]
+
+
+def message_type(descriptor: Any) -> type[Message]:
+    return message_factory.GetMessageClass(descriptor)
+
+
+def rpc_callable(channel: grpc.Channel, rpc: str, raw: bool = False) -> Callable[..., Any]:
+    """A bare callable for one method of the shard service: raw frames (bytes) in the directions that
+    carry them, protobuf messages in the others (bytes both ways with raw)."""
+    method = method_of(rpc)
+    factory: dict[tuple[bool, bool], Callable[..., Any]] = {
+        (False, False): channel.unary_unary, (False, True): channel.unary_stream,
+        (True, False): channel.stream_unary, (True, True): channel.stream_stream}
+    serialize = identity if raw or rpc in FRAMED_REQUESTS else message_type(method.input_type).SerializeToString
+    deserialize = identity if raw or rpc in FRAMED_REPLIES else message_type(method.output_type).FromString
+    return factory[(method.client_streaming, method.server_streaming)](  # type: ignore[no-any-return]
+        f"/{SHARD_SERVICE}/{rpc}", request_serializer=serialize, response_deserializer=deserialize)
+
+
+def lean(message: ChunkMessage) -> tuple[ChunkMessage, list[memoryview]]:
+    """A stream message as a frame carries it: each chunk's bytes moved out of `data` (nbytes set)."""
+    out = copy.deepcopy(message)
+    data = []
+    for chunk in out.tensors:
+        data.append(memoryview(chunk.data))
+        chunk.nbytes = len(chunk.data)
+        chunk.ClearField("data")
+    return out, data
+
+
+def to_frame(message: ChunkMessage) -> bytes:
+    """The frame of one generated stream message, its defects kept."""
+    return encode_frame(*lean(message))  # type: ignore[arg-type]
+
+
+def from_frame(frame: bytes, reply: type[M], rpc: str) -> M:
+    """A received frame as a stream message with each chunk's bytes back in `data`."""
+    message, data = decode_frame(frame, parser(reply), f"{rpc} reply")
+    for chunk, view in zip(message.tensors, data, strict=True):
+        chunk.data = bytes(view)
+        chunk.ClearField("nbytes")
+    return message
 
 
 class Shard:
-    """One shard process reached through a raw generated stub, with the state last verified."""
+    """One shard process reached through bare gRPC callables, with the state last verified."""
 
     def __init__(self, process: ShardProcess) -> None:
         self.process = process
@@ -147,22 +208,32 @@ class Shard:
         # no size limits on the client side: the server's limits are the ones under test
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1),
                                                                ("grpc.max_receive_message_length", -1)])
-        self.stub = ps_pb2_grpc.ParameterServerStub(self.channel)
+        self.calls = {method.name: rpc_callable(self.channel, method.name) for method in SERVICE.methods}
         self._verified: State | None = None
 
     def send(self, rpc: str, request: Any, timeout: float | None = CALL_TIMEOUT_S) -> Outcome:
-        """Send one generated request (counted); streams are lists of frames."""
+        """Send one generated request (counted); streams are lists of messages (frames once sent;
+        ready-made frames, bytes, go as they are), and streamed replies come back as messages."""
         SENT[rpc] += 1
-        method = getattr(self.stub, rpc)
-        if isinstance(request, list):
+        method = method_of(rpc)
+        if rpc in FRAMED_REQUESTS:
+            request = [m if isinstance(m, bytes) else to_frame(m) for m in request]
+        if method.client_streaming:
             request = iter(request)
         try:
-            reply = method(request, timeout=timeout)
-            if rpc in STREAMED_REPLIES:
+            reply = self.calls[rpc](request, timeout=timeout)
+            if method.server_streaming:
                 reply = list(reply)
         except grpc.RpcError as exc:
             return Outcome(None, exc)
+        if rpc in FRAMED_REPLIES:
+            reply_type = cast("type[ChunkMessage]", message_type(method.output_type))
+            reply = [from_frame(frame, reply_type, rpc) for frame in reply]  # type: ignore[type-var]
         return Outcome(reply, None)
+
+    def stats(self, timeout: float = CALL_TIMEOUT_S) -> ps_pb2.ShardStats:
+        """GetStats, not counted as a request."""
+        return self.calls["GetStats"](ps_pb2.StatsRequest(), timeout=timeout)  # type: ignore[no-any-return]
 
     def alive(self) -> None:
         """The process has not crashed (a dead shard would only show as UNAVAILABLE otherwise)."""
@@ -172,10 +243,10 @@ class Shard:
     def observe(self) -> State:
         """The shard's state, read with one GetStats and one Pull (not counted as requests)."""
         self.alive()
-        stats = self.stub.GetStats(ps_pb2.StatsRequest(), timeout=CALL_TIMEOUT_S)
+        stats = self.stats()
         assert stats.initialized
-        stream = list(self.stub.Pull(ps_pb2.PullRequest(worker_id="probe", if_newer_than=-1),
-                                     timeout=CALL_TIMEOUT_S))
+        frames = self.calls["Pull"](ps_pb2.PullRequest(worker_id="probe", if_newer_than=-1), timeout=CALL_TIMEOUT_S)
+        stream = [from_frame(frame, ps_pb2.PullChunk, "Pull") for frame in frames]
         header, values = assemble_pull(stream)
         assert values is not None and header.version == stats.version
         return State(values, stats.version, stats.pushes_accepted, stats.pushes_dropped, header.incarnation)
@@ -250,8 +321,8 @@ def shards(module_shard_factory: ShardLauncher) -> Iterator[Shards]:
     """Three shard processes: the fuzzed one (initialized once), one never initialized, and a
     scratch one for tests that wreck state on purpose."""
     main, blank, scratch = (Shard(p) for p in module_shard_factory(3))
-    client = ShardClient(main.address, deadline_s=CALL_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S)
-    assert client.initialize("test", 0, 1, RULE, initial_values()).created
+    client = GrpcShardTransport(main.address, deadline_s=CALL_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S)
+    assert client.initialize("test", 0, 1, rule_from_proto(RULE), initial_values()).created
     client.close()
     yield Shards(main, blank, scratch)
     for shard in (main, blank, scratch):
@@ -704,11 +775,12 @@ def check_push(shard: Shard, rpc: str, request: PushRequest, state: State) -> No
         if values is not None:
             assert_same_values(values, state.values)
     if dropped_ok:
-        assert not result.accepted and result.drop_reason.startswith("restored"), result
+        assert not result.accepted and result.drop == ps_pb2.DROP_RESTORED and result.drop_detail, result
         assert result.version == state.version
     else:
-        assert (result.accepted, result.staleness, result.version, result.effective_lr, result.drop_reason) == (
-            True, version_before - request.header.base_version, state.version, 1.0, ""), result
+        assert (result.accepted, result.staleness, result.version, result.effective_lr, result.drop,
+                result.drop_detail) == (
+            True, version_before - request.header.base_version, state.version, 1.0, ps_pb2.DROP_NONE, ""), result
 
 
 # Requests per example: several, so the state check after each example costs little. The first
@@ -954,7 +1026,7 @@ def test_malformed_restore(shard: Shard, data: st.DataObject) -> None:
         assert request.applied, defects  # every restore defect always applies: never a valid restore
         outcome = shard.send("Restore", request.frames)
         if outcome.error is None:  # put the state back before failing, so later examples still mean something
-            client = ShardClient(shard.address)
+            client = GrpcShardTransport(shard.address, deadline_s=CALL_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S)
             client.restore(Snapshot(UpdateRuleConfig(OptimizerConfig("sgd", 1.0)), state.version, state.accepted,
                                     state.dropped, state.values, {}, updates), 0)
             client.close()
@@ -1031,7 +1103,7 @@ def test_uninitialized_shard_refuses_everything(shards: Shards, data: st.DataObj
             }[rpc]()
             assert_rejected(blank.send(rpc, request), NOT_INITIALIZED, rpc, "not initialized")
     blank.alive()
-    stats = blank.stub.GetStats(ps_pb2.StatsRequest(), timeout=CALL_TIMEOUT_S)
+    stats = blank.stats()
     assert (stats.initialized, stats.version, stats.pushes_accepted, stats.pushes_dropped, len(stats.variables)) == (
         False, 0, 0, 0, 0)
 
@@ -1069,23 +1141,21 @@ def test_frame_over_the_max_receive_size_is_resource_exhausted(shard: Shard, rpc
 @given(payloads=st.lists(st.binary(max_size=64), min_size=1, max_size=3), method=st.sampled_from(
     ["Push", "PushPull", "Initialize", "Restore", "SetLiveWorkers"]))
 def test_undecodable_bytes_leave_the_shard_serving(shard: Shard, payloads: list[bytes], method: str) -> None:
-    """Raw bytes under the stubs: whatever parses is validated as usual; what does not parse is
-    refused by grpc itself, which answers INTERNAL "Exception deserializing request!" before any
-    asyncps code runs (a grpc behaviour, reported, not asserted away)."""
+    """Raw bytes on the wire. A tensor stream's bytes are frames, read by the shard's frame decoder:
+    every failure there is an asyncps status with a message. A protobuf request (SetLiveWorkers):
+    whatever parses is validated as usual; what does not parse is refused by grpc itself, which
+    answers INTERNAL "Exception deserializing request!" before any asyncps code runs (a grpc
+    behaviour, reported, not asserted away)."""
     state = shard.begin()
-    path = f"/asyncps.pb.ParameterServer/{method}"
-    streaming_in = method in ("Push", "PushPull", "Initialize", "Restore")
-    streaming_out = method in ("PushPull", "Pull")
-    factory = {(True, False): shard.channel.stream_unary, (True, True): shard.channel.stream_stream,
-               (False, True): shard.channel.unary_stream, (False, False): shard.channel.unary_unary}
-    call = factory[(streaming_in, streaming_out)](path, request_serializer=bytes, response_deserializer=bytes)
+    streaming_in, streaming_out = method_of(method).client_streaming, method_of(method).server_streaming
+    call = rpc_callable(shard.channel, method, raw=True)
     SENT[f"raw {method}"] += 1
     try:
         reply = call(iter(payloads) if streaming_in else payloads[0], timeout=CALL_TIMEOUT_S)
         if streaming_out:
             list(reply)
     except grpc.RpcError as exc:
-        if exc.code() is Code.INTERNAL:
+        if exc.code() is Code.INTERNAL and method not in FRAMED_REQUESTS:
             assert exc.details() == "Exception deserializing request!", exc.details()
         else:
             assert exc.code() in {Code.INVALID_ARGUMENT, Code.NOT_FOUND, Code.FAILED_PRECONDITION,
@@ -1098,6 +1168,103 @@ def test_undecodable_bytes_leave_the_shard_serving(shard: Shard, payloads: list[
     # pushes need a header and tensors. (Pull and Pause stay out: parsed bytes could ask for a long
     # wait or hold pushes for minutes, which are valid requests.)
     assert method == "SetLiveWorkers", (method, payloads)
+    shard.verify(state)
+
+
+# ------------------------------------------------------------------------------ frame defects
+
+
+def with_prefix(length: int, rest: bytes) -> bytes:
+    return struct.pack("<I", length) + rest
+
+
+def reprefixed(length: Callable[[int], int]) -> Callable[[ChunkMessage, list[memoryview]], bytes]:
+    """The frame with its length prefix replaced by length(frame size)."""
+    def damage(message: ChunkMessage, data: list[memoryview]) -> bytes:
+        frame = encode_frame(message, data)  # type: ignore[arg-type]
+        return with_prefix(length(len(frame)), frame[4:])
+    return damage
+
+
+def with_nbytes(index: int, nbytes: int) -> Callable[[ChunkMessage, list[memoryview]], bytes]:
+    """A frame whose chunk `index` announces nbytes (its bytes still the real ones)."""
+    def damage(message: ChunkMessage, data: list[memoryview]) -> bytes:
+        message.tensors[index].nbytes = nbytes
+        return encode_frame(message, data)  # type: ignore[arg-type]
+    return damage
+
+
+def inline_data(message: ChunkMessage, data: list[memoryview]) -> bytes:
+    """A chunk's bytes both in the message and after it."""
+    message.tensors[0].data = bytes(data[0])
+    return encode_frame(message, data)  # type: ignore[arg-type]
+
+
+def inline_data_only(message: ChunkMessage, data: list[memoryview]) -> bytes:
+    """The chunk bytes in the messages and none after (tensor messages before raw frames)."""
+    for chunk, view in zip(message.tensors, data, strict=True):
+        chunk.data, chunk.nbytes = bytes(view), 0
+    return encode_frame(message, [])  # type: ignore[arg-type]
+
+
+# Ways to break one frame of a valid stream, each caught by the shard's frame decoder before any
+# tensor is assembled: a frame (its message with nbytes set and its chunks' bytes) -> the bytes sent.
+FRAME_DEFECTS: dict[str, Callable[[ChunkMessage, list[memoryview]], bytes]] = {
+    "empty": lambda m, d: b"",
+    "shorter_than_prefix": lambda m, d: encode_frame(m, d)[:3],  # type: ignore[arg-type]
+    "prefix_past_end": reprefixed(lambda size: size - 3),  # one byte more than the frame holds
+    "prefix_max": reprefixed(lambda size: 2**32 - 1),
+    "header_truncated": lambda m, d: with_prefix(4, b"\x0a\x05ab"),  # a field of 5 bytes with 2 left
+    "header_bad_wire_type": lambda m, d: with_prefix(1, b"\x0f"),
+    "header_bad_utf8": lambda m, d: with_prefix(5, b"\x12\x03\x0a\x01\xff"),  # tensors[0].name = b"\xff"
+    "nbytes_past_end": lambda m, d: with_nbytes(-1, m.tensors[-1].nbytes + 1)(m, d),
+    "nbytes_huge": with_nbytes(-1, INT64_MAX),
+    "nbytes_negative": with_nbytes(0, -8),
+    "trailing_byte": lambda m, d: encode_frame(m, d) + b"\x00",  # type: ignore[arg-type]
+    "trailing_block": lambda m, d: encode_frame(m, d) + bytes(64),  # type: ignore[arg-type]
+    "inline_data": inline_data,
+    "inline_data_only": inline_data_only,
+}
+STREAM_TYPES: dict[str, type[ChunkMessage]] = {
+    "Initialize": ps_pb2.InitializeChunk, "Push": ps_pb2.PushChunk, "PushPull": ps_pb2.PushChunk,
+    "Restore": ps_pb2.SnapshotChunk,
+}
+
+
+def valid_stream(rpc: str, state: State) -> list[ChunkMessage]:
+    """A request the shard would take, in two frames: the header and one tensor, then the rest.
+    (A push from the current version, an identical Initialize, a restore of the current values.)"""
+    make = STREAM_TYPES[rpc]
+    header: Any
+    if rpc in ("Push", "PushPull"):
+        header = ps_pb2.PushHeader(worker_id="frames", base_version=state.version, incarnation=state.incarnation)
+        grads: dict[str, np.ndarray] = {"b": np.ones(3, np.float32), "w": np.ones((6, 4), np.float32),
+                                        "d": np.ones(2)}
+        chunks = [c for n, g in grads.items() for c in encode_whole(n, g)]
+    elif rpc == "Initialize":
+        header = ps_pb2.InitializeHeader(worker_id="frames", num_shards=1, rule=RULE)
+        chunks = [c for n, v in state.values.items() for c in encode_whole(n, v)]
+    else:
+        header = snapshot_header(state, {})
+        chunks = [c for n, v in state.values.items() for c in encode_whole(f"value/{n}", v)]
+    return [make(header=header, tensors=chunks[:1]), make(tensors=chunks[1:])]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("defect", sorted(FRAME_DEFECTS))
+@pytest.mark.parametrize("rpc", sorted(STREAM_TYPES))
+def test_defective_frames_are_invalid_argument(shard: Shard, rpc: str, defect: str) -> None:
+    """One broken frame, the first or the second of a valid stream: INVALID_ARGUMENT with a
+    message, and nothing applied (not even the tensors of an intact first frame)."""
+    state = shard.begin()
+    stream = valid_stream(rpc, state)
+    frames = [to_frame(m) for m in stream]
+    header = read_frames(frames, parser(STREAM_TYPES[rpc]), TensorAssembler(), rpc)  # intact, it is valid
+    assert header == stream[0].header
+    for where in range(len(frames)):
+        damaged = list(frames)
+        damaged[where] = FRAME_DEFECTS[defect](*lean(stream[where]))
+        assert damaged[where] != frames[where]
+        assert_rejected(shard.send(rpc, damaged), INVALID, rpc, f"{defect} in frame {where}")
     shard.verify(state)
 
 
@@ -1130,7 +1297,7 @@ def encode_whole(name: str, value: np.ndarray) -> list[tensor_pb2.TensorChunk]:
 
 def reset(shard: Shard, version: int = 0) -> State:
     """Give the scratch shard a known state (a valid restore works on any shard); return it."""
-    client = ShardClient(shard.address, deadline_s=CALL_TIMEOUT_S)
+    client = GrpcShardTransport(shard.address, deadline_s=CALL_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S)
     client.restore(Snapshot(UpdateRuleConfig(OptimizerConfig("sgd", 1.0)), version, version, 0,
                             initial_values(), {}, {}), 0)
     client.close()
@@ -1209,13 +1376,13 @@ def test_long_polls_do_not_starve_other_calls(shards: Shards) -> None:
     reset(scratch)
     channels = [grpc.insecure_channel(scratch.address) for _ in range(64)]
     request = ps_pb2.PullRequest(worker_id="poller", if_newer_than=INT64_MAX, wait_timeout_s=3.0)
-    calls = [ps_pb2_grpc.ParameterServerStub(c).Pull(request, timeout=4.0) for c in channels]
+    calls = [rpc_callable(c, "Pull")(request, timeout=4.0) for c in channels]
     SENT["Pull"] += len(calls)
     try:
         time.sleep(0.5)  # not an interleaving: the polls only need to have arrived
         started = time.monotonic()
         try:
-            scratch.stub.GetStats(ps_pb2.StatsRequest(), timeout=1.5)
+            scratch.stats(timeout=1.5)
         except grpc.RpcError as exc:
             pytest.fail(f"GetStats behind 64 long polls: {exc.code().name} after {time.monotonic() - started:.1f}s")
     finally:

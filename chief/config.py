@@ -1,0 +1,38 @@
+"""The chief's configuration: where it serves, which shards it drives, and the run it runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncps.config import RunConfig
+from asyncps.security import SecurityConfig
+
+
+@dataclass(frozen=True)
+class ChiefConfig:
+    """Where the chief serves, which shards it drives, and the run it runs."""
+
+    ps: tuple[str, ...]
+    run: RunConfig
+    run_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    port_file: str = ""
+    stop_grace_s: float = 30.0  # how long to wait for workers to finish after STOP
+    checkpoint_dir: Path | None = None  # default: run_dir/ckpt
+    resume: bool = False  # continue from the latest checkpoint instead of initializing
+    export: bool = True  # write the final model (Keras file and SavedModel) into the run directory
+    security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
+
+    @property
+    def checkpoints(self) -> Path:
+        """Where checkpoints go."""
+        return self.checkpoint_dir or self.run_dir / "ckpt"
+
+    def __post_init__(self) -> None:
+        if not self.ps:
+            raise ValueError("chief needs the shard addresses (--ps HOST:PORT,...)")
+        if len(self.ps) != self.run.num_ps:
+            raise ValueError(f"{len(self.ps)} shard addresses but num_ps={self.run.num_ps}")
