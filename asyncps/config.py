@@ -21,7 +21,8 @@ from typing import Any
 from asyncps.codec import DEFAULT_CHUNK_BYTES
 from asyncps.delays import StepDelay
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
-from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.rules import MODES, POLICIES, OptimizerConfig, UpdateRuleConfig
+from asyncps.rules.modes import MODE_ALIASES, fold_mode_aliases, mode_alias_values
 
 ENV_PREFIX = "ASYNCPS_"
 DEFAULT_EPOCHS = 30.0
@@ -86,11 +87,16 @@ class RunConfig:
     optimizer_params: dict[str, float] = setting(  # noqa: RUF009 - a dataclasses.field with a default_factory
         factory=dict, help="optimizer hyperparameter KEY=VALUE (repeatable), e.g. beta_1=0.9",
         flags=("--opt-param",), parse=parse_opt_params, repeat=True)
-    mode: str = setting("async", help="consistency model: async | sync | ssp")
+    # The mode and the policy are specs (sync:backup=1, drop:bound=4), kept canonical; the table of
+    # every mode and policy with its parameters is in the README (scripts/rules_table.py).
+    mode: str = setting("async", help="consistency mode spec: async | sync[:backup=B] | ssp[:bound=S]")
     staleness_policy: str = setting(
-        "none", help="async: none | drop:K | lr-scale | dc-asgd[:L] | dc-asgd-a[:L0[,M]] | gap-aware[:C]")
-    backup_workers: int = setting(0, help="sync: apply each step after the first (workers - b) gradients")
-    staleness_bound: int = setting(0, help="ssp: the largest clock lead s")
+        "none", help="staleness policy spec (async): none | drop:bound=K | lr-scale | dc-asgd[:lambda=L] | "
+                     "dc-asgd-a[:lambda0=L0,momentum=M] | gap-aware[:c=C]")
+    # Older spellings of the mode's parameters: a nonzero value folds into `mode` (a contradiction is
+    # an error); afterwards both mirror the mode (0 for another mode's parameter).
+    backup_workers: int = setting(0, help="same as --mode sync:backup=B")
+    staleness_bound: int = setting(0, help="same as --mode ssp:bound=S")
     num_workers: int = setting(2, flags=("--workers",),
                           help="number of workers (chief: else TF_CONFIG's, when it has one)")
     num_ps: int = setting(2, help="number of parameter-server shards", flags=("--ps",))
@@ -133,6 +139,7 @@ class RunConfig:
         "step of staleness (measured and recorded like any other)"))
 
     def __post_init__(self) -> None:
+        self._fold_rule_specs()
         problems = []
         if self.batch_size < 1:
             problems.append("batch_size must be >= 1")
@@ -145,7 +152,7 @@ class RunConfig:
         if self.max_updates == 0 and self.epochs == 0 and self.max_seconds == 0:
             problems.append("set a stop condition: max_updates, epochs or max_seconds")
         if self.backup_workers >= self.num_workers:
-            problems.append("backup_workers must be < num_workers")
+            problems.append(f"backup workers ({self.backup_workers}) must be < num_workers")
         if self.eval_every_s <= 0 or self.heartbeat_interval_s <= 0:
             problems.append("eval_every_s and heartbeat_interval_s must be > 0")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
@@ -165,6 +172,18 @@ class RunConfig:
         self.update_rule()  # validates optimizer, mode and staleness policy
         self.step_delay(0)
 
+    def _fold_rule_specs(self) -> None:
+        """Canonical mode and policy specs, with the old per-mode fields folded into the mode."""
+        try:
+            mode = fold_mode_aliases(self.mode, {alias: getattr(self, alias) for alias in MODE_ALIASES})
+            policy = POLICIES.normalize(self.staleness_policy)
+        except ValueError as error:
+            raise ValueError(f"invalid run configuration: {error}") from None
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "staleness_policy", policy)
+        for alias, value in mode_alias_values(mode).items():
+            object.__setattr__(self, alias, value)
+
     def step_delay(self, worker_index: int) -> StepDelay:
         """The injected delays of one worker (seeded by run seed and worker index)."""
         return StepDelay.for_worker(worker_index, self.compute_delay, self.stragglers, self.slowdown,
@@ -174,8 +193,7 @@ class RunConfig:
         """The shards' update rule for this run."""
         return UpdateRuleConfig(
             optimizer=OptimizerConfig(self.optimizer, self.learning_rate, self.optimizer_params),
-            mode=self.mode, staleness_policy=self.staleness_policy, num_workers=self.num_workers,
-            backup_workers=self.backup_workers, staleness_bound=self.staleness_bound)
+            mode=self.mode, staleness_policy=self.staleness_policy, num_workers=self.num_workers)
 
     def to_json(self) -> str:
         """Serialize (for config.json and for workers)."""
@@ -197,13 +215,35 @@ class RunConfig:
         flags); no layer setting `epochs` and a max_updates or max_seconds stop means epochs 0."""
         merged: dict[str, Any] = {}
         for layer in layers:
-            merged.update(layer)
+            merged = _merge_mode_layer(merged, layer)
         unknown = sorted(set(merged) - set(run_options()))
         if unknown:
             raise ValueError(f"unknown run configuration keys {unknown}")
         if "epochs" not in merged and (merged.get("max_updates") or merged.get("max_seconds")):
             merged["epochs"] = 0.0
         return cls(**merged)
+
+
+def _merge_mode_layer(merged: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+    """`merged` overridden by `layer`, where a layer's mode settings replace the earlier ones: a layer
+    giving `mode` drops the earlier mirrored per-mode fields; one giving only backup_workers or
+    staleness_bound replaces that parameter of the earlier mode spec (so a config.json, which
+    records both the spec and its mirror, can be overridden by --backup-workers or --mode)."""
+    out = {**merged, **layer}
+    if "mode" in layer:
+        for alias in MODE_ALIASES:
+            if alias not in layer:
+                out.pop(alias, None)
+        return out
+    given = [alias for alias in MODE_ALIASES if alias in layer]
+    if given and "mode" in merged:
+        name, params = MODES.split(str(merged["mode"]))
+        for alias in given:
+            mode, key = MODE_ALIASES[alias]
+            if mode == name:
+                params.pop(key, None)
+        out["mode"] = name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+    return out
 
 
 # -- the options of the fields: names, parsing of text and of file values ------------------------

@@ -20,34 +20,19 @@ from asyncps.shard import DropReason, PushOutcome, Snapshot, StoreStats
 
 
 def rule_to_proto(rule: UpdateRuleConfig) -> ps_pb2.UpdateRule:
-    """Encode an update rule for the wire."""
-    opt = rule.optimizer
-    return ps_pb2.UpdateRule(
-        optimizer=ps_pb2.OptimizerSpec(
-            name=opt.name, learning_rate=opt.learning_rate, params=dict(opt.params)
-        ),
-        mode=rule.mode,
-        staleness_policy=rule.staleness_policy,
-        num_workers=rule.num_workers,
-        backup_workers=rule.backup_workers,
-        staleness_bound=rule.staleness_bound,
-    )
+    """Encode an update rule for the wire: the canonical spec of each kind."""
+    return ps_pb2.UpdateRule(optimizer=rule.optimizer.spec, mode=rule.mode,
+                             staleness_policy=rule.staleness_policy, num_workers=rule.num_workers)
 
 
 def rule_from_proto(msg: ps_pb2.UpdateRule) -> UpdateRuleConfig:
-    """Decode and validate an update rule; invalid ones are InvalidArgumentError."""
+    """Decode and validate an update rule; a malformed spec is InvalidArgumentError."""
     try:
         return UpdateRuleConfig(
-            optimizer=OptimizerConfig(
-                name=msg.optimizer.name,
-                learning_rate=msg.optimizer.learning_rate,
-                params=dict(msg.optimizer.params),
-            ),
+            optimizer=OptimizerConfig.parse(msg.optimizer),
             mode=msg.mode or "async",
             staleness_policy=msg.staleness_policy or "none",
             num_workers=msg.num_workers or 1,
-            backup_workers=msg.backup_workers,
-            staleness_bound=msg.staleness_bound,
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"bad update rule: {exc}") from None

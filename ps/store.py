@@ -28,9 +28,9 @@ from asyncps.errors import (
     NotFoundError,
 )
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Consistency, Verdict, make_consistency
+from asyncps.rules.modes import Consistency, Verdict
 from asyncps.rules.optimizers import Optimizer, make_optimizer
-from asyncps.rules.policies import StalenessPolicy, parse_policy
+from asyncps.rules.policies import StalenessPolicy
 from asyncps.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
 
 
@@ -43,33 +43,6 @@ class _Variable:
     policy_state: dict[str, Array] = field(default_factory=dict)
     shared: bool = False  # `value` was handed to a reader: read-only, copy before the next update
 
-
-@dataclass
-class _PendingStep:
-    """Gradients accumulated for one synchronous step (sums of dense, lists of sparse)."""
-
-    count: int = 0
-    dense: dict[str, Array] = field(default_factory=dict)
-    sparse: dict[str, list[SparseRows]] = field(default_factory=dict)
-
-    def add(self, grads: Mapping[str, Gradient]) -> None:
-        """Add one worker's gradient."""
-        self.count += 1
-        for name, grad in grads.items():
-            if isinstance(grad, SparseRows):
-                self.sparse.setdefault(name, []).append(grad)
-            elif name in self.dense:
-                self.dense[name] += grad
-            else:
-                self.dense[name] = np.array(grad, copy=True)
-
-    def average(self) -> dict[str, Gradient]:
-        """The mean gradient over the accumulated workers."""
-        out: dict[str, Gradient] = {name: total / np.float32(self.count) for name, total in self.dense.items()}
-        for name, parts in self.sparse.items():
-            values = np.concatenate([p.values for p in parts]) / np.float32(self.count)
-            out[name] = SparseRows(np.concatenate([p.indices for p in parts]), values.astype(parts[0].values.dtype))
-        return out
 
 
 
@@ -101,8 +74,7 @@ class ShardStore:
         self._rule: UpdateRuleConfig | None = None
         self._optimizer: Optimizer | None = None
         self._policy: StalenessPolicy | None = None
-        self._mode: Consistency | None = None
-        self._pending = _PendingStep()
+        self._mode: Consistency | None = None  # the consistency mode's state, accumulation included
         self._read: dict[str, dict[str, Array]] = {}  # worker -> values it last pulled (policies)
         self._version = 0
         self._accepted = 0
@@ -134,8 +106,8 @@ class ShardStore:
                 for name, value in sorted(values.items())
             }
             self._optimizer = optimizer
-            self._policy = parse_policy(rule.staleness_policy)
-            self._mode = make_consistency(rule.mode, rule.num_workers, rule.backup_workers, rule.staleness_bound)
+            self._policy = rule.policy()
+            self._mode = rule.consistency().start(rule.num_workers)
             self._incarnation = secrets.randbits(62) + 1
             self._rule = rule
             return True
@@ -256,7 +228,7 @@ class ShardStore:
                 admission = self._mode.admit(worker_id, base_version, version_now)
                 self._mode.pushed(worker_id)
                 if admission.verdict is Verdict.ACCUMULATE:
-                    self._pending.add(grads)
+                    self._mode.accumulate(worker_id, grads)
                     self._maybe_complete_step()
                     self._version_cond.notify_all()
                     return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
@@ -292,17 +264,16 @@ class ShardStore:
         return self._policy.adjust(name, grad, var.value, read[name], var.policy_state)
 
     def _maybe_complete_step(self) -> None:
-        """Apply the averaged synchronous step once the quorum is reached (all locks held)."""
+        """Apply the mode's accumulated step once it is complete (all locks held)."""
         assert self._mode is not None and self._rule is not None
-        if self._pending.count == 0 or self._pending.count < self._mode.quorum():
+        step = self._mode.take_step()
+        if step is None:
             return
         lr = self._rule.optimizer.learning_rate
-        for name, grad in sorted(self._pending.average().items()):
+        for name, grad in sorted(step.items()):
             self._apply(self._vars[name], grad, lr)
         self._version += 1
         self._accepted += 1
-        self._pending = _PendingStep()
-        self._mode.applied()
 
     def _count_drop(self, reason: DropReason) -> None:
         self._dropped += 1
@@ -399,12 +370,10 @@ class ShardStore:
                 for name, value in sorted(snap.values.items())
             }
             self._optimizer = optimizer
-            self._policy = parse_policy(snap.rule.staleness_policy)
-            self._mode = make_consistency(snap.rule.mode, snap.rule.num_workers, snap.rule.backup_workers,
-                                          snap.rule.staleness_bound)
+            self._policy = snap.rule.policy()
+            self._mode = snap.rule.consistency().start(snap.rule.num_workers)
             self._rule = snap.rule
             self._version, self._accepted, self._dropped = snap.version, snap.accepted, snap.dropped
-            self._pending = _PendingStep()
             self._read = {}
             self._incarnation = secrets.randbits(62) + 1
             self._version_cond.notify_all()

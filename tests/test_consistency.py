@@ -15,8 +15,8 @@ from asyncps.shard import DropReason
 
 def make_store(mode: str, workers: int, backup: int = 0, bound: int = 0) -> ShardStore:
     store = ShardStore()
-    rule = UpdateRuleConfig(OptimizerConfig("sgd", 1.0), mode=mode, num_workers=workers,
-                            backup_workers=backup, staleness_bound=bound)
+    spec = {"sync": f"sync:backup={backup}", "ssp": f"ssp:bound={bound}"}.get(mode, mode)
+    rule = UpdateRuleConfig(OptimizerConfig("sgd", 1.0), mode=spec, num_workers=workers)
     store.initialize(rule, {"w": np.zeros(3, np.float32)})
     return store
 
@@ -131,6 +131,7 @@ def test_ssp_holds_a_worker_that_runs_ahead() -> None:
 
 
 def test_make_consistency_names() -> None:
-    assert isinstance(make_consistency("sync", 2, 1, 0), SyncConsistency)
-    with pytest.raises(ValueError, match="unknown mode"):
-        make_consistency("bsp", 2, 0, 0)
+    sync = make_consistency("sync:backup=1", 2)
+    assert isinstance(sync, SyncConsistency) and sync.quorum() == 1
+    with pytest.raises(ValueError, match="unknown consistency mode 'bsp'"):
+        make_consistency("bsp", 2)

@@ -827,34 +827,35 @@ def test_pulls_with_odd_versions_and_waits(shard: Shard, data: st.DataObject) ->
 # ---------------------------------------------------------------------------------- Initialize
 
 OTHER_RULES = [
-    ps_pb2.UpdateRule(optimizer=ps_pb2.OptimizerSpec(name="sgd", learning_rate=0.5)),
-    ps_pb2.UpdateRule(optimizer=ps_pb2.OptimizerSpec(name="momentum", learning_rate=1.0, params={"momentum": 0.9})),
-    ps_pb2.UpdateRule(optimizer=ps_pb2.OptimizerSpec(name="adam", learning_rate=1.0)),
+    ps_pb2.UpdateRule(optimizer="sgd:lr=0.5"),
+    ps_pb2.UpdateRule(optimizer="momentum:lr=1,momentum=0.9"),
+    ps_pb2.UpdateRule(optimizer="adam:lr=1"),
     ps_pb2.UpdateRule(optimizer=RULE.optimizer, mode="sync", num_workers=2),
-    ps_pb2.UpdateRule(optimizer=RULE.optimizer, mode="ssp", staleness_bound=2),
-    ps_pb2.UpdateRule(optimizer=RULE.optimizer, staleness_policy="drop:3"),
+    ps_pb2.UpdateRule(optimizer=RULE.optimizer, mode="ssp:bound=2"),
+    ps_pb2.UpdateRule(optimizer=RULE.optimizer, staleness_policy="drop:bound=3"),
     ps_pb2.UpdateRule(optimizer=RULE.optimizer, staleness_policy="lr-scale"),
     ps_pb2.UpdateRule(optimizer=RULE.optimizer, num_workers=3),
 ]
 
 
-def _sgd(lr: float = 1.0, **params: float) -> ps_pb2.OptimizerSpec:
-    return ps_pb2.OptimizerSpec(name="sgd", learning_rate=lr, params=params)
+def _sgd(lr: float = 1.0, **params: float) -> str:
+    return "sgd:" + ",".join([f"lr={lr!r}", *(f"{k}={v!r}" for k, v in params.items())])
 
 
 BAD_RULES = [
-    *(ps_pb2.UpdateRule(optimizer=ps_pb2.OptimizerSpec(name=n, learning_rate=1.0))
-      for n in ["", "SGD", "sgd ", "lbfgs"]),
+    *(ps_pb2.UpdateRule(optimizer=spec)
+      for spec in ["", "SGD:lr=1", "sgd :lr=1", "lbfgs:lr=1", "sgd", "sgd:", "sgd:lr=", "sgd:lr=1,lr=2",
+                   "sgd:1", "adam:lr=1,beta1=0.9"]),
     *(ps_pb2.UpdateRule(optimizer=_sgd(lr)) for lr in [0.0, -1.0, np.nan, np.inf, -np.inf, -0.0]),
     ps_pb2.UpdateRule(optimizer=_sgd(momentum=0.9)),
-    ps_pb2.UpdateRule(optimizer=ps_pb2.OptimizerSpec(name="momentum", learning_rate=1.0, params={"momentum": 2.0})),
-    ps_pb2.UpdateRule(optimizer=ps_pb2.OptimizerSpec(name="adam", learning_rate=1.0, params={"beta_1": np.nan})),
-    *(ps_pb2.UpdateRule(optimizer=_sgd(), mode=m) for m in ["bsp", "ASYNC", "async "]),
+    ps_pb2.UpdateRule(optimizer="momentum:lr=1,momentum=2"),
+    ps_pb2.UpdateRule(optimizer="adam:lr=1,beta_1=nan"),
+    *(ps_pb2.UpdateRule(optimizer=_sgd(), mode=m)
+      for m in ["bsp", "ASYNC", "async ", "sync:backup=-1", "ssp:bound=-1", "ssp:bound=1.5", "sync:bound=1",
+                "async:1"]),
     *(ps_pb2.UpdateRule(optimizer=_sgd(), staleness_policy=p)
-      for p in ["drop", "drop:-1", "drop:x", "bogus", "none:1"]),
+      for p in ["drop", "drop:-1", "drop:x", "bogus", "none:1", "dc-asgd:lambda=", "gap-aware:c=0"]),
     ps_pb2.UpdateRule(optimizer=_sgd(), num_workers=-1),
-    ps_pb2.UpdateRule(optimizer=_sgd(), backup_workers=-1),
-    ps_pb2.UpdateRule(optimizer=_sgd(), staleness_bound=-1),
 ]
 
 INIT_DEFECTS: dict[str, Codes] = {

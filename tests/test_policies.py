@@ -210,16 +210,17 @@ def test_adjust_computes_in_float32_even_with_float64_values() -> None:
     [
         ("none", ApplyAll()),
         ("lr-scale", LrScale()),
-        ("drop:3", DropAbove(3)),
+        ("drop:bound=3", DropAbove(3)),
         ("dc-asgd", DelayCompensated(0.04)),
-        ("dc-asgd:0.1", DelayCompensated(0.1)),
-        ("dc-asgd:0", DelayCompensated(0.0)),
+        ("dc-asgd:lambda=0.1", DelayCompensated(0.1)),
+        ("dc-asgd:lambda=0", DelayCompensated(0.0)),
         ("dc-asgd-a", AdaptiveDelayCompensated(2.0, 0.95)),
-        ("dc-asgd-a:3", AdaptiveDelayCompensated(3.0, 0.95)),
-        ("dc-asgd-a:2,0.9", AdaptiveDelayCompensated(2.0, 0.9)),
+        ("dc-asgd-a:lambda0=3", AdaptiveDelayCompensated(3.0, 0.95)),
+        ("dc-asgd-a:lambda0=3,momentum=0.9", AdaptiveDelayCompensated(3.0, 0.9)),
+        ("dc-asgd-a:momentum=0.9", AdaptiveDelayCompensated(2.0, 0.9)),
         ("gap-aware", GapAware(None)),
-        ("gap-aware:0.001", GapAware(0.001)),
-        ("gap-aware:1e-05", GapAware(1e-5)),
+        ("gap-aware:c=0.001", GapAware(0.001)),
+        ("gap-aware:c=1e-05", GapAware(1e-5)),
     ],
 )
 def test_parse_policy_round_trips_canonical_specs(spec: str, expected: StalenessPolicy) -> None:
@@ -232,8 +233,10 @@ def test_parse_policy_round_trips_canonical_specs(spec: str, expected: Staleness
 
 @pytest.mark.parametrize(
     "spec, canonical",
-    [("dc-asgd:0.04", "dc-asgd"), ("dc-asgd:1.0", "dc-asgd:1"), ("dc-asgd-a:2.0,0.95", "dc-asgd-a"),
-     ("dc-asgd-a:5,0.95", "dc-asgd-a:5"), ("gap-aware:2.50", "gap-aware:2.5")],
+    [("dc-asgd:0.04", "dc-asgd"), ("dc-asgd:1.0", "dc-asgd:lambda=1"), ("dc-asgd-a:2.0,0.95", "dc-asgd-a"),
+     ("dc-asgd-a:5,0.95", "dc-asgd-a:lambda0=5"), ("gap-aware:2.50", "gap-aware:c=2.5"),
+     ("dc-asgd-a:2,0.9", "dc-asgd-a:momentum=0.9"), ("drop:3", "drop:bound=3"),
+     ("dc-asgd-a:momentum=0.9,lambda0=2", "dc-asgd-a:momentum=0.9")],
 )
 def test_parse_policy_writes_defaults_out_of_the_canonical_spec(spec: str, canonical: str) -> None:
     assert parse_policy(spec).spec == canonical
@@ -243,35 +246,47 @@ def test_parse_policy_writes_defaults_out_of_the_canonical_spec(spec: str, canon
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("dc-asgd:abc", "LAMBDA must be a number"),
-        ("dc-asgd:", "LAMBDA must be a number"),
-        ("dc-asgd:-0.1", "LAMBDA must be a finite number >= 0"),
-        ("dc-asgd:nan", "LAMBDA must be a finite number"),
-        ("dc-asgd:0.1,2", "at most 1"),
-        ("dc-asgd-a:1,2,3", "at most 2"),
-        ("dc-asgd-a:1,", "MOMENTUM must be a number"),
-        ("dc-asgd-a:1,1", r"MOMENTUM must be in \[0, 1\)"),
-        ("dc-asgd-a:-2", "LAMBDA0 must be a finite number >= 0"),
-        ("gap-aware:-1", "C must be a finite number >= 0"),
-        ("gap-aware:0", "C must be > 0"),
-        ("gap-aware:inf", "C must be a finite number"),
-        ("gap-aware:x", "C must be a number"),
-        ("drop:x", "integer bound"),
+        ("dc-asgd:abc", "lambda must be a number"),
+        ("dc-asgd:lambda=abc", "lambda must be a number"),
+        ("dc-asgd:", "lambda needs a value"),
+        ("dc-asgd:-0.1", "lambda must be a finite number >= 0"),
+        ("dc-asgd:nan", "lambda must be a finite number"),
+        ("dc-asgd:0.1,2", "at most 1 positional"),
+        ("dc-asgd:lambda=0.1,lambda=0.2", "lambda given twice"),
+        ("dc-asgd:beta=0.1", "unknown key 'beta'; dc-asgd takes: lambda"),
+        ("dc-asgd:lambda=0.1,0.2", "a value without a key"),
+        ("dc-asgd-a:1,2,3", "at most 2 positional"),
+        ("dc-asgd-a:1,", "momentum needs a value"),
+        ("dc-asgd-a:1,1", r"momentum must be in \[0, 1\)"),
+        ("dc-asgd-a:-2", "lambda0 must be a finite number >= 0"),
+        ("gap-aware:-1", "c must be a finite number >= 0"),
+        ("gap-aware:0", "c must be > 0"),
+        ("gap-aware:c=inf", "c must be a finite number"),
+        ("gap-aware:x", "c must be a number"),
+        ("drop:x", "bound must be an integer"),
+        ("drop:bound=1.5", "bound must be an integer"),
         ("drop:-1", ">= 0"),
-        ("none:1", "unknown staleness policy"),
-        ("lr-scale:", "unknown staleness policy"),
-        ("dcasgd", "unknown staleness policy"),
+        ("drop", "drop needs bound=INT"),
+        ("none:1", "none takes no parameters"),
+        ("lr-scale:", "lr-scale takes no parameters"),
     ],
 )
 def test_parse_policy_rejects_malformed_specs_naming_the_valid_forms(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message) as error:
         parse_policy(spec)
-    assert repr(spec) in str(error.value)
-    assert "dc-asgd[:LAMBDA], dc-asgd-a[:LAMBDA0[,MOMENTUM]], gap-aware[:C]" in str(error.value)
+    assert f"staleness policy {spec!r}" in str(error.value)
+    assert f"valid: {spec.partition(':')[0]}" in str(error.value)  # the entry's valid form
+
+
+@pytest.mark.parametrize("spec", ["dcasgd", "", "DROP:3", "drop :3", " none"])
+def test_parse_policy_names_every_policy_for_an_unknown_name(spec: str) -> None:
+    with pytest.raises(ValueError, match="unknown staleness policy") as error:
+        parse_policy(spec)
+    assert "dc-asgd[:lambda=FLOAT] | dc-asgd-a[:lambda0=FLOAT,momentum=FLOAT] | gap-aware[:c=FLOAT]" in str(error.value)
 
 
 def test_policies_validate_when_built_directly() -> None:
-    with pytest.raises(ValueError, match="C must be > 0"):
+    with pytest.raises(ValueError, match="c must be > 0"):
         GapAware(0.0)
-    with pytest.raises(ValueError, match="MOMENTUM"):
+    with pytest.raises(ValueError, match="momentum"):
         AdaptiveDelayCompensated(2.0, 1.5)

@@ -11,18 +11,20 @@ from asyncps.rules.policies import ApplyAll, Decision, DropAbove, LrScale, parse
 
 @pytest.mark.parametrize(
     "spec, policy",
-    [("none", ApplyAll), ("lr-scale", LrScale), ("drop:0", DropAbove), ("drop:4", DropAbove)],
+    [("none", ApplyAll), ("lr-scale", LrScale), ("drop:bound=0", DropAbove), ("drop:bound=4", DropAbove)],
 )
 def test_parse_policy_round_trips_its_spec(spec: str, policy: type) -> None:
     parsed = parse_policy(spec)
     assert isinstance(parsed, policy)
     assert parsed.spec == spec
+    assert parse_policy(spec.replace("bound=", "")) == parsed  # the older positional spelling
 
 
 @pytest.mark.parametrize(
     "spec, message",
-    [("", "unknown staleness policy"), ("drop", "integer bound"), ("drop:x", "integer bound"),
-     ("drop:-1", ">= 0"), ("none:1", "unknown"), ("lr-scale:2", "unknown"), ("bogus", "unknown")],
+    [("", "unknown staleness policy"), ("drop", "needs bound=INT"), ("drop:x", "bound must be an integer"),
+     ("drop:-1", ">= 0"), ("none:1", "takes no parameters"), ("lr-scale:2", "takes no parameters"),
+     ("bogus", "unknown")],
 )
 def test_parse_policy_rejects_bad_specs(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -51,9 +53,9 @@ def test_lr_scale_divides_by_staleness(staleness: int, scale: float) -> None:
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"mode": "bogus"}, "unknown mode"), ({"staleness_policy": "drop:"}, "integer bound"),
-     ({"num_workers": 0}, "num_workers"), ({"backup_workers": -1}, "backup_workers"),
-     ({"staleness_bound": -1}, "staleness_bound")],
+    [({"mode": "bogus"}, "unknown consistency mode"), ({"staleness_policy": "drop:"}, "bound needs a value"),
+     ({"num_workers": 0}, "num_workers"), ({"mode": "sync:backup=-1"}, "backup must be an integer >= 0"),
+     ({"mode": "ssp:bound=-1"}, "bound must be an integer >= 0")],
 )
 def test_update_rule_config_is_validated_once(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -363,7 +363,7 @@ def test_uninitialized_shard_refuses_pushes_and_pulls(shard_server: str) -> None
     channel = make_channel(shard_server)
     initialize = channel.stream_unary(f"/{SHARD_SERVICE}/Initialize", request_serializer=identity,
                                       response_deserializer=ps_pb2.InitializeResponse.FromString)
-    bad_rule = ps_pb2.UpdateRule(optimizer=ps_pb2.OptimizerSpec(name="rmsprop", learning_rate=0.1))
+    bad_rule = ps_pb2.UpdateRule(optimizer="rmsprop:lr=0.1")
     with pytest.raises(grpc.RpcError) as info:
         initialize(iter([frame_of(ps_pb2.InitializeChunk(
             header=ps_pb2.InitializeHeader(rule=bad_rule), tensors=tensors("b", ONES_B)))]), timeout=CALL_TIMEOUT_S)

@@ -53,90 +53,37 @@ DROP_RESTORED: DropReason.ValueType  # 4
 Global___DropReason: _TypeAlias = DropReason  # noqa: Y015
 
 @_typing.final
-class OptimizerSpec(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    @_typing.final
-    class ParamsEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.float
-        def __init__(
-            self,
-            *,
-            key: _builtins.str = ...,
-            value: _builtins.float = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-    NAME_FIELD_NUMBER: _builtins.int
-    LEARNING_RATE_FIELD_NUMBER: _builtins.int
-    PARAMS_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
-    """sgd | momentum | nesterov | adam | adagrad"""
-    learning_rate: _builtins.float
-    @_builtins.property
-    def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """beta_1, beta_2, epsilon, momentum, initial_accumulator_value"""
-
-    def __init__(
-        self,
-        *,
-        name: _builtins.str = ...,
-        learning_rate: _builtins.float = ...,
-        params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["learning_rate", b"learning_rate", "name", b"name", "params", b"params"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___OptimizerSpec: _TypeAlias = OptimizerSpec  # noqa: Y015
-
-@_typing.final
 class UpdateRule(_message.Message):
-    """Everything that decides how a shard turns gradients into updates."""
+    """Everything that decides how a shard turns gradients into updates. Each kind is a canonical
+    spec string, NAME or NAME:KEY=VALUE[,KEY=VALUE...] (asyncps.rules.registry); the shard rejects
+    a malformed one with INVALID_ARGUMENT.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    OPTIMIZER_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     STALENESS_POLICY_FIELD_NUMBER: _builtins.int
     NUM_WORKERS_FIELD_NUMBER: _builtins.int
-    BACKUP_WORKERS_FIELD_NUMBER: _builtins.int
-    STALENESS_BOUND_FIELD_NUMBER: _builtins.int
+    OPTIMIZER_FIELD_NUMBER: _builtins.int
     mode: _builtins.str
-    """async | sync | ssp"""
+    """async | sync[:backup=B] | ssp[:bound=S]; empty: async"""
     staleness_policy: _builtins.str
-    """none | drop:K | lr-scale | dc-asgd[:lambda] | gap-aware"""
+    """none | drop:bound=K | lr-scale | dc-asgd[:lambda=L] | ...; empty: none"""
     num_workers: _builtins.int
-    """sync quorum size before backup workers"""
-    backup_workers: _builtins.int
-    staleness_bound: _builtins.int
-    """ssp"""
-    @_builtins.property
-    def optimizer(self) -> Global___OptimizerSpec: ...
+    """the planned workers (sync quorum before the chief's live set)"""
+    optimizer: _builtins.str
+    """NAME:lr=LR[,KEY=VALUE...], e.g. adam:lr=0.001,beta_1=0.8"""
     def __init__(
         self,
         *,
-        optimizer: Global___OptimizerSpec | None = ...,
         mode: _builtins.str = ...,
         staleness_policy: _builtins.str = ...,
         num_workers: _builtins.int = ...,
-        backup_workers: _builtins.int = ...,
-        staleness_bound: _builtins.int = ...,
+        optimizer: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["optimizer", b"optimizer"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backup_workers", b"backup_workers", "mode", b"mode", "num_workers", b"num_workers", "optimizer", b"optimizer", "staleness_bound", b"staleness_bound", "staleness_policy", b"staleness_policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "num_workers", b"num_workers", "optimizer", b"optimizer", "staleness_policy", b"staleness_policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

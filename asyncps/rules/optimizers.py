@@ -24,6 +24,8 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from asyncps.rules.registry import Registry, format_value, param
+
 FloatArray = npt.NDArray[np.float32]
 IndexArray = npt.NDArray[np.int64]
 Slots = dict[str, FloatArray]
@@ -33,23 +35,27 @@ _BLOCK = 1 << 16
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """Which update rule a shard applies, its base learning rate and hyperparameters."""
+    """Which update rule a shard applies, its base learning rate and hyperparameters.
+
+    As a spec: `NAME:lr=LR[,KEY=VALUE...]` (`spec`, `parse`), the hyperparameters those of the
+    optimizer registered as NAME in OPTIMIZERS.
+    """
 
     name: str
     learning_rate: float
     params: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or self.name not in _REGISTRY:
+        if not isinstance(self.name, str) or self.name not in OPTIMIZERS.names():
             raise ValueError(
-                f"unknown optimizer {self.name!r}; expected one of {sorted(_REGISTRY)}"
+                f"unknown optimizer {self.name!r}; expected one of {sorted(OPTIMIZERS.names())}"
             )
         lr = _as_real("learning_rate", self.learning_rate)
         if not lr > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
         if not isinstance(self.params, Mapping):
             raise ValueError(f"params must be a mapping, got {type(self.params).__name__}")
-        accepted = _REGISTRY[self.name].hyperparameters
+        accepted = frozenset(p.key for p in OPTIMIZERS.entry(self.name).params)
         unknown = sorted(set(self.params) - accepted)
         if unknown:
             raise ValueError(
@@ -64,9 +70,40 @@ class OptimizerConfig:
             {key: _check_hyperparameter(key, value) for key, value in self.params.items()},
         )
 
+    @property
+    def spec(self) -> str:
+        """`name:lr=LR` and the given hyperparameters in key order; parse(spec) == self."""
+        items = [f"lr={format_value(self.learning_rate)}"]
+        items += [f"{key}={format_value(value)}" for key, value in sorted(self.params.items())]
+        return f"{self.name}:{','.join(items)}"
+
+    @classmethod
+    def parse(cls, spec: str) -> OptimizerConfig:
+        """The config a spec names (ValueError naming the kind, the spec and the valid forms)."""
+        name, texts = OPTIMIZERS.split(spec, extra=("lr",))
+        usage = f"{name}:lr=FLOAT" + "".join(f"[,{p.usage()}]" for p in OPTIMIZERS.entry(name).params)
+        try:
+            if "lr" not in texts:
+                raise ValueError("the learning rate lr=FLOAT is required")
+            numbers = {key: _spec_number(key, text) for key, text in texts.items()}
+            lr = numbers.pop("lr")
+            return cls(name, lr, numbers)
+        except ValueError as error:
+            raise ValueError(f"optimizer {spec!r}: {error}; valid: {usage}") from None
+
+
+def _spec_number(key: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{key} must be a number, got {text!r}") from None
+
 
 class Optimizer(abc.ABC):
-    """Update rule for one variable at a time; state lives in `slots` owned by the caller."""
+    """Update rule for one variable at a time; state lives in `slots` owned by the caller.
+
+    Each rule is a frozen dataclass of its hyperparameters, registered in OPTIMIZERS.
+    """
 
     name: ClassVar[str]
     # Names of the state arrays init_slots creates, each shaped like the variable.
@@ -150,13 +187,13 @@ class Optimizer(abc.ABC):
     ) -> None:
         """Update `value` and `slots` in place from a validated, same-dtype, same-shape `grad`."""
 
-    def __repr__(self) -> str:
-        settings = ", ".join(
-            f"{key}={getattr(self, key)!r}" for key in sorted(self.hyperparameters)
-        )
-        return f"{type(self).__name__}({settings})"
 
 
+OPTIMIZERS: Registry[Optimizer] = Registry("optimizer", Optimizer)
+
+
+@OPTIMIZERS.register("sgd")
+@dataclass(frozen=True)
 class SGD(Optimizer):
     """Plain gradient descent: ``value -= lr * grad`` (keras ``SGD()``)."""
 
@@ -168,6 +205,8 @@ class SGD(Optimizer):
         value -= np.multiply(grad, lr)
 
 
+@OPTIMIZERS.register("momentum")
+@dataclass(frozen=True)
 class Momentum(Optimizer):
     """Heavy-ball momentum (keras ``SGD(momentum=m)``): ``v = m*v - lr*g; value += v``."""
 
@@ -175,8 +214,10 @@ class Momentum(Optimizer):
     slot_names = ("momentum",)
     hyperparameters = frozenset({"momentum"})
 
-    def __init__(self, momentum: float = 0.9) -> None:
-        self.momentum = _check_hyperparameter("momentum", momentum)
+    momentum: float = param(0.9, help="velocity decay m, in [0, 1]")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "momentum", _check_hyperparameter("momentum", self.momentum))
 
     def _apply(
         self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
@@ -195,6 +236,8 @@ class Momentum(Optimizer):
         value += velocity
 
 
+@OPTIMIZERS.register("nesterov")
+@dataclass(frozen=True)
 class Nesterov(Momentum):
     """Nesterov momentum (keras ``SGD(momentum=m, nesterov=True)``): ``value += m*v - lr*g``."""
 
@@ -209,6 +252,8 @@ class Nesterov(Momentum):
         value += look_ahead
 
 
+@OPTIMIZERS.register("adam")
+@dataclass(frozen=True)
 class Adam(Optimizer):
     """Adam (keras ``Adam``), with bias correction folded into the step size as keras does.
 
@@ -223,10 +268,13 @@ class Adam(Optimizer):
     slot_names = ("momentum", "velocity")
     hyperparameters = frozenset({"beta_1", "beta_2", "epsilon"})
 
-    def __init__(self, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7) -> None:
-        self.beta_1 = _check_hyperparameter("beta_1", beta_1)
-        self.beta_2 = _check_hyperparameter("beta_2", beta_2)
-        self.epsilon = _check_hyperparameter("epsilon", epsilon)
+    beta_1: float = param(0.9, help="decay of the first moment, in [0, 1)")
+    beta_2: float = param(0.999, help="decay of the second moment, in [0, 1)")
+    epsilon: float = param(1e-7, help="added to sqrt(v), > 0")
+
+    def __post_init__(self) -> None:
+        for key in ("beta_1", "beta_2", "epsilon"):
+            object.__setattr__(self, key, _check_hyperparameter(key, getattr(self, key)))
 
     def _apply(
         self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
@@ -257,6 +305,8 @@ class Adam(Optimizer):
         value -= step_size
 
 
+@OPTIMIZERS.register("adagrad")
+@dataclass(frozen=True)
 class Adagrad(Optimizer):
     """Adagrad (keras ``Adagrad``): ``acc += g**2; value -= lr * g / sqrt(acc + epsilon)``."""
 
@@ -264,11 +314,12 @@ class Adagrad(Optimizer):
     slot_names = ("accumulator",)
     hyperparameters = frozenset({"initial_accumulator_value", "epsilon"})
 
-    def __init__(self, initial_accumulator_value: float = 0.1, epsilon: float = 1e-7) -> None:
-        self.initial_accumulator_value = _check_hyperparameter(
-            "initial_accumulator_value", initial_accumulator_value
-        )
-        self.epsilon = _check_hyperparameter("epsilon", epsilon)
+    initial_accumulator_value: float = param(0.1, help="starting value of the accumulator, >= 0")
+    epsilon: float = param(1e-7, help="added to the accumulator under the square root, > 0")
+
+    def __post_init__(self) -> None:
+        for key in ("initial_accumulator_value", "epsilon"):
+            object.__setattr__(self, key, _check_hyperparameter(key, getattr(self, key)))
 
     def init_slots(self, value: FloatArray) -> Slots:
         """Return an accumulator filled with `initial_accumulator_value`, shaped like `value`."""
@@ -290,14 +341,10 @@ class Adagrad(Optimizer):
         value -= step_size
 
 
-_REGISTRY: dict[str, type[Optimizer]] = {
-    cls.name: cls for cls in (SGD, Momentum, Nesterov, Adam, Adagrad)
-}
-
-
 def make_optimizer(config: OptimizerConfig) -> Optimizer:
     """Build the optimizer `config` names, with its params overriding keras' defaults."""
-    return _REGISTRY[config.name](**config.params)
+    optimizer: Optimizer = OPTIMIZERS.entry(config.name).cls(**config.params)
+    return optimizer
 
 
 # Allowed range of every hyperparameter: (low, high, low inclusive, high inclusive).

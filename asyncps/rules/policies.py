@@ -1,14 +1,15 @@
 """Staleness policies: how a shard treats a gradient according to its staleness.
 
-Each policy is a small object with one job, chosen by a spec string (see `VALID_SPECS`); the
-store calls `decide` (and `adjust` where `needs_read_values`) and never branches on the kind.
+Each policy is a small frozen dataclass with one job and its typed parameters, registered in
+`POLICIES` and chosen by a spec string (`drop:bound=4`, `dc-asgd:lambda=0.1`; see
+asyncps.rules.registry for the form); the store calls `decide` (and `adjust` where
+`needs_read_values`) and never branches on the kind.
 """
 
 from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -16,8 +17,7 @@ import numpy as np
 
 from asyncps.codec import Array
 from asyncps.rules.drops import DropReason
-
-VALID_SPECS = "none, drop:K, lr-scale, dc-asgd[:LAMBDA], dc-asgd-a[:LAMBDA0[,MOMENTUM]], gap-aware[:C]"
+from asyncps.rules.registry import Registry, param
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,12 @@ class StalenessPolicy(abc.ABC):
     `adjust` for every (dense, or the touched rows of a sparse) gradient before applying it.
     """
 
-    spec: str
-    needs_read_values: bool = False
+    needs_read_values: ClassVar[bool] = False
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec string; parse_policy(spec) rebuilds an equal policy."""
+        return POLICIES.canonical(self)
 
     @abc.abstractmethod
     def decide(self, staleness: int) -> Decision:
@@ -57,26 +61,29 @@ class StalenessPolicy(abc.ABC):
         return grad
 
 
+POLICIES: Registry[StalenessPolicy] = Registry("staleness policy", StalenessPolicy)
+
+
+@POLICIES.register("none")
+@dataclass(frozen=True)
 class ApplyAll(StalenessPolicy):
     """Plain asynchronous SGD: every gradient is applied as it is."""
-
-    spec = "none"
 
     def decide(self, staleness: int) -> Decision:
         """Always apply at the full learning rate."""
         return Decision(True)
 
 
+@POLICIES.register("drop")
 @dataclass(frozen=True)
 class DropAbove(StalenessPolicy):
-    """Drop gradients whose staleness exceeds a bound K."""
+    """Drop gradients whose staleness exceeds a bound."""
 
-    bound: int
+    bound: int = param(help="largest staleness still applied")
 
-    @property
-    def spec(self) -> str:  # type: ignore[override]
-        """The spec string this policy was parsed from."""
-        return f"drop:{self.bound}"
+    def __post_init__(self) -> None:
+        if isinstance(self.bound, bool) or not isinstance(self.bound, int) or self.bound < 0:
+            raise ValueError(f"bound must be an integer >= 0, got {self.bound!r}")
 
     def decide(self, staleness: int) -> Decision:
         """Apply when staleness <= K, else drop with the reason."""
@@ -85,10 +92,10 @@ class DropAbove(StalenessPolicy):
         return Decision(True)
 
 
+@POLICIES.register("lr-scale")
+@dataclass(frozen=True)
 class LrScale(StalenessPolicy):
     """Staleness-aware learning rate alpha / max(1, tau) (Zhang et al. 2016)."""
-
-    spec = "lr-scale"
 
     def decide(self, staleness: int) -> Decision:
         """Apply with the learning rate divided by max(1, staleness)."""
@@ -98,13 +105,14 @@ class LrScale(StalenessPolicy):
 class _GradientCorrection(StalenessPolicy):
     """Base of the policies that correct a stale gradient instead of scaling or dropping it."""
 
-    needs_read_values = True
+    needs_read_values: ClassVar[bool] = True
 
     def decide(self, staleness: int) -> Decision:
         """Always apply at the full learning rate: `adjust` does the mitigation."""
         return Decision(True)
 
 
+@POLICIES.register("dc-asgd")
 @dataclass(frozen=True)
 class DelayCompensated(_GradientCorrection):
     """DC-ASGD-c: g + lambda * g * g * (w_now - w_read).
@@ -115,15 +123,10 @@ class DelayCompensated(_GradientCorrection):
     The default 0.04 is the value the paper runs DC-ASGD-c with, and MXNet's DCASGD default.
     """
 
-    variance_control: float = 0.04
+    variance_control: float = param(0.04, key="lambda", help="variance control: the Hessian is lambda * g * g")
 
     def __post_init__(self) -> None:
-        _check_finite("LAMBDA", self.variance_control, minimum=0.0)
-
-    @property
-    def spec(self) -> str:  # type: ignore[override]
-        """The canonical spec string; parse_policy(spec) rebuilds an equal policy."""
-        return _format_spec("dc-asgd", (self.variance_control,), (0.04,))
+        _check_finite("lambda", self.variance_control, minimum=0.0)
 
     def adjust(
         self, name: str, grad: Array, value_now: Array, value_read: Array, state: dict[str, Array]
@@ -135,6 +138,7 @@ class DelayCompensated(_GradientCorrection):
         return compensated
 
 
+@POLICIES.register("dc-asgd-a")
 @dataclass(frozen=True)
 class AdaptiveDelayCompensated(_GradientCorrection):
     """DC-ASGD-a: DC-ASGD with lambda_t = lambda0 / sqrt(mean_square_t + eps), elementwise.
@@ -146,21 +150,16 @@ class AdaptiveDelayCompensated(_GradientCorrection):
     one per variable (the reference keeps one per worker; per variable matches the store's state).
     """
 
-    variance_control: float = 2.0
-    momentum: float = 0.95
+    variance_control: float = param(2.0, key="lambda0", help="lambda_t = lambda0 / sqrt(mean_square + eps)")
+    momentum: float = param(0.95, help="decay m of the running mean square of the gradient")
     EPSILON: ClassVar[float] = 1e-7
     MEAN_SQUARE: ClassVar[str] = "mean_square"
 
     def __post_init__(self) -> None:
-        _check_finite("LAMBDA0", self.variance_control, minimum=0.0)
-        _check_finite("MOMENTUM", self.momentum, minimum=0.0)
+        _check_finite("lambda0", self.variance_control, minimum=0.0)
+        _check_finite("momentum", self.momentum, minimum=0.0)
         if not self.momentum < 1.0:
-            raise ValueError(f"MOMENTUM must be in [0, 1), got {self.momentum!r}")
-
-    @property
-    def spec(self) -> str:  # type: ignore[override]
-        """The canonical spec string; parse_policy(spec) rebuilds an equal policy."""
-        return _format_spec("dc-asgd-a", (self.variance_control, self.momentum), (2.0, 0.95))
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
 
     def adjust(
         self, name: str, grad: Array, value_now: Array, value_read: Array, state: dict[str, Array]
@@ -182,6 +181,7 @@ class AdaptiveDelayCompensated(_GradientCorrection):
         return compensated
 
 
+@POLICIES.register("gap-aware")
 @dataclass(frozen=True)
 class GapAware(_GradientCorrection):
     """Gap-Aware: g / G with G = 1 + |w_now - w_read| / C, elementwise.
@@ -190,7 +190,7 @@ class GapAware(_GradientCorrection):
     measures how far the parameters moved since the worker read them, in units of C, the typical
     magnitude of one update step; the gradient is penalized linearly in the Gap.
 
-    With `gap-aware:C` the constant C is used. Otherwise C is estimated per element from `state`:
+    With `gap-aware:c=C` the constant C is used. Otherwise C is estimated per element from `state`:
     between two consecutive calls for a variable exactly one update is applied to it, so
     |w_now - w_previous_call| is the size of one step; C is its exponential moving average
     (decay STEP_DECAY, started at the first observed step), floored at MIN_STEP so C > 0 even for
@@ -198,7 +198,7 @@ class GapAware(_GradientCorrection):
     shape changes) there is no scale to measure the Gap in, and the gradient is returned as it is.
     """
 
-    step_size: float | None = None
+    step_size: float | None = param(None, key="c", help="typical step size C (unset: estimated per element)")
     # A ~10-update window: follows a decaying learning rate within a few steps.
     STEP_DECAY: ClassVar[float] = 0.9
     # Around float32 resolution of O(0.1) weights: a smaller "step" is rounding noise.
@@ -208,16 +208,9 @@ class GapAware(_GradientCorrection):
 
     def __post_init__(self) -> None:
         if self.step_size is not None:
-            _check_finite("C", self.step_size, minimum=0.0)
+            _check_finite("c", self.step_size, minimum=0.0)
             if not self.step_size > 0:
-                raise ValueError(f"C must be > 0, got {self.step_size!r}")
-
-    @property
-    def spec(self) -> str:  # type: ignore[override]
-        """The canonical spec string; parse_policy(spec) rebuilds an equal policy."""
-        if self.step_size is None:
-            return "gap-aware"
-        return f"gap-aware:{_format_number(self.step_size)}"
+                raise ValueError(f"c must be > 0, got {self.step_size!r}")
 
     def adjust(
         self, name: str, grad: Array, value_now: Array, value_read: Array, state: dict[str, Array]
@@ -267,78 +260,6 @@ def _check_finite(what: str, value: float, minimum: float) -> None:
         raise ValueError(f"{what} must be a finite number >= {minimum:g}, got {value!r}")
 
 
-def _format_number(value: float) -> str:
-    """The shortest text float() reads back exactly, without a trailing '.0'."""
-    text = repr(float(value))
-    return text[:-2] if text.endswith(".0") else text
-
-
-def _format_spec(name: str, values: tuple[float, ...], defaults: tuple[float, ...]) -> str:
-    """`name[:v1[,v2]]`, leaving out trailing values equal to their defaults."""
-    shown = list(values)
-    while shown and shown[-1] == defaults[len(shown) - 1]:
-        shown.pop()
-    return f"{name}:{','.join(_format_number(v) for v in shown)}" if shown else name
-
-
-def _parse_numbers(arg: str | None, names: tuple[str, ...]) -> list[float]:
-    """The comma-separated numbers of a spec's argument: at most len(names) of them."""
-    if arg is None:
-        return []
-    parts = arg.split(",")
-    if len(parts) > len(names):
-        raise ValueError(f"takes at most {len(names)} number(s) ({','.join(names)}), got {len(parts)}")
-    numbers = []
-    for what, text in zip(names, parts, strict=False):
-        try:
-            numbers.append(float(text))
-        except ValueError:
-            raise ValueError(f"{what} must be a number, got {text!r}") from None
-    return numbers
-
-
-def _parse_drop(arg: str | None) -> StalenessPolicy:
-    try:
-        bound = int(arg or "")
-    except ValueError:
-        raise ValueError("drop needs an integer bound, e.g. drop:4") from None
-    if bound < 0:
-        raise ValueError("the bound must be >= 0")
-    return DropAbove(bound)
-
-
-def _parse_dc_asgd(arg: str | None) -> StalenessPolicy:
-    return DelayCompensated(*_parse_numbers(arg, ("LAMBDA",)))
-
-
-def _parse_dc_asgd_adaptive(arg: str | None) -> StalenessPolicy:
-    return AdaptiveDelayCompensated(*_parse_numbers(arg, ("LAMBDA0", "MOMENTUM")))
-
-
-def _parse_gap_aware(arg: str | None) -> StalenessPolicy:
-    return GapAware(*_parse_numbers(arg, ("C",)))
-
-
-# The tables from a spec's name to its policy: those written without ':', and the parsers of
-# those that take an argument (each gets the text after ':', or None when there is no ':').
-_WITHOUT_ARGUMENT: dict[str, Callable[[], StalenessPolicy]] = {"none": ApplyAll, "lr-scale": LrScale}
-_PARSERS: dict[str, Callable[[str | None], StalenessPolicy]] = {
-    "drop": _parse_drop,
-    "dc-asgd": _parse_dc_asgd,
-    "dc-asgd-a": _parse_dc_asgd_adaptive,
-    "gap-aware": _parse_gap_aware,
-}
-
-
 def parse_policy(spec: str) -> StalenessPolicy:
     """Build a policy from its spec; a malformed spec is a ValueError naming the valid forms."""
-    name, colon, arg = spec.partition(":")
-    if name in _WITHOUT_ARGUMENT and not colon:
-        return _WITHOUT_ARGUMENT[name]()
-    parser = _PARSERS.get(name)
-    if parser is None:
-        raise ValueError(f"unknown staleness policy {spec!r}; valid: {VALID_SPECS}")
-    try:
-        return parser(arg if colon else None)
-    except ValueError as error:
-        raise ValueError(f"staleness policy {spec!r}: {error}; valid: {VALID_SPECS}") from None
+    return POLICIES.parse(spec)

@@ -99,12 +99,15 @@ class RunData:
 def describe_run(summary: RunSummary, config: dict[str, Any]) -> str:
     """E.g. `sync +1 backup, 4 workers` or `async lr-scale, 8 workers`."""
     settings = {**summary.settings(), **config}
-    mode = str(settings["mode"])
+    # The mode is a spec (sync:backup=1); runs recorded before specs kept its parameters apart.
+    mode, _, params = str(settings["mode"]).partition(":")
+    spec = dict(item.split("=", 1) for item in params.split(",") if "=" in item)
     text = mode
-    if mode == "sync" and settings.get("backup_workers"):
-        text += f" +{settings['backup_workers']} backup"
+    backup = spec.get("backup", settings.get("backup_workers"))
+    if mode == "sync" and backup and str(backup) != "0":
+        text += f" +{backup} backup"
     if mode == "ssp":
-        text += f" s={settings['staleness_bound']}"
+        text += f" s={spec.get('bound', settings.get('staleness_bound', '?'))}"
     policy = settings.get("staleness_policy", "none")
     if policy and policy != "none":
         text += f" {policy}"
