@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -13,19 +14,34 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import tensorflow as tf
 
-from asyncps.datasets import load_dataset
+from asyncps.datasets import Dataset, load_dataset
 from asyncps.delays import NoDelay, StepDelay
 from asyncps.models import build_model, loss_fn
 from asyncps.placement import VariableSpec, place, split_for_shards
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.transport import connect_model
+from asyncps.transport import ModelClient, connect_model
 from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
 
 STEPS = 25
 LR = 0.1
 
 
-def test_one_worker_equals_sequential_sgd(start_shards: Callable[[int], list[str]]) -> None:
+@dataclass
+class Setup:
+    """One worker's trainer over two fresh shards holding the seeded MLP (hidden kernels sliced)."""
+
+    data: Dataset
+    x: np.ndarray
+    y: np.ndarray
+    model: keras.Model
+    names: list[str]
+    initial: dict[str, np.ndarray]
+    client: ModelClient
+    telemetry: Telemetry
+    trainer: Trainer
+
+
+def one_worker(start_shards: Callable[[int], list[str]], pipeline: bool = False) -> Setup:
     addresses = start_shards(2)
     data = load_dataset("digits", 0)
     x, y = data.x_train[:600], data.y_train[:600]
@@ -40,10 +56,16 @@ def test_one_worker_equals_sequential_sgd(start_shards: Callable[[int], list[str
     rule = UpdateRuleConfig(OptimizerConfig("sgd", LR))
     for shard, values in enumerate(split_for_shards(placement, initial)):
         client.shards[shard].initialize("test", shard, 2, rule, values)
-
     telemetry = Telemetry()
     trainer = Trainer(client, names, make_grad_fn(model, loss_fn), BatchStream(x, y, 32, seed=5),
-                      StepDelay(NoDelay()), telemetry)
+                      StepDelay(NoDelay()), telemetry, pipeline=pipeline)
+    return Setup(data, x, y, model, names, initial, client, telemetry, trainer)
+
+
+def test_one_worker_equals_sequential_sgd(start_shards: Callable[[int], list[str]]) -> None:
+    setup = one_worker(start_shards)
+    data, x, y, names, initial = setup.data, setup.x, setup.y, setup.names, setup.initial
+    client, telemetry, trainer = setup.client, setup.telemetry, setup.trainer
     trainer.run(threading.Event(), max_steps=STEPS)
     pushes, steps = telemetry.drain()
     assert len(steps) == STEPS and len(pushes) == 2 * STEPS
@@ -75,22 +97,9 @@ def test_a_pipelined_worker_computes_sgd_delayed_by_one_step_and_records_it(
     """--pipeline: gradient k is computed from the values after step k-2 while step k-1 is in
     flight, so one worker runs SGD with a delay of one step: w[k+1] = w[k] - lr * g(w[k-1]),
     every push after the first is measured at staleness 1, and nothing is lost or doubled."""
-    addresses = start_shards(2)
-    data = load_dataset("digits", 0)
-    x, y = data.x_train[:600], data.y_train[:600]
-    model = build_model("mlp", data.num_features, data.num_classes, seed=3)
-    names = [v.path for v in model.trainable_variables]
-    specs = [VariableSpec(v.path, tuple(v.shape), "float32") for v in model.trainable_variables]
-    placement = place(specs, 2, slice_threshold_bytes=16 * 1024)
-    initial = {v.path: np.array(v.numpy()) for v in model.trainable_variables}
-    client = connect_model("worker-0", addresses, placement)
-    rule = UpdateRuleConfig(OptimizerConfig("sgd", LR))
-    for shard, values in enumerate(split_for_shards(placement, initial)):
-        client.shards[shard].initialize("test", shard, 2, rule, values)
-
-    telemetry = Telemetry()
-    trainer = Trainer(client, names, make_grad_fn(model, loss_fn), BatchStream(x, y, 32, seed=5),
-                      StepDelay(NoDelay()), telemetry, pipeline=True)
+    setup = one_worker(start_shards, pipeline=True)
+    x, y, model, names, initial = setup.x, setup.y, setup.model, setup.names, setup.initial
+    client, telemetry, trainer = setup.client, setup.telemetry, setup.trainer
     trainer.run(threading.Event(), max_steps=STEPS)
     pushes, steps = telemetry.drain()
     assert len(steps) == STEPS and len(pushes) == 2 * STEPS
