@@ -203,13 +203,21 @@ class ParameterServerServicer:
         header = request.header
         attachment = self._attachments.get(request.attachment, header.worker_id)
         limit = self._wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
-        with attachment.lock:
-            if attachment.closed:
-                raise FailedPreconditionError("the shared-memory attachment was replaced: attach again")
-            grads = attachment.read_grads(request.grads)
-        self._service.count(pushed=sum(g.nbytes for g in grads.values()))
-        push = PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss, header.incarnation)
-        outcome, reply = self._service.push_pull(push, header.pull_if_newer_than, limit)
+        push_result: ps_pb2.PushResult | None = None
+        if request.pull_only:
+            if request.grads:
+                raise InvalidArgumentError("a pull_only request carries no gradients")
+            reply = self._service.pull(header.worker_id, header.pull_if_newer_than, limit)
+        else:
+            with attachment.lock:
+                if attachment.closed:
+                    raise FailedPreconditionError("the shared-memory attachment was replaced: attach again")
+                grads = attachment.read_grads(request.grads)
+            self._service.count(pushed=sum(g.nbytes for g in grads.values()))
+            push = PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss,
+                               header.incarnation)
+            outcome, reply = self._service.push_pull(push, header.pull_if_newer_than, limit)
+            push_result = outcome_to_proto(outcome)
         if reply.values is not None:
             with attachment.lock:
                 if attachment.closed:
@@ -217,7 +225,7 @@ class ParameterServerServicer:
                 attachment.write_values(reply.values)
             self._service.count(pulled=sum(v.nbytes for v in reply.values.values()))
         return ps_pb2.PullHeader(version=reply.version, not_modified=reply.values is None,
-                                 shard_index=self._store.shard_index, push=outcome_to_proto(outcome),
+                                 shard_index=self._store.shard_index, push=push_result,
                                  waited_s=reply.waited_s, incarnation=reply.incarnation)
 
     def close(self) -> None:

@@ -287,3 +287,34 @@ def test_the_model_client_over_shared_memory_is_a_model_client(start_shards: Cal
     assert results[0].outcome is not None and results[0].outcome.accepted
     assert isinstance(client.shards[0], ShmShardTransport) and client.shards[0].uses_shared_memory
     client.close()
+
+
+def test_pull_and_push_travel_through_the_segment_too(shard: ShardProcess) -> None:
+    """Pull (with if_newer_than) and Push over a mapped segment mean what they mean over frames."""
+    frames = GrpcShardTransport(shard.address, deadline_s=CALL_TIMEOUT_S)
+    client = connect_shard(shard.address, deadline_s=CALL_TIMEOUT_S, transport="shm")
+    assert isinstance(client, ShmShardTransport)
+    buffers = {n: np.empty_like(v) for n, v in initial_values().items()}
+    reply = client.pull("w0", -1, buffers)
+    assert client.uses_shared_memory and reply.version == 0 and reply.values is not None
+    assert all(reply.values[n] is buffers[n] for n in buffers)
+    np.testing.assert_array_equal(buffers["w"], initial_values()["w"])
+    outcome = client.push(PushRequest("w0", 0, {"b": np.ones(40, np.float32)}))  # a subset of the variables
+    assert outcome.accepted and outcome.version == 1
+    assert client.pull("w0", 1, buffers).values is None  # not newer
+    fresh = client.pull("w0", 0, buffers)
+    expected = frames.pull("probe").values
+    assert fresh.version == 1 and fresh.values is not None and expected is not None
+    for name, value in expected.items():
+        assert buffers[name].tobytes() == value.tobytes(), name
+    raw = Raw(shard.address)
+    mapping = client._mapping
+    assert mapping is not None
+    code, details = raw.code(lambda: raw.push_pull(ps_pb2.ShmPushPullRequest(
+        header=ps_pb2.PushHeader(worker_id="w0"), attachment=mapping.attachment, pull_only=True,
+        grads=[mapping.grad_chunks["b"]]), timeout=CALL_TIMEOUT_S))
+    assert code == Code.INVALID_ARGUMENT and "carries no gradients" in details
+    assert frames.stats().version == 1
+    for c in (frames, client):
+        c.close()
+    raw.channel.close()

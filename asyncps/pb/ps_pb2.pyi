@@ -795,7 +795,12 @@ class ShmPushPullRequest(_message.Message):
     HEADER_FIELD_NUMBER: _builtins.int
     ATTACHMENT_FIELD_NUMBER: _builtins.int
     GRADS_FIELD_NUMBER: _builtins.int
+    PULL_ONLY_FIELD_NUMBER: _builtins.int
     attachment: _builtins.int
+    pull_only: _builtins.bool
+    """A Pull through the segment: no push (grads must be empty); header.pull_if_newer_than and
+    header.read_wait_s act as Pull's if_newer_than and wait_timeout_s.
+    """
     @_builtins.property
     def header(self) -> Global___PushHeader: ...
     @_builtins.property
@@ -808,10 +813,11 @@ class ShmPushPullRequest(_message.Message):
         header: Global___PushHeader | None = ...,
         attachment: _builtins.int = ...,
         grads: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
+        pull_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment", "grads", b"grads", "header", b"header"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment", "grads", b"grads", "header", b"header", "pull_only", b"pull_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -180,8 +180,9 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ShmPushPull(self, request, context):
-        """PushPull over an attached segment: the gradients are read from the segment, the values
-        written into it; only this small message and the reply header travel over gRPC.
+        """PushPull (or Pull, or Push with pull_if_newer_than past the version) over an attached
+        segment: the gradients are read from the segment, the values written into it; only this
+        small message and the reply header travel over gRPC.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

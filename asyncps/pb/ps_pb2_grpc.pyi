@@ -59,8 +59,9 @@ class ParameterServerStub:
     FAILED_PRECONDITION when the segment is not visible here (another host): use the frames.
     """
     ShmPushPull: _grpc.UnaryUnaryMultiCallable[_ps_pb2.ShmPushPullRequest, _ps_pb2.PullHeader]
-    """PushPull over an attached segment: the gradients are read from the segment, the values
-    written into it; only this small message and the reply header travel over gRPC.
+    """PushPull (or Pull, or Push with pull_if_newer_than past the version) over an attached
+    segment: the gradients are read from the segment, the values written into it; only this
+    small message and the reply header travel over gRPC.
     """
 
 @_typing.type_check_only
@@ -94,8 +95,9 @@ class ParameterServerAsyncStub(ParameterServerStub):
     FAILED_PRECONDITION when the segment is not visible here (another host): use the frames.
     """
     ShmPushPull: _aio.UnaryUnaryMultiCallable[_ps_pb2.ShmPushPullRequest, _ps_pb2.PullHeader]  # type: ignore[assignment]
-    """PushPull over an attached segment: the gradients are read from the segment, the values
-    written into it; only this small message and the reply header travel over gRPC.
+    """PushPull (or Pull, or Push with pull_if_newer_than past the version) over an attached
+    segment: the gradients are read from the segment, the values written into it; only this
+    small message and the reply header travel over gRPC.
     """
 
 class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
@@ -198,8 +200,9 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         request: _ps_pb2.ShmPushPullRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.PullHeader, _abc.Awaitable[_ps_pb2.PullHeader]]:
-        """PushPull over an attached segment: the gradients are read from the segment, the values
-        written into it; only this small message and the reply header travel over gRPC.
+        """PushPull (or Pull, or Push with pull_if_newer_than past the version) over an attached
+        segment: the gradients are read from the segment, the values written into it; only this
+        small message and the reply header travel over gRPC.
         """
 
 def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

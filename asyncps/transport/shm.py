@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -35,6 +35,8 @@ from asyncps.wire import SHARD_SERVICE, outcome_from_proto
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "grpc", "shm")
+T = TypeVar("T")
+_NEVER_NEWER = (1 << 63) - 1  # pull_if_newer_than of a push: no values come back
 
 
 @dataclass(frozen=True)
@@ -139,23 +141,18 @@ class ShmShardTransport:
         log.info("shard %s: tensors through shared memory (%d bytes)", self.address, segment.size)
         return _Mapping(segment, layout, reply.attachment)
 
-    def push_pull(
-        self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-        read_wait_s: float = 0.0,
-    ) -> tuple[PushOutcome, ShardValues]:
-        """Push and pull through the segment (gRPC frames for sparse gradients or another host)."""
-        dense = all(not isinstance(g, SparseRows) for g in request.grads.values())
-        if self._unavailable or not dense or buffers is None:
-            return self._inner.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
+    def _mapped(self, member_id: str, buffers: Mapping[str, Array], call: Callable[[_Mapping], T]) -> T | None:
+        """call(mapping) with a segment shaped like `buffers` mapped by the shard (a fresh one after
+        a restart); None when the shard cannot see our segments (use frames)."""
         with self._lock:  # one exchange at a time per segment
             for attempt in (0, 1):
                 mapping = self._mapping
                 if mapping is None or set(mapping.values) != set(buffers):
-                    mapping = self._mapping = self._attach_segment(request.member_id, buffers)
+                    mapping = self._mapping = self._attach_segment(member_id, buffers)
                     if mapping is None:
-                        return self._inner.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
+                        return None
                 try:
-                    return self._exchange(mapping, request, pull_if_newer_than, buffers, read_wait_s)
+                    return call(mapping)
                 except grpc.RpcError as exc:
                     forgotten = (exc.code() == grpc.StatusCode.FAILED_PRECONDITION  # type: ignore[attr-defined]
                                  and "attach again" in (exc.details() or ""))  # type: ignore[attr-defined]
@@ -164,10 +161,48 @@ class ShmShardTransport:
                     self._mapping = None  # a restarted shard: map a fresh segment
             raise AssertionError("unreachable")
 
+    def push_pull(
+        self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+        read_wait_s: float = 0.0,
+    ) -> tuple[PushOutcome, ShardValues]:
+        """Push and pull through the segment (gRPC frames for sparse gradients or another host)."""
+        dense = all(not isinstance(g, SparseRows) for g in request.grads.values())
+        if not self._unavailable and dense and buffers is not None:
+            done = self._mapped(request.member_id, buffers,
+                                lambda m: self._exchange(m, request, pull_if_newer_than, buffers, read_wait_s))
+            if done is not None:
+                outcome, values = done
+                assert outcome is not None
+                return outcome, values
+        return self._inner.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
+
+    def pull(self, member_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+             wait_timeout_s: float = 0.0) -> ShardValues:
+        """The values through the segment (into `buffers`), or over frames."""
+        if not self._unavailable and buffers is not None:
+            request = PushRequest(member_id, 0, {})
+            done = self._mapped(member_id, buffers,
+                                lambda m: self._exchange(m, request, if_newer_than, buffers, wait_timeout_s, True))
+            if done is not None:
+                return done[1]
+        return self._inner.pull(member_id, if_newer_than, buffers, wait_timeout_s)
+
+    def push(self, request: PushRequest) -> PushOutcome:
+        """One gradient through the segment already mapped (no values come back), else over frames."""
+        mapping = self._mapping
+        dense = all(not isinstance(g, SparseRows) for g in request.grads.values())
+        if mapping is not None and dense and set(request.grads) <= set(mapping.grads):
+            buffers = mapping.values
+            done = self._mapped(request.member_id, buffers,
+                                lambda m: self._exchange(m, request, _NEVER_NEWER, buffers, 0.0))
+            if done is not None and done[0] is not None:
+                return done[0]
+        return self._inner.push(request)
+
     def _exchange(
         self, mapping: _Mapping, request: PushRequest, pull_if_newer_than: int, buffers: Mapping[str, Array],
-        read_wait_s: float,
-    ) -> tuple[PushOutcome, ShardValues]:
+        read_wait_s: float, pull_only: bool = False,
+    ) -> tuple[PushOutcome | None, ShardValues]:
         chunks = []
         for name, grad in request.grads.items():
             target = mapping.grads.get(name)
@@ -179,30 +214,24 @@ class ShmShardTransport:
         header = ps_pb2.PushHeader(worker_id=request.member_id, base_version=request.base_version, step=request.step,
                                    loss=request.loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s,
                                    incarnation=request.incarnation)
-        message = ps_pb2.ShmPushPullRequest(header=header, attachment=mapping.attachment, grads=chunks)
+        message = ps_pb2.ShmPushPullRequest(header=header, attachment=mapping.attachment, grads=chunks,
+                                            pull_only=pull_only)
         # UNAVAILABLE only: a restarted shard answers FAILED_PRECONDITION "attach again" at once
         reply = self._inner.retry(lambda: self._push_pull(message, timeout=self._inner.call_timeout_s + read_wait_s))
         values: dict[str, Array] | None = None
         if not reply.not_modified:
             for name, value in mapping.values.items():
-                np.copyto(buffers[name], value)
+                if buffers[name] is not value:
+                    np.copyto(buffers[name], value)
             values = dict(buffers)
-        return outcome_from_proto(reply.push), ShardValues(reply.version, reply.incarnation, values, reply.waited_s)
+        outcome = None if pull_only else outcome_from_proto(reply.push)
+        return outcome, ShardValues(reply.version, reply.incarnation, values, reply.waited_s)
 
     # everything else is the gRPC transport's
     def initialize(self, member_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
                    values: Mapping[str, Array]) -> InitResult:
         """See ShardTransport."""
         return self._inner.initialize(member_id, shard_index, num_shards, rule, values)
-
-    def pull(self, member_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-             wait_timeout_s: float = 0.0) -> ShardValues:
-        """See ShardTransport."""
-        return self._inner.pull(member_id, if_newer_than, buffers, wait_timeout_s)
-
-    def push(self, request: PushRequest) -> PushOutcome:
-        """See ShardTransport."""
-        return self._inner.push(request)
 
     def stats(self, deadline_s: float | None = None) -> StoreStats:
         """See ShardTransport."""
