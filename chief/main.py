@@ -23,6 +23,7 @@ from asyncps.chief.membership import LiveSet, Membership
 from asyncps.chief.progress import Progress, ShardPoller, TrainClock
 from asyncps.chief.recorder import EvalLog, Recorder, write_summary
 from asyncps.chief.servicer import CoordinatorServicer
+from asyncps.chief.startgate import StartGate
 from asyncps.chief.tasks import TaskLedger
 from asyncps.codec import Array
 from asyncps.pb import coordinator_pb2 as cpb
@@ -97,6 +98,7 @@ class Chief:
         self.evaluation = Evaluation(model.evaluator, model.client, model.data, self.run.eval_every_s, progress,
                                      self.clock, eval_log)
         self.lifecycle = Lifecycle(config, interrupt, progress, self.clock, ledger, model.client)
+        self.gate = StartGate(self.run.num_workers, self.run.start_barrier, membership.index_of)
 
     # -- status ---------------------------------------------------------------------------
     def status(self) -> cpb.ClusterStatus:
@@ -117,7 +119,7 @@ class Chief:
     def serve(self) -> int:
         """Run to completion; return the process exit code."""
         servicer = CoordinatorServicer(self.membership, self.recorder, self.config.ps, self.run.to_json(),
-                                       self.status, self.ledger)
+                                       self.status, self.ledger, self.gate)
         self.lifecycle.start(servicer)
         try:
             self._control_loop()
@@ -128,6 +130,7 @@ class Chief:
             if self.config.export:
                 export_model(self.model.keras, self.config)
         finally:
+            self.gate.cancel()
             with self.progress.lock:
                 self.progress.done = True
             self.eval_log.close()
@@ -156,6 +159,7 @@ class Chief:
                 if reason is not None:
                     log.info("stopping: %s", reason)
                     self.membership.request_stop(reason)
+                    self.gate.cancel()
                     stop_at = time.monotonic()
                 elif self.checkpointer.due(self.clock.started):
                     self._checkpoint()
@@ -171,7 +175,7 @@ class Chief:
     def _write_summary(self, final: tuple[float, float]) -> None:
         write_summary(self.config.run_dir, final, self.clock.wall_s(), self.progress,
                       self.recorder, self.run, len(self.config.ps), self.model.data, self.membership.stop_reason,
-                      self.ledger, self.model.evaluator)
+                      self.ledger, self.model.evaluator, self.gate.describe())
 
 
 def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None) -> int:
@@ -190,7 +194,7 @@ def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None) -> 
     except Unreachable as exc:
         log.error("%s", exc)
         return 2
-    recorder = Recorder(config.run_dir, append=config.resume)
+    recorder = Recorder(config.run_dir, append=config.resume, planned_workers=run.num_workers)
     eval_log = EvalLog(config.run_dir, recorder, append=config.resume)
     chief = Chief(config, interrupt or threading.Event(), model, progress, membership, ledger, checkpointer,
                   recorder, eval_log)

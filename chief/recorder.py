@@ -8,9 +8,10 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asyncps.chief.progress import Progress
+from asyncps.chief.steady import SteadyStaleness
 from asyncps.chief.tasks import TaskLedger
 from asyncps.config import RunConfig
 from asyncps.pb import coordinator_pb2 as cpb
@@ -36,8 +37,9 @@ if TYPE_CHECKING:
 class Recorder:
     """Appends telemetry to pushes.csv and timeline.csv and keeps running statistics."""
 
-    def __init__(self, run_dir: Path, append: bool = False) -> None:
+    def __init__(self, run_dir: Path, append: bool = False, planned_workers: int = 0) -> None:
         self._lock = threading.Lock()
+        self.steady = SteadyStaleness(planned_workers)
         # a resumed run continues the same files
         self._pushes = RowWriter(run_dir / PUSHES_CSV, PushRow, append=append)
         self._steps = RowWriter(run_dir / TIMELINE_CSV, StepRow, append=append)
@@ -59,6 +61,7 @@ class Recorder:
                 self._pushes.write(PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version,
                                            p.staleness, p.accepted, kind, p.effective_lr, p.loss, p.drop_detail))
                 self.staleness[p.staleness] += 1
+                self.steady.add(worker, p.shard, p.wall_time, p.base_version, p.staleness)
                 self.recent_staleness.append(p.staleness)
                 if drop is not None:
                     self.dropped_reasons[drop.value] += 1
@@ -126,7 +129,7 @@ class EvalLog:
 
 def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: Progress, recorder: Recorder,
                   run: RunConfig, num_ps: int, data: Dataset, stop_reason: str | None, ledger: TaskLedger,
-                  evaluator: Evaluator) -> None:
+                  evaluator: Evaluator, start: dict[str, Any] | None = None) -> None:
     """summary.json: the run's outcome (with the final training loss where the optimum is known)."""
     histogram, _, examples, _ = recorder.snapshot()
     train_loss: float | None = None
@@ -160,4 +163,6 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
                      for v, a, d in zip(p.versions, p.accepted, p.dropped, strict=True)),
         final_train_loss=train_loss,
         optimality_gap=gap,
+        staleness_steady=StalenessSummary.of(recorder.steady.snapshot()),
+        start={**(start or {}), "late_workers": recorder.steady.late_workers(run.num_workers)},
     ).save(run_dir)

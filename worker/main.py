@@ -30,12 +30,15 @@ class WorkerConfig:
     deadline_s: float = 60.0  # how long to keep trying an unreachable chief or shard
     max_steps: int = 0  # stop on its own after this many steps (0: only when the chief says)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    logical: int = 1  # logical workers (threads) in this process: indices index .. index+logical-1
 
     def __post_init__(self) -> None:
         if not self.chief:
             raise ValueError("worker needs the chief's address (--chief HOST:PORT)")
         if self.deadline_s <= 0:
             raise ValueError("deadline_s must be > 0")
+        if self.logical < 1:
+            raise ValueError("logical must be >= 1")
 
 
 def new_member_id(role: str) -> str:
@@ -78,7 +81,11 @@ class HeartbeatLoop(threading.Thread):
 
 
 def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -> int:
-    """Run one worker to completion; return the process exit code."""
+    """Run one worker (or config.logical logical workers) to completion; return the exit code."""
+    if config.logical > 1:
+        from asyncps.worker.logical import run_logical_workers
+
+        return run_logical_workers(config, interrupt)
     quiet_tensorflow()
     member_id = new_member_id("worker")
     coord = CoordinatorClient(config.chief, config.deadline_s, config.security)
@@ -116,6 +123,7 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
     from asyncps.models import build_model, loss_fn
     from asyncps.placement import VariableSpec, place
     from asyncps.transport import connect_model
+    from asyncps.worker.start import wait_for_start, warm_up
     from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
 
     data = load_dataset(run.dataset, run.seed)
@@ -129,12 +137,16 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
                            config.security, transport=run.transport)
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
-    trainer = Trainer(client, names, make_grad_fn(model, loss_fn), batches, delay, telemetry,
+    grad_fn = make_grad_fn(model, loss_fn)
+    log.info("warm-up gradient (traces the function): %.2fs",
+             warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size))
+    trainer = Trainer(client, names, grad_fn, batches, delay, telemetry,
                       read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
                       pipeline=run.pipeline)
     code = 0
     try:
-        trainer.run(stop, config.max_steps)
+        if wait_for_start(coord, [member_id], stop, config.deadline_s):
+            trainer.run(stop, config.max_steps)
     except Unreachable as exc:
         log.error("%s", exc)
         code = 3

@@ -20,6 +20,7 @@ from asyncps.config import RunConfig, env_names, run_options
 from asyncps.procenv import process_env
 from asyncps.rundir import SUMMARY_JSON, RunSummary, wait_port_file
 from asyncps.security import SecurityConfig
+from asyncps.tools.memwatch import MemoryWatch
 
 
 def default_run_dir() -> Path:
@@ -37,6 +38,19 @@ def child_env(extra: dict[str, str] | None = None, tf_threads: int = 1) -> dict[
             env.pop(var, None)
     env.update(extra or {})
     return env
+
+
+def worker_groups(num_workers: int, processes: int) -> list[tuple[str, int, int]]:
+    """(process name, first index, logical workers) per worker process: one each when processes is
+    0, else num_workers split into `processes` contiguous blocks of indices (sizes differing by <= 1)."""
+    if processes <= 0 or processes >= num_workers:
+        return [(f"worker-{i}", i, 1) for i in range(num_workers)]
+    groups, first = [], 0
+    for p in range(processes):
+        count = num_workers // processes + (1 if p < num_workers % processes else 0)
+        groups.append((f"workers-{p}", first, count))
+        first += count
+    return groups
 
 
 @dataclass
@@ -116,8 +130,9 @@ class LocalCluster:
             "--run-dir", str(self.run_dir), "--run-config", str(config_file),
             *(["--resume"] if self.resume else [])])
         self.chief_address = f"127.0.0.1:{wait_port_file(port_file, port_timeout_s, chief.alive)}"
-        for i in range(self.run.num_workers):
-            self._spawn(f"worker-{i}", ["worker", "--chief", self.chief_address, "--index", str(i)])
+        for name, first, count in worker_groups(self.run.num_workers, self.run.worker_processes):
+            self._spawn(name, ["worker", "--chief", self.chief_address, "--index", str(first),
+                               *(["--logical", str(count)] if count > 1 else [])])
 
     def _make_secrets(self) -> None:
         """A development CA, one certificate for every process (server and client) and a token."""
@@ -246,12 +261,15 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     old = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
     display = None
+    memory = MemoryWatch()
     try:
-        print(f"asyncps local: {run.num_ps} shards, {run.num_workers} workers, {run.model} on "
+        where = f" in {run.worker_processes} processes" if 0 < run.worker_processes < run.num_workers else ""
+        print(f"asyncps local: {run.num_ps} shards, {run.num_workers} workers{where}, {run.model} on "
               f"{run.dataset}, mode {run.mode}; run directory {run_dir}", flush=True)
         cluster.start()
         display = ProgressDisplay(cluster.chief_address, cluster.security) if progress else None
         while cluster.chief.alive():
+            memory.sample((c.name, c.proc.pid) for c in cluster.children if c.alive())
             if display:
                 display.update()
             time.sleep(0.5)
@@ -268,6 +286,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
         cluster.stop()
         signal.signal(signal.SIGINT, old)
         signal.signal(signal.SIGTERM, old_term)
+    mem = memory.write(run_dir, run.num_workers)
     codes = cluster.exit_codes()
     failed = {n: c for n, c in codes.items() if c != 0}
     if failed:
@@ -276,6 +295,8 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
         s = RunSummary.load(run_dir)
         print(f"done: {s.updates_applied} updates in {s.wall_s:.1f}s ({s.throughput_updates_per_s:.1f}/s), "
               f"final test accuracy {s.final_eval.accuracy:.4f}, mean staleness {s.staleness.mean:.2f}")
+    print(f"peak memory: workers {mem['workers_total_mb']:.0f} MB ({mem['per_worker_mb']:.1f} MB per worker), "
+          f"all processes {mem['total_mb']:.0f} MB")
     print(f"run directory: {run_dir}")
     chief_code = codes.get("chief")
     return 1 if chief_code is None else chief_code
