@@ -89,7 +89,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         released = self._gate.wait(min(max(request.wait_s, 0.0), MAX_START_WAIT_S))
         command, _ = self._command()
         return cpb.StartReply(released=released and command == cpb.CONTINUE, command=command,  # type: ignore[arg-type]
-                              ready=self._gate.ready_count(), planned=self._gate.planned)
+                              ready=self._gate.ready_count(), planned=self._gate.planned,
+                              start_at=self._gate.start_at)
 
     @handles_errors
     def GetStatus(self, request: cpb.StatusRequest, context: grpc.ServicerContext) -> cpb.ClusterStatus:

@@ -16,6 +16,10 @@ from collections.abc import Callable, Iterable
 
 from asyncps.errors import InvalidArgumentError
 
+#: The release names a moment this far ahead, so that every waiting process has its answer before
+#: it and all begin together (answers reach processes tens of ms apart on a busy machine).
+START_MARGIN_S = 0.3
+
 
 class StartGate:
     """Who is ready, and whether the run is released; waiters block on one condition."""
@@ -54,7 +58,7 @@ class StartGate:
             self._ready.update(i for i in indices if i < self.planned)
             if self.released_after_s is None and len(self._ready) >= self.planned:
                 self.released_after_s = self._clock() - self._created
-                self.released_wall = time.time()
+                self.released_wall = time.time() + START_MARGIN_S
                 self._cond.notify_all()
 
     def cancel(self) -> None:
@@ -62,6 +66,12 @@ class StartGate:
         with self._cond:
             self._cancelled = True
             self._cond.notify_all()
+
+    @property
+    def start_at(self) -> float:
+        """The wall time at which released workers begin (0 before the release)."""
+        with self._cond:
+            return self.released_wall or 0.0
 
     def wait(self, timeout_s: float) -> bool:
         """Block until released, cancelled or timeout_s passed; True when released."""

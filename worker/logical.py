@@ -124,7 +124,7 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
 
 def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, run: RunConfig, data: Any,
              model: Any, grad_fn: Any, stop: threading.Event, go: threading.Event) -> None:
-    """One logical worker's life: connect, warm up, wait for the release, train."""
+    """One logical worker's life: connect, warm up, pull, wait for the release, train."""
     from asyncps.placement import VariableSpec, place
     from asyncps.transport import connect_model
     from asyncps.worker.start import warm_up
@@ -142,6 +142,8 @@ def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, r
                                run.chunk_bytes, config.security, transport=run.transport)
         delay = run.step_delay(w.reg.index)
         warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size)
+        if run.start_barrier:  # the values at the release: every planned worker's first gradient reads them
+            client.pull()
         w.warmed.set()
         while not go.wait(0.5):
             if stop.is_set():
@@ -149,7 +151,7 @@ def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, r
         trainer = Trainer(client, names, grad_fn, batches, delay, w.telemetry, read_wait_s=run.read_wait_s,
                           on_step=lambda step: w.steps_done.__setitem__(0, step), pipeline=run.pipeline)
         try:
-            trainer.run(stop, config.max_steps)
+            trainer.run(stop, config.max_steps, pulled=run.start_barrier)
         finally:
             w.steps = trainer.step
     except Unreachable as exc:

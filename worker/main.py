@@ -145,8 +145,10 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
                       pipeline=run.pipeline)
     code = 0
     try:
+        if run.start_barrier:  # the values at the release: every planned worker's first gradient reads them
+            client.pull()
         if wait_for_start(coord, [member_id], stop, config.deadline_s):
-            trainer.run(stop, config.max_steps)
+            trainer.run(stop, config.max_steps, pulled=run.start_barrier)
     except Unreachable as exc:
         log.error("%s", exc)
         code = 3

@@ -211,10 +211,12 @@ class Trainer:
         self.step = 0
         self.examples = 0
 
-    def run(self, stop: threading.Event, max_steps: int = 0) -> None:
-        """Pull once, then loop: compute gradients, push-and-pull, until stop (or max_steps)."""
+    def run(self, stop: threading.Event, max_steps: int = 0, pulled: bool = False) -> None:
+        """Pull once (unless the caller just did: `pulled`), then loop: compute gradients,
+        push-and-pull, until stop (or max_steps)."""
         t0 = time.time()
-        self._client.pull()
+        if not pulled:
+            self._client.pull()
         pull_s = time.time() - t0
         if self._pipeline:
             self._run_pipelined(stop, max_steps, pull_s)

@@ -447,6 +447,7 @@ class StartReply(_message.Message):
     COMMAND_FIELD_NUMBER: _builtins.int
     READY_FIELD_NUMBER: _builtins.int
     PLANNED_FIELD_NUMBER: _builtins.int
+    START_AT_FIELD_NUMBER: _builtins.int
     released: _builtins.bool
     """train now"""
     command: Global___Command.ValueType
@@ -454,6 +455,8 @@ class StartReply(_message.Message):
     ready: _builtins.int
     """planned workers ready so far"""
     planned: _builtins.int
+    start_at: _builtins.float
+    """released: wall time (seconds since the epoch) at which every worker begins"""
     def __init__(
         self,
         *,
@@ -461,10 +464,11 @@ class StartReply(_message.Message):
         command: Global___Command.ValueType = ...,
         ready: _builtins.int = ...,
         planned: _builtins.int = ...,
+        start_at: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "planned", b"planned", "ready", b"ready", "released", b"released"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "planned", b"planned", "ready", b"ready", "released", b"released", "start_at", b"start_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
