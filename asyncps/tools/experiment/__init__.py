@@ -80,7 +80,8 @@ from asyncps.tools.experiment.tables import (
 )
 
 __all__ = [
-    "METRICS", "RESULTS_CSV", "RESULTS_MD", "RUN_FIELDS", "SPEC_KEYS", "Approx", "Bound", "Check", "CheckOutcome", "Compare",
+    "METRICS", "RESULTS_CSV", "RESULTS_MD", "RUN_FIELDS", "SPEC_KEYS", "Approx", "Bound", "Check", "CheckOutcome",
+    "Compare",
     "ExperimentError", "ExperimentSpec", "Point", "PointResult", "ResultRecord", "Row", "Runner", "SweepInterrupted",
     "SweepResult", "Target", "Trend", "add_arguments", "cmd_experiment", "evaluate_checks", "evaluate_expression",
     "expand_grid", "finished", "load_spec", "make_run_config", "markdown_table", "parse_check", "parse_spec",
