@@ -102,7 +102,14 @@ def run_config_from(args: argparse.Namespace, environ: Mapping[str, str] | None 
 def add_security_flags(p: argparse.ArgumentParser) -> None:
     """Authentication and encryption flags (every role; the token itself never goes on a command line)."""
     g = p.add_argument_group("security")
-    _add(g, "--token-file", "", "file holding the shared token required on every RPC (else env ASYNCPS_TOKEN)")
+    _add(g, "--token-file", "", "file holding the workers' token required on every RPC (else env ASYNCPS_TOKEN)")
+    _add(g, "--chief-token-file", "", "file holding the chief's token: servers grant it the chief's methods, "
+                                      "the chief sends it (else env ASYNCPS_CHIEF_TOKEN)")
+    g.add_argument("--shared-token", action="store_true", default=_env_flag("shared_token"),
+                   help="the one --token-file token acts as every role, chief included (compatibility; "
+                        "env ASYNCPS_SHARED_TOKEN=1)")
+    _add(g, "--chief-identity", "asyncps-chief", "comma-separated certificate names (CN or SAN) that are "
+                                                "the chief's under mTLS; other client certificates are workers'")
     _add(g, "--tls-cert", "", "PEM certificate: served by servers, presented as client certificate by clients")
     _add(g, "--tls-key", "", "PEM private key of --tls-cert")
     _add(g, "--tls-ca", "", "PEM CA: clients verify servers with it; servers with a cert require client certs (mTLS)")
@@ -114,8 +121,14 @@ def add_security_flags(p: argparse.ArgumentParser) -> None:
 
 def security_from(args: argparse.Namespace) -> SecurityConfig:
     """The SecurityConfig of the security flags."""
-    return SecurityConfig.from_flags(args.token_file, args.tls_cert, args.tls_key, args.tls_ca,
-                                     args.tls_server_name, require_client_cert=not args.tls_no_client_auth)
+    security = SecurityConfig.from_flags(
+        args.token_file, args.tls_cert, args.tls_key, args.tls_ca, args.tls_server_name,
+        require_client_cert=not args.tls_no_client_auth, chief_token_file=args.chief_token_file,
+        shared_token=bool(args.shared_token),
+        chief_identities=tuple(n.strip() for n in str(args.chief_identity).split(",") if n.strip()))
+    if args.command in ("ps", "chief"):
+        security.check_server()
+    return security
 
 
 def _tf_config() -> TFConfig | None:
