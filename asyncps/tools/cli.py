@@ -168,7 +168,10 @@ def cmd_ps(args: argparse.Namespace) -> int:
         index = tf.task_index
     chunk_bytes = run_config_from(args).chunk_bytes
     config = PsConfig(host=args.host, port=port, index=index, port_file=args.port_file,
-                      chunk_bytes=chunk_bytes, security=security_from(args))
+                      chunk_bytes=chunk_bytes, security=security_from(args),
+                      handler_threads=int(args.handler_threads),
+                      stream_idle_timeout_s=float(args.stream_idle_timeout),
+                      max_streams_per_peer=int(args.max_streams_per_peer))
     _setup_logging(args.log_level, f"ps-{index}")
     stop = threading.Event()
     _install_signals(stop)
@@ -255,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, True)
     _add(p, "--index", 0, "shard index (TF_CONFIG task.index wins)", type=int)
     add_run_flags(p, only=("chunk_bytes",), config_file=False, title="streaming")
+    g = p.add_argument_group("limits", "stalled or slow clients cannot take the shard's threads (asyncps.streamguard)")
+    _add(g, "--handler-threads", 256, "RPC handler threads; a quarter (at least 4) are kept free of streams",
+         type=int)
+    _add(g, "--stream-idle-timeout", 30.0, "seconds a stream may wait on its client before it is ended",
+         type=float)
+    _add(g, "--max-streams-per-peer", 0, "streams one client connection may have open (0: min(16, half))",
+         type=int)
     add_security_flags(p)
     p.set_defaults(fn=cmd_ps)
 
