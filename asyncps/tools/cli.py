@@ -305,7 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_security_flags(p)
     p.set_defaults(fn=cmd_health)
 
-    from asyncps.tools import experiment, report  # cheap: matplotlib and the cluster load only when run
+    from asyncps.tools import composerun, experiment, report  # cheap: matplotlib and the cluster load only when run
+
+    p = sub.add_parser("compose-run", help="docker-compose up -d, restart crashed or killed containers, "
+                                           "exit with the chief's status")
+    composerun.add_arguments(p)
+    p.set_defaults(fn=composerun.cmd_compose_run)
 
     p = sub.add_parser("experiment", help="run a sweep of local clusters from a YAML/TOML spec and check its outcome")
     experiment.add_arguments(p)
