@@ -43,3 +43,31 @@ def test_the_command_line() -> None:
     args = build_parser().parse_args(["compose-run", "-p", "demo", "-f", "docker-compose.yml", "--max-restarts", "3"])
     assert (args.project_name, args.file, args.max_restarts, args.compose) == ("demo", ["docker-compose.yml"], 3,
                                                                                "docker-compose")
+
+
+def compose_services() -> dict[str, dict[str, object]]:
+    import yaml
+
+    from tests.conftest import REPO_ROOT
+
+    services: dict[str, dict[str, object]] = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())["services"]
+    return services
+
+
+def test_every_role_in_the_compose_file_has_a_restart_policy() -> None:
+    services = compose_services()
+    assert {name: services[name].get("restart") for name in ("ps-0", "ps-1", "chief", "worker")} == dict.fromkeys(
+        ("ps-0", "ps-1", "chief", "worker"), "on-failure")
+
+
+def test_every_run_setting_reaches_the_chief_in_compose() -> None:
+    from asyncps.config import env_names, run_options
+
+    environment = compose_services()["chief"]["environment"]
+    assert isinstance(environment, dict)
+    missing = [name for name in run_options() if env_names(name) and not set(env_names(name)) & set(environment)]
+    assert missing == [], f"run settings docker-compose.yml does not forward to the chief: {missing}"
+    assert {"ASYNCPS_RESUME", "ASYNCPS_TOKEN_FILE", "ASYNCPS_CHIEF_TOKEN_FILE", "ASYNCPS_TLS_CERT"} <= set(environment)
+    worker = compose_services()["worker"]["environment"]
+    assert isinstance(worker, dict)
+    assert "ASYNCPS_CHIEF_TOKEN_FILE" not in worker  # a worker never holds the chief's token
