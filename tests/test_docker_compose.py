@@ -24,6 +24,8 @@ Scenarios:
      no restart policy brings it back) mid-run; compose-run starts it again, the chief restores it,
      and compose-run exits 0 with a complete summary.json on the host. The chief-kill variant
      (kill the chief too) runs once CHIEF_RESTART_RESUMES is True.
+  E  compose-run over mutual TLS with a token per role, all files from a host directory mounted
+     read-only at /secrets: trains to the end, exit 0, every server logs "mTLS, per-role tokens auth".
 """
 
 from __future__ import annotations
@@ -457,3 +459,37 @@ def test_compose_run_survives_docker_kill(compose: Compose, tmp_path: Path, vict
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_eval"]["accuracy"] >= 0.90, summary
     assert set(pushes_by_worker((run_dir / "pushes.csv").read_text())) == {0, 1}
+
+
+# -- E: tokens and certificates as mounted files ---------------------------------------------------
+def test_compose_run_over_mtls_with_per_role_tokens(compose: Compose, tmp_path: Path) -> None:
+    from asyncps.tools.devcerts import generate_dev_certs
+
+    secrets_dir = tmp_path / "secrets"
+    generate_dev_certs(secrets_dir, extra_names=["ps-0", "ps-1", "chief"])
+    (secrets_dir / "token").write_text(secrets.token_urlsafe(24) + "\n")
+    (secrets_dir / "chief-token").write_text(secrets.token_urlsafe(24) + "\n")
+    for file in secrets_dir.iterdir():
+        file.chmod(0o644)  # readable by the containers' uid 10001 (development certificates only)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    runs.chmod(0o777)
+    compose.set(ASYNCPS_EPOCHS=15, ASYNCPS_WORKERS=2, ASYNCPS_RUNS_DIR=str(runs), ASYNCPS_SECRETS_DIR=str(secrets_dir),
+                ASYNCPS_TOKEN_FILE="/secrets/token", ASYNCPS_CHIEF_TOKEN_FILE="/secrets/chief-token",
+                ASYNCPS_TLS_CA="/secrets/ca.pem",
+                ASYNCPS_PS_TLS_CERT="/secrets/server.pem", ASYNCPS_PS_TLS_KEY="/secrets/server.key",
+                ASYNCPS_CHIEF_TLS_CERT="/secrets/chief.pem", ASYNCPS_CHIEF_TLS_KEY="/secrets/chief.key",
+                ASYNCPS_WORKER_TLS_CERT="/secrets/client.pem", ASYNCPS_WORKER_TLS_KEY="/secrets/client.key")
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncps.tools.cli", "compose-run", "-p", compose.project,
+         "-f", str(COMPOSE_FILE), "--compose", " ".join(compose.cmd)],
+        cwd=ROOT, env={**compose.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=SETUP_TIMEOUT_S + SCENARIO_TIMEOUT_S)
+    print(f"scenario E: compose-run exited {result.returncode} after {time.monotonic() - start:.1f}s")
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{compose.logs()}"
+    for service in ("ps-0", "ps-1", "chief"):
+        (container,) = compose.containers(service)
+        assert "(mTLS, per-role tokens auth)" in compose.docker_logs(container), service
+    summary = json.loads((runs / compose.run_name / "summary.json").read_text())
+    assert summary["final_eval"]["accuracy"] >= 0.90, summary
