@@ -209,9 +209,7 @@ class ShardStore:
         assert self._mode is not None
         names = sorted(self._vars) if self._mode.exclusive else sorted(grads)
         with contextlib.ExitStack() as stack:
-            self._wait_unpaused()
-            for name in names:
-                stack.enter_context(self._vars[name].lock)
+            stack.enter_context(self._unpaused_locks(names))
             with self._version_cond:
                 version_now = self._version
                 if incarnation and incarnation != self._incarnation:
@@ -329,10 +327,35 @@ class ShardStore:
             self._version_cond.notify_all()
             return self._version
 
+    def _paused(self) -> bool:
+        """Whether pushes are held now (call with the version condition held)."""
+        return self._paused_until > self._clock()
+
     def _wait_unpaused(self) -> None:
         with self._version_cond:
-            while (left := self._paused_until - self._clock()) > 0:
-                self._version_cond.wait(timeout=left)
+            while self._paused():
+                self._version_cond.wait(timeout=max(0.0, self._paused_until - self._clock()))
+
+    @contextlib.contextmanager
+    def _unpaused_locks(self, names: list[str]) -> Iterator[None]:
+        """The locks of `names`, taken while no pause holds pushes.
+
+        The pause is checked again with the locks held: a pause sets its flag holding every lock,
+        so a pause that lands after the first check and before the locks are taken is seen here,
+        and the push lets go of its locks and waits instead of slipping past the cut.
+        """
+        while True:
+            self._wait_unpaused()
+            with contextlib.ExitStack() as attempt:
+                for name in names:
+                    attempt.enter_context(self._vars[name].lock)
+                with self._version_cond:
+                    paused = self._paused()
+                if not paused:
+                    held = attempt.pop_all()
+                    break
+        with held:
+            yield
 
     def snapshot(self) -> Snapshot:
         """A consistent copy of the whole state: values, optimizer slots, counters."""

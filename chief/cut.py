@@ -1,0 +1,56 @@
+"""A consistent cut over all shards: every shard holds pushes before any is read.
+
+Checkpoints and evaluations read the shards at a cut: all shards are paused (in parallel, each
+pause returning once its in-flight pushes are applied), then every shard is read, then whatever
+the chief records beside the values (the data ledger, the examples seen) is read, and only then
+are pushes released. So the values are those of one instant of the whole cluster, the version
+vector is the one they carry, and the records are those of the same instant.
+
+A worker's step pushes to every shard; at the cut it may be applied on some shards and held on
+others. That gradient is "in flight" at the cut: the values read do not contain it on the shards
+where it was held, and the version vector says exactly which updates each shard's values hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from asyncps.transport import ShardTransport
+
+Read = TypeVar("Read")
+Record = TypeVar("Record")
+
+# Pushes resume by themselves after this long, should the chief die while holding them.
+DEFAULT_HOLD_S = 30.0
+
+
+@dataclass(frozen=True)
+class Cut(Generic[Read, Record]):
+    """What was read from every shard at the cut, the shards' versions when paused, and the
+    chief's records taken before the release."""
+
+    reads: list[Read]
+    paused_versions: list[int]
+    record: Record
+
+
+def at_cut(shards: Sequence[ShardTransport], read: Callable[[int, ShardTransport], Read],
+           record: Callable[[], Record], hold_s: float = DEFAULT_HOLD_S) -> Cut[Read, Record]:
+    """Pause every shard, `read` each one, take `record()`, then release every shard.
+
+    Each shard is released even when a pause or a read fails (the error is raised after)."""
+    with ThreadPoolExecutor(max_workers=max(1, len(shards)), thread_name_prefix="cut") as pool:
+        try:
+            paused = list(pool.map(lambda shard: shard.pause(hold_s), shards))
+            reads = list(pool.map(read, range(len(shards)), shards))
+            recorded = record()
+        finally:
+            list(pool.map(lambda shard: shard.pause(0.0), shards))
+    return Cut(reads, paused, recorded)
+
+
+__all__ = ["DEFAULT_HOLD_S", "Cut", "at_cut"]
