@@ -156,8 +156,9 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         max_clock_lead=p.max_clock_lead,
         backup_workers=run.backup_workers,
         staleness_bound=run.staleness_bound,
-        shards=tuple(ShardCounters(version=v, accepted=a, dropped=d)
-                     for v, a, d in zip(p.versions, p.accepted, p.dropped, strict=True)),
+        shards=tuple(ShardCounters(version=v, accepted=a, dropped=d, bytes_pushed=pushed, bytes_pulled=pulled)
+                     for v, a, d, pushed, pulled in zip(p.versions, p.accepted, p.dropped, p.bytes_pushed,
+                                                        p.bytes_pulled, strict=True)),
         final_train_loss=train_loss,
         optimality_gap=gap,
     ).save(run_dir)
