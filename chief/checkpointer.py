@@ -100,7 +100,7 @@ class Checkpointer:
         and `examples_seen` (the examples the workers reported) are read before the release, so
         the manifest describes the same instant as the values: a task the ledger counts as done
         had every push of it applied before the cut (its worker reports it only after them)."""
-        from asyncps.chief.checkpoint import assemble
+        from asyncps.chief.checkpoint import assemble, assemble_policy_state
 
         t0 = time.monotonic()
 
@@ -127,7 +127,7 @@ class Checkpointer:
             "run": dataclasses.asdict(self._run),
             "placement": [dataclasses.asdict(p) for p in self._placement.parts],
             "wall_time": time.time(),
-        })
+        }, assemble_policy_state(self._placement, snaps))
         self._last = (time.monotonic(), self._progress.updates)
         log.info("checkpoint %s at versions %s in %.3fs", path.name, [s.version for s in snaps],
                  time.monotonic() - t0)
