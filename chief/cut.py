@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from asyncps.transport import ShardTransport
+    from asyncps.transport import ModelClient, ShardTransport
 
 Read = TypeVar("Read")
 Record = TypeVar("Record")
@@ -53,4 +53,12 @@ def at_cut(shards: Sequence[ShardTransport], read: Callable[[int, ShardTransport
     return Cut(reads, paused, recorded)
 
 
-__all__ = ["DEFAULT_HOLD_S", "Cut", "at_cut"]
+def pull_at_cut(client: ModelClient, hold_s: float = DEFAULT_HOLD_S) -> list[int]:
+    """Pull the whole model into `client.values` at a cut; the version vector of those values.
+
+    Pushes are held for the pull's duration, so no shard's values can include a gradient computed
+    from values of another shard newer than the ones pulled."""
+    return at_cut(client.shards, lambda _, __: None, client.pull, hold_s).record
+
+
+__all__ = ["DEFAULT_HOLD_S", "Cut", "at_cut", "pull_at_cut"]

@@ -1,6 +1,7 @@
-"""Checkpoints as one cut: Pause holds pushes (no push slips past it), and checkpoints taken while
-several workers push continuously restore exactly the values of their recorded versions, with a
-data ledger taken at the same cut."""
+"""Checkpoints and evaluations as one cut: Pause holds pushes (no push slips past it), and
+checkpoints and evaluation pulls taken while several workers push continuously hold exactly the
+values of their recorded versions, form a consistent cut, and (checkpoints) restore those values,
+with a data ledger taken at the same cut."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from asyncps.chief.checkpoint import CheckpointDir, split
 from asyncps.chief.checkpointer import Checkpointer
 from asyncps.chief.config import ChiefConfig
+from asyncps.chief.cut import pull_at_cut
 from asyncps.chief.membership import Membership
 from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
@@ -129,6 +131,7 @@ class Pushes:
     lock: threading.Lock = field(default_factory=threading.Lock)
     by_shard: dict[int, dict[int, dict[str, np.ndarray]]] = field(default_factory=dict)
     task_versions: dict[int, dict[int, int]] = field(default_factory=dict)
+    base_of: dict[int, dict[int, list[int]]] = field(default_factory=dict)  # shard -> version -> base vector
     count: int = 0
     more: threading.Condition = field(default_factory=threading.Condition)
 
@@ -151,12 +154,14 @@ def _worker(index: int, addresses: list[str], placement: Placement, ledger: Task
             grads = {s.name: rng.standard_normal(s.shape).astype(np.float32) for s in SPECS}
             parts = client.split(grads)
             step += 1
+            base = list(client.versions)
             results = client.push_pull(grads, step, 0.0)
             with pushes.lock:
                 for r in results:
                     assert r.outcome is not None and r.outcome.accepted
                     assert r.outcome.version not in pushes.by_shard.setdefault(r.shard, {})
                     pushes.by_shard[r.shard][r.outcome.version] = parts[r.shard]
+                    pushes.base_of.setdefault(r.shard, {})[r.outcome.version] = base
                 pushes.task_versions[task.task_id] = {r.shard: r.outcome.version for r in results
                                                       if r.outcome is not None}
             ledger.complete(f"worker-{index}", task.task_id)  # reported after the push, as a worker does
@@ -181,6 +186,26 @@ def _replay(placement: Placement, initial: dict[str, np.ndarray], pushes: Pushes
     return values
 
 
+def _assert_values_at(placement: Placement, initial: dict[str, np.ndarray], pushes: Pushes,
+                      versions: list[int], values: dict[str, np.ndarray]) -> None:
+    """`values` are exactly those of the shards at `versions`, and the versions are a consistent
+    cut: no update a shard holds was computed from another shard's values past the cut."""
+    for shard, version in enumerate(versions):
+        expected = _replay(placement, initial, pushes, shard, version)
+        for part in placement.parts_on(shard):
+            value = values[part.variable]
+            np.testing.assert_array_equal(value[part.rows()] if part.sliced else value, expected[part.name])
+    _assert_consistent(pushes, versions)
+
+
+def _assert_consistent(pushes: Pushes, versions: list[int]) -> None:
+    """No update a shard holds at `versions` was computed from another shard's values past them."""
+    for shard, version in enumerate(versions):
+        for v in range(1, version + 1):
+            base = pushes.base_of[shard][v]
+            assert all(b <= c for b, c in zip(base, versions, strict=True)), (shard, v, base, versions)
+
+
 def test_checkpoints_under_continuous_pushes_restore_the_values_of_their_versions(
     tmp_path: Path, start_shards: Callable[[int], list[str]]
 ) -> None:
@@ -198,12 +223,16 @@ def test_checkpoints_under_continuous_pushes_restore_the_values_of_their_version
     pushes = Pushes()
     stop = threading.Event()
     paths = []
+    evaluations = []
+    reader = connect_model("evaluator", addresses, placement, deadline_s=JOIN_S)
     with ThreadPoolExecutor(3) as pool:
         workers = [pool.submit(_worker, i, addresses, placement, ledger, pushes, stop) for i in range(3)]
         try:
             for n in range(6):
                 pushes.wait_for(30 * (n + 1))  # the workers keep pushing between and during checkpoints
                 paths.append(checkpointer.checkpoint(lambda: 0))
+                versions = pull_at_cut(reader)  # what an evaluation reads
+                evaluations.append((versions, {k: v.copy() for k, v in reader.values.items()}))
         finally:
             stop.set()
             for w in workers:
@@ -212,14 +241,16 @@ def test_checkpoints_under_continuous_pushes_restore_the_values_of_their_version
     versions = [CheckpointDir.load(p).manifest["shard_versions"] for p in paths]
     assert all(a < b for earlier, later in itertools.pairwise(versions)
                for a, b in zip(earlier, later, strict=True))
+    # the check is not vacuous: shard 0 read before any update, shard 1 read at the end, is no cut
+    with pytest.raises(AssertionError):
+        _assert_consistent(pushes, [0, max(pushes.by_shard[1])])
+    for versions, values in evaluations:
+        _assert_values_at(placement, initial, pushes, versions, values)
+    reader.close()
     for path in paths:
         ckpt = CheckpointDir.load(path)
         shard_versions = ckpt.manifest["shard_versions"]
-        for shard, version in enumerate(shard_versions):
-            expected = _replay(placement, initial, pushes, shard, version)
-            for part in placement.parts_on(shard):
-                value = ckpt.values[part.variable]
-                np.testing.assert_array_equal(value[part.rows()] if part.sliced else value, expected[part.name])
+        _assert_values_at(placement, initial, pushes, shard_versions, ckpt.values)
         # the ledger is read at the cut: every task it counts as done is in the checkpoint's values
         done = ckpt.manifest["data_tasks"]["done"]
         assert done
