@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncps.chief.checkpoint import CheckpointDir
 from asyncps.chief.config import ChiefConfig
-from asyncps.chief.cut import at_cut
+from asyncps.chief.cut import CutLapsed, at_cut
 from asyncps.chief.membership import Membership
 from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
@@ -93,13 +93,14 @@ class Checkpointer:
         by_time = run.checkpoint_every_s and time.monotonic() - at >= run.checkpoint_every_s
         return bool(by_updates or by_time) and training
 
-    def checkpoint(self, examples_seen: Callable[[], int]) -> Path:
+    def checkpoint(self, examples_seen: Callable[[], int]) -> Path | None:
         """Take a consistent cut (asyncps.chief.cut) and write it atomically; return its path.
 
         Every shard holds pushes before any is snapshotted, and the data ledger, the worker steps
         and `examples_seen` (the examples the workers reported) are read before the release, so
         the manifest describes the same instant as the values: a task the ledger counts as done
-        had every push of it applied before the cut (its worker reports it only after them)."""
+        had every push of it applied before the cut (its worker reports it only after them).
+        None (nothing written, logged) when the cut outlasted the shards' hold."""
         from asyncps.chief.checkpoint import assemble, assemble_policy_state
 
         t0 = time.monotonic()
@@ -107,7 +108,11 @@ class Checkpointer:
         def records() -> tuple[int, dict[str, int], dict[str, Any]]:
             return examples_seen(), self._membership.worker_steps(), self._ledger.state()
 
-        cut = at_cut(self._client.shards, lambda _, shard: shard.snapshot(), records)
+        try:
+            cut = at_cut(self._client.shards, lambda _, shard: shard.snapshot(), records)
+        except CutLapsed as exc:
+            log.error("checkpoint skipped: %s", exc)  # the next one is due again at once
+            return None
         snaps = cut.reads
         examples, worker_steps, data_tasks = cut.record
         values, slots = assemble(self._placement, snaps)

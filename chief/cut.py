@@ -13,6 +13,7 @@ where it was held, and the version vector says exactly which updates each shard'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ Record = TypeVar("Record")
 
 # Pushes resume by themselves after this long, should the chief die while holding them.
 DEFAULT_HOLD_S = 30.0
+
+
+class CutLapsed(RuntimeError):
+    """Reading took as long as the hold: a shard may have released pushes by itself mid-cut."""
 
 
 @dataclass(frozen=True)
@@ -42,14 +47,19 @@ def at_cut(shards: Sequence[ShardTransport], read: Callable[[int, ShardTransport
            record: Callable[[], Record], hold_s: float = DEFAULT_HOLD_S) -> Cut[Read, Record]:
     """Pause every shard, `read` each one, take `record()`, then release every shard.
 
-    Each shard is released even when a pause or a read fails (the error is raised after)."""
+    Each shard is released even when a pause or a read fails (the error is raised after). A cut
+    that took `hold_s` or longer raises CutLapsed: a shard's hold may have expired during it."""
+    started = time.monotonic()  # before any pause is sent: every shard's hold ends after started + hold_s
     with ThreadPoolExecutor(max_workers=max(1, len(shards)), thread_name_prefix="cut") as pool:
         try:
             paused = list(pool.map(lambda shard: shard.pause(hold_s), shards))
             reads = list(pool.map(read, range(len(shards)), shards))
             recorded = record()
+            took = time.monotonic() - started
         finally:
             list(pool.map(lambda shard: shard.pause(0.0), shards))
+    if took >= hold_s:
+        raise CutLapsed(f"the cut took {took:.1f}s, not less than the {hold_s:.1f}s hold: pushes may have resumed")
     return Cut(reads, paused, recorded)
 
 
@@ -61,4 +71,4 @@ def pull_at_cut(client: ModelClient, hold_s: float = DEFAULT_HOLD_S) -> list[int
     return at_cut(client.shards, lambda _, __: None, client.pull, hold_s).record
 
 
-__all__ = ["DEFAULT_HOLD_S", "Cut", "at_cut", "pull_at_cut"]
+__all__ = ["DEFAULT_HOLD_S", "Cut", "CutLapsed", "at_cut", "pull_at_cut"]

@@ -19,7 +19,7 @@ import pytest
 from asyncps.chief.checkpoint import CheckpointDir, split
 from asyncps.chief.checkpointer import Checkpointer
 from asyncps.chief.config import ChiefConfig
-from asyncps.chief.cut import pull_at_cut
+from asyncps.chief.cut import CutLapsed, at_cut, pull_at_cut
 from asyncps.chief.membership import Membership
 from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
@@ -95,6 +95,23 @@ def test_a_pause_landing_between_the_pause_check_and_the_locks_still_holds_the_p
         store.pause(0.0)
         pushed.result(timeout=JOIN_S)
     assert store.version == 1
+
+
+def test_a_cut_that_outlasts_the_hold_is_refused_and_releases_every_shard() -> None:
+    stores = [_store(), _store()]
+    hold_s = 0.2
+
+    def slow_read(index: int, store: ShardStore) -> int:
+        threading.Event().wait(hold_s * 1.5)  # reading takes longer than the shards hold pushes
+        return store.version
+
+    with pytest.raises(CutLapsed, match="hold"):
+        at_cut(stores, slow_read, lambda: None, hold_s=hold_s)  # type: ignore[arg-type]
+    for store in stores:  # released: a push goes through at once
+        _push(store)
+        assert store.version == 1
+    cut = at_cut(stores, lambda _, store: store.snapshot().version, lambda: "recorded")  # type: ignore[arg-type]
+    assert cut.reads == cut.paused_versions == [1, 1] and cut.record == "recorded"
 
 
 def test_pause_holds_pushes_on_a_shard_process(shard_server: str) -> None:
@@ -230,7 +247,9 @@ def test_checkpoints_under_continuous_pushes_restore_the_values_of_their_version
         try:
             for n in range(6):
                 pushes.wait_for(30 * (n + 1))  # the workers keep pushing between and during checkpoints
-                paths.append(checkpointer.checkpoint(lambda: 0))
+                path = checkpointer.checkpoint(lambda: 0)
+                assert path is not None
+                paths.append(path)
                 versions = pull_at_cut(reader)  # what an evaluation reads
                 evaluations.append((versions, {k: v.copy() for k, v in reader.values.items()}))
         finally:
