@@ -133,6 +133,25 @@ def make_loss(spec: str) -> Any:
     return loss
 
 
+def make_metrics(spec: str) -> dict[str, Any]:
+    """The metrics `{name: (labels, outputs) -> per-example or mean values}` of a comma-separated
+    spec: names of Keras metric functions (`sparse_top_k_categorical_accuracy`) or
+    `package.module:function` taking `(y_true, y_pred)`. Accuracy is always measured; "" adds none."""
+    metrics: dict[str, Any] = {}
+    for name in (part.strip() for part in spec.split(",")):
+        if not name:
+            continue
+        if is_function_spec(name):
+            metrics[name] = load_function(name, "metric")
+            continue
+        fn = getattr(keras.metrics, name, None)
+        if fn is None or isinstance(fn, type) or not callable(fn):
+            raise ValueError(f"unknown metric {name!r}: the name of a Keras metric function (e.g. "
+                             "sparse_top_k_categorical_accuracy) or package.module:function")
+        metrics[name] = fn
+    return metrics
+
+
 class _Initializers:
     """Hands out initializers with distinct, deterministic seeds derived from one model seed."""
 

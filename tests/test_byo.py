@@ -57,11 +57,15 @@ def test_example_trains_through_the_cli(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--user-path", str(BYO), "--run-dir", str(run_dir), "--quiet",
                       "--model", EXAMPLE["model"], "--dataset", EXAMPLE["dataset"], "--loss", EXAMPLE["loss"],
-                      "--optimizer", "adam", "--lr", "0.01", "--epochs", "4", "--workers", "2", "--ps", "1"])
+                      "--optimizer", "adam", "--lr", "0.01", "--epochs", "4", "--workers", "2", "--ps", "1",
+                      "--metrics", "sparse_categorical_accuracy,shapes_model:true_class_probability"])
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["model"] == "shapes_model:build" and summary["dataset"] == "shapes_data:load"
     assert summary["final_eval"]["accuracy"] >= STATED_ACCURACY, summary["final_eval"]
+    # the Keras metric measures what the chief's own accuracy does; the user's metric is a probability
+    assert summary["metrics"]["sparse_categorical_accuracy"] == pytest.approx(summary["final_eval"]["accuracy"])
+    assert 1 / 3 < summary["metrics"]["shapes_model:true_class_probability"] <= 1.0
     assert (run_dir / "model.keras").exists()
 
 
@@ -164,11 +168,40 @@ def test_bad_model_specs_say_what_is_wrong(spec: str, message: str) -> None:
 
 def test_bad_losses_and_datasets_say_what_is_wrong(tmp_path: Path) -> None:
     from asyncps.datasets import load_dataset
-    from asyncps.models import make_loss
+    from asyncps.models import make_loss, make_metrics
 
     (tmp_path / "byo_bad_data.py").write_text("def flat():\n    return [1, 2, 3]\n")
     add_user_path([str(tmp_path)])
     with pytest.raises(ValueError, match="unknown loss 'no_such_loss'"):
         make_loss("no_such_loss")
+    with pytest.raises(ValueError, match="unknown metric 'accuracy_please'"):
+        make_metrics("sparse_categorical_accuracy, accuracy_please")
     with pytest.raises(ValueError, match=r"must return \(x_train, y_train\), \(x_test, y_test\), got list"):
         load_dataset("byo_bad_data:flat")
+
+
+def test_an_installed_entry_point_is_a_policy_name(tmp_path: Path) -> None:
+    # an installed distribution as importlib.metadata finds it: a .dist-info folder on sys.path
+    (tmp_path / "byo_ep_policy.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from asyncps.rules.policies import Decision, StalenessPolicy\n"
+        "from asyncps.rules.registry import param\n\n"
+        "@dataclass(frozen=True)\n"
+        "class HalfRate(StalenessPolicy):\n"
+        "    '''Applies every gradient at a fraction of the learning rate.'''\n"
+        "    scale: float = param(0.5)\n\n"
+        "    def decide(self, staleness: int) -> Decision:\n"
+        "        return Decision(True, lr_scale=self.scale)\n")
+    dist = tmp_path / "byo_ep-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: byo-ep\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[asyncps.policies]\nhalf-rate = byo_ep_policy:HalfRate\n")
+    add_user_path([str(tmp_path)])
+    try:
+        rule = UpdateRuleConfig(OptimizerConfig("sgd", 1.0), staleness_policy="half-rate:scale=0.25")
+        assert rule.staleness_policy == "half-rate:scale=0.25"
+        store = ShardStore()
+        store.initialize(rule, {"w": np.zeros(1, np.float32)})
+        assert store.push("w0", 0, {"w": np.ones(1, np.float32)}).effective_lr == pytest.approx(0.25)
+    finally:
+        POLICIES.unregister("half-rate")

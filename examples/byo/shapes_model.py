@@ -8,6 +8,8 @@ the run uses the Keras loss `sparse_categorical_crossentropy` (`--loss`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 
 
@@ -32,3 +34,8 @@ def build_with_batchnorm(input_shape: tuple[int, ...], num_classes: int) -> kera
         keras.layers.BatchNormalization(),
         keras.layers.Dense(num_classes),
     ])
+
+
+def true_class_probability(y_true: Any, y_pred: Any) -> Any:
+    """A metric (`--metrics shapes_model:true_class_probability`): the probability given to the right class."""
+    return keras.ops.take_along_axis(y_pred, keras.ops.expand_dims(keras.ops.cast(y_true, "int32"), -1), axis=-1)[:, 0]
