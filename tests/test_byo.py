@@ -205,3 +205,17 @@ def test_an_installed_entry_point_is_a_policy_name(tmp_path: Path) -> None:
         assert store.push("w0", 0, {"w": np.ones(1, np.float32)}).effective_lr == pytest.approx(0.25)
     finally:
         POLICIES.unregister("half-rate")
+
+
+def test_optimizer_and_mode_plugins_travel_on_the_wire_and_run_in_a_store() -> None:
+    from asyncps.wire import rule_from_proto, rule_to_proto
+
+    rule = UpdateRuleConfig(OptimizerConfig("byo_plugins:SignSGD", 0.1), mode="byo_plugins:FirstWins", num_workers=2)
+    assert rule.optimizer.spec == "byo_plugins:SignSGD:lr=0.1"
+    assert rule_from_proto(rule_to_proto(rule)) == rule
+    store = ShardStore()
+    store.initialize(rule, {"w": np.zeros(2, np.float32)})
+    first = store.push("worker#0-a", 0, {"w": np.array([3.0, -0.2], np.float32)})
+    second = store.push("worker#1-b", 0, {"w": np.array([1.0, 1.0], np.float32)})
+    assert first.accepted and not second.accepted and second.drop is not None and second.drop.value == "late"
+    np.testing.assert_allclose(store.pull(-1, "worker#0-a").values["w"], [-0.1, 0.1])
