@@ -219,3 +219,12 @@ def test_optimizer_and_mode_plugins_travel_on_the_wire_and_run_in_a_store() -> N
     second = store.push("worker#1-b", 0, {"w": np.array([1.0, 1.0], np.float32)})
     assert first.accepted and not second.accepted and second.drop is not None and second.drop.value == "late"
     np.testing.assert_allclose(store.pull(-1, "worker#0-a").values["w"], [-0.1, 0.1])
+
+
+@pytest.mark.slow
+def test_asyncps_train_reports_why_a_user_model_failed(tmp_path: Path) -> None:
+    import asyncps
+
+    with pytest.raises(asyncps.TrainingFailed, match="non-trainable state"):
+        asyncps.train(model="shapes_model:build_with_batchnorm", dataset="shapes_data:load", max_updates=5,
+                      num_workers=1, num_ps=1, run_dir=tmp_path / "run", user_path=[str(BYO)])

@@ -65,8 +65,20 @@ def train(model: str | Callable[..., Any] = "mlp", dataset: str | Callable[..., 
     env = {USER_PATH_ENV: os.pathsep.join(dict.fromkeys(dirs))} if dirs else None
     code = run_local(run, where, progress=progress, env=env, secure=secure)
     if code != 0 or not (where / SUMMARY_JSON).exists():
-        raise TrainingFailed(f"asyncps.train: the chief exited with {code}; logs in {where / 'logs'}")
+        raise TrainingFailed(f"asyncps.train: the chief exited with {code}; logs in {where / 'logs'}"
+                             + _last_error(where / "logs" / "chief.log"))
     return RunSummary.load(where)
+
+
+def _last_error(log: Path) -> str:
+    """The chief log's last ERROR or exception line (why a user's model or data failed), if any."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    found = [line for line in lines
+             if " ERROR " in line or line.startswith(("asyncps chief: error:", "ValueError", "TypeError"))]
+    return f"; the chief said: {found[-1].strip()}" if found else ""
 
 
 __all__ = ["ChiefConfig", "LocalCluster", "PsConfig", "RunConfig", "RunSummary", "TrainingFailed", "WorkerConfig",
