@@ -54,7 +54,7 @@ def train(model: str | Callable[..., Any] = "mlp", dataset: str | Callable[..., 
     `model`, `dataset` and `loss` are specs (`mlp`, `digits`, `package.module:function`) or
     importable functions; `settings` are RunConfig fields (`num_workers=2`, `num_ps=1`,
     `epochs=5`, `staleness_policy="drop:bound=4"`, ...), checked like a --run-config file.
-    `user_path`: directories every process imports user code from. Raises TrainingFailed when the
+    `user_path`: directories every process (this one too) imports user code from. Raises TrainingFailed when the
     run ends without a summary or with a failed chief, ValueError for a bad setting.
     """
     fields = {"model": spec_of(model, "model"), "dataset": spec_of(dataset, "dataset"), "loss": spec_of(loss, "loss"),
