@@ -24,6 +24,7 @@ from asyncps.config import (
     settings_from_env,
 )
 from asyncps.security import SecurityConfig
+from asyncps.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
 
 DEFAULT_PORT = 8470
 
@@ -248,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser, role_port: bool) -> None:
         _add(p, "--log-level", "INFO", "DEBUG | INFO | WARNING | ERROR")
+        add_user_path_flag(p)
         if role_port:
             _add(p, "--host", "0.0.0.0", "interface to bind")
             _add(p, "--port", None, f"port to bind (0: any free port; default: TF_CONFIG's, else {DEFAULT_PORT})",
@@ -289,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_chief)
 
     p = sub.add_parser("local", help="run a whole cluster as local processes, with progress")
+    add_user_path_flag(p)
     _add(p, "--run-dir", "", "run directory (default: runs/<timestamp>)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
@@ -322,12 +325,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_user_path_flag(p: argparse.ArgumentParser) -> None:
+    """--user-path DIR (repeatable): where the user's models, datasets and rule plugins are imported from."""
+    p.add_argument("--user-path", action="append", default=[], metavar="DIR",
+                   help=f"directory put on the Python path for package.module:function models, datasets, losses "
+                        f"and rule plugins; repeatable (also env {USER_PATH_ENV}, {os.pathsep}-separated)")
+
+
+def apply_user_path(args: argparse.Namespace) -> None:
+    """Put --user-path and ASYNCPS_USER_PATH on sys.path, and in the environment for child processes."""
+    dirs = add_user_path([*user_path_from_env(), *getattr(args, "user_path", [])])
+    if dirs:
+        os.environ[USER_PATH_ENV] = os.pathsep.join(dict.fromkeys(dirs))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, run, and turn configuration errors into one clear line."""
     parser = build_parser()
     args = parser.parse_args(argv)
     fn: Callable[[argparse.Namespace], int] = args.fn
     try:
+        apply_user_path(args)
         return fn(args)
     except (ValueError, ClusterConfigError, FileNotFoundError) as exc:
         print(f"asyncps {args.command}: error: {exc}", file=sys.stderr)
