@@ -21,10 +21,11 @@ from typing import Any
 
 from asyncps.config import RunConfig
 from asyncps.coordclient import CoordinatorClient
+from asyncps.members import new_member_id
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
 from asyncps.tfutil import limit_threads, quiet_tensorflow
-from asyncps.worker.main import HeartbeatLoop, WorkerConfig, new_member_id
+from asyncps.worker.main import HeartbeatLoop, WorkerConfig
 from asyncps.worker.trainer import Telemetry
 
 log = logging.getLogger("asyncps.worker")
@@ -45,11 +46,11 @@ class LogicalWorker:
 
 
 def _register(config: WorkerConfig, coord: CoordinatorClient) -> list[LogicalWorker]:
-    base = new_member_id("worker")
     workers = []
     for k in range(config.logical):
-        member_id = f"{base}-l{k}"
-        reg = coord.register(member_id, "worker", config.index + k if config.index >= 0 else -1)
+        index = config.index + k if config.index >= 0 else -1
+        member_id = f"{new_member_id('worker', index)}-l{k}"
+        reg = coord.register(member_id, "worker", index)
         workers.append(LogicalWorker(member_id, reg))
     return workers
 
@@ -88,12 +89,12 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
     """Load the data and the model once, run every logical worker in its thread, report, exit code."""
     limit_threads(run.tf_threads)
     from asyncps.datasets import load_dataset
-    from asyncps.models import build_model, loss_fn
+    from asyncps.models import build_model, make_loss
     from asyncps.worker.trainer import make_grad_fn
 
     data = load_dataset(run.dataset, run.seed)
     model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
-    grad_fn = make_grad_fn(model, loss_fn)
+    grad_fn = make_grad_fn(model, make_loss(run.loss))
     go = threading.Event()
     threads = [threading.Thread(target=_run_one, name=f"logical-{w.reg.index}",
                                 args=(config, coord, w, run, data, model, grad_fn, stop, go), daemon=True)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from asyncps.config import RunConfig
 from asyncps.coordclient import CoordinatorClient
+from asyncps.members import new_member_id
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
 from asyncps.security import SecurityConfig
@@ -39,11 +37,6 @@ class WorkerConfig:
             raise ValueError("deadline_s must be > 0")
         if self.logical < 1:
             raise ValueError("logical must be >= 1")
-
-
-def new_member_id(role: str) -> str:
-    """A unique id for this process incarnation."""
-    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class HeartbeatLoop(threading.Thread):
@@ -87,7 +80,7 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
 
         return run_logical_workers(config, interrupt)
     quiet_tensorflow()
-    member_id = new_member_id("worker")
+    member_id = new_member_id("worker", config.index)
     coord = CoordinatorClient(config.chief, config.deadline_s, config.security)
     try:
         reg = coord.register(member_id, "worker", config.index)
@@ -120,7 +113,7 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
     limit_threads(run.tf_threads)
 
     from asyncps.datasets import load_dataset
-    from asyncps.models import build_model, loss_fn
+    from asyncps.models import build_model, make_loss
     from asyncps.placement import VariableSpec, place
     from asyncps.transport import connect_model
     from asyncps.worker.start import wait_for_start, warm_up
@@ -137,7 +130,7 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
                            config.security, transport=run.transport)
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
-    grad_fn = make_grad_fn(model, loss_fn)
+    grad_fn = make_grad_fn(model, make_loss(run.loss))
     log.info("warm-up gradient (traces the function): %.2fs",
              warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size))
     trainer = Trainer(client, names, grad_fn, batches, delay, telemetry,

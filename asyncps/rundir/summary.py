@@ -121,6 +121,16 @@ class _Fields:
         return out
 
 
+def _named_numbers(fields: _Fields, name: str) -> dict[str, float]:
+    """An object of numbers keyed by names ({} when absent: written before the field existed)."""
+    out: dict[str, float] = {}
+    for key, value in fields.mapping(name, {}).items():
+        if not _is_number(value):
+            raise fields.error(f"{name}.{key}", "a number", value)
+        out[str(key)] = float(value)
+    return out
+
+
 def _int_key(fields: _Fields, name: str, key: str) -> int:
     try:
         return int(key)
@@ -205,6 +215,10 @@ class ShardCounters:
     version: int
     accepted: int
     dropped: int
+    # added later (0 when reading an older run directory): tensor bytes the shard received in
+    # pushes (sparse gradients: the touched rows and their indices only) and sent in pulls
+    bytes_pushed: int = 0
+    bytes_pulled: int = 0
 
 
 @dataclass(frozen=True)
@@ -241,6 +255,7 @@ class RunSummary:
     # datasets with a known optimum only
     final_train_loss: float | None = None
     optimality_gap: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # --metrics of the final evaluation (test set)
 
     @property
     def interrupted(self) -> bool:
@@ -265,6 +280,7 @@ class RunSummary:
         data["data"] = dict(self.data)
         data["start"] = dict(self.start)
         data["staleness_steady"] = None if self.staleness_steady is None else self.staleness_steady.to_dict()
+        data["metrics"] = dict(self.metrics)
         for name in ("final_train_loss", "optimality_gap", "staleness_steady"):
             if data[name] is None:
                 del data[name]
@@ -289,13 +305,15 @@ class RunSummary:
             dataset=f.text("dataset"), epochs=f.number("epochs"), stop_reason=f.optional_text("stop_reason"),
             pushes_recorded=f.integer("pushes_recorded"), dropped_by_reason=f.counts("dropped_by_reason"),
             backup_workers=f.integer("backup_workers"), staleness_bound=f.integer("staleness_bound"),
-            shards=tuple(ShardCounters(s.integer("version"), s.integer("accepted"), s.integer("dropped"))
+            shards=tuple(ShardCounters(s.integer("version"), s.integer("accepted"), s.integer("dropped"),
+                                       s.integer("bytes_pushed", 0), s.integer("bytes_pulled", 0))
                          for s in f.objects("shards")),
             data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
             max_clock_lead=f.number("max_clock_lead", 0.0), start=f.mapping("start", {}),
             staleness_steady=(StalenessSummary.read(f.obj("staleness_steady"))
                               if f.get("staleness_steady", None) is not None else None),
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
+            metrics=_named_numbers(f, "metrics"),
         )
 
     @classmethod
