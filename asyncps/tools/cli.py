@@ -145,6 +145,20 @@ def _setup_logging(level: str, role: str) -> None:
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
 
 
+def require_module(module: str, command: str, install: str) -> None:
+    """A clear error, before anything starts, when an optional dependency of `command` is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"{command} needs {module}, which is not installed: {install}")
+
+
+def require_tensorflow(command: str) -> None:
+    """TensorFlow is an extra (the user picks the build): say how to get one."""
+    require_module("tensorflow", command, "pip install 'asyncps[tf]' (or 'asyncps[cpu]' for the CPU-only "
+                   "build), or install the TensorFlow build of your choice")
+
+
 def cmd_ps(args: argparse.Namespace) -> int:
     """asyncps ps."""
     from asyncps.ps.main import PsConfig, run_ps
@@ -164,6 +178,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """asyncps worker."""
+    require_tensorflow("asyncps worker")
     from asyncps.worker.main import WorkerConfig, run_worker
 
     chief, index = args.chief, int(args.index)
@@ -182,6 +197,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_chief(args: argparse.Namespace) -> int:
     """asyncps chief."""
+    require_tensorflow("asyncps chief")
     from asyncps.chief.main import ChiefConfig, run_chief
 
     ps = tuple(a for a in args.ps.split(",") if a)
@@ -205,6 +221,7 @@ def cmd_chief(args: argparse.Namespace) -> int:
 
 def cmd_local(args: argparse.Namespace) -> int:
     """asyncps local."""
+    require_tensorflow("asyncps local")
     from asyncps.tools.local import default_run_dir, run_local
 
     run = run_config_from(args)
@@ -236,6 +253,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """asyncps export CKPT_DIR."""
+    require_tensorflow("asyncps export")
     from asyncps.tools.export import export_checkpoint
 
     out = export_checkpoint(Path(args.checkpoint), Path(args.out) if args.out else None,

@@ -188,3 +188,79 @@ def watch(address: str, security: SecurityConfig | None, follow: bool, interval_
     finally:
         sink.close()
         poller.close()
+
+
+class SweepProgress:
+    """A sweep's progress: a bar over its points (percent and ETA of the whole sweep, counting the
+    running point's share) and the running point's own bar; on a pipe, a prefixed status line of the
+    running point every `every_s` seconds. Points already finished (resumed) take no time in the ETA."""
+
+    def __init__(self, to_run: int, total: int, stream: IO[str] = sys.stdout, every_s: float = 10.0) -> None:
+        self._stream = stream
+        self._to_run = max(1, to_run)
+        self._total = total
+        self._every_s = every_s
+        self._ran = 0  # points run (not resumed) so far
+        self._run_s = 0.0  # seconds spent running them
+        self._point_started: float | None = None
+        self._progress: Progress | None = None
+        if stream.isatty():
+            self._progress = _bar(stream)
+            self._sweep = self._progress.add_task(f"sweep 0/{total}", total=100.0, eta="-", info="")
+            self._point = self._progress.add_task("point", total=100.0, eta="-", info="")
+            self._progress.start()
+
+    def share_done(self, point_fraction: float) -> float:
+        """The sweep's share done: points run, plus the running point's share, over the points to run."""
+        return min(1.0, (self._ran + max(0.0, point_fraction)) / self._to_run)
+
+    def point(self, n: int, label: str) -> StatusSink:
+        """The sink of point n's status while it runs."""
+        self._point_started = time.monotonic()
+        if self._progress is None:
+            return LineDisplay(self._stream, self._every_s, prefix=f"[{n}/{self._total}] {label}: ")
+        self._progress.update(self._point, description=f"[{n}/{self._total}] {label}", completed=0.0, total=100.0,
+                              eta="-", info="starting")
+        return _SweepPointSink(self, self._progress, self._point)
+
+    def show_sweep(self, point_fraction: float) -> None:
+        """Move the sweep's bar to the running point's share."""
+        if self._progress is None or self._point_started is None:
+            return
+        share = self.share_done(point_fraction)
+        elapsed = self._run_s + time.monotonic() - self._point_started
+        self._progress.update(self._sweep, completed=100.0 * share, eta=format_duration(eta_s(elapsed, share)))
+
+    def point_done(self, n: int, line: str, ran: bool) -> None:
+        """A point ended (`ran`: it was run now, not resumed); print its line above the bars."""
+        if ran and self._point_started is not None:
+            self._ran += 1
+            self._run_s += time.monotonic() - self._point_started
+        self._point_started = None
+        if self._progress is None:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+            return
+        self._progress.console.print(line, markup=False, highlight=False)
+        share = self.share_done(0.0)
+        self._progress.update(self._sweep, description=f"sweep {n}/{self._total}", completed=100.0 * share,
+                              eta=format_duration(eta_s(self._run_s, share)))
+
+    def close(self) -> None:
+        """Leave the final bars on the screen."""
+        if self._progress is not None:
+            self._progress.stop()
+
+
+class _SweepPointSink:
+    """The running point's status, to its bar and to the sweep's."""
+
+    def __init__(self, sweep: SweepProgress, progress: Progress, task: TaskID) -> None:
+        self._sweep, self._progress, self._task = sweep, progress, task
+
+    def show(self, status: cpb.ClusterStatus) -> None:
+        show_task(self._progress, self._task, status)
+        self._sweep.show_sweep(status.fraction_done)
+
+    def close(self) -> None:
+        """The point's bar is reused by the next point."""

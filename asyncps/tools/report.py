@@ -544,6 +544,11 @@ def make_report(path: Path, figures_dir: Path | None = None, prefix: str = "", w
 
 def cmd_report(args: Any) -> int:
     """asyncps report DIR: figures and report.md."""
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "PIL") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"asyncps report needs {' and '.join(missing)}: pip install 'asyncps[report]'")
     only = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else FIGURES
     report = make_report(Path(args.dir), Path(args.figures) if args.figures else None, args.prefix,
                          float(args.window), int(args.gantt_runs), only)
@@ -577,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give a run or sweep directory, or --stale-gradient-figure PATH")
     try:
         return cmd_report(args)
-    except (ExperimentError, RunDirError) as exc:
+    except (ExperimentError, RunDirError, ValueError) as exc:
         print(f"report: error: {exc}", file=sys.stderr)
         return 2
 
