@@ -102,7 +102,14 @@ def run_config_from(args: argparse.Namespace, environ: Mapping[str, str] | None 
 def add_security_flags(p: argparse.ArgumentParser) -> None:
     """Authentication and encryption flags (every role; the token itself never goes on a command line)."""
     g = p.add_argument_group("security")
-    _add(g, "--token-file", "", "file holding the shared token required on every RPC (else env ASYNCPS_TOKEN)")
+    _add(g, "--token-file", "", "file holding the workers' token required on every RPC (else env ASYNCPS_TOKEN)")
+    _add(g, "--chief-token-file", "", "file holding the chief's token: servers grant it the chief's methods, "
+                                      "the chief sends it (else env ASYNCPS_CHIEF_TOKEN)")
+    g.add_argument("--shared-token", action="store_true", default=_env_flag("shared_token"),
+                   help="the one --token-file token acts as every role, chief included (compatibility; "
+                        "env ASYNCPS_SHARED_TOKEN=1)")
+    _add(g, "--chief-identity", "asyncps-chief", "comma-separated certificate names (CN or SAN) that are "
+                                                "the chief's under mTLS; other client certificates are workers'")
     _add(g, "--tls-cert", "", "PEM certificate: served by servers, presented as client certificate by clients")
     _add(g, "--tls-key", "", "PEM private key of --tls-cert")
     _add(g, "--tls-ca", "", "PEM CA: clients verify servers with it; servers with a cert require client certs (mTLS)")
@@ -114,8 +121,14 @@ def add_security_flags(p: argparse.ArgumentParser) -> None:
 
 def security_from(args: argparse.Namespace) -> SecurityConfig:
     """The SecurityConfig of the security flags."""
-    return SecurityConfig.from_flags(args.token_file, args.tls_cert, args.tls_key, args.tls_ca,
-                                     args.tls_server_name, require_client_cert=not args.tls_no_client_auth)
+    security = SecurityConfig.from_flags(
+        args.token_file, args.tls_cert, args.tls_key, args.tls_ca, args.tls_server_name,
+        require_client_cert=not args.tls_no_client_auth, chief_token_file=args.chief_token_file,
+        shared_token=bool(args.shared_token),
+        chief_identities=tuple(n.strip() for n in str(args.chief_identity).split(",") if n.strip()))
+    if args.command in ("ps", "chief"):
+        security.check_server()
+    return security
 
 
 def _tf_config() -> TFConfig | None:
@@ -169,7 +182,10 @@ def cmd_ps(args: argparse.Namespace) -> int:
         index = tf.task_index
     chunk_bytes = run_config_from(args).chunk_bytes
     config = PsConfig(host=args.host, port=port, index=index, port_file=args.port_file,
-                      chunk_bytes=chunk_bytes, security=security_from(args))
+                      chunk_bytes=chunk_bytes, security=security_from(args),
+                      handler_threads=int(args.handler_threads),
+                      stream_idle_timeout_s=float(args.stream_idle_timeout),
+                      max_streams_per_peer=int(args.max_streams_per_peer))
     _setup_logging(args.log_level, f"ps-{index}")
     stop = threading.Event()
     _install_signals(stop)
@@ -294,6 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, True)
     _add(p, "--index", 0, "shard index (TF_CONFIG task.index wins)", type=int)
     add_run_flags(p, only=("chunk_bytes",), config_file=False, title="streaming")
+    g = p.add_argument_group("limits", "stalled or slow clients cannot take the shard's threads (asyncps.streamguard)")
+    _add(g, "--handler-threads", 256, "RPC handler threads; a quarter (at least 4) are kept free of streams",
+         type=int)
+    _add(g, "--stream-idle-timeout", 30.0, "seconds a stream may wait on its client before it is ended",
+         type=float)
+    _add(g, "--max-streams-per-peer", 0, "streams one client connection may have open (0: min(16, half))",
+         type=int)
     add_security_flags(p)
     p.set_defaults(fn=cmd_ps)
 
@@ -351,11 +374,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a checkpoint directory (ckpt-NNNNNNNN), a checkpoint root or a run directory "
                                       "(its latest checkpoint)")
     p.add_argument("--out", default="", help="where to write them (default: the checkpoint directory)")
-    p.add_argument("--run-config", default="", help="the run's config.json when the checkpoint is outside its run "
-                                                    "directory (default: found above the checkpoint)")
+    p.add_argument("--run-config", default="", help="a run configuration file (e.g. a run's config.json) instead "
+                                                    "of the settings the checkpoint's manifest records")
     p.set_defaults(fn=cmd_export)
 
-    from asyncps.tools import experiment, report  # cheap: matplotlib and the cluster load only when run
+    from asyncps.tools import composerun, experiment, report  # cheap: matplotlib and the cluster load only when run
+
+    p = sub.add_parser("compose-run", help="docker-compose up -d, restart crashed or killed containers, "
+                                           "exit with the chief's status")
+    composerun.add_arguments(p)
+    p.set_defaults(fn=composerun.cmd_compose_run)
 
     p = sub.add_parser("experiment", help="run a sweep of local clusters from a YAML/TOML spec and check its outcome")
     experiment.add_arguments(p)
