@@ -25,6 +25,8 @@ class ChiefConfig:
     resume: bool = False  # continue from the latest checkpoint instead of initializing
     export: bool = True  # write the final model (Keras file and SavedModel) into the run directory
     security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
+    metrics_port: int = -1  # Prometheus /metrics on this port (0: any free port; -1: off)
+    metrics_port_file: str = ""  # write the bound metrics port here (for metrics_port 0)
 
     @property
     def checkpoints(self) -> Path:

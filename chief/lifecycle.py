@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncps.chief.config import ChiefConfig
@@ -31,12 +32,18 @@ def prepare_run_dir(config: ChiefConfig) -> None:
     RunConfigRecord.of(config.run, config.ps, run_dir).save(run_dir)
 
 
-def export_model(model: Any, config: ChiefConfig) -> None:
-    """The final model as a Keras file and a SavedModel that plain TensorFlow can load."""
+def save_model(model: Any, out_dir: Path) -> None:
+    """out_dir/model.keras and out_dir/saved_model, a SavedModel that plain TensorFlow can load."""
     t0 = time.monotonic()
-    model.save(config.run_dir / "model.keras")
-    model.export(str(config.run_dir / "saved_model"), verbose=False)
-    log.info("exported model.keras and saved_model/ in %.1fs", time.monotonic() - t0)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save(out_dir / "model.keras")
+    model.export(str(out_dir / "saved_model"), verbose=False)
+    log.info("exported model.keras and saved_model/ to %s in %.1fs", out_dir, time.monotonic() - t0)
+
+
+def export_model(model: Any, config: ChiefConfig) -> None:
+    """The final model into the run directory."""
+    save_model(model, config.run_dir)
 
 
 class Lifecycle:
@@ -79,6 +86,18 @@ class Lifecycle:
         if run.max_seconds and self._clock.elapsed() >= run.max_seconds:
             return f"reached {run.max_seconds:g} s"
         return None
+
+    def fraction_done(self, updates: int) -> float:
+        """Share of the run done, 0..1: the stop condition nearest to being met; -1 with none."""
+        run = self._run
+        shares = []
+        if run.max_updates:
+            shares.append(updates / run.max_updates)
+        if run.epochs:
+            shares.append(self._ledger.fraction_done())
+        if run.max_seconds:
+            shares.append(self._clock.elapsed() / run.max_seconds)
+        return min(1.0, max(shares)) if shares else -1.0
 
     def shutdown(self) -> None:
         """Ask the shards to exit, stop serving, close the shard channels."""

@@ -20,6 +20,7 @@ from asyncps.chief.config import ChiefConfig
 from asyncps.chief.evaluator import Evaluation, Evaluator
 from asyncps.chief.lifecycle import Lifecycle, export_model, prepare_run_dir
 from asyncps.chief.membership import LiveSet, Membership
+from asyncps.chief.metrics import MetricsServer, RunMetrics
 from asyncps.chief.progress import Progress, ShardPoller, TrainClock
 from asyncps.chief.recorder import EvalLog, Recorder, write_summary
 from asyncps.chief.servicer import CoordinatorServicer
@@ -27,7 +28,7 @@ from asyncps.chief.tasks import TaskLedger
 from asyncps.codec import Array
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
-from asyncps.rundir import StalenessSummary
+from asyncps.rundir import StalenessSummary, write_port_file
 from asyncps.tfutil import limit_threads, quiet_tensorflow
 
 if TYPE_CHECKING:
@@ -105,13 +106,29 @@ class Chief:
         stale = StalenessSummary.of(histogram)
         p = self.progress
         with p.lock:
-            return cpb.ClusterStatus(
-                updates=p.updates, updates_per_s=p.updates_per_s, mean_staleness=stale.mean,
+            updates = p.updates
+            status = cpb.ClusterStatus(
+                updates=updates, updates_per_s=p.updates_per_s, mean_staleness=stale.mean,
                 workers_alive=len(self.membership.live_workers()), eval_loss=p.eval_loss,
                 eval_accuracy=p.eval_accuracy, eval_version=p.eval_updates, worker_loss=loss,
-                done=p.done, elapsed_s=self.clock.elapsed(),
+                done=p.done, elapsed_s=self.clock.elapsed(), workers_planned=self.membership.num_workers,
+                stop_reason=self.membership.stop_reason or "",
                 epochs=(examples + self.checkpointer.examples_offset) / max(1, len(self.model.data.x_train)),
             )
+        status.fraction_done = 1.0 if status.done else self.lifecycle.fraction_done(updates)
+        return status
+
+    def metrics(self) -> RunMetrics:
+        """The run's metrics for the Prometheus endpoint."""
+        status = self.status()
+        histogram, _, _, _ = self.recorder.snapshot()
+        with self.progress.lock:
+            drops = dict(self.progress.dropped_by_reason)
+        return RunMetrics(updates=status.updates, updates_per_s=status.updates_per_s, dropped_by_reason=drops,
+                          staleness=histogram, live_workers=status.workers_alive,
+                          planned_workers=status.workers_planned, eval_loss=status.eval_loss,
+                          eval_accuracy=status.eval_accuracy, epochs=status.epochs,
+                          fraction_done=status.fraction_done)
 
     # -- the run --------------------------------------------------------------------------
     def serve(self) -> int:
@@ -119,6 +136,10 @@ class Chief:
         servicer = CoordinatorServicer(self.membership, self.recorder, self.config.ps, self.run.to_json(),
                                        self.status, self.ledger)
         self.lifecycle.start(servicer)
+        metrics = None
+        if self.config.metrics_port >= 0:
+            metrics = MetricsServer(self.config.host, self.config.metrics_port, self.metrics)
+            write_port_file(self.config.metrics_port_file, metrics.port)
         try:
             self._control_loop()
             if self.run.checkpoint_every_updates or self.run.checkpoint_every_s:
@@ -133,6 +154,8 @@ class Chief:
             self.eval_log.close()
             self.recorder.close()
             self.lifecycle.shutdown()
+            if metrics is not None:
+                metrics.close()
         log.info("run complete: %s", self.config.run_dir)
         return 0
 
@@ -191,7 +214,7 @@ def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None) -> 
         log.error("%s", exc)
         return 2
     recorder = Recorder(config.run_dir, append=config.resume)
-    eval_log = EvalLog(config.run_dir, recorder, append=config.resume)
+    eval_log = EvalLog(config.run_dir, recorder, append=config.resume, run=run)
     chief = Chief(config, interrupt or threading.Event(), model, progress, membership, ledger, checkpointer,
                   recorder, eval_log)
     return chief.serve()

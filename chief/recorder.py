@@ -4,11 +4,12 @@ statistics, evaluations (eval.csv, TensorBoard) and the final summary.json."""
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
@@ -89,6 +90,9 @@ class Recorder:
                 self.busy_s[worker] += s.pull_s + s.compute_s + s.push_s
                 self.wait_s[worker] += s.wait_s
             self.pushes_recorded += len(pushes)
+            # readers (asyncps report on a running or crashed run) see every report
+            self._pushes.flush()
+            self._steps.flush()
 
     def example_outcomes(self) -> dict[str, int]:
         """Examples whose gradients were applied, dropped, partially applied (summary.json's data)."""
@@ -99,6 +103,11 @@ class Recorder:
         """(staleness histogram, recent staleness values, examples seen, last worker loss)."""
         with self._lock:
             return dict(self.staleness), list(self.recent_staleness), self.examples, self.last_loss
+
+    def dropped(self) -> dict[str, int]:
+        """Pushes the workers reported dropped so far, by reason."""
+        with self._lock:
+            return dict(self.dropped_reasons)
 
     def idle_fractions(self) -> dict[int, float]:
         """Per worker: the share of its step time spent held back by the consistency model."""
@@ -116,13 +125,15 @@ class Recorder:
 class EvalLog:
     """Appends every evaluation to eval.csv and to the TensorBoard event files (run_dir/tb)."""
 
-    def __init__(self, run_dir: Path, recorder: Recorder, append: bool = False) -> None:
+    def __init__(self, run_dir: Path, recorder: Recorder, append: bool = False, run: RunConfig | None = None) -> None:
         import tensorflow as tf
 
         self._recorder = recorder
         self._writer = tf.summary.create_file_writer(str(run_dir / "tb"))
         self._file = RowWriter(run_dir / EVAL_CSV, EvalRow, append=append)
         self.history: list[tuple[float, int, float, float]] = []
+        if run is not None:
+            write_hparams(self._writer, run)
 
     def add(self, elapsed: float, updates: int, versions: Sequence[int], loss: float, accuracy: float,
             updates_per_s: float) -> None:
@@ -132,11 +143,21 @@ class EvalLog:
         self.history.append((elapsed, updates, loss, accuracy))
         import tensorflow as tf
 
-        _, recent, _, _ = self._recorder.snapshot()
+        _, recent, _, worker_loss = self._recorder.snapshot()
+        dropped = self._recorder.dropped()
+        idle = self._recorder.idle_fractions()
         with self._writer.as_default(step=updates):
             tf.summary.scalar("eval/loss", loss)
             tf.summary.scalar("eval/accuracy", accuracy)
             tf.summary.scalar("train/updates_per_s", updates_per_s)
+            tf.summary.scalar("train/worker_loss", worker_loss)
+            tf.summary.scalar("train/dropped_pushes", sum(dropped.values()))
+            for reason, count in sorted(dropped.items()):
+                tf.summary.scalar(f"dropped/{reason}", count)
+            if idle:
+                tf.summary.scalar("train/idle_fraction", sum(idle.values()) / len(idle))
+                for worker, fraction in idle.items():
+                    tf.summary.scalar(f"idle_fraction/worker_{worker}", fraction)
             if recent:
                 tf.summary.histogram("train/staleness", recent)
                 tf.summary.scalar("train/mean_staleness", sum(recent) / len(recent))
@@ -146,6 +167,27 @@ class EvalLog:
         """Close eval.csv and the TensorBoard writer."""
         self._file.close()
         self._writer.close()
+
+
+def hparams_of(run: RunConfig) -> dict[str, bool | int | float | str]:
+    """The run's settings as TensorBoard hyperparameters (scalars as they are, the rest as JSON text)."""
+    values: dict[str, bool | int | float | str] = {}
+    for name, value in json.loads(run.to_json()).items():
+        values[name] = value if isinstance(value, (bool, int, float, str)) else json.dumps(value, sort_keys=True)
+    return values
+
+
+def write_hparams(writer: Any, run: RunConfig) -> None:
+    """The run's hyperparameters for TensorBoard's HParams dashboard, and as a text table (TEXT tab)."""
+    import tensorflow as tf
+    from tensorboard.plugins.hparams import api as hp
+
+    values = hparams_of(run)
+    table = "| setting | value |\n|---|---|\n" + "".join(f"| {k} | `{v}` |\n" for k, v in sorted(values.items()))
+    with writer.as_default(step=0):
+        hp.hparams(values)
+        tf.summary.text("run/config", table)
+    writer.flush()
 
 
 def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: Progress, recorder: Recorder,

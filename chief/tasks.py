@@ -104,6 +104,11 @@ class TaskLedger:
         with self._lock:
             return self.total_tasks is not None and len(self._done) >= self.total_tasks
 
+    def fraction_done(self) -> float:
+        """Share of the planned tasks done (0 when no epochs are planned)."""
+        with self._lock:
+            return len(self._done) / self.total_tasks if self.total_tasks else 0.0
+
     def epochs_done(self) -> float:
         """Completed examples in units of epochs."""
         with self._lock:

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 LOCAL_BASE = "asyncps-base:bookworm"
 TEST_IMAGE = "asyncps:test"
+TEST_SHARD_IMAGE = "asyncps-shard:test"  # the slim shard image (the Dockerfile's `shard` target)
 BUILD_TIMEOUT_S = 1200  # a cold build (base image, deps layer) takes ~5 min on 2 cores
 SCENARIO_TIMEOUT_S = 300
 # True once a restarted chief resumes its run (issue 12 item 1): enables scenario D's chief kill.
@@ -137,6 +138,8 @@ def image(compose_cmd: list[str], tmp_path_factory: pytest.TempPathFactory) -> s
     before = _image_id(TEST_IMAGE)
     _run_logged(["docker", "build", "--build-arg", f"BASE_IMAGE={base}", "-t", TEST_IMAGE, str(ROOT)],
                 logs / "build.log", BUILD_TIMEOUT_S)
+    _run_logged(["docker", "build", "--build-arg", f"BASE_IMAGE={base}", "--target", "shard",
+                 "-t", TEST_SHARD_IMAGE, str(ROOT)], logs / "build-shard.log", BUILD_TIMEOUT_S)
     if before and before != _image_id(TEST_IMAGE):  # the previous session's image, now untagged
         subprocess.run(["docker", "image", "rm", before], capture_output=True)  # fails harmlessly if in use
     return TEST_IMAGE
@@ -159,7 +162,10 @@ class Compose:
         # Only what the test sets reaches the file's ${...}: no ASYNCPS_*/COMPOSE_* from outside.
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("ASYNCPS_", "COMPOSE_")) and k != "TF_CONFIG"}
-        self.env.update(ASYNCPS_IMAGE=image, ASYNCPS_RUN_NAME=self.run_name, ASYNCPS_LOG_LEVEL="INFO")
+        # shards: the slim image built beside `image`, or `image` itself when one was given (it runs shards too)
+        shard_image = TEST_SHARD_IMAGE if image == TEST_IMAGE else os.environ.get("ASYNCPS_TEST_SHARD_IMAGE", image)
+        self.env.update(ASYNCPS_IMAGE=image, ASYNCPS_SHARD_IMAGE=shard_image, ASYNCPS_RUN_NAME=self.run_name,
+                        ASYNCPS_LOG_LEVEL="INFO")
         self.label = f"label=com.docker.compose.project={self.project}"
         self.log_path: Path | None = None  # where down() saves the services' logs
 
