@@ -14,6 +14,7 @@ from asyncps.ps.servicer import (
     add_to_server,
 )
 from asyncps.ps.store import ShardStore
+from asyncps.ps.watchdog import ChiefWatch
 from asyncps.rpc import create_server
 from asyncps.rundir import write_port_file
 from asyncps.security import SecurityConfig
@@ -32,17 +33,21 @@ class PsConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    chief_timeout_s: float = 60.0  # exit (non-zero) after this long without a call from the chief; 0: never
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port {self.port} out of range")
         if self.index < 0:
             raise ValueError("index must be >= 0")
+        if self.chief_timeout_s < 0:
+            raise ValueError("chief_timeout_s must be >= 0 (0: never give up on the chief)")
 
 
 def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
-    """Serve until Shutdown or interrupt; return the exit code."""
+    """Serve until Shutdown or interrupt (0), or until the chief is silent for too long (3)."""
     stop = interrupt or threading.Event()
+    watch = ChiefWatch(config.chief_timeout_s)
     store = ShardStore(config.index)
     servicer = ParameterServerServicer(store, config.chunk_bytes, config.max_request_bytes,
                                        on_shutdown=lambda reason: stop.set())
@@ -50,12 +55,19 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
         f"{config.host}:{config.port}",
         [lambda s: add_to_server(servicer, s)],
         max_workers=SHARD_HANDLER_THREADS,
-        interceptors=config.security.server_interceptors(), credentials=config.security.server_credentials())
+        interceptors=[*config.security.server_interceptors(), watch.interceptor()],
+        credentials=config.security.server_credentials())
     write_port_file(config.port_file, port)
     log.info("shard %d serving on port %d (%s)", config.index, port, config.security.describe())
-    stop.wait()
+    code = 0
+    while not stop.wait(min(1.0, config.chief_timeout_s / 4) if config.chief_timeout_s else None):
+        if watch.expired():
+            log.error("shard %d: no call from the chief for %.0fs (--chief-timeout %g): exiting", config.index,
+                      watch.silent_s(), config.chief_timeout_s)
+            code = 3
+            break
     log.info("shard %d stopping at version %d", config.index, store.version)
     health.enter_graceful_shutdown()
     server.stop(grace=2.0).wait()
     servicer.close()
-    return 0
+    return code
