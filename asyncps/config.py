@@ -133,8 +133,9 @@ class RunConfig:
     allow_reinit: bool = setting(False, help=(
         "a shard that comes back empty when there is no checkpoint restarts from the initial values "
         "(default: the run stops with an error)"))
-    chief_timeout_s: float = setting(60.0, help=(
-        "shards and workers exit (non-zero) after the chief is unreachable this long (0: never)"),
+    chief_timeout_s: float = setting(120.0, help=(
+        "shards and workers exit (non-zero) after the chief is unreachable this long (0: never; a shard "
+        "gives a chief that never called at least 300 s to start)"),
         flags=("--chief-timeout",))
     task_size: int = setting(0, help="examples per data task (0: 4 batches)")
     transport: str = setting("auto", help=(

@@ -131,6 +131,7 @@ class Chief:
         self.lifecycle.start(servicer)
         try:
             self._control_loop()
+            self._final_poll()
             if self.failure is not None:
                 log.error("run stopped: %s", self.failure)
                 return EXIT_SHARD_STATE
@@ -185,6 +186,13 @@ class Chief:
                 self.clock.stop()
                 self._save_manifest(force=True)
                 return
+
+    def _final_poll(self) -> None:
+        """The shards' counters once every worker is done (a last push may land after the loop's poll)."""
+        try:
+            self.poller.poll()
+        except (Unreachable, ShardStateError) as exc:
+            log.warning("final poll of the shards: %s", exc)
 
     def _requeue_orphans(self) -> None:
         """After a chief restart: tasks in flight with workers that never came back to this chief

@@ -33,7 +33,7 @@ class PsConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     security: SecurityConfig = field(default_factory=SecurityConfig)
-    chief_timeout_s: float = 60.0  # exit (non-zero) after this long without a call from the chief; 0: never
+    chief_timeout_s: float = 120.0  # exit (non-zero) after this long without a call from the chief; 0: never
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
