@@ -86,7 +86,8 @@ def pushes_per_shard(run_dir: Path) -> dict[int, int]:
     return dict(collections.Counter(row.shard for row in iter_rows(run_dir / PUSHES_CSV, PushRow)))
 
 
-ARGS = ("--epochs", "30", "--eval-every", "30", "--seed", "3")
+# long enough to converge: two async runs of the same seed then agree within a point (30 epochs: not always)
+ARGS = ("--epochs", "60", "--eval-every", "30", "--seed", "3")
 
 
 def test_killed_chief_is_restarted_and_the_run_finishes_as_if_uninterrupted(tmp_path: Path) -> None:
@@ -98,7 +99,7 @@ def test_killed_chief_is_restarted_and_the_run_finishes_as_if_uninterrupted(tmp_
     run_dir = tmp_path / "crashed"
     proc = start_local(run_dir, *ARGS)
     try:
-        wait_for_updates(run_dir, 300, proc)
+        wait_for_updates(run_dir, 600, proc)
         os.kill(role_pid(run_dir, "chief"), signal.SIGKILL)
         out = finish(proc)
     finally:
@@ -165,7 +166,8 @@ def test_with_the_chief_gone_every_shard_and_worker_exits_within_the_chief_timeo
         cluster.stop(grace_s=1)
     codes = {c.name: c.proc.returncode for c in others}
     assert all(code not in (0, None) for code in codes.values()), codes
-    assert took <= timeout_s + 8, took
+    # detection within the timeout (plus retry backoff and the watchdog's tick), then the process's own exit
+    assert took <= timeout_s + 12, took
     for child in others:
         text = (run_dir / "logs" / f"{child.name}.log").read_text()
         line = "no call from the chief for" if child.name.startswith("ps-") else "the chief is gone"

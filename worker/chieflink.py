@@ -18,10 +18,15 @@ import grpc
 
 from asyncps.coordclient import CoordinatorClient
 from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.rpc import Unreachable
 
 log = logging.getLogger("asyncps.worker")
 
 T = TypeVar("T")
+
+
+class ChiefLost(Unreachable):
+    """The chief stayed unreachable for the whole chief timeout."""
 
 
 class ChiefLink:
@@ -43,6 +48,12 @@ class ChiefLink:
             return reply
 
     def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return self._once(fn)
+        except Unreachable as exc:
+            raise ChiefLost(str(exc)) from exc
+
+    def _once(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except grpc.RpcError as exc:
@@ -68,4 +79,4 @@ class ChiefLink:
         return self._call(lambda: self.coord.get_task(self.member_id))
 
 
-__all__ = ["ChiefLink"]
+__all__ = ["ChiefLink", "ChiefLost"]

@@ -18,7 +18,7 @@ from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
 from asyncps.security import SecurityConfig
 from asyncps.tfutil import limit_threads, quiet_tensorflow
-from asyncps.worker.chieflink import ChiefLink
+from asyncps.worker.chieflink import ChiefLink, ChiefLost
 from asyncps.worker.trainer import Telemetry
 
 log = logging.getLogger("asyncps.worker")
@@ -144,18 +144,21 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
                       read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
                       pipeline=run.pipeline)
     code = 0
+    lost: str | None = None
     try:
         trainer.run(stop, config.max_steps)
+    except ChiefLost as exc:  # a task request gave up on the chief (said once, below)
+        lost = str(exc)
     except Unreachable as exc:
-        if not beats.lost_chief:  # losing the chief is said once, below
-            log.error("%s", exc)
+        log.error("%s", exc)
         code = 3
     finally:
         beats.finished.set()
-        beats.join(timeout=5)
+        beats.join(timeout=1 if lost else 5)  # a beat still retrying a lost chief need not be awaited
         client.close()
-    if beats.lost_chief:
-        log.error("the chief is gone: %s; exiting", beats.lost_chief)
+    lost = beats.lost_chief or lost
+    if lost:
+        log.error("the chief is gone: %s; exiting", lost)
         return 3
     pushes, steps = telemetry.drain()
     try:
