@@ -47,9 +47,10 @@ def role_pid(run_dir: Path, role: str, index: str | None = None) -> int:
             continue
         if role == "chief" and str(run_dir) in argv:
             return int(proc.name)
-        if role == "ps" and index is not None and argv[argv.index("--index") + 1] == index:
-            port = argv[argv.index("--port") + 1]
-            if port in {a.rsplit(":", 1)[-1] for a in _ps_addresses(run_dir)}:
+        if role == "ps" and index is not None:
+            first = str(run_dir / "logs" / f"ps-{index}.port") in argv  # started on port 0
+            restarted = argv[argv.index("--port") + 1] == _ps_addresses(run_dir)[int(index)].rsplit(":", 1)[-1]
+            if first or restarted:
                 return int(proc.name)
     raise AssertionError(f"no live {role} {index or ''} of {run_dir}")
 
