@@ -68,6 +68,8 @@ class Snapshot:
     slots: dict[str, dict[str, Array]]
     updates: dict[str, int]
     run_id: str = ""  # the run this state belongs to (empty: none said)
+    # the staleness policy's per-row state (asyncps.ps.policy_state): variable -> arrays
+    policy_state: dict[str, dict[str, Array]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ Every epoch has a seeded permutation of the training set, cut into tasks of `tas
 positions. A task is pending, in flight (held by a worker) or done. A worker's in-flight tasks go
 back to pending when it dies, so no range is lost; a completion of a task already done is counted
 as a duplicate (only tasks that were in flight when a worker died can be processed twice).
+A re-queued task completed by another worker is counted as re-run (its examples were trained on
+twice where the dead worker had pushed some of its batches before it died).
 
 Every change can be handed to a journal (`journal`, called under the lock, in order): the chief
 appends them to a file so that a restarted chief continues the accounting where the dead one was,
@@ -52,6 +54,9 @@ class TaskLedger:
         self.requeued = 0
         self.examples_done = 0
         self.journal: Journal | None = None  # told every change, under the lock
+        self._lost_by: dict[int, str] = {}  # re-queued task -> the worker that died holding it
+        self.tasks_rerun = 0
+        self.examples_rerun = 0
 
     def task(self, task_id: int) -> Task:
         """The range of a task id."""
@@ -88,7 +93,10 @@ class TaskLedger:
             self._done.add(task_id)
             t = self.task(task_id)
             self.examples_done += t.stop - t.start
-            self._record({"done": task_id})
+            if task_id in self._lost_by and self._lost_by.pop(task_id) != worker:
+                self.tasks_rerun += 1
+                self.examples_rerun += t.stop - t.start
+            self._record({"done": task_id, "by": worker})
             return True
 
     def requeue(self, worker: str) -> int:
@@ -98,6 +106,7 @@ class TaskLedger:
             for task_id in lost:
                 del self._in_flight[task_id]
                 self._pending.append(task_id)
+                self._lost_by[task_id] = worker
             self.requeued += len(lost)
             if lost:
                 self._record({"requeue": worker})
@@ -135,6 +144,9 @@ class TaskLedger:
                 "tasks_requeued": self.requeued,
                 "duplicate_completions": self.duplicates,
                 "examples_done": self.examples_done,
+                # tasks a dead worker held, completed again by another worker, and their examples
+                "tasks_rerun": self.tasks_rerun,
+                "examples_rerun": self.examples_rerun,
                 # planned tasks never completed (0 whenever the run stopped because its epochs were done)
                 "tasks_not_done": None if self.total_tasks is None else self.total_tasks - len(self._done),
             }
@@ -143,7 +155,8 @@ class TaskLedger:
         """What a checkpoint needs to continue the accounting (in-flight tasks count as pending)."""
         with self._lock:
             return {"next": self._next, "done": sorted(self._done), "examples_done": self.examples_done,
-                    "pending": sorted({*self._pending, *self._in_flight})}
+                    "pending": sorted({*self._pending, *self._in_flight}), "tasks_rerun": self.tasks_rerun,
+                    "examples_rerun": self.examples_rerun}
 
     def load(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's state (or a journal's, with its in-flight tasks and counts)."""
@@ -155,13 +168,17 @@ class TaskLedger:
             self.examples_done = int(state["examples_done"])
             self.duplicates = int(state.get("duplicates", 0))
             self.requeued = int(state.get("requeued", 0))
+            self.tasks_rerun = int(state.get("tasks_rerun", 0))  # absent in older checkpoints
+            self.examples_rerun = int(state.get("examples_rerun", 0))
+            self._lost_by = {int(t): str(w) for t, w in state.get("lost_by", {}).items()}
 
     def full_state(self) -> dict[str, Any]:
         """Everything, in-flight tasks with their holders and the counts included (a journal's start)."""
         with self._lock:
             return {"next": self._next, "done": sorted(self._done), "examples_done": self.examples_done,
                     "pending": list(self._pending), "in_flight": {str(t): w for t, w in self._in_flight.items()},
-                    "duplicates": self.duplicates, "requeued": self.requeued}
+                    "duplicates": self.duplicates, "requeued": self.requeued, "tasks_rerun": self.tasks_rerun,
+                    "examples_rerun": self.examples_rerun, "lost_by": {str(t): w for t, w in self._lost_by.items()}}
 
     def replay(self, event: dict[str, Any]) -> None:
         """Apply one journaled change (the same change the call that journaled it made)."""
@@ -176,7 +193,7 @@ class TaskLedger:
                     self._next = max(self._next, task_id + 1)
                 self._in_flight[task_id] = worker
         elif "done" in event:
-            self.complete("", int(event["done"]))
+            self.complete(str(event.get("by", "")), int(event["done"]))
         elif "duplicate" in event:
             with self._lock:
                 self.duplicates += 1
