@@ -132,6 +132,8 @@ def test_the_ledger_journal_replays_to_the_same_state_with_tasks_in_flight(tmp_p
     ledger.complete("w2", 1)  # a duplicate
     ledger.requeue("w3")  # task 4 back to pending
     assert ledger.next_task("w1") is not None  # task 4 again, now w1's
+    ledger.complete("w1", 4)  # a re-run: the journal says who completed it
+    assert ledger.summary()["tasks_rerun"] == 1
     journal.close()
 
     again = TaskLedger(100, 10, 2)
