@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from asyncps.codec import DEFAULT_CHUNK_BYTES
+from asyncps.ps.service import DEFAULT_MAX_WAITERS
 from asyncps.ps.servicer import (
     DEFAULT_MAX_REQUEST_BYTES,
     SHARD_HANDLER_THREADS,
@@ -18,6 +19,7 @@ from asyncps.ps.watchdog import ChiefWatch
 from asyncps.rpc import create_server
 from asyncps.rundir import write_port_file
 from asyncps.security import SecurityConfig
+from asyncps.streamguard import DEFAULT_IDLE_TIMEOUT_S, StreamLimits
 
 log = logging.getLogger("asyncps.ps")
 
@@ -34,8 +36,17 @@ class PsConfig:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     security: SecurityConfig = field(default_factory=SecurityConfig)
     chief_timeout_s: float = 120.0  # exit (non-zero) after this long without a call from the chief; 0: never
+    handler_threads: int = SHARD_HANDLER_THREADS
+    stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_streams_per_peer: int = 0  # 0: asyncps.streamguard's default for the thread count
+
+    @property
+    def stream_limits(self) -> StreamLimits:
+        """How many streams the shard admits (all, per client connection) and how long one may idle."""
+        return StreamLimits.for_threads(self.handler_threads, self.stream_idle_timeout_s, self.max_streams_per_peer)
 
     def __post_init__(self) -> None:
+        self.stream_limits  # noqa: B018 - validates the three settings together
         if not 0 <= self.port < 65536:
             raise ValueError(f"port {self.port} out of range")
         if self.index < 0:
@@ -49,12 +60,15 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     stop = interrupt or threading.Event()
     watch = ChiefWatch(config.chief_timeout_s)
     store = ShardStore(config.index)
+    limits = config.stream_limits
+    # long-polls are streams too: never more waiting than the guard admits
     servicer = ParameterServerServicer(store, config.chunk_bytes, config.max_request_bytes,
-                                       on_shutdown=lambda reason: stop.set())
+                                       on_shutdown=lambda reason: stop.set(),
+                                       max_waiters=min(DEFAULT_MAX_WAITERS, limits.max_streams))
     server, port, health = create_server(
         f"{config.host}:{config.port}",
         [lambda s: add_to_server(servicer, s)],
-        max_workers=SHARD_HANDLER_THREADS,
+        max_workers=config.handler_threads, stream_limits=limits,
         interceptors=[*config.security.server_interceptors(), watch.interceptor()],
         credentials=config.security.server_credentials())
     write_port_file(config.port_file, port)

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -14,6 +11,7 @@ import grpc
 
 from asyncps.config import RunConfig
 from asyncps.coordclient import CoordinatorClient
+from asyncps.members import new_member_id
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
 from asyncps.security import SecurityConfig
@@ -39,11 +37,6 @@ class WorkerConfig:
             raise ValueError("worker needs the chief's address (--chief HOST:PORT)")
         if self.deadline_s <= 0:
             raise ValueError("deadline_s must be > 0")
-
-
-def new_member_id(role: str) -> str:
-    """A unique id for this process incarnation."""
-    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class HeartbeatLoop(threading.Thread):
@@ -93,7 +86,7 @@ class HeartbeatLoop(threading.Thread):
 def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -> int:
     """Run one worker to completion; return the process exit code."""
     quiet_tensorflow()
-    member_id = new_member_id("worker")
+    member_id = new_member_id("worker", config.index)
     coord = CoordinatorClient(config.chief, config.deadline_s, config.security)
     link = ChiefLink(coord, member_id, config.index)
     try:
@@ -125,7 +118,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     limit_threads(run.tf_threads)
 
     from asyncps.datasets import load_dataset
-    from asyncps.models import build_model, loss_fn
+    from asyncps.models import build_model, make_loss
     from asyncps.placement import VariableSpec, place
     from asyncps.transport import connect_model
     from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
@@ -140,7 +133,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
                            config.security, transport=run.transport)
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
-    trainer = Trainer(client, names, make_grad_fn(model, loss_fn), batches, delay, telemetry,
+    trainer = Trainer(client, names, make_grad_fn(model, make_loss(run.loss)), batches, delay, telemetry,
                       read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
                       pipeline=run.pipeline)
     code = 0
