@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("asyncps.chief")
 
+# The chief's exit codes: launchers restart a chief that exited otherwise (a crash, a kill).
+EXIT_DONE = 0
+EXIT_UNREACHABLE = 2  # a shard stayed unreachable at start
+EXIT_SHARD_STATE = 4  # the shards' state cannot be used: another run's, or lost with no checkpoint
+FINAL_EXIT_CODES = frozenset({EXIT_DONE, EXIT_UNREACHABLE, EXIT_SHARD_STATE})
+
 
 def prepare_run_dir(config: ChiefConfig) -> None:
     """The run directory with its config.json and the TensorBoard folder."""

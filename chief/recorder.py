@@ -27,6 +27,7 @@ from asyncps.rundir import (
     ShardCounters,
     StalenessSummary,
     StepRow,
+    iter_rows,
 )
 from asyncps.wire import drop_from_wire
 
@@ -47,13 +48,15 @@ def _outcome(accepted: list[bool]) -> str:
 
 
 class Recorder:
-    """Appends telemetry to pushes.csv and timeline.csv and keeps running statistics."""
+    """Appends telemetry to pushes.csv and timeline.csv and keeps running statistics.
+
+    A resumed run (`append`) continues the same files, and its statistics start from what the
+    files already hold, so summary.json covers the whole run across chief restarts. Every
+    report is flushed before the worker hears the answer: a killed chief loses no reported row.
+    """
 
     def __init__(self, run_dir: Path, append: bool = False) -> None:
         self._lock = threading.Lock()
-        # a resumed run continues the same files
-        self._pushes = RowWriter(run_dir / PUSHES_CSV, PushRow, append=append)
-        self._steps = RowWriter(run_dir / TIMELINE_CSV, StepRow, append=append)
         self.staleness: collections.Counter[int] = collections.Counter()
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=4096)
         self.dropped_reasons: collections.Counter[str] = collections.Counter()
@@ -65,6 +68,33 @@ class Recorder:
         # examples by what became of their gradient: applied on every shard it was pushed to,
         # dropped on every one, or applied on some and dropped on others
         self.examples_by_outcome: collections.Counter[str] = collections.Counter()
+        if append:
+            self._reload(run_dir)
+        self._pushes = RowWriter(run_dir / PUSHES_CSV, PushRow, append=append)
+        self._steps = RowWriter(run_dir / TIMELINE_CSV, StepRow, append=append)
+
+    def _reload(self, run_dir: Path) -> None:
+        """The statistics of the rows earlier chiefs of this run wrote."""
+        accepted: collections.defaultdict[tuple[int, int], list[bool]] = collections.defaultdict(list)
+        for p in iter_rows(run_dir / PUSHES_CSV, PushRow):
+            self._count_push(p.staleness, p.drop_reason, p.loss)
+            accepted[(p.worker, p.step)].append(p.accepted)
+        for s in iter_rows(run_dir / TIMELINE_CSV, StepRow):
+            self.examples_by_outcome[_outcome(accepted.get((s.worker, s.step), []))] += s.examples
+            self._count_step(s.worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
+
+    def _count_push(self, staleness: int, drop: str, loss: float) -> None:
+        self.staleness[staleness] += 1
+        self.recent_staleness.append(staleness)
+        if drop:
+            self.dropped_reasons[drop] += 1
+        self.last_loss = loss
+        self.pushes_recorded += 1
+
+    def _count_step(self, worker: int, busy_s: float, wait_s: float, examples: int) -> None:
+        self.examples += examples
+        self.busy_s[worker] += busy_s
+        self.wait_s[worker] += wait_s
 
     def add(self, worker: int, pushes: Sequence[cpb.PushRecord], steps: Sequence[cpb.StepTiming]) -> None:
         """Record one report from a worker."""
@@ -74,11 +104,7 @@ class Recorder:
                 kind = drop.value if drop is not None else ""
                 self._pushes.write(PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version,
                                            p.staleness, p.accepted, kind, p.effective_lr, p.loss, p.drop_detail))
-                self.staleness[p.staleness] += 1
-                self.recent_staleness.append(p.staleness)
-                if drop is not None:
-                    self.dropped_reasons[drop.value] += 1
-                self.last_loss = p.loss
+                self._count_push(p.staleness, kind, p.loss)
             accepted: collections.defaultdict[int, list[bool]] = collections.defaultdict(list)
             for p in pushes:  # a step's push records come in the same report as its timing
                 accepted[p.step].append(p.accepted)
@@ -86,10 +112,7 @@ class Recorder:
                 self.examples_by_outcome[_outcome(accepted.get(s.step, []))] += s.examples
                 self._steps.write(StepRow(worker, s.step, s.start, s.pull_s, s.compute_s, s.push_s, s.wait_s,
                                           s.examples))
-                self.examples += s.examples
-                self.busy_s[worker] += s.pull_s + s.compute_s + s.push_s
-                self.wait_s[worker] += s.wait_s
-            self.pushes_recorded += len(pushes)
+                self._count_step(worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
             # readers (asyncps report on a running or crashed run) see every report
             self._pushes.flush()
             self._steps.flush()

@@ -53,7 +53,7 @@ TEST_SHARD_IMAGE = "asyncps-shard:test"  # the slim shard image (the Dockerfile'
 BUILD_TIMEOUT_S = 1200  # a cold build (base image, deps layer) takes ~5 min on 2 cores
 SCENARIO_TIMEOUT_S = 300
 # True once a restarted chief resumes its run (issue 12 item 1): enables scenario D's chief kill.
-CHIEF_RESTART_RESUMES = False
+CHIEF_RESTART_RESUMES = True
 SETUP_TIMEOUT_S = 360
 
 pytestmark = [

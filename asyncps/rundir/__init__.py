@@ -7,13 +7,23 @@
 | `pushes.csv` | PushRow | the chief's recorder |
 | `timeline.csv` | StepRow | the chief's recorder |
 | `eval.csv` | EvalRow | the chief, every evaluation |
+| `manifest.json` | RunManifest | the chief, at start and while it runs |
 
 Also the atomic writes and port files every role uses. Nothing outside this package reads these
 files by key or column name.
 """
 
 from asyncps.rundir.atomic import atomic_write, wait_port_file, write_json, write_port_file
-from asyncps.rundir.names import CONFIG_JSON, EVAL_CSV, PUSHES_CSV, SUMMARY_JSON, TIMELINE_CSV, RunDirError
+from asyncps.rundir.manifest import RunManifest
+from asyncps.rundir.names import (
+    CONFIG_JSON,
+    EVAL_CSV,
+    MANIFEST_JSON,
+    PUSHES_CSV,
+    SUMMARY_JSON,
+    TIMELINE_CSV,
+    RunDirError,
+)
 from asyncps.rundir.partial import UNFINISHED, is_run_dir, load_summary, summary_from_tables
 from asyncps.rundir.summary import (
     INTERRUPTED,
@@ -29,6 +39,7 @@ __all__ = [
     "CONFIG_JSON",
     "EVAL_CSV",
     "INTERRUPTED",
+    "MANIFEST_JSON",
     "PUSHES_CSV",
     "SUMMARY_JSON",
     "TIMELINE_CSV",
@@ -40,6 +51,7 @@ __all__ = [
     "RowWriter",
     "RunConfigRecord",
     "RunDirError",
+    "RunManifest",
     "RunSummary",
     "ShardCounters",
     "StalenessSummary",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -181,9 +182,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
     port, index = _port(args, tf, "ps"), int(args.index)
     if tf is not None and tf.task_type == "ps":
         index = tf.task_index
-    chunk_bytes = run_config_from(args).chunk_bytes
+    run = run_config_from(args)
     config = PsConfig(host=args.host, port=port, index=index, port_file=args.port_file,
-                      chunk_bytes=chunk_bytes, security=security_from(args),
+                      chunk_bytes=run.chunk_bytes, security=security_from(args), chief_timeout_s=run.chief_timeout_s,
                       handler_threads=int(args.handler_threads),
                       stream_idle_timeout_s=float(args.stream_idle_timeout),
                       max_streams_per_peer=int(args.max_streams_per_peer))
@@ -204,7 +205,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         chief = chief or tf.chief[0]
         if tf.task_type == "worker" and index < 0:
             index = tf.task_index
-    config = WorkerConfig(chief=chief, index=index, deadline_s=float(args.deadline),
+    given: dict[str, Any] = {}
+    for layer in run_settings(args):
+        given.update(layer)
+    deadline = float(given.get("chief_timeout_s", args.deadline)) or math.inf  # 0: never give up on the chief
+    config = WorkerConfig(chief=chief, index=index, deadline_s=deadline,
                           max_steps=int(args.max_steps), security=security_from(args))
     _setup_logging(args.log_level, "worker" if index < 0 else f"worker-{index}")
     stop = threading.Event()
@@ -311,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ps", help="run one parameter-server shard")
     common(p, True)
     _add(p, "--index", 0, "shard index (TF_CONFIG task.index wins)", type=int)
-    add_run_flags(p, only=("chunk_bytes",), config_file=False, title="streaming")
+    add_run_flags(p, only=("chunk_bytes", "chief_timeout_s"), config_file=False, title="streaming and liveness")
     g = p.add_argument_group("limits", "stalled or slow clients cannot take the shard's threads (asyncps.streamguard)")
     _add(g, "--handler-threads", 256, "RPC handler threads; a quarter (at least 4) are kept free of streams",
          type=int)
@@ -326,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, False)
     _add(p, "--chief", "", "the chief's HOST:PORT (or TF_CONFIG cluster.chief)")
     _add(p, "--index", -1, "worker index (-1: assigned by the chief)", type=int)
-    _add(p, "--deadline", 60.0, "seconds to keep retrying an unreachable chief or shard", type=float)
+    _add(p, "--deadline", 60.0, "seconds to keep retrying an unreachable chief (--chief-timeout wins)", type=float)
     _add(p, "--max-steps", 0, "stop after this many steps (0: when the chief says)", type=int)
+    add_run_flags(p, only=("chief_timeout_s",), config_file=False, title="liveness")
     add_security_flags(p)
     p.set_defaults(fn=cmd_worker)
 

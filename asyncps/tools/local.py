@@ -80,6 +80,8 @@ class LocalCluster:
         self.chief_address = ""
         self.ps_addresses: list[str] = []
         self._ps_args: dict[str, list[str]] = {}
+        self._chief_args: list[str] = []
+        self._timeout_args = ["--chief-timeout", f"{run.chief_timeout_s:g}"]
 
     def _spawn(self, name: str, args: list[str]) -> Child:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop(); appended on restarts
@@ -104,26 +106,28 @@ class LocalCluster:
             port_file = self.logs / f"ps-{i}.port"
             port_file.unlink(missing_ok=True)
             shards.append((self._spawn(f"ps-{i}", ["ps", "--host", "127.0.0.1", "--port", "0", "--index", str(i),
-                                                  "--chunk-bytes", str(self.run.chunk_bytes),
+                                                  "--chunk-bytes", str(self.run.chunk_bytes), *self._timeout_args,
                                                   "--port-file", str(port_file)]), port_file))
         for child, port_file in shards:
             port = wait_port_file(port_file, port_timeout_s, child.alive)
             self.ps_addresses.append(f"127.0.0.1:{port}")
             self._ps_args[child.name] = ["ps", "--host", "127.0.0.1", "--port", str(port),
                                          "--index", child.name.split("-")[1],
-                                         "--chunk-bytes", str(self.run.chunk_bytes)]
+                                         "--chunk-bytes", str(self.run.chunk_bytes), *self._timeout_args]
         port_file = self.logs / "chief.port"
         port_file.unlink(missing_ok=True)
-        chief = self._spawn("chief", [
-            "chief", "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
-            "--ps", ",".join(self.ps_addresses), "--workers", str(self.run.num_workers),
-            "--run-dir", str(self.run_dir), "--run-config", str(config_file),
-            *(["--resume"] if self.resume else []),
-            *(["--metrics-port", str(self.metrics_port), "--metrics-port-file", str(self.logs / "chief.metrics.port")]
-              if self.metrics_port >= 0 else [])])
-        self.chief_address = f"127.0.0.1:{wait_port_file(port_file, port_timeout_s, chief.alive)}"
+        args = ["chief", "--host", "127.0.0.1", "--ps", ",".join(self.ps_addresses),
+                "--workers", str(self.run.num_workers), "--run-dir", str(self.run_dir),
+                "--run-config", str(config_file), *(["--resume"] if self.resume else []),
+                *(["--metrics-port", str(self.metrics_port),
+                   "--metrics-port-file", str(self.logs / "chief.metrics.port")] if self.metrics_port >= 0 else [])]
+        chief = self._spawn("chief", [*args, "--port", "0", "--port-file", str(port_file)])
+        port = wait_port_file(port_file, port_timeout_s, chief.alive)
+        self.chief_address = f"127.0.0.1:{port}"
+        self._chief_args = [*args, "--port", str(port)]  # a restarted chief serves where the workers look
         for i in range(self.run.num_workers):
-            self._spawn(f"worker-{i}", ["worker", "--chief", self.chief_address, "--index", str(i)])
+            self._spawn(f"worker-{i}", ["worker", "--chief", self.chief_address, "--index", str(i),
+                                        *self._timeout_args])
 
     def _make_secrets(self) -> None:
         """A development CA, a certificate per role (shards, chief, workers) and a token per role:
@@ -156,20 +160,33 @@ class LocalCluster:
     def restart_dead_shards(self) -> list[str]:
         """Start again, on the same port, every shard that died (the chief restores its state)."""
         restarted = []
-        for i, child in enumerate(self.children):
-            if not child.name.startswith("ps-") or child.proc.poll() in (None, 0):
-                continue
-            count = self.restarts.get(child.name, 0)
-            if count >= self.max_restarts:
-                continue
-            self.restarts[child.name] = count + 1
-            child.log.close()
-            self.children.pop(i)
-            replacement = self._spawn(child.name, self._ps_args[child.name])
-            self.children.remove(replacement)
-            self.children.insert(i, replacement)
-            restarted.append(child.name)
+        for child in list(self.children):
+            if child.name.startswith("ps-") and child.proc.poll() not in (None, 0) and self._restart(child):
+                restarted.append(child.name)
         return restarted
+
+    def restart_dead_chief(self) -> bool:
+        """Start the chief again, on the same port, if it died (it resumes the run); True if restarted.
+
+        A chief that exited with one of its final codes (done, or an error a restart cannot fix) stays down."""
+        from asyncps.chief.lifecycle import FINAL_EXIT_CODES
+
+        chief = self.chief
+        return chief.proc.poll() not in (None, *FINAL_EXIT_CODES) and self._restart(chief)
+
+    def _restart(self, child: Child) -> bool:
+        """Replace a dead child by a new process with its arguments (within max_restarts per name)."""
+        count = self.restarts.get(child.name, 0)
+        if count >= self.max_restarts:
+            return False
+        self.restarts[child.name] = count + 1
+        child.log.close()
+        i = self.children.index(child)
+        self.children.pop(i)
+        replacement = self._spawn(child.name, self._chief_args if child.name == "chief" else self._ps_args[child.name])
+        self.children.remove(replacement)
+        self.children.insert(i, replacement)
+        return True
 
     @property
     def chief(self) -> Child:
@@ -231,16 +248,24 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
         if sink is None and progress:
             sink = display_for(sys.stdout)
         poller = StatusPoller(cluster.chief_address, cluster.security, timeout_s=1.0) if sink else None
-        while cluster.chief.alive():
+        while True:
             status = poller.try_poll() if poller else None
             if sink and status is not None:
                 sink.show(status)
             time.sleep(0.5)
+            if interrupted.is_set():
+                if not cluster.chief.alive():
+                    break
+                continue
             # a shard that exits 0 was told to by the chief; any other exit is a crash: restart it
             # on its port and the chief restores its part of the latest checkpoint
-            if not interrupted.is_set():
-                for name in cluster.restart_dead_shards():
-                    print(f"\nasyncps local: {name} died; restarted it (the chief restores it)", file=sys.stderr)
+            for name in cluster.restart_dead_shards():
+                print(f"\nasyncps local: {name} died; restarted it (the chief restores it)", file=sys.stderr)
+            # a chief killed or crashed comes back on its port and resumes the run from the live shards
+            if cluster.restart_dead_chief():
+                print("\nasyncps local: the chief died; restarted it (it resumes the run)", file=sys.stderr)
+            elif not cluster.chief.alive():
+                break
     except (TimeoutError, RuntimeError) as exc:
         print(f"asyncps local: {exc}; see {cluster.logs}", file=sys.stderr)
     finally:
