@@ -14,7 +14,7 @@ from asyncps.ps.servicer import (
     add_to_server,
 )
 from asyncps.ps.store import ShardStore
-from asyncps.rpc import create_server
+from asyncps.rpc import create_server, serve_health
 from asyncps.rundir import write_port_file
 from asyncps.security import SecurityConfig
 
@@ -29,6 +29,7 @@ class PsConfig:
     port: int = 8470
     index: int = 0
     port_file: str = ""
+    health_port: int | None = None  # also serve the health service in plaintext here (kubelet probes)
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -51,11 +52,17 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
         [lambda s: add_to_server(servicer, s)],
         max_workers=SHARD_HANDLER_THREADS,
         interceptors=config.security.server_interceptors(), credentials=config.security.server_credentials())
+    probe = None
+    if config.health_port is not None:
+        probe, probe_port = serve_health(f"{config.host}:{config.health_port}", health)
+        log.info("shard %d: health service in plaintext on port %d", config.index, probe_port)
     write_port_file(config.port_file, port)
     log.info("shard %d serving on port %d (%s)", config.index, port, config.security.describe())
     stop.wait()
     log.info("shard %d stopping at version %d", config.index, store.version)
     health.enter_graceful_shutdown()
     server.stop(grace=2.0).wait()
+    if probe is not None:
+        probe.stop(grace=None)
     servicer.close()
     return 0

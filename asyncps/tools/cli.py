@@ -155,7 +155,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         index = tf.task_index
     chunk_bytes = run_config_from(args).chunk_bytes
     config = PsConfig(host=args.host, port=port, index=index, port_file=args.port_file,
-                      chunk_bytes=chunk_bytes, security=security_from(args))
+                      health_port=args.health_port, chunk_bytes=chunk_bytes, security=security_from(args))
     _setup_logging(args.log_level, f"ps-{index}")
     stop = threading.Event()
     _install_signals(stop)
@@ -194,7 +194,8 @@ def cmd_chief(args: argparse.Namespace) -> int:
         tf_layer = {"num_workers": len(tf.worker)}
     run = RunConfig.from_layers(file_layer, tf_layer, env_layer, flag_layer, {"num_ps": len(ps)})
     config = ChiefConfig(ps=ps, run=run, run_dir=Path(args.run_dir), host=args.host, port=port,
-                         port_file=args.port_file, resume=bool(args.resume), security=security_from(args),
+                         port_file=args.port_file, health_port=args.health_port, resume=bool(args.resume),
+                         security=security_from(args),
                          checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None)
     _setup_logging(args.log_level, "chief")
     stop = threading.Event()
@@ -237,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
             _add(p, "--port", None, f"port to bind (0: any free port; default: TF_CONFIG's, else {DEFAULT_PORT})",
                  type=int)
             _add(p, "--port-file", "", "write the bound port to this file (for --port 0)")
+            _add(p, "--health-port", None, "also serve the gRPC health service on this port, in plaintext and "
+                 "without a token, for probes that cannot do TLS (the kubelet's grpc probes); default: off",
+                 type=int)
 
     p = sub.add_parser("ps", help="run one parameter-server shard")
     common(p, True)
