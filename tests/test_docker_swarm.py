@@ -105,7 +105,11 @@ class Stack:
         return "\n".join(out)
 
     def all_logs(self, chars: int = 3000) -> str:
-        return "\n".join(f"--- {s}\n{self.log(s)[-chars:]}" for s in ("chief", "ps-0", "ps-1", "worker"))
+        """Every service's log and the stack's tasks with their errors (for failure messages)."""
+        tasks = docker("stack", "ps", "--no-trunc", "--format",
+                       "{{.Name}} {{.DesiredState}} {{.CurrentState}} {{.Error}}", self.name, check=False)
+        return "\n".join([f"--- tasks\n{tasks}",
+                          *(f"--- {s}\n{self.log(s)[-chars:]}" for s in ("chief", "ps-0", "ps-1", "worker"))])
 
     def wait_for_log(self, service: str, pattern: str, timeout: float) -> re.Match[str]:
         deadline = time.monotonic() + timeout
