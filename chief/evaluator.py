@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from asyncps.chief.cut import CutLapsed, pull_at_cut
 from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.recorder import EvalLog
 from asyncps.codec import Array
@@ -60,7 +61,7 @@ class Evaluator:
 
 
 class Evaluation:
-    """The run's evaluations: pull the shards' current values, measure them on the test set, publish
+    """The run's evaluations: pull the model at a cut, measure it on the test set, publish
     the result to Progress (GetStatus) and to the EvalLog; every `every_s` seconds of training."""
 
     def __init__(self, evaluator: Evaluator, client: ModelClient, data: Dataset, every_s: float,
@@ -84,8 +85,13 @@ class Evaluation:
         self._last = time.monotonic()
 
     def evaluate(self) -> tuple[float, float]:
-        """Evaluate the shards' current values; return (loss, accuracy)."""
-        versions = self._client.pull()
+        """Evaluate the model at a cut (asyncps.chief.cut: every shard holds pushes while the whole
+        model is pulled); record the version vector of exactly those values; return (loss, accuracy)."""
+        try:
+            versions = pull_at_cut(self._client)
+        except CutLapsed as exc:  # still each shard's values at its own version, just not one cut
+            log.warning("evaluation: %s", exc)
+            versions = list(self._client.versions)
         self._evaluator.load(self._client.values)
         loss, accuracy = self._evaluator.evaluate(self._data.x_test, self._data.y_test)
         updates = round(sum(versions) / len(versions))

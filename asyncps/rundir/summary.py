@@ -204,6 +204,10 @@ class ShardCounters:
     version: int
     accepted: int
     dropped: int
+    # added later (0 when reading an older run directory): tensor bytes the shard received in
+    # pushes (sparse gradients: the touched rows and their indices only) and sent in pulls
+    bytes_pushed: int = 0
+    bytes_pulled: int = 0
 
 
 @dataclass(frozen=True)
@@ -282,7 +286,8 @@ class RunSummary:
             dataset=f.text("dataset"), epochs=f.number("epochs"), stop_reason=f.optional_text("stop_reason"),
             pushes_recorded=f.integer("pushes_recorded"), dropped_by_reason=f.counts("dropped_by_reason"),
             backup_workers=f.integer("backup_workers"), staleness_bound=f.integer("staleness_bound"),
-            shards=tuple(ShardCounters(s.integer("version"), s.integer("accepted"), s.integer("dropped"))
+            shards=tuple(ShardCounters(s.integer("version"), s.integer("accepted"), s.integer("dropped"),
+                                       s.integer("bytes_pushed", 0), s.integer("bytes_pulled", 0))
                          for s in f.objects("shards")),
             data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
             max_clock_lead=f.number("max_clock_lead", 0.0),
