@@ -34,7 +34,7 @@ from asyncps.tools.devcerts import generate_dev_certs
 from tests.dockerutil import BUILD_TIMEOUT_S, ROOT, require_engine, unavailable
 
 STACK_FILE = ROOT / "deploy" / "stack.yml"
-SCENARIO_TIMEOUT_S = 420
+SCENARIO_TIMEOUT_S = 600
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT_S + SCENARIO_TIMEOUT_S)]
 
@@ -196,7 +196,7 @@ def test_stack_trains_survives_a_killed_shard_and_scales_workers(stack: Stack) -
     # Stop on training time: the outage must not shorten the run, and the third worker (TensorFlow
     # and the dataset load for ~30 s on a busy 2-core machine) must get its turn.
     stack.deploy(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=75, ASYNCPS_CHECKPOINT_EVERY=400, ASYNCPS_WORKERS=2)
-    stack.wait_for_log("chief", r"live workers: 2", timeout=240)  # the two planned workers train
+    stack.wait_for_log("chief", r"live workers: 2", timeout=360)  # the two planned workers train
     docker("service", "scale", "--detach", f"{stack.name}_worker=3")
     print(f"swarm: training with 2 workers, scaled to 3 at {time.monotonic() - start:.1f}s")
     # Once a checkpoint is written, the outage hits a training cluster with something to restore.
