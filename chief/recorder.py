@@ -155,6 +155,7 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
     histogram, _, examples, _ = recorder.snapshot()
     train_loss: float | None = None
     gap: float | None = None
+    metrics = dict(evaluator.last_metrics)  # of the final evaluation, on the test set
     if data.optimal_loss is not None:
         train_loss, _ = evaluator.evaluate(data.x_train, data.y_train)
         gap = train_loss - data.optimal_loss
@@ -185,4 +186,5 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
                                                         p.bytes_pulled, strict=True)),
         final_train_loss=train_loss,
         optimality_gap=gap,
+        metrics=metrics,
     ).save(run_dir)

@@ -31,7 +31,7 @@ from asyncps.ps.policy_state import RowState
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.modes import Consistency, Verdict
 from asyncps.rules.optimizers import Optimizer, make_optimizer
-from asyncps.rules.policies import StalenessPolicy
+from asyncps.rules.policies import PushContext, StalenessPolicy
 from asyncps.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
 
 
@@ -200,7 +200,8 @@ class ShardStore:
 
     # -- push -----------------------------------------------------------------------------
     def push(
-        self, worker_id: str, base_version: int, grads: Mapping[str, Gradient], incarnation: int = 0
+        self, worker_id: str, base_version: int, grads: Mapping[str, Gradient], incarnation: int = 0,
+        step: int = 0,
     ) -> PushOutcome:
         """Apply, accumulate (sync) or drop one gradient computed from `base_version`; never partially.
 
@@ -239,7 +240,7 @@ class ShardStore:
                     self._maybe_complete_step()
                     self._version_cond.notify_all()
                     return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
-                decision = self._policy.decide(staleness)
+                decision = self._policy.decide_push(PushContext(worker_id, step, staleness))
                 if admission.verdict is Verdict.DROP or not decision.accept:
                     drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
                     assert drop is not None, "a drop verdict names its reason"

@@ -120,6 +120,16 @@ class _Fields:
         return out
 
 
+def _named_numbers(fields: _Fields, name: str) -> dict[str, float]:
+    """An object of numbers keyed by names ({} when absent: written before the field existed)."""
+    out: dict[str, float] = {}
+    for key, value in fields.mapping(name, {}).items():
+        if not _is_number(value):
+            raise fields.error(f"{name}.{key}", "a number", value)
+        out[str(key)] = float(value)
+    return out
+
+
 def _int_key(fields: _Fields, name: str, key: str) -> int:
     try:
         return int(key)
@@ -240,6 +250,7 @@ class RunSummary:
     # datasets with a known optimum only
     final_train_loss: float | None = None
     optimality_gap: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # --metrics of the final evaluation (test set)
 
     @property
     def interrupted(self) -> bool:
@@ -262,6 +273,7 @@ class RunSummary:
         data["idle_fraction"] = {str(k): v for k, v in self.idle_fraction.items()}
         data["dropped_by_reason"] = dict(self.dropped_by_reason)
         data["data"] = dict(self.data)
+        data["metrics"] = dict(self.metrics)
         for name in ("final_train_loss", "optimality_gap"):
             if data[name] is None:
                 del data[name]
@@ -292,6 +304,7 @@ class RunSummary:
             data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
             max_clock_lead=f.number("max_clock_lead", 0.0),
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
+            metrics=_named_numbers(f, "metrics"),
         )
 
     @classmethod
