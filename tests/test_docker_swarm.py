@@ -180,6 +180,7 @@ def stack(docker_image: str, swarm: None, tmp_path: Path) -> Iterator[Stack]:
     secrets_dir = tmp_path / "secrets"
     generate_dev_certs(secrets_dir, ["ps-0", "ps-1", "chief"])
     (secrets_dir / "token").write_text(secrets.token_urlsafe(32) + "\n")
+    (secrets_dir / "chief-token").write_text(secrets.token_urlsafe(32) + "\n")
     deployed = Stack(docker_image, secrets_dir)
     try:
         yield deployed

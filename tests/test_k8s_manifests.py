@@ -177,8 +177,9 @@ class LocalPods:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.secrets = tmp / "secrets"
-        generate_dev_certs(self.secrets)  # names 127.0.0.1, which every address becomes
+        generate_dev_certs(self.secrets, ["asyncps-chief"])  # and 127.0.0.1, which every address becomes
         (self.secrets / "token").write_text(secrets.token_urlsafe(24) + "\n")
+        (self.secrets / "chief-token").write_text(secrets.token_urlsafe(24) + "\n")
         self.security = SecurityConfig.from_flags(str(self.secrets / "token"), str(self.secrets / "server.pem"),
                                                   str(self.secrets / "server.key"), str(self.secrets / "ca.pem"))
         self.addresses: dict[str, str] = {}  # cluster address -> 127.0.0.1:free port
@@ -198,6 +199,12 @@ class LocalPods:
             if "secret" in volume:
                 assert volume["secret"]["secretName"] == "asyncps-secrets"
                 mounts[mount["mountPath"]] = self.secrets
+                if "items" in volume["secret"]:  # only these keys, as the kubelet mounts them
+                    local = self.tmp / pod.name / mount["name"]
+                    local.mkdir(parents=True, exist_ok=True)
+                    for item in volume["secret"]["items"]:
+                        (local / item["path"]).write_bytes((self.secrets / item["key"]).read_bytes())
+                    mounts[mount["mountPath"]] = local
             else:
                 local = self.tmp / pod.name / mount["name"]
                 local.mkdir(parents=True, exist_ok=True)
