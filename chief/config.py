@@ -20,6 +20,7 @@ class ChiefConfig:
     host: str = "127.0.0.1"
     port: int = 0
     port_file: str = ""
+    health_port: int | None = None  # also serve the health service in plaintext here (kubelet probes)
     stop_grace_s: float = 30.0  # how long to wait for workers to finish after STOP
     checkpoint_dir: Path | None = None  # default: run_dir/ckpt
     resume: bool = False  # continue from the latest checkpoint instead of initializing

@@ -13,7 +13,7 @@ from asyncps.chief.config import ChiefConfig
 from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.tasks import TaskLedger
 from asyncps.pb import coordinator_pb2_grpc
-from asyncps.rpc import create_server
+from asyncps.rpc import create_server, serve_health
 from asyncps.rundir import INTERRUPTED, RunConfigRecord, write_port_file
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ class Lifecycle:
         self._client = client
         self._server: grpc.Server | None = None
         self._health: HealthServicer | None = None
+        self._probe: grpc.Server | None = None  # the plaintext health server (--health-port)
 
     def start(self, servicer: coordinator_pb2_grpc.CoordinatorServicer) -> int:
         """Serve the Coordinator service; write the port file; return the bound port."""
@@ -75,6 +76,9 @@ class Lifecycle:
             [lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s)],
             interceptors=config.security.server_interceptors(),
             credentials=config.security.server_credentials())
+        if config.health_port is not None:
+            self._probe, probe_port = serve_health(f"{config.host}:{config.health_port}", self._health)
+            log.info("chief: health service in plaintext on port %d", probe_port)
         write_port_file(config.port_file, port)
         log.info("chief serving on port %d (%s); waiting for %d workers", port, config.security.describe(),
                  self._run.num_workers)
@@ -112,6 +116,8 @@ class Lifecycle:
             self._health.enter_graceful_shutdown()
         if self._server is not None:
             self._server.stop(grace=2.0).wait()
+        if self._probe is not None:
+            self._probe.stop(grace=None)
         self._client.close()
 
     def _shutdown_shards(self) -> None:

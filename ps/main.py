@@ -16,7 +16,7 @@ from asyncps.ps.servicer import (
 )
 from asyncps.ps.store import ShardStore
 from asyncps.ps.watchdog import ChiefWatch
-from asyncps.rpc import create_server
+from asyncps.rpc import create_server, serve_health
 from asyncps.rundir import write_port_file
 from asyncps.security import SecurityConfig
 from asyncps.streamguard import DEFAULT_IDLE_TIMEOUT_S, StreamLimits
@@ -32,6 +32,7 @@ class PsConfig:
     port: int = 8470
     index: int = 0
     port_file: str = ""
+    health_port: int | None = None  # also serve the health service in plaintext here (kubelet probes)
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -71,6 +72,10 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
         max_workers=config.handler_threads, stream_limits=limits,
         interceptors=[*config.security.server_interceptors(), watch.interceptor()],
         credentials=config.security.server_credentials())
+    probe = None
+    if config.health_port is not None:
+        probe, probe_port = serve_health(f"{config.host}:{config.health_port}", health)
+        log.info("shard %d: health service in plaintext on port %d", config.index, probe_port)
     write_port_file(config.port_file, port)
     log.info("shard %d serving on port %d (%s)", config.index, port, config.security.describe())
     code = 0
@@ -83,5 +88,7 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     log.info("shard %d stopping at version %d", config.index, store.version)
     health.enter_graceful_shutdown()
     server.stop(grace=2.0 if code == 0 else 0.5).wait()  # no chief: nobody waits for answers worth a grace
+    if probe is not None:
+        probe.stop(grace=None)
     servicer.close()
     return code

@@ -173,3 +173,12 @@ def kill_worker_mid_run(cluster: LocalCluster, ready: Callable[[ClusterStatus], 
         return coord.status()
     finally:
         coord.close()
+
+
+@pytest.fixture(scope="session")
+def docker_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The asyncps image of this checkout, built once per session (skips without a Docker engine)."""
+    from tests.dockerutil import build_image, require_engine
+
+    require_engine()
+    return build_image(tmp_path_factory.mktemp("docker-build"))

@@ -184,7 +184,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
         index = tf.task_index
     run = run_config_from(args)
     config = PsConfig(host=args.host, port=port, index=index, port_file=args.port_file,
-                      chunk_bytes=run.chunk_bytes, security=security_from(args), chief_timeout_s=run.chief_timeout_s,
+                      health_port=args.health_port, chunk_bytes=run.chunk_bytes, security=security_from(args),
+                      chief_timeout_s=run.chief_timeout_s,
                       handler_threads=int(args.handler_threads),
                       stream_idle_timeout_s=float(args.stream_idle_timeout),
                       max_streams_per_peer=int(args.max_streams_per_peer))
@@ -232,7 +233,8 @@ def cmd_chief(args: argparse.Namespace) -> int:
         tf_layer = {"num_workers": len(tf.worker)}
     run = RunConfig.from_layers(file_layer, tf_layer, env_layer, flag_layer, {"num_ps": len(ps)})
     config = ChiefConfig(ps=ps, run=run, run_dir=Path(args.run_dir), host=args.host, port=port,
-                         port_file=args.port_file, resume=bool(args.resume), security=security_from(args),
+                         port_file=args.port_file, health_port=args.health_port, resume=bool(args.resume),
+                         security=security_from(args),
                          checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
                          metrics_port=int(args.metrics_port), metrics_port_file=args.metrics_port_file)
     _setup_logging(args.log_level, "chief")
@@ -312,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
             _add(p, "--port", None, f"port to bind (0: any free port; default: TF_CONFIG's, else {DEFAULT_PORT})",
                  type=int)
             _add(p, "--port-file", "", "write the bound port to this file (for --port 0)")
+            _add(p, "--health-port", None, "also serve the gRPC health service on this port, in plaintext and "
+                 "without a token, for probes that cannot do TLS (the kubelet's grpc probes); default: off",
+                 type=int)
 
     p = sub.add_parser("ps", help="run one parameter-server shard")
     common(p, True)
