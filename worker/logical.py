@@ -25,6 +25,7 @@ from asyncps.members import new_member_id
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
 from asyncps.tfutil import limit_threads, quiet_tensorflow
+from asyncps.worker.chieflink import ChiefLink
 from asyncps.worker.main import HeartbeatLoop, WorkerConfig
 from asyncps.worker.trainer import Telemetry
 
@@ -35,7 +36,7 @@ log = logging.getLogger("asyncps.worker")
 class LogicalWorker:
     """One logical worker's identity, telemetry and exit code."""
 
-    member_id: str
+    link: ChiefLink
     reg: cpb.RegisterResponse
     telemetry: Telemetry = field(default_factory=Telemetry)
     steps_done: list[int] = field(default_factory=lambda: [0])
@@ -49,9 +50,8 @@ def _register(config: WorkerConfig, coord: CoordinatorClient) -> list[LogicalWor
     workers = []
     for k in range(config.logical):
         index = config.index + k if config.index >= 0 else -1
-        member_id = f"{new_member_id('worker', index)}-l{k}"
-        reg = coord.register(member_id, "worker", index)
-        workers.append(LogicalWorker(member_id, reg))
+        link = ChiefLink(coord, f"{new_member_id('worker', index)}-l{k}", index)
+        workers.append(LogicalWorker(link, link.register()))
     return workers
 
 
@@ -71,8 +71,8 @@ def run_logical_workers(config: WorkerConfig, interrupt: threading.Event | None 
     stop = interrupt or threading.Event()
     for w in workers:  # heartbeats first: loading TensorFlow can take many seconds
         steps = w.steps_done
-        w.beats = HeartbeatLoop(coord, w.member_id, w.reg.index, run.heartbeat_interval_s, config.deadline_s,
-                                w.telemetry, stop, lambda steps=steps: steps[0])  # type: ignore[misc]
+        w.beats = HeartbeatLoop(w.link, run.heartbeat_interval_s, config.deadline_s, w.telemetry, stop,
+                                lambda steps=steps: steps[0])  # type: ignore[misc]
         w.beats.start()
     try:
         return _train_all(config, coord, workers, run, stop)
@@ -107,7 +107,7 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
     try:
         from asyncps.worker.start import wait_for_start
 
-        ready = [w.member_id for w in workers if w.code == 0]
+        ready = [w.link.member_id for w in workers if w.code == 0]
         if ready and wait_for_start(coord, ready, stop, config.deadline_s):
             go.set()
         else:
@@ -136,9 +136,8 @@ def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, r
         names = [v.path for v in model.trainable_variables]
         specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
         placement = place(specs, len(w.reg.ps_addresses), run.slice_threshold_bytes)
-        member_id = w.member_id
-        batches = TaskBatches(lambda: coord.get_task(member_id), data.x_train, data.y_train, run.batch_size,
-                              run.seed)
+        member_id = w.link.member_id
+        batches = TaskBatches(w.link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
         client = connect_model(member_id, list(w.reg.ps_addresses), placement, run.rpc_deadline_s,
                                run.chunk_bytes, config.security, transport=run.transport)
         delay = run.step_delay(w.reg.index)
@@ -181,7 +180,6 @@ def _final_report(coord: CoordinatorClient, w: LogicalWorker) -> None:
         return
     pushes, steps = w.telemetry.drain()
     try:
-        coord.report(w.member_id, w.reg.index, pushes, steps, final=True, deadline_s=10.0,
-                     completed_tasks=w.telemetry.drain_tasks())
+        w.link.report(pushes, steps, final=True, deadline_s=10.0, completed_tasks=w.telemetry.drain_tasks())
     except Unreachable as exc:
         log.warning("final report of logical worker %d not delivered: %s", w.reg.index, exc)

@@ -16,8 +16,8 @@ from asyncps.rundir import (
     TIMELINE_CSV,
     EvalRow,
     PushRow,
-    RunSummary,
     StepRow,
+    load_summary,
     read_rows,
 )
 from asyncps.tools.experiment.errors import ExperimentError
@@ -125,7 +125,7 @@ def worker_mb(run_dir: Path) -> float:
 
 def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]:
     """The sweep's metrics of one finished run directory (NaN where a metric does not apply)."""
-    s = RunSummary.load(run_dir)
+    s = load_summary(run_dir)
     pushes = read_rows(run_dir / PUSHES_CSV, PushRow)
     accepted = sum(1 for p in pushes if p.accepted)
     shards = max(1, s.ps_shards)
