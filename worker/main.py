@@ -127,6 +127,7 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
                           run.seed)
     client = connect_model(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
                            config.security, transport=run.transport)
+    client.coordinated = run.update_rule().consistency().coordinated  # sync: shard 0 decides each step
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
     trainer = Trainer(client, names, make_grad_fn(model, loss_fn), batches, delay, telemetry,
