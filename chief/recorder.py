@@ -27,6 +27,7 @@ from asyncps.rundir import (
     StalenessSummary,
     StepRow,
 )
+from asyncps.rundir.clocklead import push_clock_lead
 from asyncps.wire import drop_from_wire
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class Recorder:
         self.wait_s: collections.defaultdict[int, float] = collections.defaultdict(float)
         self.pushes_recorded = 0
         self.last_loss = float("nan")
+        self._applied: list[PushRow] = []  # for the clock lead measured from the pushes themselves
 
     def add(self, worker: int, pushes: Sequence[cpb.PushRecord], steps: Sequence[cpb.StepTiming]) -> None:
         """Record one report from a worker."""
@@ -56,8 +58,11 @@ class Recorder:
             for p in pushes:
                 drop = drop_from_wire(p.drop)
                 kind = drop.value if drop is not None else ""
-                self._pushes.write(PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version,
-                                           p.staleness, p.accepted, kind, p.effective_lr, p.loss, p.drop_detail))
+                row = PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version, p.staleness,
+                              p.accepted, kind, p.effective_lr, p.loss, p.drop_detail)
+                self._pushes.write(row)
+                if row.accepted:
+                    self._applied.append(row)
                 self.staleness[p.staleness] += 1
                 self.recent_staleness.append(p.staleness)
                 if drop is not None:
@@ -81,6 +86,13 @@ class Recorder:
         with self._lock:
             return {w: self.wait_s[w] / (self.busy_s[w] + self.wait_s[w])
                     for w in sorted(self.busy_s) if self.busy_s[w] + self.wait_s[w] > 0}
+
+    def measured_clock_lead(self) -> int:
+        """The largest clock lead with which a worker read, measured from the recorded pushes
+        (asyncps.rundir.clocklead), not from the shards' own clocks."""
+        with self._lock:
+            rows = list(self._applied)
+        return push_clock_lead(rows)
 
     def close(self) -> None:
         """Flush and close the CSV files."""
@@ -154,6 +166,8 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         dropped_by_reason=p.dropped_by_reason,
         idle_fraction=recorder.idle_fractions(),
         max_clock_lead=p.max_clock_lead,
+        measured_clock_lead=recorder.measured_clock_lead(),
+        reads_refused=dict(p.reads_refused),
         backup_workers=run.backup_workers,
         staleness_bound=run.staleness_bound,
         shards=tuple(ShardCounters(version=v, accepted=a, dropped=d)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -19,6 +20,8 @@ from asyncps.rundir import write_port_file
 from asyncps.security import SecurityConfig
 
 log = logging.getLogger("asyncps.ps")
+
+NO_SSP_BOUND_ENV = "ASYNCPS_TEST_NO_SSP_BOUND"
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,11 @@ class PsConfig:
 def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     """Serve until Shutdown or interrupt; return the exit code."""
     stop = interrupt or threading.Event()
-    store = ShardStore(config.index)
+    # test only: lets SSP workers read beyond the bound, to show the chief's measurement catches it
+    unbounded = os.environ.get(NO_SSP_BOUND_ENV) == "1"
+    if unbounded:
+        log.warning("%s=1: SSP's bound is NOT enforced (a test switch)", NO_SSP_BOUND_ENV)
+    store = ShardStore(config.index, enforce_bounds=not unbounded)
     servicer = ParameterServerServicer(store, config.chunk_bytes, config.max_request_bytes,
                                        on_shutdown=lambda reason: stop.set())
     server, port, health = create_server(

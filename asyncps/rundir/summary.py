@@ -233,6 +233,10 @@ class RunSummary:
     data: dict[str, int | None] = field(default_factory=dict)  # the data-task ledger's counts
     idle_fraction: dict[int, float] = field(default_factory=dict)  # worker -> share of step time held back
     max_clock_lead: float = 0.0
+    # the largest clock lead measured by the chief from pushes.csv (asyncps.rundir.clocklead), and
+    # SSP reads the shards refused (the worker repeated the call), by why: deadline, no_slot
+    measured_clock_lead: int = 0
+    reads_refused: dict[str, int] = field(default_factory=dict)
     # datasets with a known optimum only
     final_train_loss: float | None = None
     optimality_gap: float | None = None
@@ -258,6 +262,7 @@ class RunSummary:
         data["idle_fraction"] = {str(k): v for k, v in self.idle_fraction.items()}
         data["dropped_by_reason"] = dict(self.dropped_by_reason)
         data["data"] = dict(self.data)
+        data["reads_refused"] = dict(self.reads_refused)
         for name in ("final_train_loss", "optimality_gap"):
             if data[name] is None:
                 del data[name]
@@ -286,6 +291,7 @@ class RunSummary:
                          for s in f.objects("shards")),
             data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
             max_clock_lead=f.number("max_clock_lead", 0.0),
+            measured_clock_lead=f.integer("measured_clock_lead", 0), reads_refused=f.counts("reads_refused", {}),
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
         )
 
