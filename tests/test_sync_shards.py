@@ -97,9 +97,9 @@ def test_ssp_refuses_a_read_beyond_the_bound_and_applies_the_repeated_push_once(
 def test_ssp_refuses_at_once_when_no_waiting_slot_is_free() -> None:
     store = shard(0, "ssp:bound=0", "a", workers=2)
     service = ShardService(store, max_waiters=1)
-    with service._waiter():  # the only slot is taken
-        with pytest.raises(UnavailableError, match="every waiting slot is taken"):
-            service.push_pull(PushRequest("w0", 0, {"a": g(1.0)}, step=0), -1, read_wait_s=5.0)
+    # the only slot is taken
+    with service._waiter(), pytest.raises(UnavailableError, match="every waiting slot is taken"):
+        service.push_pull(PushRequest("w0", 0, {"a": g(1.0)}, step=0), -1, read_wait_s=5.0)
     assert store.stats().mode_stats["refused_no_slot"] == 1
 
 
