@@ -40,6 +40,23 @@ class SparseRows:
 Gradient: TypeAlias = "Array | SparseRows"
 
 
+def coalesce_rows(indices: npt.NDArray[np.integer[Any]], values: Array) -> SparseRows:
+    """One row per distinct index, duplicates summed, indices sorted.
+
+    A gather's gradient (tf.IndexedSlices) names a row once per lookup (a batch of 32 digits
+    names 2048 rows of a 512-row table): coalesced, a push carries each touched row once, and
+    per-row state (staleness policies) sees each row once per push.
+    """
+    rows: npt.NDArray[np.int64] = np.asarray(indices, dtype=np.int64)
+    if rows.size == 0:
+        return SparseRows(rows, values)
+    order = np.argsort(rows, kind="stable")
+    ordered = rows[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    summed: Array = np.add.reduceat(values[order], starts, axis=0)
+    return SparseRows(ordered[starts], summed)
+
+
 def dtype_to_proto(dtype: np.dtype[Any]) -> tensor_pb2.DType.ValueType:
     """Map a numpy dtype to the wire enum; unsupported dtypes are an InvalidArgumentError."""
     try:

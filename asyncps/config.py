@@ -79,8 +79,12 @@ def parse_checkpoint_every(text: str) -> dict[str, Any]:
 class RunConfig:
     """A training run; the chief owns it and hands it to every worker when it registers."""
 
-    model: str = setting("mlp", help="logreg | mlp | mlp:H1,H2,... | cnn | embedding")
-    dataset: str = setting("digits", help="digits | mnist | fashion_mnist | npz:PATH | synthetic-logreg")
+    model: str = setting("mlp", help="logreg | mlp | mlp:H1,H2,... | cnn | embedding | package.module:function")
+    dataset: str = setting("digits", help="digits | mnist | fashion_mnist | npz:PATH | synthetic-logreg | "
+                                          "package.module:function")
+    loss: str = setting("crossentropy", help="crossentropy (of logits) | a Keras loss name | package.module:function")
+    metrics: str = setting("", help="extra metrics the chief measures on the test set, comma-separated: Keras "
+                                    "metric function names | package.module:function (accuracy always)")
     batch_size: int = setting(32, help="examples per worker step")
     optimizer: str = setting("sgd", help="sgd | momentum | nesterov | adam | adagrad")
     learning_rate: float = setting(0.1, help="learning rate", flags=("--lr", "--learning-rate"))

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from asyncps.userfns import call_with_accepted, is_function_spec, load_function
+
 #: Named dataset specs accepted by :func:`load_dataset`; ``npz:PATH`` is accepted in addition.
 DATASET_NAMES: tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "synthetic-logreg")
 
@@ -90,7 +92,10 @@ def _load_uncached(spec: str, seed: int) -> Dataset:
         return _load_npz(spec[len(NPZ_PREFIX) :])
     if spec.startswith(SYNTHETIC_PREFIX):
         return _make_synthetic_classification(spec, seed)
-    valid = ", ".join((*DATASET_NAMES, f"{NPZ_PREFIX}PATH", f"{SYNTHETIC_PREFIX}FEATURESxCLASSES"))
+    if is_function_spec(spec, ("npz", "synthetic")):
+        return _load_user_dataset(spec, seed)
+    valid = ", ".join((*DATASET_NAMES, f"{NPZ_PREFIX}PATH", f"{SYNTHETIC_PREFIX}FEATURESxCLASSES",
+                       "package.module:function"))
     raise ValueError(f"unknown dataset spec {spec!r}; valid: {valid}")
 
 
@@ -178,7 +183,26 @@ def _load_npz(path: str) -> Dataset:
                 f"{path}: missing keys {missing}; need {list(_NPZ_KEYS)}, found {data.files}"
             )
         x_train, y_train, x_test, y_test = (np.asarray(data[k]) for k in _NPZ_KEYS)
+    return _from_arrays(f"{NPZ_PREFIX}{path}", x_train, y_train, x_test, y_test, where=path)
 
+
+def _load_user_dataset(spec: str, seed: int) -> Dataset:
+    """`package.module:function` returning `(x_train, y_train), (x_test, y_test)` like
+    keras.datasets.*.load_data(); it is called with `seed` if it takes one."""
+    loaded = call_with_accepted(load_function(spec, "dataset"), seed=seed)
+    try:
+        (x_train, y_train), (x_test, y_test) = loaded
+    except (TypeError, ValueError):
+        raise ValueError(f"dataset {spec!r} must return (x_train, y_train), (x_test, y_test), "
+                         f"got {type(loaded).__name__}") from None
+    return _from_arrays(spec, np.asarray(x_train), np.asarray(y_train), np.asarray(x_test), np.asarray(y_test),
+                        where=f"dataset {spec}")
+
+
+def _from_arrays(name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+                 where: str) -> Dataset:
+    """A Dataset of loaded arrays: images flattened (their layout kept), labels as int64 class ids."""
+    path = where
     image_shape = _npz_image_shape(x_train, path)
     if _npz_image_shape(x_test, path) != image_shape or x_train.shape[1:] != x_test.shape[1:]:
         raise ValueError(f"{path}: x_train {x_train.shape} and x_test {x_test.shape} differ")
@@ -186,7 +210,7 @@ def _load_npz(path: str) -> Dataset:
     y_test = _npz_labels(y_test, len(x_test), "y_test", path)
     num_classes = int(max(y_train.max(initial=-1), y_test.max(initial=-1))) + 1
     return Dataset(
-        name=f"{NPZ_PREFIX}{path}",
+        name=name,
         x_train=_npz_features(x_train),
         y_train=y_train,
         x_test=_npz_features(x_test),

@@ -14,6 +14,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from asyncps.userfns import call_with_accepted, is_function_spec, load_function
+
 #: Model specs accepted by :func:`build_model`; ``mlp:H1,H2,...`` picks hidden sizes.
 MODEL_NAMES: tuple[str, ...] = ("logreg", "mlp", "cnn", "embedding")
 
@@ -38,6 +40,8 @@ def build_model(
         raise ValueError(f"num_features must be >= 1, got {num_features}")
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+    if is_function_spec(spec, MODEL_NAMES):
+        return build_user_model(spec, num_features, num_classes, image_shape, seed)
     name, _, arg = spec.partition(":")
     init = _Initializers(seed)
     inputs = keras.Input(shape=(num_features,), dtype="float32", name="features")
@@ -51,10 +55,48 @@ def build_model(
         logits = _embedding(inputs, num_features, num_classes, init)
     else:
         raise ValueError(
-            f"unknown model spec {spec!r}; valid: {', '.join(MODEL_NAMES)}, mlp:H1,H2,..."
+            f"unknown model spec {spec!r}; valid: {', '.join(MODEL_NAMES)}, mlp:H1,H2,..., package.module:function"
         )
     # A functional model is built (all variables created) as soon as it is constructed.
     return keras.Model(inputs=inputs, outputs=logits, name=name)
+
+
+def build_user_model(
+    spec: str, num_features: int, num_classes: int, image_shape: tuple[int, ...] | None, seed: int
+) -> keras.Model:
+    """The Keras model a `package.module:function` spec returns, taking flat features like the zoo's.
+
+    The function is called with those of `input_shape` (the dataset's image layout, else
+    `(num_features,)`), `num_classes` and `seed` it accepts. The model is wrapped so that it reads
+    the flat float32 features every role feeds (reshaped to `input_shape`). Its whole state must be
+    trainable: the shards hold only what workers push gradients for, so non-trainable state such
+    as BatchNormalization's moving statistics would silently differ between processes.
+    """
+    input_shape = tuple(image_shape) if image_shape is not None else (num_features,)
+    user = call_with_accepted(load_function(spec, "model"), input_shape=input_shape, num_classes=num_classes,
+                              seed=seed)
+    if not isinstance(user, keras.Model):
+        raise ValueError(f"model {spec!r} must return a keras.Model, got {type(user).__name__}")
+    inputs = keras.Input(shape=(num_features,), dtype="float32", name="features")
+    x = inputs if input_shape == (num_features,) else keras.layers.Reshape(input_shape, name="to_input")(inputs)
+    try:
+        outputs = user(x)
+    except Exception as error:  # the user's model cannot take this input: say which one it got
+        raise ValueError(f"model {spec!r} cannot take inputs of shape {input_shape}: {error}") from None
+    model = keras.Model(inputs=inputs, outputs=outputs, name="user_model")
+    state = [v.path for v in model.non_trainable_variables]
+    if state:
+        raise ValueError(
+            f"model {spec!r} has non-trainable state {state[:4]}{' ...' if len(state) > 4 else ''}: asyncps keeps "
+            "only trainable variables on the shards, so such state (e.g. BatchNormalization statistics) would "
+            "differ between processes; use a stateless layer (e.g. LayerNormalization) instead")
+    paths = [v.path for v in model.trainable_variables]
+    if len(set(paths)) != len(paths):
+        raise ValueError(f"model {spec!r}: variable paths are not unique ({paths}); give the layers distinct names")
+    if tuple(model.outputs[0].shape[1:]) != (num_classes,):
+        raise ValueError(f"model {spec!r} outputs shape {tuple(model.outputs[0].shape[1:])}, "
+                         f"not ({num_classes},) (one score per class)")
+    return model
 
 
 def loss_fn(logits: Any, labels: Any) -> tf.Tensor:
@@ -63,6 +105,51 @@ def loss_fn(logits: Any, labels: Any) -> tf.Tensor:
     logits = tf.cast(logits, tf.float32)
     per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     return tf.reduce_mean(per_example)
+
+
+#: The default loss: mean sparse categorical cross-entropy of the model's logits (:func:`loss_fn`).
+DEFAULT_LOSS = "crossentropy"
+
+
+def make_loss(spec: str) -> Any:
+    """The loss `(logits, labels) -> scalar` a spec names: `crossentropy` (of logits), a Keras loss
+    name (e.g. `sparse_categorical_crossentropy` for a model that outputs probabilities), or
+    `package.module:function` taking `(y_true, y_pred)` like a Keras loss; per-example values are averaged."""
+    if spec == DEFAULT_LOSS:
+        return loss_fn
+    if is_function_spec(spec):
+        user = load_function(spec, "loss")
+    else:
+        try:
+            user = keras.losses.get(spec)
+        except ValueError:
+            raise ValueError(
+                f"unknown loss {spec!r}: {DEFAULT_LOSS}, a Keras loss name or package.module:function") from None
+
+    def loss(outputs: Any, labels: Any) -> tf.Tensor:
+        value = user(tf.cast(tf.reshape(labels, [-1]), tf.int64), outputs)
+        return tf.reduce_mean(tf.cast(value, tf.float32))
+
+    return loss
+
+
+def make_metrics(spec: str) -> dict[str, Any]:
+    """The metrics `{name: (labels, outputs) -> per-example or mean values}` of a comma-separated
+    spec: names of Keras metric functions (`sparse_top_k_categorical_accuracy`) or
+    `package.module:function` taking `(y_true, y_pred)`. Accuracy is always measured; "" adds none."""
+    metrics: dict[str, Any] = {}
+    for name in (part.strip() for part in spec.split(",")):
+        if not name:
+            continue
+        if is_function_spec(name):
+            metrics[name] = load_function(name, "metric")
+            continue
+        fn = getattr(keras.metrics, name, None)
+        if fn is None or isinstance(fn, type) or not callable(fn):
+            raise ValueError(f"unknown metric {name!r}: the name of a Keras metric function (e.g. "
+                             "sparse_top_k_categorical_accuracy) or package.module:function")
+        metrics[name] = fn
+    return metrics
 
 
 class _Initializers:

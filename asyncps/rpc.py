@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from asyncps import errors
+from asyncps.streamguard import StreamGuard, StreamLimits
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +112,17 @@ def create_server(
     interceptors: Sequence[grpc.ServerInterceptor[Any, Any]] = (),
     credentials: grpc.ServerCredentials | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
+    stream_limits: StreamLimits | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """Build a started server with the standard health service; return it and its bound port."""
+    """Build a started server with the standard health service; return it and its bound port.
+
+    Streaming calls are bounded by a StreamGuard (stream_limits, else those of max_workers
+    threads), placed after the given interceptors so that refused callers never count.
+    """
+    guard = StreamGuard(stream_limits or StreamLimits.for_threads(max_workers))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
-        interceptors=list(interceptors),
+        interceptors=[*interceptors, guard],
         options=server_options(max_message_bytes),
     )
     for add in register:

@@ -1,8 +1,9 @@
-"""Authentication and transport security: a shared bearer token, TLS and mutual TLS.
+"""Authentication and transport security: per-role bearer tokens, TLS and mutual TLS.
 
 A server built with ``create_server(..., interceptors=security.server_interceptors(),
 credentials=security.server_credentials())`` rejects every RPC without
-``authorization: Bearer <token>`` (the standard health service stays open for probes);
+``authorization: Bearer <token>`` (the standard health service stays open for probes) and lets
+each role call only its own methods (asyncps.authz);
 ``secure_channel(address, security)`` opens the matching client channel. Empty settings mean off,
 so the defaults keep today's plaintext, unauthenticated behaviour.
 """
@@ -20,11 +21,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from asyncps.authz import DEFAULT_CHIEF_IDENTITY, Authorizer, TokenRoles
 from asyncps.rpc import MAX_MESSAGE_BYTES, channel_options
 
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "ASYNCPS_TOKEN"
+CHIEF_TOKEN_ENV = "ASYNCPS_CHIEF_TOKEN"
 AUTH_METADATA_KEY = "authorization"
 BEARER_SCHEME = "Bearer"
 HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
@@ -57,8 +60,9 @@ def check_token(token: str) -> None:
         raise ValueError(f"the token must be printable ASCII without spaces ({len(token)} characters given)")
 
 
-def load_token(token_file: str | os.PathLike[str] = "", environ: Mapping[str, str] | None = None) -> str:
-    """The shared token: from token_file when given, else $ASYNCPS_TOKEN, else "" (no token auth).
+def load_token(token_file: str | os.PathLike[str] = "", environ: Mapping[str, str] | None = None,
+               env_var: str = TOKEN_ENV) -> str:
+    """A token: from token_file when given, else $env_var (ASYNCPS_TOKEN), else "" (no token auth).
 
     Surrounding whitespace (a trailing newline) is stripped; a named file that is missing or
     empty is a ValueError, so a typo never silently turns authentication off.
@@ -76,7 +80,7 @@ def load_token(token_file: str | os.PathLike[str] = "", environ: Mapping[str, st
         if not token:
             raise ValueError(f"token file {path} is empty")
     else:
-        token = (os.environ if environ is None else environ).get(TOKEN_ENV, "").strip()
+        token = (os.environ if environ is None else environ).get(env_var, "").strip()
     check_token(token)
     return token
 
@@ -248,11 +252,14 @@ class SecurityConfig:
 
     As a server: tls_cert + tls_key serve TLS; tls_ca in addition requires each client to present
     a certificate signed by it (mTLS) unless require_client_cert is False; a token makes every
-    RPC but the health service need ``authorization: Bearer <token>``.
+    RPC but the health service need ``authorization: Bearer <token>``. Roles (asyncps.authz):
+    token is the workers' token and chief_token the chief's; shared_token lets the one token
+    act as every role (compatibility, explicit only); under mTLS a client certificate naming one
+    of chief_identities is the chief's, any other verified one a worker's.
     As a client: any TLS file turns TLS on; the server is verified against tls_ca (the system
     roots without it); tls_cert + tls_key are presented as the client certificate;
     server_name_override replaces the host name checked against the server's certificate;
-    the token is sent on every call.
+    the chief's token when set, else the token, is sent on every call.
     File paths are read when credentials are built, so a restart picks up renewed certificates.
     """
 
@@ -262,9 +269,22 @@ class SecurityConfig:
     tls_ca: str = ""
     server_name_override: str = ""
     require_client_cert: bool = True
+    chief_token: str = field(default="", repr=False)
+    shared_token: bool = False
+    chief_identities: tuple[str, ...] = (DEFAULT_CHIEF_IDENTITY,)
 
     def __post_init__(self) -> None:
         check_token(self.token)
+        check_token(self.chief_token)
+        if self.chief_token and not self.token:
+            raise ValueError("--chief-token-file needs --token-file (the workers' token) as well")
+        if self.shared_token and not self.token:
+            raise ValueError("--shared-token needs a token (--token-file or ASYNCPS_TOKEN)")
+        if self.shared_token and self.chief_token:
+            raise ValueError("--shared-token and --chief-token-file exclude each other: "
+                             "one token for every role, or one per role")
+        if not all(self.chief_identities):
+            raise ValueError("--chief-identity: empty certificate name")
         if bool(self.tls_cert) != bool(self.tls_key):
             given, missing = ("--tls-cert", "--tls-key") if self.tls_cert else ("--tls-key", "--tls-cert")
             raise ValueError(f"{given} needs {missing}: a certificate and its private key go together")
@@ -279,11 +299,16 @@ class SecurityConfig:
     @classmethod
     def from_flags(cls, token_file: str = "", tls_cert: str = "", tls_key: str = "", tls_ca: str = "",
                    server_name_override: str = "", require_client_cert: bool = True,
-                   environ: Mapping[str, str] | None = None) -> SecurityConfig:
-        """Build from command-line values: the token from token_file, else $ASYNCPS_TOKEN."""
+                   environ: Mapping[str, str] | None = None, chief_token_file: str = "",
+                   shared_token: bool = False, chief_identities: Sequence[str] = (DEFAULT_CHIEF_IDENTITY,),
+                   ) -> SecurityConfig:
+        """Build from command-line values: the token from token_file, else $ASYNCPS_TOKEN; the
+        chief's from chief_token_file, else $ASYNCPS_CHIEF_TOKEN."""
         return cls(token=load_token(token_file, environ), tls_cert=tls_cert, tls_key=tls_key,
                    tls_ca=tls_ca, server_name_override=server_name_override,
-                   require_client_cert=require_client_cert)
+                   require_client_cert=require_client_cert,
+                   chief_token=load_token(chief_token_file, environ, CHIEF_TOKEN_ENV),
+                   shared_token=shared_token, chief_identities=tuple(chief_identities))
 
     @property
     def tls(self) -> bool:
@@ -298,7 +323,9 @@ class SecurityConfig:
     def describe(self) -> str:
         """One line for start-up logs, without secrets: e.g. "mTLS, token auth"."""
         transport = "mTLS" if self.mtls else "TLS" if self.tls else "plaintext"
-        return f"{transport}, {'token auth' if self.token else 'no token auth'}"
+        tokens = ("shared token" if self.shared_token else "per-role tokens" if self.chief_token
+                  else "token")
+        return f"{transport}, {tokens + ' auth' if self.token else 'no token auth'}"
 
     def server_credentials(self) -> grpc.ServerCredentials | None:
         """Credentials for create_server: None for plaintext; TLS with tls_cert + tls_key."""
@@ -324,9 +351,23 @@ class SecurityConfig:
             return [("grpc.ssl_target_name_override", self.server_name_override)]
         return []
 
+    @property
+    def client_token(self) -> str:
+        """The token this process sends: the chief's when it has one, else the workers'."""
+        return self.chief_token or self.token
+
+    def check_server(self) -> None:
+        """ValueError unless a server can tell the chief from a worker with these settings."""
+        if self.token:
+            TokenRoles(self.token, self.chief_token, self.shared_token)
+
     def server_interceptors(self) -> list[_ServerInterceptor]:
-        """Interceptors for create_server: token authentication when a token is set."""
-        return [TokenAuthInterceptor(self.token)] if self.token else []
+        """Interceptors for create_server: authentication and per-role authorization (asyncps.authz)
+        when a token is set or client certificates are required."""
+        tokens = TokenRoles(self.token, self.chief_token, self.shared_token) if self.token else None
+        if tokens is None and not self.mtls:
+            return []
+        return [Authorizer(tokens, self.chief_identities if self.mtls else None)]
 
 
 def secure_channel(address: str, security: SecurityConfig,
@@ -338,7 +379,7 @@ def secure_channel(address: str, security: SecurityConfig,
         channel = grpc.insecure_channel(address, options=options)
     else:
         channel = grpc.secure_channel(address, credentials, options=options)
-    return with_token(channel, security.token) if security.token else channel
+    return with_token(channel, security.client_token) if security.client_token else channel
 
 
 def check_health(address: str, security: SecurityConfig, timeout_s: float = 3.0) -> bool:

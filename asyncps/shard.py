@@ -71,6 +71,8 @@ class Snapshot:
     values: dict[str, Array]
     slots: dict[str, dict[str, Array]]
     updates: dict[str, int]
+    # the staleness policy's per-row state (asyncps.ps.policy_state): variable -> arrays
+    policy_state: dict[str, dict[str, Array]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -179,12 +179,14 @@ def snapshot_header(snap: Snapshot, shard_index: int) -> ps_pb2.SnapshotHeader:
 def snapshot_frames(
     header: ps_pb2.SnapshotHeader, snap: Snapshot, chunk_bytes: int
 ) -> Iterator[bytes]:
-    """A snapshot as a stream of raw frames: the header first, then values and slots."""
+    """A snapshot as a stream of raw frames: the header first, then values, slots and policy state."""
     slices = itertools.chain(
         (s for name, value in snap.values.items()
          for s in tensor_slices(f"value/{name}", value, chunk_bytes=chunk_bytes)),
         (s for name, slots in snap.slots.items() for slot, a in slots.items()
          for s in tensor_slices(f"slot/{slot}/{name}", a, chunk_bytes=chunk_bytes)),
+        (s for name, state in snap.policy_state.items() for key, a in state.items()
+         for s in tensor_slices(f"policy/{key}/{name}", a, chunk_bytes=chunk_bytes)),
     )
     return frames(lambda h, chunks: ps_pb2.SnapshotChunk(header=h, tensors=chunks), header, slices, chunk_bytes)
 
@@ -193,21 +195,24 @@ def snapshot_from_wire(header: ps_pb2.SnapshotHeader, tensors: dict[str, Gradien
     """Rebuild a Snapshot from its header and assembled tensors, checking the names."""
     values: dict[str, Array] = {}
     slots: dict[str, dict[str, Array]] = {}
+    policy_state: dict[str, dict[str, Array]] = {}
     for key, tensor in tensors.items():
         if isinstance(tensor, SparseRows):
             raise InvalidArgumentError(f"{key}: snapshot tensors must be dense")
         kind, _, rest = key.partition("/")
         if kind == "value" and rest:
             values[rest] = tensor
-        elif kind == "slot" and "/" in rest:
+        elif kind in ("slot", "policy") and "/" in rest:
             slot, _, name = rest.partition("/")
-            slots.setdefault(name, {})[slot] = tensor
+            (slots if kind == "slot" else policy_state).setdefault(name, {})[slot] = tensor
         else:
-            raise InvalidArgumentError(f"snapshot tensor {key!r}: expected value/NAME or slot/SLOT/NAME")
+            raise InvalidArgumentError(
+                f"snapshot tensor {key!r}: expected value/NAME, slot/SLOT/NAME or policy/KEY/NAME")
     if set(slots) - set(values):
         raise InvalidArgumentError(f"slots for unknown variables {sorted(set(slots) - set(values))}")
     return Snapshot(rule=rule_from_proto(header.rule), version=header.version, accepted=header.pushes_accepted,
-                    dropped=header.pushes_dropped, values=values, slots=slots, updates=dict(header.updates))
+                    dropped=header.pushes_dropped, values=values, slots=slots, updates=dict(header.updates),
+                    policy_state=policy_state)
 
 
 # -- the shard service's streams ---------------------------------------------------------------

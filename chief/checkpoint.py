@@ -12,7 +12,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class Checkpoint:
     values: dict[str, Array]
     slots: dict[str, dict[str, Array]]
     manifest: dict[str, Any]
+    policy_state: dict[str, dict[str, Array]] = field(default_factory=dict)  # asyncps.ps.policy_state
 
     @property
     def number(self) -> int:
@@ -68,6 +69,19 @@ def assemble(placement: Placement, snaps: list[Snapshot]) -> tuple[dict[str, Arr
     return values, slots
 
 
+def assemble_policy_state(placement: Placement, snaps: list[Snapshot]) -> dict[str, dict[str, Array]]:
+    """Whole-variable policy state from every shard's snapshot; rows of a part with no state for
+    a key get zeros, which the row masks (KEY@rows) mark as "no state"."""
+    state: dict[str, dict[str, Array]] = {}
+    rows_of = {spec.name: spec.shape[0] if spec.shape else 1 for spec in placement.variables}
+    for part in placement.parts:
+        for key, array in snaps[part.shard].policy_state.get(part.name, {}).items():
+            shape = (rows_of[part.variable], *array.shape[1:]) if part.sliced else array.shape
+            full = state.setdefault(part.variable, {}).setdefault(key, np.zeros(shape, dtype=array.dtype))
+            (full[part.rows()] if part.sliced else full)[...] = array
+    return state
+
+
 def _part_of(array: Array, part: Part) -> Array:
     return np.ascontiguousarray(array[part.rows()] if part.sliced else array)
 
@@ -82,17 +96,21 @@ def split(placement: Placement, ckpt: Checkpoint, rule: UpdateRuleConfig) -> lis
     for shard in range(placement.num_shards):
         values: dict[str, Array] = {}
         slots: dict[str, dict[str, Array]] = {}
+        policy_state: dict[str, dict[str, Array]] = {}
         part_updates: dict[str, int] = {}
         for part in placement.parts_on(shard):
             values[part.name] = _part_of(ckpt.values[part.variable], part)
             slots[part.name] = {k: _part_of(a, part) for k, a in ckpt.slots.get(part.variable, {}).items()}
+            state = {k: _part_of(a, part) for k, a in ckpt.policy_state.get(part.variable, {}).items()}
+            if state:
+                policy_state[part.name] = state
             part_updates[part.name] = updates.get(part.name, var_updates.get(part.variable, 0))
         version = old_versions[shard] if same_shape else max(old_versions, default=0)
         counters = ckpt.manifest["shard_counters"]
         accepted = counters[shard]["accepted"] if same_shape else max(c["accepted"] for c in counters)
         dropped = counters[shard]["dropped"] if same_shape else max(c["dropped"] for c in counters)
         snaps.append(Snapshot(rule=rule, version=version, accepted=accepted, dropped=dropped,
-                              values=values, slots=slots, updates=part_updates))
+                              values=values, slots=slots, updates=part_updates, policy_state=policy_state))
     return snaps
 
 
@@ -123,6 +141,7 @@ class CheckpointDir:
         manifest = json.loads((path / "manifest.json").read_text())
         values: dict[str, Array] = {}
         slots: dict[str, dict[str, Array]] = {}
+        policy_state: dict[str, dict[str, Array]] = {}
         with np.load(path / "model.npz", allow_pickle=False) as data:
             for key in data.files:
                 kind, _, rest = key.partition("/")
@@ -130,11 +149,11 @@ class CheckpointDir:
                     values[rest] = data[key]
                 else:
                     slot, _, name = rest.partition("/")
-                    slots.setdefault(name, {})[slot] = data[key]
-        return Checkpoint(path, values, slots, manifest)
+                    (policy_state if kind == "policy" else slots).setdefault(name, {})[slot] = data[key]
+        return Checkpoint(path, values, slots, manifest, policy_state)
 
     def save(self, number: int, values: dict[str, Array], slots: dict[str, dict[str, Array]],
-             manifest: dict[str, Any]) -> Path:
+             manifest: dict[str, Any], policy_state: dict[str, dict[str, Array]] | None = None) -> Path:
         """Write checkpoint `number` atomically and prune old ones; return its path."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"ckpt-{number:08d}"
@@ -143,6 +162,7 @@ class CheckpointDir:
         tmp.mkdir()
         arrays = {f"value/{n}": a for n, a in values.items()}
         arrays.update({f"slot/{s}/{n}": a for n, by_slot in slots.items() for s, a in by_slot.items()})
+        arrays.update({f"policy/{k}/{n}": a for n, by_key in (policy_state or {}).items() for k, a in by_key.items()})
         with open(tmp / "model.npz", "wb") as f:
             np.savez(f, **arrays)  # type: ignore[arg-type]
             f.flush()

@@ -1,5 +1,5 @@
 """Checkpointing of the run over the shards: initialize or restore them at start, recover a
-restarted shard, and take consistent checkpoints (pause every shard, snapshot, release, write)."""
+restarted shard, and take checkpoints at a consistent cut (asyncps.chief.cut)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from asyncps.chief.checkpoint import CheckpointDir
 from asyncps.chief.config import ChiefConfig
+from asyncps.chief.cut import CutLapsed, at_cut
 from asyncps.chief.membership import Membership
 from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
@@ -91,23 +93,29 @@ class Checkpointer:
         by_time = run.checkpoint_every_s and time.monotonic() - at >= run.checkpoint_every_s
         return bool(by_updates or by_time) and training
 
-    def checkpoint(self, examples_seen: Callable[[], int]) -> None:
-        """A consistent cut: hold pushes on every shard, snapshot all, release, write atomically.
+    def checkpoint(self, examples_seen: Callable[[], int]) -> Path | None:
+        """Take a consistent cut (asyncps.chief.cut) and write it atomically; return its path.
 
-        `examples_seen`: the examples the workers reported so far, read after the cut."""
-        from asyncps.chief.checkpoint import assemble
+        Every shard holds pushes before any is snapshotted, and the data ledger, the worker steps
+        and `examples_seen` (the examples the workers reported) are read before the release, so
+        the manifest describes the same instant as the values: a task the ledger counts as done
+        had every push of it applied before the cut (its worker reports it only after them).
+        None (nothing written, logged) when the cut outlasted the shards' hold."""
+        from asyncps.chief.checkpoint import assemble, assemble_policy_state
 
         t0 = time.monotonic()
-        shards = self._client.shards
+
+        def records() -> tuple[int, dict[str, int], dict[str, Any]]:
+            return examples_seen(), self._membership.worker_steps(), self._ledger.state()
+
         try:
-            for shard in shards:
-                shard.pause(hold_s=30.0)
-            snaps = [shard.snapshot() for shard in shards]
-        finally:
-            for shard in shards:
-                shard.pause(0.0)
+            cut = at_cut(self._client.shards, lambda _, shard: shard.snapshot(), records)
+        except CutLapsed as exc:
+            log.error("checkpoint skipped: %s", exc)  # the next one is due again at once
+            return None
+        snaps = cut.reads
+        examples, worker_steps, data_tasks = cut.record
         values, slots = assemble(self._placement, snaps)
-        examples = examples_seen()
         self._number += 1
         updates = {name: n for snap in snaps for name, n in snap.updates.items()}
         variable_updates: dict[str, int] = {}
@@ -119,12 +127,13 @@ class Checkpointer:
             "updates": updates,
             "variable_updates": variable_updates,
             "examples": examples + self.examples_offset,
-            "worker_steps": self._membership.worker_steps(),
-            "data_tasks": self._ledger.state(),
+            "worker_steps": worker_steps,
+            "data_tasks": data_tasks,
             "run": dataclasses.asdict(self._run),
             "placement": [dataclasses.asdict(p) for p in self._placement.parts],
             "wall_time": time.time(),
-        })
+        }, assemble_policy_state(self._placement, snaps))
         self._last = (time.monotonic(), self._progress.updates)
         log.info("checkpoint %s at versions %s in %.3fs", path.name, [s.version for s in snaps],
                  time.monotonic() - t0)
+        return path

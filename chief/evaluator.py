@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from asyncps.chief.cut import CutLapsed, pull_at_cut
 from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.recorder import EvalLog
 from asyncps.codec import Array
@@ -23,19 +24,29 @@ log = logging.getLogger("asyncps.chief")
 class Evaluator:
     """Loads parameter values into a Keras model and measures loss and accuracy on (x, y)."""
 
-    def __init__(self, model: Any, loss_fn: Any, batch_size: int = 1024) -> None:
+    def __init__(self, model: Any, loss_fn: Any, batch_size: int = 1024,
+                 metrics: Mapping[str, Any] | None = None) -> None:
         import tensorflow as tf
 
         self._model = model
         self._variables = {v.path: v for v in model.trainable_variables}
         self._batch = batch_size
+        self._metric_names = list(metrics or {})
+        metric_fns = list((metrics or {}).values())
+        #: The extra metrics (asyncps.models.make_metrics) of the last evaluate(), by name.
+        self.last_metrics: dict[str, float] = {}
 
         @tf.function(reduce_retracing=True)  # type: ignore[untyped-decorator]
-        def batch_metrics(x: Any, y: Any) -> tuple[Any, Any]:
+        def batch_metrics(x: Any, y: Any) -> tuple[Any, Any, list[Any]]:
             logits = model(x, training=False)
-            loss = loss_fn(logits, y) * tf.cast(tf.shape(y)[0], tf.float32)
+            n = tf.cast(tf.shape(y)[0], tf.float32)
+            loss = loss_fn(logits, y) * n
             correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), tf.cast(y, tf.int64)), tf.float32))
-            return loss, correct
+            sums = []
+            for fn in metric_fns:  # per-example values are summed, a batch mean is weighted by the batch
+                value = tf.cast(fn(tf.cast(tf.reshape(y, [-1]), tf.int64), logits), tf.float32)
+                sums.append(tf.reduce_sum(value) if value.shape.rank else value * n)
+            return loss, correct, sums
 
         self._batch_metrics = batch_metrics
 
@@ -47,11 +58,14 @@ class Evaluator:
     def evaluate(self, x: Array, y: Array) -> tuple[float, float]:
         """Mean loss and accuracy over (x, y)."""
         total_loss, total_correct = 0.0, 0.0
+        totals = [0.0] * len(self._metric_names)
         for start in range(0, len(x), self._batch):
-            loss, correct = self._batch_metrics(x[start:start + self._batch], y[start:start + self._batch])
+            loss, correct, sums = self._batch_metrics(x[start:start + self._batch], y[start:start + self._batch])
             total_loss += float(loss.numpy())
             total_correct += float(correct.numpy())
+            totals = [t + float(v.numpy()) for t, v in zip(totals, sums, strict=True)]
         n = max(1, len(x))
+        self.last_metrics = {name: t / n for name, t in zip(self._metric_names, totals, strict=True)}
         return total_loss / n, total_correct / n
 
     def values(self) -> dict[str, Array]:
@@ -60,7 +74,7 @@ class Evaluator:
 
 
 class Evaluation:
-    """The run's evaluations: pull the shards' current values, measure them on the test set, publish
+    """The run's evaluations: pull the model at a cut, measure it on the test set, publish
     the result to Progress (GetStatus) and to the EvalLog; every `every_s` seconds of training."""
 
     def __init__(self, evaluator: Evaluator, client: ModelClient, data: Dataset, every_s: float,
@@ -84,8 +98,13 @@ class Evaluation:
         self._last = time.monotonic()
 
     def evaluate(self) -> tuple[float, float]:
-        """Evaluate the shards' current values; return (loss, accuracy)."""
-        versions = self._client.pull()
+        """Evaluate the model at a cut (asyncps.chief.cut: every shard holds pushes while the whole
+        model is pulled); record the version vector of exactly those values; return (loss, accuracy)."""
+        try:
+            versions = pull_at_cut(self._client)
+        except CutLapsed as exc:  # still each shard's values at its own version, just not one cut
+            log.warning("evaluation: %s", exc)
+            versions = list(self._client.versions)
         self._evaluator.load(self._client.values)
         loss, accuracy = self._evaluator.evaluate(self._data.x_test, self._data.y_test)
         updates = round(sum(versions) / len(versions))
@@ -94,5 +113,6 @@ class Evaluation:
             self._progress.eval_loss, self._progress.eval_accuracy = loss, accuracy
             self._progress.eval_updates = updates
         self._record.add(elapsed, updates, versions, loss, accuracy, self._progress.updates_per_s)
-        log.info("eval at %d updates: loss %.4f accuracy %.4f", updates, loss, accuracy)
+        log.info("eval at %d updates: loss %.4f accuracy %.4f%s", updates, loss, accuracy,
+                 "".join(f" {k} {v:.4f}" for k, v in self._evaluator.last_metrics.items()))
         return loss, accuracy

@@ -58,13 +58,13 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     quiet_tensorflow()
     limit_threads(run.tf_threads)
     from asyncps.datasets import load_dataset
-    from asyncps.models import build_model, loss_fn
+    from asyncps.models import build_model, make_loss, make_metrics
     from asyncps.placement import VariableSpec, place
     from asyncps.transport import connect_model
 
     data = load_dataset(run.dataset, run.seed)
     model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
-    evaluator = Evaluator(model, loss_fn)
+    evaluator = Evaluator(model, make_loss(run.loss), metrics=make_metrics(run.metrics))
     initial_values = evaluator.values()
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(config.ps), run.slice_threshold_bytes)

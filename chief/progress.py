@@ -25,6 +25,8 @@ class Progress:
     versions: list[int] = dataclasses.field(default_factory=list)
     accepted: list[int] = dataclasses.field(default_factory=list)
     dropped: list[int] = dataclasses.field(default_factory=list)
+    bytes_pushed: list[int] = dataclasses.field(default_factory=list)
+    bytes_pulled: list[int] = dataclasses.field(default_factory=list)
     dropped_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
     max_clock_lead: float = 0.0
     reads_refused: dict[str, int] = dataclasses.field(default_factory=dict)  # SSP: by why, over shards
@@ -96,6 +98,8 @@ class ShardPoller:
             p.versions = [s.version for s in stats]
             p.accepted = [s.pushes_accepted for s in stats]
             p.dropped = [s.pushes_dropped for s in stats]
+            p.bytes_pushed = [s.bytes_pushed for s in stats]
+            p.bytes_pulled = [s.bytes_pulled for s in stats]
             reasons: dict[str, int] = {}
             for s in stats:
                 for reason, count in s.dropped_by_reason.items():

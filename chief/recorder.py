@@ -34,6 +34,18 @@ if TYPE_CHECKING:
     from asyncps.chief.evaluator import Evaluator
     from asyncps.datasets import Dataset
 
+_OUTCOMES = ("applied", "dropped", "partially_applied", "not_pushed")
+
+
+def _outcome(accepted: list[bool]) -> str:
+    """What became of one step's gradient, from its pushes' outcomes on the shards."""
+    if not accepted:
+        return "not_pushed"  # it touched no shard (a sparse gradient with no rows)
+    if all(accepted):
+        return "applied"
+    return "partially_applied" if any(accepted) else "dropped"
+
+
 class Recorder:
     """Appends telemetry to pushes.csv and timeline.csv and keeps running statistics."""
 
@@ -51,6 +63,9 @@ class Recorder:
         self.pushes_recorded = 0
         self.last_loss = float("nan")
         self._applied: list[PushRow] = []  # for the clock lead measured from the pushes themselves
+        # examples by what became of their gradient: applied on every shard it was pushed to,
+        # dropped on every one, or applied on some and dropped on others
+        self.examples_by_outcome: collections.Counter[str] = collections.Counter()
 
     def add(self, worker: int, pushes: Sequence[cpb.PushRecord], steps: Sequence[cpb.StepTiming]) -> None:
         """Record one report from a worker."""
@@ -68,13 +83,22 @@ class Recorder:
                 if drop is not None:
                     self.dropped_reasons[drop.value] += 1
                 self.last_loss = p.loss
+            accepted: collections.defaultdict[int, list[bool]] = collections.defaultdict(list)
+            for p in pushes:  # a step's push records come in the same report as its timing
+                accepted[p.step].append(p.accepted)
             for s in steps:
+                self.examples_by_outcome[_outcome(accepted.get(s.step, []))] += s.examples
                 self._steps.write(StepRow(worker, s.step, s.start, s.pull_s, s.compute_s, s.push_s, s.wait_s,
                                           s.examples))
                 self.examples += s.examples
                 self.busy_s[worker] += s.pull_s + s.compute_s + s.push_s
                 self.wait_s[worker] += s.wait_s
             self.pushes_recorded += len(pushes)
+
+    def example_outcomes(self) -> dict[str, int]:
+        """Examples whose gradients were applied, dropped, partially applied (summary.json's data)."""
+        with self._lock:
+            return {f"examples_{kind}": self.examples_by_outcome[kind] for kind in _OUTCOMES}
 
     def snapshot(self) -> tuple[dict[int, int], list[int], int, float]:
         """(staleness histogram, recent staleness values, examples seen, last worker loss)."""
@@ -143,6 +167,7 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
     histogram, _, examples, _ = recorder.snapshot()
     train_loss: float | None = None
     gap: float | None = None
+    metrics = dict(evaluator.last_metrics)  # of the final evaluation, on the test set
     if data.optimal_loss is not None:
         train_loss, _ = evaluator.evaluate(data.x_train, data.y_train)
         gap = train_loss - data.optimal_loss
@@ -162,7 +187,7 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         epochs=examples / max(1, len(data.x_train)),
         stop_reason=stop_reason,
         pushes_recorded=recorder.pushes_recorded,
-        data=ledger.summary(),
+        data={**ledger.summary(), **recorder.example_outcomes()},
         dropped_by_reason=p.dropped_by_reason,
         idle_fraction=recorder.idle_fractions(),
         max_clock_lead=p.max_clock_lead,
@@ -170,8 +195,10 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         reads_refused=dict(p.reads_refused),
         backup_workers=run.backup_workers,
         staleness_bound=run.staleness_bound,
-        shards=tuple(ShardCounters(version=v, accepted=a, dropped=d)
-                     for v, a, d in zip(p.versions, p.accepted, p.dropped, strict=True)),
+        shards=tuple(ShardCounters(version=v, accepted=a, dropped=d, bytes_pushed=pushed, bytes_pulled=pulled)
+                     for v, a, d, pushed, pulled in zip(p.versions, p.accepted, p.dropped, p.bytes_pushed,
+                                                        p.bytes_pulled, strict=True)),
         final_train_loss=train_loss,
         optimality_gap=gap,
+        metrics=metrics,
     ).save(run_dir)

@@ -4,6 +4,8 @@ Every epoch has a seeded permutation of the training set, cut into tasks of `tas
 positions. A task is pending, in flight (held by a worker) or done. A worker's in-flight tasks go
 back to pending when it dies, so no range is lost; a completion of a task already done is counted
 as a duplicate (only tasks that were in flight when a worker died can be processed twice).
+A re-queued task completed by another worker is counted as re-run (its examples were trained on
+twice where the dead worker had pushed some of its batches before it died).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class TaskLedger:
         self.duplicates = 0
         self.requeued = 0
         self.examples_done = 0
+        self._lost_by: dict[int, str] = {}  # re-queued task -> the worker that died holding it
+        self.tasks_rerun = 0
+        self.examples_rerun = 0
 
     def task(self, task_id: int) -> Task:
         """The range of a task id."""
@@ -78,6 +83,9 @@ class TaskLedger:
             self._done.add(task_id)
             t = self.task(task_id)
             self.examples_done += t.stop - t.start
+            if task_id in self._lost_by and self._lost_by.pop(task_id) != worker:
+                self.tasks_rerun += 1
+                self.examples_rerun += t.stop - t.start
             return True
 
     def requeue(self, worker: str) -> int:
@@ -87,6 +95,7 @@ class TaskLedger:
             for task_id in lost:
                 del self._in_flight[task_id]
                 self._pending.append(task_id)
+                self._lost_by[task_id] = worker
             self.requeued += len(lost)
             return len(lost)
 
@@ -113,6 +122,9 @@ class TaskLedger:
                 "tasks_requeued": self.requeued,
                 "duplicate_completions": self.duplicates,
                 "examples_done": self.examples_done,
+                # tasks a dead worker held, completed again by another worker, and their examples
+                "tasks_rerun": self.tasks_rerun,
+                "examples_rerun": self.examples_rerun,
                 # planned tasks never completed (0 whenever the run stopped because its epochs were done)
                 "tasks_not_done": None if self.total_tasks is None else self.total_tasks - len(self._done),
             }
@@ -121,7 +133,8 @@ class TaskLedger:
         """What a checkpoint needs to continue the accounting (in-flight tasks count as pending)."""
         with self._lock:
             return {"next": self._next, "done": sorted(self._done), "examples_done": self.examples_done,
-                    "pending": sorted({*self._pending, *self._in_flight})}
+                    "pending": sorted({*self._pending, *self._in_flight}), "tasks_rerun": self.tasks_rerun,
+                    "examples_rerun": self.examples_rerun}
 
     def load(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's state."""
@@ -131,4 +144,6 @@ class TaskLedger:
             self._pending = deque(int(t) for t in state["pending"])
             self._in_flight = {}
             self.examples_done = int(state["examples_done"])
+            self.tasks_rerun = int(state.get("tasks_rerun", 0))  # absent in older checkpoints
+            self.examples_rerun = int(state.get("examples_rerun", 0))
 

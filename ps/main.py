@@ -8,6 +8,7 @@ import threading
 from dataclasses import dataclass, field
 
 from asyncps.codec import DEFAULT_CHUNK_BYTES
+from asyncps.ps.service import DEFAULT_MAX_WAITERS
 from asyncps.ps.servicer import (
     DEFAULT_MAX_REQUEST_BYTES,
     SHARD_HANDLER_THREADS,
@@ -18,6 +19,7 @@ from asyncps.ps.store import ShardStore
 from asyncps.rpc import create_server
 from asyncps.rundir import write_port_file
 from asyncps.security import SecurityConfig
+from asyncps.streamguard import DEFAULT_IDLE_TIMEOUT_S, StreamLimits
 
 log = logging.getLogger("asyncps.ps")
 
@@ -35,8 +37,17 @@ class PsConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    handler_threads: int = SHARD_HANDLER_THREADS
+    stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_streams_per_peer: int = 0  # 0: asyncps.streamguard's default for the thread count
+
+    @property
+    def stream_limits(self) -> StreamLimits:
+        """How many streams the shard admits (all, per client connection) and how long one may idle."""
+        return StreamLimits.for_threads(self.handler_threads, self.stream_idle_timeout_s, self.max_streams_per_peer)
 
     def __post_init__(self) -> None:
+        self.stream_limits  # noqa: B018 - validates the three settings together
         if not 0 <= self.port < 65536:
             raise ValueError(f"port {self.port} out of range")
         if self.index < 0:
@@ -51,12 +62,15 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     if unbounded:
         log.warning("%s=1: SSP's bound is NOT enforced (a test switch)", NO_SSP_BOUND_ENV)
     store = ShardStore(config.index, enforce_bounds=not unbounded)
+    limits = config.stream_limits
+    # long-polls are streams too: never more waiting than the guard admits
     servicer = ParameterServerServicer(store, config.chunk_bytes, config.max_request_bytes,
-                                       on_shutdown=lambda reason: stop.set())
+                                       on_shutdown=lambda reason: stop.set(),
+                                       max_waiters=min(DEFAULT_MAX_WAITERS, limits.max_streams))
     server, port, health = create_server(
         f"{config.host}:{config.port}",
         [lambda s: add_to_server(servicer, s)],
-        max_workers=SHARD_HANDLER_THREADS,
+        max_workers=config.handler_threads, stream_limits=limits,
         interceptors=config.security.server_interceptors(), credentials=config.security.server_credentials())
     write_port_file(config.port_file, port)
     log.info("shard %d serving on port %d (%s)", config.index, port, config.security.describe())

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncps.codec import Array, Gradient, SparseRows
+from asyncps.codec import Array, Gradient, SparseRows, coalesce_rows
 from asyncps.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -28,10 +28,11 @@ from asyncps.errors import (
     NotFoundError,
     UnavailableError,
 )
+from asyncps.ps.policy_state import RowState
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.modes import Ballot, Consistency, Decisions, Verdict
 from asyncps.rules.optimizers import Optimizer, make_optimizer
-from asyncps.rules.policies import StalenessPolicy
+from asyncps.rules.policies import PushContext, StalenessPolicy
 from asyncps.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
 
 
@@ -41,10 +42,18 @@ class _Variable:
     slots: dict[str, Array]
     lock: threading.Lock = field(default_factory=threading.Lock)
     updates: int = 0
-    policy_state: dict[str, Array] = field(default_factory=dict)
+    policy_state: RowState = field(init=False)  # the staleness policy's state, per row
+
+    def __post_init__(self) -> None:
+        self.policy_state = RowState(_state_shape(self.value))
     shared: bool = False  # `value` was handed to a reader: read-only, copy before the next update
 
 
+
+
+def _state_shape(value: Array) -> tuple[int, ...]:
+    """The shape policy state is kept in: the variable's, a scalar's as one row."""
+    return tuple(value.shape) if value.ndim else (1,)
 
 
 def _is_float(dtype: np.dtype[Any]) -> bool:
@@ -251,7 +260,7 @@ class ShardStore:
     # -- push -----------------------------------------------------------------------------
     def push(
         self, worker_id: str, base_version: int, grads: Mapping[str, Gradient], incarnation: int = 0,
-        ballot: Ballot | None = None, step: int | None = None,
+        step: int | None = None, ballot: Ballot | None = None,
     ) -> PushOutcome:
         """Apply, accumulate (sync) or drop one gradient computed from `base_version`; never partially.
 
@@ -272,9 +281,7 @@ class ShardStore:
         assert self._mode is not None
         names = sorted(self._vars) if self._mode.exclusive else sorted(grads)
         with contextlib.ExitStack() as stack:
-            self._wait_unpaused()
-            for name in names:
-                stack.enter_context(self._vars[name].lock)
+            stack.enter_context(self._unpaused_locks(names))
             with self._version_cond:
                 version_now = self._version
                 if incarnation and incarnation != self._incarnation:
@@ -298,7 +305,7 @@ class ShardStore:
                     self._maybe_complete_step()
                     self._version_cond.notify_all()
                     return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
-                decision = self._policy.decide(staleness)
+                decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness))
                 if admission.verdict is Verdict.DROP or not decision.accept:
                     drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
                     assert drop is not None, "a drop verdict names its reason"
@@ -331,10 +338,16 @@ class ShardStore:
             return grad
         var = self._vars[name]
         if isinstance(grad, SparseRows):
+            # each row once, so each row's state advances once per push
+            grad = coalesce_rows(grad.indices, grad.values)
             rows = grad.indices
-            values = self._policy.adjust(name, grad.values, var.value[rows], read[name][rows], var.policy_state)
+            values = var.policy_state.adjust(self._policy, name, rows, grad.values, var.value[rows],
+                                             read[name][rows])
             return SparseRows(rows, values)
-        return self._policy.adjust(name, grad, var.value, read[name], var.policy_state)
+        shape = _state_shape(grad)
+        adjusted = var.policy_state.adjust(self._policy, name, None, grad.reshape(shape), var.value.reshape(shape),
+                                           read[name].reshape(shape))
+        return adjusted.reshape(grad.shape)
 
     def _maybe_complete_step(self) -> None:
         """Apply the mode's accumulated step once it is complete (all locks held)."""
@@ -402,13 +415,38 @@ class ShardStore:
             self._version_cond.notify_all()
             return self._version
 
+    def _paused(self) -> bool:
+        """Whether pushes are held now (call with the version condition held)."""
+        return self._paused_until > self._clock()
+
     def _wait_unpaused(self) -> None:
         with self._version_cond:
-            while (left := self._paused_until - self._clock()) > 0:
-                self._version_cond.wait(timeout=left)
+            while self._paused():
+                self._version_cond.wait(timeout=max(0.0, self._paused_until - self._clock()))
+
+    @contextlib.contextmanager
+    def _unpaused_locks(self, names: list[str]) -> Iterator[None]:
+        """The locks of `names`, taken while no pause holds pushes.
+
+        The pause is checked again with the locks held: a pause sets its flag holding every lock,
+        so a pause that lands after the first check and before the locks are taken is seen here,
+        and the push lets go of its locks and waits instead of slipping past the cut.
+        """
+        while True:
+            self._wait_unpaused()
+            with contextlib.ExitStack() as attempt:
+                for name in names:
+                    attempt.enter_context(self._vars[name].lock)
+                with self._version_cond:
+                    paused = self._paused()
+                if not paused:
+                    held = attempt.pop_all()
+                    break
+        with held:
+            yield
 
     def snapshot(self) -> Snapshot:
-        """A consistent copy of the whole state: values, optimizer slots, counters."""
+        """A consistent copy of the whole state: values, optimizer slots, policy state, counters."""
         self._require_initialized()
         assert self._rule is not None
         with self._all_locks(), self._version_cond:
@@ -417,6 +455,7 @@ class ShardStore:
                 values={n: v.value.copy() for n, v in self._vars.items()},
                 slots={n: {k: a.copy() for k, a in v.slots.items()} for n, v in self._vars.items()},
                 updates={n: v.updates for n, v in self._vars.items()},
+                policy_state={n: state for n, v in self._vars.items() if (state := v.policy_state.export())},
             )
 
     def restore(self, snap: Snapshot) -> None:
@@ -435,6 +474,11 @@ class ShardStore:
             if set(slots) != set(expected) or any(a.shape != expected[k].shape for k, a in slots.items()):
                 raise InvalidArgumentError(
                     f"{name}: restored slots {sorted(slots)} do not fit {snap.rule.optimizer.name}")
+        unknown = sorted(set(snap.policy_state) - set(snap.values))
+        if unknown:
+            raise InvalidArgumentError(f"policy state for unknown variables {unknown}")
+        policy_states = {name: RowState.load(name, _state_shape(value), snap.policy_state.get(name, {}))
+                         for name, value in snap.values.items()}
         with self._init_lock, self._all_locks(), self._version_cond:
             self._vars = {
                 name: _Variable(value=np.array(value, copy=True),
@@ -442,6 +486,8 @@ class ShardStore:
                                 updates=snap.updates.get(name, 0))
                 for name, value in sorted(snap.values.items())
             }
+            for name, var in self._vars.items():
+                var.policy_state = policy_states[name]
             self._optimizer = optimizer
             self._policy = snap.rule.policy()
             self._mode = self._start_mode(snap.rule)

@@ -72,8 +72,8 @@ class ShardLauncher:
         self._started: list[ShardProcess] = []
 
     def __call__(self, count: int = 1, first_index: int = 0, python_flags: tuple[str, ...] = (),
-                 extra_env: dict[str, str] | None = None) -> list[ShardProcess]:
-        """Start `count` shards with indices first_index.. and wait until all serve."""
+                 extra_env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> list[ShardProcess]:
+        """Start `count` shards with indices first_index.. (and extra `asyncps ps` args) and wait until all serve."""
         pending = []
         for index in range(first_index, first_index + count):
             serial = len(self._started) + len(pending)
@@ -82,7 +82,7 @@ class ShardLauncher:
             with open(log_path, "wb") as log:
                 process = subprocess.Popen(
                     [sys.executable, *python_flags, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1",
-                     "--port", "0", "--port-file", str(port_file), "--index", str(index)],
+                     "--port", "0", "--port-file", str(port_file), "--index", str(index), *args],
                     stdout=log, stderr=subprocess.STDOUT, env={**child_env(), **(extra_env or {})}, cwd=REPO_ROOT,
                 )
             pending.append((index, process, port_file, log_path))

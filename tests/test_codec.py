@@ -391,3 +391,17 @@ def test_assembler_rejects_0d_sparse_values() -> None:
     assembler.add(chunk(name="emb", shape=[], data=raw, role=tensor_pb2.SPARSE_VALUES))
     with pytest.raises(InvalidArgumentError, match="1 indices but values of shape \\[\\]"):
         assembler.finish()
+
+
+def test_coalesce_rows_sums_duplicate_rows_once_per_index() -> None:
+    from asyncps.codec import coalesce_rows
+
+    indices = np.array([5, 1, 5, 3, 1, 5], np.int32)
+    values = np.arange(12, dtype=np.float32).reshape(6, 2)
+    rows = coalesce_rows(indices, values)
+    assert rows.indices.dtype == np.int64 and rows.indices.tolist() == [1, 3, 5]
+    dense = np.zeros((6, 2), np.float32)
+    np.add.at(dense, indices, values)
+    np.testing.assert_array_equal(rows.values, dense[[1, 3, 5]])
+    empty = coalesce_rows(np.zeros(0, np.int64), np.zeros((0, 2), np.float32))
+    assert empty.indices.size == 0 and empty.values.shape == (0, 2)

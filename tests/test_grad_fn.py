@@ -33,6 +33,8 @@ def test_gradients_at_given_values_match_a_tape_over_assigned_variables(spec: st
     for got, want in zip(grads, expected, strict=True):
         if isinstance(want, tf.IndexedSlices):
             assert isinstance(got, SparseRows)
+            # one row per touched row: each distinct index once (the gather named rows many times)
+            assert got.indices.tolist() == sorted(set(want.indices.numpy().tolist()))
             dense = np.zeros(want.dense_shape, np.float32)
             np.add.at(dense, got.indices, got.values)
             want = tf.convert_to_tensor(want)

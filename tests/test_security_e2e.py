@@ -25,7 +25,7 @@ def test_secure_local_cluster_trains_over_tls_with_a_token(tmp_path: Path, trans
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_eval"]["accuracy"] >= 0.90
     for log in ("ps-0.log", "ps-1.log", "chief.log"):
-        assert f"({transport}, token auth)" in (run_dir / "logs" / log).read_text()
+        assert f"({transport}, per-role tokens auth)" in (run_dir / "logs" / log).read_text()
     token = (run_dir / "secrets" / "token").read_text().strip()
     for log in (run_dir / "logs").glob("*.log"):
         assert token not in log.read_text()

@@ -36,11 +36,11 @@ def test_a_follower_applies_exactly_the_set_the_coordinator_decided() -> None:
     ballot = Ballot(0, coord.incarnation)
     grads = {"w0": 1.0, "w1": 10.0, "w2": 100.0}
     for w, v in grads.items():  # 1. stage everywhere
-        assert follower.push(w, 0, {"b": g(v)}, follower.incarnation, ballot).accepted
+        assert follower.push(w, 0, {"b": g(v)}, follower.incarnation, ballot=ballot).accepted
     assert follower.version == 0 and np.all(follower.values()["b"] == 0)  # staged only
     for w in ("w2", "w0"):  # 2. vote: the first two make the quorum
-        coord.push(w, 0, {"a": g(grads[w])}, coord.incarnation, ballot)
-    late = coord.push("w1", 0, {"a": g(grads["w1"])}, coord.incarnation, ballot)
+        coord.push(w, 0, {"a": g(grads[w])}, coord.incarnation, ballot=ballot)
+    late = coord.push("w1", 0, {"a": g(grads["w1"])}, coord.incarnation, ballot=ballot)
     assert coord.version == 1 and late.drop is DropReason.LATE
     decisions = coord.decisions_since(0)
     assert decisions is not None and [set(s.workers) for s in decisions.steps] == [{"w0", "w2"}]
@@ -52,18 +52,18 @@ def test_a_follower_applies_exactly_the_set_the_coordinator_decided() -> None:
     np.testing.assert_allclose(follower.values()["b"], -g(50.5))
     np.testing.assert_allclose(coord.values()["a"], -g(50.5))
     # a late stage of a decided step is dropped at once
-    assert follower.push("w1", 0, {"b": g(1.0)}, follower.incarnation, ballot).drop is DropReason.LATE
+    assert follower.push("w1", 0, {"b": g(1.0)}, follower.incarnation, ballot=ballot).drop is DropReason.LATE
 
 
 def test_a_new_coordinator_incarnation_drops_what_was_staged_against_the_old_one() -> None:
     follower = shard(1, "sync", "b")
     old, new = Ballot(5, 111), Ballot(3, 222)
-    follower.push("w0", 0, {"b": g(1.0)}, follower.incarnation, old)
+    follower.push("w0", 0, {"b": g(1.0)}, follower.incarnation, ballot=old)
     follower.commit("w1", new, Decisions(111, ()))  # the follower tracks incarnation 111
-    follower.push("w1", 0, {"b": g(2.0)}, follower.incarnation, new)
+    follower.push("w1", 0, {"b": g(2.0)}, follower.incarnation, ballot=new)
     dropped = follower.commit("w0", old, Decisions(222, ()))  # shard 0 was restored: 222 now
     assert dropped.drop is DropReason.RESTORED
-    assert follower.push("w2", 0, {"b": g(3.0)}, follower.incarnation, old).drop is DropReason.LATE  # retired
+    assert follower.push("w2", 0, {"b": g(3.0)}, follower.incarnation, ballot=old).drop is DropReason.LATE  # retired
     assert follower.commit("w1", new, Decisions(222, ())).accepted and follower.version == 0  # still staged
 
 

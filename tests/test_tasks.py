@@ -40,6 +40,19 @@ def test_a_dead_workers_tasks_are_requeued_and_none_is_lost_or_double_counted() 
     assert not ledger.complete("dead", held[0].task_id)  # type: ignore[union-attr]
     s = ledger.summary()
     assert s["examples_done"] == 100 and s["duplicate_completions"] == 1 and s["tasks_requeued"] == 2
+    # both re-queued tasks were re-run by another worker; the late completion re-ran nothing
+    assert s["tasks_rerun"] == 2 and s["examples_rerun"] == 20
+
+
+def test_a_requeued_task_finished_by_its_own_worker_is_not_a_rerun() -> None:
+    ledger = TaskLedger(num_examples=20, task_size=10, epochs=1)
+    task = ledger.next_task("slow")
+    assert task is not None and ledger.requeue("slow") == 1
+    assert ledger.complete("slow", task.task_id)  # declared dead, but it finished the task after all
+    assert ledger.summary()["tasks_rerun"] == 0 and ledger.next_task("other") is not None
+    restored = TaskLedger(num_examples=20, task_size=10, epochs=1)
+    restored.load({**ledger.state(), "tasks_rerun": 3, "examples_rerun": 30})
+    assert restored.summary()["examples_rerun"] == 30
 
 
 def test_concurrent_workers_never_get_the_same_task() -> None:
@@ -94,4 +107,7 @@ def test_killing_a_worker_loses_no_data(tmp_path: Path) -> None:
     assert data["tasks_not_done"] == 0 and data["tasks_done"] == data["tasks_planned"]
     assert data["examples_done"] == 20 * 1438
     assert data["duplicate_completions"] <= data["tasks_requeued"]
+    # the killed worker never finished its tasks: every re-queued one was re-run by another worker
+    assert data["tasks_rerun"] == data["tasks_requeued"] >= 1 and data["examples_rerun"] >= 1
+    assert data["examples_dropped"] == 0 and data["examples_applied"] > 0  # async, no drop policy
     assert "re-queued" in (tmp_path / "run" / "logs" / "chief.log").read_text()

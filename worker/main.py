@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from asyncps.config import RunConfig
 from asyncps.coordclient import CoordinatorClient
+from asyncps.members import new_member_id
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
 from asyncps.security import SecurityConfig
@@ -36,11 +34,6 @@ class WorkerConfig:
             raise ValueError("worker needs the chief's address (--chief HOST:PORT)")
         if self.deadline_s <= 0:
             raise ValueError("deadline_s must be > 0")
-
-
-def new_member_id(role: str) -> str:
-    """A unique id for this process incarnation."""
-    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class HeartbeatLoop(threading.Thread):
@@ -80,7 +73,7 @@ class HeartbeatLoop(threading.Thread):
 def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -> int:
     """Run one worker to completion; return the process exit code."""
     quiet_tensorflow()
-    member_id = new_member_id("worker")
+    member_id = new_member_id("worker", config.index)
     coord = CoordinatorClient(config.chief, config.deadline_s, config.security)
     try:
         reg = coord.register(member_id, "worker", config.index)
@@ -113,7 +106,7 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
     limit_threads(run.tf_threads)
 
     from asyncps.datasets import load_dataset
-    from asyncps.models import build_model, loss_fn
+    from asyncps.models import build_model, make_loss
     from asyncps.placement import VariableSpec, place
     from asyncps.transport import connect_model
     from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
@@ -130,7 +123,7 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
     client.coordinated = run.update_rule().consistency().coordinated  # sync: shard 0 decides each step
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
-    trainer = Trainer(client, names, make_grad_fn(model, loss_fn), batches, delay, telemetry,
+    trainer = Trainer(client, names, make_grad_fn(model, make_loss(run.loss)), batches, delay, telemetry,
                       read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
                       pipeline=run.pipeline)
     code = 0

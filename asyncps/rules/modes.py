@@ -451,7 +451,7 @@ class ModeSpec(abc.ABC):
         """The running state of this mode on one shard, for a run planned with num_workers."""
 
 
-MODES: Registry[ModeSpec] = Registry("consistency mode", ModeSpec)
+MODES: Registry[ModeSpec] = Registry("consistency mode", ModeSpec, group="asyncps.modes")
 
 
 @MODES.register("async")

@@ -46,10 +46,9 @@ class OptimizerConfig:
     params: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or self.name not in OPTIMIZERS.names():
-            raise ValueError(
-                f"unknown optimizer {self.name!r}; expected one of {sorted(OPTIMIZERS.names())}"
-            )
+        if not isinstance(self.name, str):
+            raise ValueError(f"unknown optimizer {self.name!r}; expected one of {sorted(OPTIMIZERS.names())}")
+        OPTIMIZERS.entry(self.name)  # loads a plugin; unknown: ValueError naming the valid ones
         lr = _as_real("learning_rate", self.learning_rate)
         if not lr > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
@@ -189,7 +188,7 @@ class Optimizer(abc.ABC):
 
 
 
-OPTIMIZERS: Registry[Optimizer] = Registry("optimizer", Optimizer)
+OPTIMIZERS: Registry[Optimizer] = Registry("optimizer", Optimizer, group="asyncps.optimizers")
 
 
 @OPTIMIZERS.register("sgd")

@@ -2,8 +2,9 @@
 
 Each policy is a small frozen dataclass with one job and its typed parameters, registered in
 `POLICIES` and chosen by a spec string (`drop:bound=4`, `dc-asgd:lambda=0.1`; see
-asyncps.rules.registry for the form); the store calls `decide` (and `adjust` where
-`needs_read_values`) and never branches on the kind.
+asyncps.rules.registry for the form, plugins included); the store calls `decide_push` (which
+by default asks `decide` with the staleness alone; and `adjust` where `needs_read_values`) and
+never branches on the kind.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from asyncps.codec import Array
+from asyncps.members import index_of
 from asyncps.rules.drops import DropReason
 from asyncps.rules.registry import Registry, param
 
@@ -28,6 +30,20 @@ class Decision:
     lr_scale: float = 1.0
     reason: str = ""
     drop: DropReason | None = None  # the kind of a refusal
+
+
+@dataclass(frozen=True)
+class PushContext:
+    """What a policy may know about one push: who pushed, the worker's step, its staleness."""
+
+    worker_id: str  # the worker's member id (one process incarnation)
+    step: int  # the worker's own step counter (its clock)
+    staleness: int  # shard version now - the version the gradient was computed from
+
+    @property
+    def worker_index(self) -> int | None:
+        """The worker's index, when it was started with one (local clusters, TF_CONFIG, --index)."""
+        return index_of(self.worker_id)
 
 
 class StalenessPolicy(abc.ABC):
@@ -49,6 +65,10 @@ class StalenessPolicy(abc.ABC):
     def decide(self, staleness: int) -> Decision:
         """The decision for one gradient with the given staleness (>= 0)."""
 
+    def decide_push(self, push: PushContext) -> Decision:
+        """The decision for one push; override to use the worker or its step, not only the staleness."""
+        return self.decide(push.staleness)
+
     def adjust(
         self, name: str, grad: Array, value_now: Array, value_read: Array, state: dict[str, Array]
     ) -> Array:
@@ -61,7 +81,7 @@ class StalenessPolicy(abc.ABC):
         return grad
 
 
-POLICIES: Registry[StalenessPolicy] = Registry("staleness policy", StalenessPolicy)
+POLICIES: Registry[StalenessPolicy] = Registry("staleness policy", StalenessPolicy, group="asyncps.policies")
 
 
 @POLICIES.register("none")

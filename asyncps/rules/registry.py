@@ -11,11 +11,19 @@ e.g. `sync:backup=1`, `ssp:bound=2`, `dc-asgd:lambda=0.04`. Older positional spe
 `canonical` writes the keyed form with the parameters at their defaults left out, so
 `parse(canonical(x)) == x`. A malformed spec is a ValueError naming the kind, the spec and what is
 allowed. The spec key of a field is its name unless the field says otherwise (`param(key=...)`).
+
+Plugins: a name the registry does not know is looked up, in the process that parses the spec (the
+shards included), first as an entry point of the kind's group (`asyncps.policies`,
+`asyncps.optimizers`, `asyncps.modes`), then, when it has the form `package.module:Class`, by
+importing the module. A plugin's spec is `package.module:Class[:KEY=VALUE,...]`; it travels on the
+wire in that form, so every process needs the module on its Python path.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.metadata
 import math
 import re
 import typing
@@ -27,6 +35,8 @@ T = TypeVar("T")
 C = TypeVar("C", bound=type)
 
 _NAME = re.compile(r"[a-z][a-z0-9_-]*")
+# `package.module:Class`: a plugin named by where it lives (the module part has a dot or is one identifier).
+_CLASS_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
 def param(default: Any = dataclasses.MISSING, *, key: str = "", help: str = "") -> Any:
@@ -139,10 +149,12 @@ def _params_of(cls: type) -> tuple[Param, ...]:
 class Registry(Generic[T]):
     """Named classes of one kind (e.g. "staleness policy"), built from spec strings."""
 
-    def __init__(self, kind: str, base: type) -> None:
-        # `base` is the kind's (usually abstract) base class; entries must subclass it.
+    def __init__(self, kind: str, base: type, group: str = "") -> None:
+        # `base` is the kind's (usually abstract) base class; entries must subclass it. `group`: the
+        # entry-point group where installed plugins of this kind are found ("" for none).
         self.kind = kind
         self.base = base
+        self.group = group
         self._entries: dict[str, Entry] = {}
         self._names: dict[type, str] = {}
 
@@ -152,16 +164,65 @@ class Registry(Generic[T]):
         def add(cls: C) -> C:
             if not _NAME.fullmatch(name):
                 raise ValueError(f"{self.kind} name {name!r}: lowercase letters, digits, '-' and '_'")
-            if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
-            entry = Entry(name, cls, _params_of(cls))
-            if not issubclass(entry.cls, self.base):
-                raise TypeError(f"{cls.__name__} is not a {self.base.__name__}")
-            self._entries[name] = entry
-            self._names[entry.cls] = name
+            self._add(name, cls)
             return cls
 
         return add
+
+    def _add(self, name: str, cls: type) -> None:
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        entry = Entry(name, cls, _params_of(cls))
+        if not isinstance(cls, type) or not issubclass(entry.cls, self.base):
+            raise TypeError(f"{getattr(cls, '__name__', cls)!r} is not a {self.base.__name__}")
+        self._entries[name] = entry
+        # A plugin is spelled by the name it was loaded under: that is what other processes can load.
+        self._names[entry.cls] = name
+
+    def _load(self, name: str) -> bool:
+        """Register the plugin `name` names (an entry point, or `module:Class`); False if none does.
+
+        A plugin that exists but cannot be loaded (import error, not a frozen dataclass of this
+        kind) is a ValueError that says so, never a silent "unknown".
+        """
+        if name in self._entries:
+            return True
+        target = self._entry_point(name) if _NAME.fullmatch(name) else None
+        if target is None and not _CLASS_PATH.fullmatch(name):
+            return False
+        where = target or name
+        try:
+            module_name, _, attr = where.partition(":")
+            module = importlib.import_module(module_name)
+            cls = module
+            for part in attr.split("."):
+                cls = getattr(cls, part)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"{self.kind} plugin {name!r} ({where}) cannot be loaded: {error} "
+                             "(is its directory on PYTHONPATH / --user-path?)") from None
+        try:
+            self._add(name, cls)  # type: ignore[arg-type]  # checked by _add
+        except TypeError as error:
+            raise ValueError(f"{self.kind} plugin {name!r}: {error}") from None
+        return True
+
+    def _entry_point(self, name: str) -> str | None:
+        """`module:attr` of the installed entry point `name` in this kind's group, if any."""
+        if not self.group:
+            return None
+        for ep in importlib.metadata.entry_points(group=self.group):
+            if ep.name == name:
+                return str(ep.value)
+        return None
+
+    def _split_name(self, spec: str) -> tuple[str, str, str]:
+        """(name, colon, parameters) of a spec, where a plugin's name `module:Class` has a colon too."""
+        head, colon, rest = spec.partition(":")
+        if colon and head not in self._entries and (not _NAME.fullmatch(head) or self._entry_point(head) is None):
+            cls_name, colon2, rest2 = rest.partition(":")
+            if cls_name.isidentifier():  # else `name:values` of an unknown name, reported as such
+                return f"{head}:{cls_name}", colon2, rest2
+        return head, colon, rest
 
     def unregister(self, name: str) -> None:
         """Remove an entry (tests that register one of their own)."""
@@ -177,11 +238,10 @@ class Registry(Generic[T]):
         return tuple(self._entries.values())
 
     def entry(self, name: str) -> Entry:
-        """The entry registered as `name` (ValueError naming the valid ones)."""
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise ValueError(f"unknown {self.kind} {name!r}; valid: {self.usage()}") from None
+        """The entry registered (or loadable as a plugin) as `name` (ValueError naming the valid ones)."""
+        if not isinstance(name, str) or not self._load(name):
+            raise ValueError(f"unknown {self.kind} {name!r}; valid: {self.usage()}")
+        return self._entries[name]
 
     def usage(self) -> str:
         """Every accepted form, e.g. `async | sync[:backup=INT] | ssp[:bound=INT]`."""
@@ -194,10 +254,11 @@ class Registry(Generic[T]):
         """
         if not isinstance(spec, str):
             raise ValueError(f"a {self.kind} spec is a string, got {spec!r}")
-        name, colon, rest = spec.partition(":")
-        if name not in self._entries:
+        name, colon, rest = self._split_name(spec)
+        if not self._load(name):
             where = "" if name == spec else f" in {spec!r}"
-            raise ValueError(f"unknown {self.kind} {name!r}{where}; valid: {self.usage()}")
+            raise ValueError(f"unknown {self.kind} {name!r}{where}; valid: {self.usage()} or a plugin "
+                             f"(an entry point of {self.group or 'no group'}, or package.module:Class)")
         entry = self._entries[name]
         if not colon:
             return name, {}

@@ -120,6 +120,16 @@ class _Fields:
         return out
 
 
+def _named_numbers(fields: _Fields, name: str) -> dict[str, float]:
+    """An object of numbers keyed by names ({} when absent: written before the field existed)."""
+    out: dict[str, float] = {}
+    for key, value in fields.mapping(name, {}).items():
+        if not _is_number(value):
+            raise fields.error(f"{name}.{key}", "a number", value)
+        out[str(key)] = float(value)
+    return out
+
+
 def _int_key(fields: _Fields, name: str, key: str) -> int:
     try:
         return int(key)
@@ -204,6 +214,10 @@ class ShardCounters:
     version: int
     accepted: int
     dropped: int
+    # added later (0 when reading an older run directory): tensor bytes the shard received in
+    # pushes (sparse gradients: the touched rows and their indices only) and sent in pulls
+    bytes_pushed: int = 0
+    bytes_pulled: int = 0
 
 
 @dataclass(frozen=True)
@@ -240,6 +254,7 @@ class RunSummary:
     # datasets with a known optimum only
     final_train_loss: float | None = None
     optimality_gap: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # --metrics of the final evaluation (test set)
 
     @property
     def interrupted(self) -> bool:
@@ -263,6 +278,7 @@ class RunSummary:
         data["dropped_by_reason"] = dict(self.dropped_by_reason)
         data["data"] = dict(self.data)
         data["reads_refused"] = dict(self.reads_refused)
+        data["metrics"] = dict(self.metrics)
         for name in ("final_train_loss", "optimality_gap"):
             if data[name] is None:
                 del data[name]
@@ -287,12 +303,14 @@ class RunSummary:
             dataset=f.text("dataset"), epochs=f.number("epochs"), stop_reason=f.optional_text("stop_reason"),
             pushes_recorded=f.integer("pushes_recorded"), dropped_by_reason=f.counts("dropped_by_reason"),
             backup_workers=f.integer("backup_workers"), staleness_bound=f.integer("staleness_bound"),
-            shards=tuple(ShardCounters(s.integer("version"), s.integer("accepted"), s.integer("dropped"))
+            shards=tuple(ShardCounters(s.integer("version"), s.integer("accepted"), s.integer("dropped"),
+                                       s.integer("bytes_pushed", 0), s.integer("bytes_pulled", 0))
                          for s in f.objects("shards")),
             data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
             max_clock_lead=f.number("max_clock_lead", 0.0),
             measured_clock_lead=f.integer("measured_clock_lead", 0), reads_refused=f.counts("reads_refused", {}),
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
+            metrics=_named_numbers(f, "metrics"),
         )
 
     @classmethod

@@ -24,6 +24,7 @@ from asyncps.config import (
     settings_from_env,
 )
 from asyncps.security import SecurityConfig
+from asyncps.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
 
 DEFAULT_PORT = 8470
 
@@ -102,7 +103,14 @@ def run_config_from(args: argparse.Namespace, environ: Mapping[str, str] | None 
 def add_security_flags(p: argparse.ArgumentParser) -> None:
     """Authentication and encryption flags (every role; the token itself never goes on a command line)."""
     g = p.add_argument_group("security")
-    _add(g, "--token-file", "", "file holding the shared token required on every RPC (else env ASYNCPS_TOKEN)")
+    _add(g, "--token-file", "", "file holding the workers' token required on every RPC (else env ASYNCPS_TOKEN)")
+    _add(g, "--chief-token-file", "", "file holding the chief's token: servers grant it the chief's methods, "
+                                      "the chief sends it (else env ASYNCPS_CHIEF_TOKEN)")
+    g.add_argument("--shared-token", action="store_true", default=_env_flag("shared_token"),
+                   help="the one --token-file token acts as every role, chief included (compatibility; "
+                        "env ASYNCPS_SHARED_TOKEN=1)")
+    _add(g, "--chief-identity", "asyncps-chief", "comma-separated certificate names (CN or SAN) that are "
+                                                "the chief's under mTLS; other client certificates are workers'")
     _add(g, "--tls-cert", "", "PEM certificate: served by servers, presented as client certificate by clients")
     _add(g, "--tls-key", "", "PEM private key of --tls-cert")
     _add(g, "--tls-ca", "", "PEM CA: clients verify servers with it; servers with a cert require client certs (mTLS)")
@@ -114,8 +122,14 @@ def add_security_flags(p: argparse.ArgumentParser) -> None:
 
 def security_from(args: argparse.Namespace) -> SecurityConfig:
     """The SecurityConfig of the security flags."""
-    return SecurityConfig.from_flags(args.token_file, args.tls_cert, args.tls_key, args.tls_ca,
-                                     args.tls_server_name, require_client_cert=not args.tls_no_client_auth)
+    security = SecurityConfig.from_flags(
+        args.token_file, args.tls_cert, args.tls_key, args.tls_ca, args.tls_server_name,
+        require_client_cert=not args.tls_no_client_auth, chief_token_file=args.chief_token_file,
+        shared_token=bool(args.shared_token),
+        chief_identities=tuple(n.strip() for n in str(args.chief_identity).split(",") if n.strip()))
+    if args.command in ("ps", "chief"):
+        security.check_server()
+    return security
 
 
 def _tf_config() -> TFConfig | None:
@@ -155,7 +169,10 @@ def cmd_ps(args: argparse.Namespace) -> int:
         index = tf.task_index
     chunk_bytes = run_config_from(args).chunk_bytes
     config = PsConfig(host=args.host, port=port, index=index, port_file=args.port_file,
-                      chunk_bytes=chunk_bytes, security=security_from(args))
+                      chunk_bytes=chunk_bytes, security=security_from(args),
+                      handler_threads=int(args.handler_threads),
+                      stream_idle_timeout_s=float(args.stream_idle_timeout),
+                      max_streams_per_peer=int(args.max_streams_per_peer))
     _setup_logging(args.log_level, f"ps-{index}")
     stop = threading.Event()
     _install_signals(stop)
@@ -232,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser, role_port: bool) -> None:
         _add(p, "--log-level", "INFO", "DEBUG | INFO | WARNING | ERROR")
+        add_user_path_flag(p)
         if role_port:
             _add(p, "--host", "0.0.0.0", "interface to bind")
             _add(p, "--port", None, f"port to bind (0: any free port; default: TF_CONFIG's, else {DEFAULT_PORT})",
@@ -242,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, True)
     _add(p, "--index", 0, "shard index (TF_CONFIG task.index wins)", type=int)
     add_run_flags(p, only=("chunk_bytes",), config_file=False, title="streaming")
+    g = p.add_argument_group("limits", "stalled or slow clients cannot take the shard's threads (asyncps.streamguard)")
+    _add(g, "--handler-threads", 256, "RPC handler threads; a quarter (at least 4) are kept free of streams",
+         type=int)
+    _add(g, "--stream-idle-timeout", 30.0, "seconds a stream may wait on its client before it is ended",
+         type=float)
+    _add(g, "--max-streams-per-peer", 0, "streams one client connection may have open (0: min(16, half))",
+         type=int)
     add_security_flags(p)
     p.set_defaults(fn=cmd_ps)
 
@@ -266,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_chief)
 
     p = sub.add_parser("local", help="run a whole cluster as local processes, with progress")
+    add_user_path_flag(p)
     _add(p, "--run-dir", "", "run directory (default: runs/<timestamp>)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
@@ -282,7 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_security_flags(p)
     p.set_defaults(fn=cmd_health)
 
-    from asyncps.tools import experiment, report  # cheap: matplotlib and the cluster load only when run
+    from asyncps.tools import composerun, experiment, report  # cheap: matplotlib and the cluster load only when run
+
+    p = sub.add_parser("compose-run", help="docker-compose up -d, restart crashed or killed containers, "
+                                           "exit with the chief's status")
+    composerun.add_arguments(p)
+    p.set_defaults(fn=composerun.cmd_compose_run)
 
     p = sub.add_parser("experiment", help="run a sweep of local clusters from a YAML/TOML spec and check its outcome")
     experiment.add_arguments(p)
@@ -294,12 +325,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_user_path_flag(p: argparse.ArgumentParser) -> None:
+    """--user-path DIR (repeatable): where the user's models, datasets and rule plugins are imported from."""
+    p.add_argument("--user-path", action="append", default=[], metavar="DIR",
+                   help=f"directory put on the Python path for package.module:function models, datasets, losses "
+                        f"and rule plugins; repeatable (also env {USER_PATH_ENV}, {os.pathsep}-separated)")
+
+
+def apply_user_path(args: argparse.Namespace) -> None:
+    """Put --user-path and ASYNCPS_USER_PATH on sys.path, and in the environment for child processes."""
+    dirs = add_user_path([*user_path_from_env(), *getattr(args, "user_path", [])])
+    if dirs:
+        os.environ[USER_PATH_ENV] = os.pathsep.join(dict.fromkeys(dirs))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, run, and turn configuration errors into one clear line."""
     parser = build_parser()
     args = parser.parse_args(argv)
     fn: Callable[[argparse.Namespace], int] = args.fn
     try:
+        apply_user_path(args)
         return fn(args)
     except (ValueError, ClusterConfigError, FileNotFoundError) as exc:
         print(f"asyncps {args.command}: error: {exc}", file=sys.stderr)

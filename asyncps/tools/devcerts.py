@@ -4,10 +4,12 @@ For trying TLS/mTLS locally and in the compose file, never for production. Run i
 
     python -m asyncps.tools.devcerts DIR [--name ps-0 --name ps-1 --name chief]
 
-It writes DIR/ca.pem, ca.key, server.pem, server.key, client.pem, client.key (keys mode 0600).
-The server certificate names localhost, 127.0.0.1 and ::1 plus every --name, and is valid for
-client authentication too, so a process that both serves and calls (the chief) can present the
-same certificate in both roles under mTLS.
+It writes DIR/ca.pem, ca.key, server.pem, server.key (the shards'), chief.pem, chief.key (the
+chief's) and client.pem, client.key (the workers'); keys mode 0600. The server and chief
+certificates name localhost, 127.0.0.1 and ::1 plus every --name. The chief's (common name
+asyncps-chief, the default --chief-identity) is valid for client authentication too: the chief
+serves workers and calls the shards with it, and under mTLS that name is what lets it call the
+shards' chief-only methods; a worker's client certificate (asyncps-client) cannot.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 DEFAULT_NAMES = ("localhost", "127.0.0.1", "::1")
 DEFAULT_DAYS = 30
+CHIEF_COMMON_NAME = "asyncps-chief"  # asyncps.authz.DEFAULT_CHIEF_IDENTITY
 # Host names (or IP literals): the names go into an openssl config file, so nothing else.
 _HOST_NAME = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
@@ -70,6 +73,8 @@ class DevCerts:
     server_key: Path
     client_cert: Path
     client_key: Path
+    chief_cert: Path
+    chief_key: Path
 
 
 def cert_paths(directory: Path) -> DevCerts:
@@ -81,6 +86,8 @@ def cert_paths(directory: Path) -> DevCerts:
         server_key=directory / "server.key",
         client_cert=directory / "client.pem",
         client_key=directory / "client.key",
+        chief_cert=directory / "chief.pem",
+        chief_key=directory / "chief.key",
     )
 
 
@@ -140,8 +147,8 @@ def _issue(openssl: str, work: Path, ca: DevCerts, cert: Path, key: Path, common
 
 def generate_dev_certs(directory: Path, extra_names: Sequence[str] = (), days: int = DEFAULT_DAYS,
                        overwrite: bool = False) -> DevCerts:
-    """Write a new CA, a server certificate (localhost, 127.0.0.1, ::1 + extra_names) and a client
-    certificate into directory; refuse to replace existing files unless overwrite."""
+    """Write a new CA, a server and a chief certificate (localhost, 127.0.0.1, ::1 + extra_names)
+    and a client certificate into directory; refuse to replace existing files unless overwrite."""
     if days < 1:
         raise ValueError(f"days must be at least 1, got {days}")
     sans = subject_alt_names(extra_names)
@@ -152,7 +159,7 @@ def generate_dev_certs(directory: Path, extra_names: Sequence[str] = (), days: i
         raise FileExistsError(f"{directory} already holds {', '.join(existing)}; "
                               "pass --force (overwrite=True) to replace them")
     directory.mkdir(parents=True, exist_ok=True)
-    for key in (paths.ca_key, paths.server_key, paths.client_key):
+    for key in (paths.ca_key, paths.server_key, paths.client_key, paths.chief_key):
         # created private before openssl writes into them (openssl keeps an existing file's mode)
         key.touch(mode=0o600)
         os.chmod(key, 0o600)
@@ -166,13 +173,16 @@ def generate_dev_certs(directory: Path, extra_names: Sequence[str] = (), days: i
                "v3_server", sans, days)
         _issue(openssl, work, paths, paths.client_cert, paths.client_key, "asyncps-client",
                "v3_client", sans, days)
+        _issue(openssl, work, paths, paths.chief_cert, paths.chief_key, CHIEF_COMMON_NAME,
+               "v3_server", sans, days)
     return paths
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: generate development certificates into a directory."""
     parser = argparse.ArgumentParser(prog="python -m asyncps.tools.devcerts", description=__doc__.split("\n")[0])
-    parser.add_argument("directory", type=Path, help="where to write ca.pem, server.pem, client.pem and keys")
+    parser.add_argument("directory", type=Path,
+                        help="where to write ca.pem, server.pem, chief.pem, client.pem and keys")
     parser.add_argument("--name", action="append", default=[], metavar="HOST",
                         help="extra server name (repeatable), e.g. --name ps-0 --name chief")
     parser.add_argument("--days", type=int, default=DEFAULT_DAYS, help="validity in days")

@@ -62,7 +62,7 @@ class LocalCluster:
         self.secure = secure
         self.client_auth = client_auth
         self.security = SecurityConfig()
-        self._security_args: list[str] = []
+        self._security_args: dict[str, list[str]] = {}  # per subcommand: ps, chief, worker
         self.resume = resume
         self.max_restarts = max_restarts
         self.restarts: dict[str, int] = {}
@@ -80,7 +80,7 @@ class LocalCluster:
     def _spawn(self, name: str, args: list[str]) -> Child:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop(); appended on restarts
         proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncps.tools.cli", *args, *self._security_args],
+            [sys.executable, "-m", "asyncps.tools.cli", *args, *self._security_args.get(args[0], [])],
             stdout=log, stderr=subprocess.STDOUT,
             env=self.env, start_new_session=True,  # Ctrl-C reaches the launcher, which stops them in order
         )
@@ -120,21 +120,32 @@ class LocalCluster:
             self._spawn(f"worker-{i}", ["worker", "--chief", self.chief_address, "--index", str(i)])
 
     def _make_secrets(self) -> None:
-        """A development CA, one certificate for every process (server and client) and a token."""
+        """A development CA, a certificate per role (shards, chief, workers) and a token per role:
+        a worker's credentials cannot call the shards' chief-only methods."""
         from asyncps.tools.devcerts import cert_paths, generate_dev_certs
 
         secrets_dir = self.run_dir / "secrets"
         secrets_dir.mkdir(mode=0o700, exist_ok=True)
-        certs = cert_paths(secrets_dir) if (secrets_dir / "ca.pem").exists() else generate_dev_certs(secrets_dir)
-        token_file = secrets_dir / "token"
-        if not token_file.exists():
-            token_file.write_text(secrets.token_urlsafe(32) + "\n")
-            token_file.chmod(0o600)
-        self._security_args = ["--token-file", str(token_file), "--tls-cert", str(certs.server_cert),
-                               "--tls-key", str(certs.server_key), "--tls-ca", str(certs.ca_cert),
-                               *([] if self.client_auth else ["--tls-no-client-auth"])]
-        self.security = SecurityConfig.from_flags(str(token_file), str(certs.server_cert), str(certs.server_key),
-                                                  str(certs.ca_cert), require_client_cert=self.client_auth)
+        certs = cert_paths(secrets_dir) if (secrets_dir / "chief.pem").exists() else \
+            generate_dev_certs(secrets_dir, overwrite=True)
+        token_file, chief_token_file = secrets_dir / "token", secrets_dir / "chief-token"
+        for file in (token_file, chief_token_file):
+            if not file.exists():
+                file.write_text(secrets.token_urlsafe(32) + "\n")
+                file.chmod(0o600)
+        tls_mode = [] if self.client_auth else ["--tls-no-client-auth"]
+        tokens = ["--token-file", str(token_file)]
+        chief_tokens = [*tokens, "--chief-token-file", str(chief_token_file)]
+        self._security_args = {
+            role: [*role_tokens, "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(certs.ca_cert),
+                   *tls_mode]
+            for role, role_tokens, cert, key in (
+                ("ps", chief_tokens, certs.server_cert, certs.server_key),
+                ("chief", chief_tokens, certs.chief_cert, certs.chief_key),
+                ("worker", tokens, certs.client_cert, certs.client_key))}
+        self.security = SecurityConfig.from_flags(str(token_file), str(certs.chief_cert), str(certs.chief_key),
+                                                  str(certs.ca_cert), require_client_cert=self.client_auth,
+                                                  chief_token_file=str(chief_token_file))
 
     def restart_dead_shards(self) -> list[str]:
         """Start again, on the same port, every shard that died (the chief restores its state)."""

@@ -1,0 +1,74 @@
+"""A consistent cut over all shards: every shard holds pushes before any is read.
+
+Checkpoints and evaluations read the shards at a cut: all shards are paused (in parallel, each
+pause returning once its in-flight pushes are applied), then every shard is read, then whatever
+the chief records beside the values (the data ledger, the examples seen) is read, and only then
+are pushes released. So the values are those of one instant of the whole cluster, the version
+vector is the one they carry, and the records are those of the same instant.
+
+A worker's step pushes to every shard; at the cut it may be applied on some shards and held on
+others. That gradient is "in flight" at the cut: the values read do not contain it on the shards
+where it was held, and the version vector says exactly which updates each shard's values hold.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from asyncps.transport import ModelClient, ShardTransport
+
+Read = TypeVar("Read")
+Record = TypeVar("Record")
+
+# Pushes resume by themselves after this long, should the chief die while holding them.
+DEFAULT_HOLD_S = 30.0
+
+
+class CutLapsed(RuntimeError):
+    """Reading took as long as the hold: a shard may have released pushes by itself mid-cut."""
+
+
+@dataclass(frozen=True)
+class Cut(Generic[Read, Record]):
+    """What was read from every shard at the cut, the shards' versions when paused, and the
+    chief's records taken before the release."""
+
+    reads: list[Read]
+    paused_versions: list[int]
+    record: Record
+
+
+def at_cut(shards: Sequence[ShardTransport], read: Callable[[int, ShardTransport], Read],
+           record: Callable[[], Record], hold_s: float = DEFAULT_HOLD_S) -> Cut[Read, Record]:
+    """Pause every shard, `read` each one, take `record()`, then release every shard.
+
+    Each shard is released even when a pause or a read fails (the error is raised after). A cut
+    that took `hold_s` or longer raises CutLapsed: a shard's hold may have expired during it."""
+    started = time.monotonic()  # before any pause is sent: every shard's hold ends after started + hold_s
+    with ThreadPoolExecutor(max_workers=max(1, len(shards)), thread_name_prefix="cut") as pool:
+        try:
+            paused = list(pool.map(lambda shard: shard.pause(hold_s), shards))
+            reads = list(pool.map(read, range(len(shards)), shards))
+            recorded = record()
+            took = time.monotonic() - started
+        finally:
+            list(pool.map(lambda shard: shard.pause(0.0), shards))
+    if took >= hold_s:
+        raise CutLapsed(f"the cut took {took:.1f}s, not less than the {hold_s:.1f}s hold: pushes may have resumed")
+    return Cut(reads, paused, recorded)
+
+
+def pull_at_cut(client: ModelClient, hold_s: float = DEFAULT_HOLD_S) -> list[int]:
+    """Pull the whole model into `client.values` at a cut; the version vector of those values.
+
+    Pushes are held for the pull's duration, so no shard's values can include a gradient computed
+    from values of another shard newer than the ones pulled."""
+    return at_cut(client.shards, lambda _, __: None, client.pull, hold_s).record
+
+
+__all__ = ["DEFAULT_HOLD_S", "Cut", "CutLapsed", "at_cut", "pull_at_cut"]

@@ -1,0 +1,73 @@
+"""`asyncps compose-run`'s supervision rule (the Docker side is tests/test_docker_compose.py)."""
+
+from __future__ import annotations
+
+from asyncps.tools.cli import build_parser
+from asyncps.tools.composerun import ContainerState, decide
+
+
+def state(cid: str, service: str, status: str = "running", code: int = 0) -> ContainerState:
+    return ContainerState(cid, service, status, code)
+
+
+def test_a_killed_shard_or_worker_is_started_again_and_the_run_goes_on() -> None:
+    project = [state("c", "chief"), state("p0", "ps-0"), state("p1", "ps-1", "exited", 137),
+               state("w1", "worker", "exited", 1), state("w0", "worker", "exited", 0)]
+    decision = decide(project, {}, max_restarts=2)
+    assert not decision.finished
+    assert set(decision.restart) == {"p1", "w1"}  # a worker that finished (0) stays finished
+
+
+def test_a_killed_chief_is_started_again_until_its_restarts_run_out() -> None:
+    project = [state("c", "chief", "exited", 137), state("p0", "ps-0")]
+    assert decide(project, {"c": 1}, max_restarts=2).restart == ("c",)
+    ended = decide(project, {"c": 2}, max_restarts=2)
+    assert (ended.finished, ended.exit_code) == (True, 137)
+    assert "after 2 restarts" in ended.reason
+
+
+def test_the_run_ends_with_the_chiefs_clean_exit() -> None:
+    project = [state("c", "chief", "exited", 0), state("p0", "ps-0", "exited", 0), state("w", "worker", "exited", 3)]
+    decision = decide(project, {}, max_restarts=5)
+    assert (decision.finished, decision.exit_code, decision.restart) == (True, 0, ())
+
+
+def test_no_restart_beyond_the_limit_and_no_chief_is_an_error() -> None:
+    project = [state("c", "chief"), state("p1", "ps-1", "exited", 137)]
+    assert decide(project, {"p1": 5}, max_restarts=5).restart == ()
+    missing = decide([state("p1", "ps-1")], {}, max_restarts=5)
+    assert (missing.finished, missing.exit_code) == (True, 1)
+
+
+def test_the_command_line() -> None:
+    args = build_parser().parse_args(["compose-run", "-p", "demo", "-f", "docker-compose.yml", "--max-restarts", "3"])
+    assert (args.project_name, args.file, args.max_restarts, args.compose) == ("demo", ["docker-compose.yml"], 3,
+                                                                               "docker-compose")
+
+
+def compose_services() -> dict[str, dict[str, object]]:
+    import yaml
+
+    from tests.conftest import REPO_ROOT
+
+    services: dict[str, dict[str, object]] = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())["services"]
+    return services
+
+
+def test_every_role_in_the_compose_file_has_a_restart_policy() -> None:
+    services = compose_services()
+    assert {name: services[name].get("restart") for name in ("ps-0", "ps-1", "chief", "worker")} == dict.fromkeys(
+        ("ps-0", "ps-1", "chief", "worker"), "on-failure")
+
+
+def test_every_run_setting_reaches_the_chief_in_compose() -> None:
+    from asyncps.config import env_names, run_options
+
+    environment = compose_services()["chief"]["environment"]
+    assert isinstance(environment, dict)
+    missing = [name for name in run_options() if env_names(name) and not set(env_names(name)) & set(environment)]
+    assert missing == [], f"run settings docker-compose.yml does not forward to the chief: {missing}"
+    assert {"ASYNCPS_RESUME", "ASYNCPS_TOKEN_FILE", "ASYNCPS_CHIEF_TOKEN_FILE", "ASYNCPS_TLS_CERT"} <= set(environment)
+    worker = compose_services()["worker"]["environment"]
+    assert isinstance(worker, dict)
+    assert "ASYNCPS_CHIEF_TOKEN_FILE" not in worker  # a worker never holds the chief's token
