@@ -219,7 +219,7 @@ class ShardStore:
         self._require_initialized()
         assert self._mode is not None and self._rule is not None
         lr = self._rule.optimizer.learning_rate
-        with self._all_locks(), self._version_cond:
+        with self._unpaused_locks(sorted(self._vars)), self._version_cond:  # a cut holds commits too
             for _, step in self._mode.commit(decisions, self._version):
                 if step is not None:
                     for name, grad in sorted(step.items()):
