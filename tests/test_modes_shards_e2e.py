@@ -74,7 +74,8 @@ def test_ssp_bound_holds_on_two_shards_with_a_40x_straggler(tmp_path: Path) -> N
 
 
 def test_without_the_bound_the_measurement_sees_the_lead(tmp_path: Path) -> None:
-    run_dir, s = run(tmp_path, "unbounded", *SSP, env={NO_SSP_BOUND_ENV: "1"})
+    # more updates: unbounded, the fast workers must not finish before the straggler's first push
+    run_dir, s = run(tmp_path, "unbounded", *SSP[:-1], "300", env={NO_SSP_BOUND_ENV: "1"})
     assert s["measured_clock_lead"] > 1
     assert timeline_start_lead(read_rows(run_dir / "timeline.csv", StepRow)) > 1
     assert not s["reads_refused"]

@@ -7,8 +7,9 @@ run directory, so a shard that counted wrong cannot vouch for itself:
 - `push_clock_lead` (pushes.csv): on each shard every applied push raises the version by one, so
   versions order the pushes exactly. A push computed from `base_version` b was read at b: then the
   worker's clock was its pushes applied at versions <= b, and so was every other worker's. A worker
-  counts from its first read (joining at the slowest clock, as a shard places it) until its last
-  push (a finished or dead worker no longer holds the others back, as on the shard).
+  counts from its first read, at clock 0 (a worker index that joins late looks slow: measure runs
+  whose workers all start together) until its last push (a finished or dead worker no longer holds
+  the others back, as on the shard).
 - `timeline_start_lead` (timeline.csv): when a worker starts step k it has pushed k - 1 times; any
   other worker has pushed at most as many steps as it has started. So (k - 1) minus the fewest
   steps started by another worker still running is a lower bound of the true lead: above s it
@@ -45,18 +46,12 @@ def _shard_lead(rows: list[PushRow]) -> int:
     def pushes(worker: int, at: int) -> int:
         return bisect.bisect_right(versions[worker], at)
 
-    offset: dict[int, int] = {}
-    for worker in sorted(first_read, key=lambda w: first_read[w]):
-        at = first_read[worker]
-        others = [offset[u] + pushes(u, at) for u in offset if last[u] > at]
-        offset[worker] = min(others, default=0)
-
     lead = 0
     for row in rows:
         read = row.base_version
-        running = [offset[u] + pushes(u, read) for u in versions if first_read[u] <= read and last[u] > read]
+        running = [pushes(u, read) for u in versions if first_read[u] <= read and last[u] > read]
         if running:
-            lead = max(lead, offset[row.worker] + pushes(row.worker, read) - min(running))
+            lead = max(lead, pushes(row.worker, read) - min(running))
     return lead
 
 
