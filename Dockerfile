@@ -17,11 +17,20 @@
 #           don't rebuild it
 #   wheel - builds the project wheel from the source in the build context and
 #           installs it (--no-deps) under /install, laid out like the venv
+#   shard-deps - a venv with only what a shard imports (numpy, grpcio,
+#           grpcio-health-checking, protobuf: pyproject.toml's first four
+#           dependencies, with their floors)
+#   shard - base + shard-deps + /install: the slim image of the ps-* services
+#           (`docker build --target shard -t asyncps-shard:dev .`); shards
+#           never import TensorFlow (tests/test_layers.py checks it). It comes
+#           before deps, so the classic builder (which builds every stage up to
+#           the target) never installs TensorFlow for it
 #   final - base + the deps venv + /install; the wheels never reach a layer of
 #           the final image. Its metadata comes first and its only steps after
 #           the big venv layer are COPYs: the classic builder commits every
 #           step, which costs tens of seconds on top of a 1.6 GB layer with
-#           fuse-overlayfs storage.
+#           fuse-overlayfs storage. It is the last stage, so a plain build
+#           without --target builds it.
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS base
@@ -50,33 +59,23 @@ RUN useradd --uid "${ASYNCPS_UID}" --user-group --no-log-init --create-home \
     && mkdir -p /runs /checkpoints \
     && chown asyncps:asyncps /runs /checkpoints
 
-# --- deps ------------------------------------------------------------------
-FROM base AS deps
-# The wheelhouse is optional. pyproject.toml always matches, so this COPY never
-# fails for want of sources, and the wildcard adds the wheels only when
-# scripts/wheelhouse.sh has filled .wheelhouse/ (a wildcard that matches
-# nothing is allowed beside a source that exists). A plain `COPY .wheelhouse/`
-# would fail without it. The dependency list is read from pyproject.toml, and
-# pip judges its markers for this image's platform.
-# tensorflow/include holds C++ headers for building custom ops (~290 MB), not
-# needed to run.
+# --- shard-deps ------------------------------------------------------------
+# The shard's requirements are read from pyproject.toml by name, so their
+# version floors stay written in one place.
+FROM base AS shard-deps
 COPY pyproject.toml .wheelhouse/*.whl /tmp/wheelhouse/
 RUN set -eu; \
     python3 -m venv /opt/asyncps; \
     if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then \
-        echo "deps: installing from the wheelhouse (.wheelhouse/, no index)"; \
         set -- --no-index --find-links /tmp/wheelhouse; \
     else \
-        echo "deps: no .wheelhouse/ in the build context: installing from the package index"; \
         set --; \
     fi; \
-    /opt/asyncps/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("/tmp/wheelhouse/pyproject.toml", "rb"))["project"]["dependencies"]))' \
+    /opt/asyncps/bin/python -c 'import re, tomllib; deps = tomllib.load(open("/tmp/wheelhouse/pyproject.toml", "rb"))["project"]["dependencies"]; print("\n".join(d for d in deps if re.match(r"(numpy|grpcio|grpcio-health-checking|protobuf)\b", d)))' \
         > /tmp/requirements.txt; \
-    /opt/asyncps/bin/pip install "$@" --requirement /tmp/requirements.txt || { \
-        echo "deps: pip failed; if pyproject.toml's dependencies changed, run scripts/wheelhouse.sh again" >&2; \
-        exit 1; }; \
-    /opt/asyncps/bin/pip check; \
-    rm -rf /opt/asyncps/lib/python3*/site-packages/tensorflow/include
+    cat /tmp/requirements.txt; \
+    /opt/asyncps/bin/pip install "$@" --requirement /tmp/requirements.txt; \
+    /opt/asyncps/bin/pip check
 
 # --- wheel -----------------------------------------------------------------
 # A venv at the same path as the real one, so the `asyncps` script that pip
@@ -101,6 +100,47 @@ RUN set -eu; \
     /opt/asyncps/bin/pip wheel "$@" --no-deps --wheel-dir /dist /src; \
     /opt/asyncps/bin/pip install --no-index --no-deps --no-warn-script-location \
         --prefix /install /dist/*.whl
+
+# --- shard -----------------------------------------------------------------
+FROM base AS shard
+USER asyncps
+WORKDIR /home/asyncps
+EXPOSE 8470
+HEALTHCHECK --interval=15s --timeout=10s --start-period=30s --retries=3 \
+    CMD asyncps health 127.0.0.1:${ASYNCPS_PORT:-8470}
+ENTRYPOINT ["asyncps"]
+CMD ["ps"]
+COPY --from=shard-deps /opt/asyncps /opt/asyncps
+COPY --from=wheel /install/ /opt/asyncps/
+
+# --- deps ------------------------------------------------------------------
+FROM base AS deps
+# The wheelhouse is optional. pyproject.toml always matches, so this COPY never
+# fails for want of sources, and the wildcard adds the wheels only when
+# scripts/wheelhouse.sh has filled .wheelhouse/ (a wildcard that matches
+# nothing is allowed beside a source that exists). A plain `COPY .wheelhouse/`
+# would fail without it. The dependency list is read from pyproject.toml, and
+# pip judges its markers for this image's platform. TensorFlow is the CPU build
+# (the `cpu` extra); the project itself comes later, without dependencies.
+# tensorflow/include holds C++ headers for building custom ops (~290 MB), not
+# needed to run.
+COPY pyproject.toml .wheelhouse/*.whl /tmp/wheelhouse/
+RUN set -eu; \
+    python3 -m venv /opt/asyncps; \
+    if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then \
+        echo "deps: installing from the wheelhouse (.wheelhouse/, no index)"; \
+        set -- --no-index --find-links /tmp/wheelhouse; \
+    else \
+        echo "deps: no .wheelhouse/ in the build context: installing from the package index"; \
+        set --; \
+    fi; \
+    /opt/asyncps/bin/python -c 'import tomllib; p = tomllib.load(open("/tmp/wheelhouse/pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["cpu"]))' \
+        > /tmp/requirements.txt; \
+    /opt/asyncps/bin/pip install "$@" --requirement /tmp/requirements.txt || { \
+        echo "deps: pip failed; if pyproject.toml's dependencies changed, run scripts/wheelhouse.sh again" >&2; \
+        exit 1; }; \
+    /opt/asyncps/bin/pip check; \
+    rm -rf /opt/asyncps/lib/python3*/site-packages/tensorflow/include
 
 # --- final -----------------------------------------------------------------
 FROM base

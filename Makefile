@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+# TensorFlow build: cpu (tensorflow-cpu, the default here) or tf (tensorflow); or empty to keep your own
+TF_EXTRA ?= cpu
+comma := ,
 
 .PHONY: demo test test-e2e layers lint typecheck proto proto-check bench clean
 
@@ -13,11 +16,11 @@ $(VENV)/bin/python:
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet -e '.$(if $(TF_EXTRA),[$(TF_EXTRA)])'
 	touch $@
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev$(if $(TF_EXTRA),$(comma)$(TF_EXTRA))]'
 	touch $@ $(VENV)/.installed
 
 ## demo: train the default local cluster (2 shards, 2 workers, mlp on digits) with live progress

@@ -129,11 +129,18 @@ class RunConfig:
                                  flags=("--read-wait",))
     tf_threads: int = setting(1, help="TensorFlow intra/inter-op threads per process (0: TF default)")
     checkpoint_every_updates: int = setting(
-        0, help="checkpoint every N updates, or every Ns seconds with a trailing s (0: off)",
+        0, help="checkpoint every N updates, or every Ns seconds with a trailing s (0: off; default 30s)",
         flags=("--checkpoint-every",), env=("ASYNCPS_CHECKPOINT_EVERY",), parse=parse_checkpoint_every,
         spreads=True)
-    checkpoint_every_s: float = setting(0.0, help="checkpoint every this many seconds (0: off)", flags=(), env=())
+    checkpoint_every_s: float = setting(30.0, help="checkpoint every this many seconds (0: off)", flags=(), env=())
     keep_checkpoints: int = setting(3, help="how many checkpoints to keep")
+    allow_reinit: bool = setting(False, help=(
+        "a shard that comes back empty when there is no checkpoint restarts from the initial values "
+        "(default: the run stops with an error)"))
+    chief_timeout_s: float = setting(120.0, help=(
+        "shards and workers exit (non-zero) after the chief is unreachable this long (0: never; a shard "
+        "gives a chief that never called at least 300 s to start)"),
+        flags=("--chief-timeout",))
     task_size: int = setting(0, help="examples per data task (0: 4 batches)")
     transport: str = setting("auto", help=(
         "how workers move tensors to shards: auto (shared memory with shards on the same host, gRPC frames "
@@ -165,6 +172,8 @@ class RunConfig:
             problems.append("chunk_bytes must be >= 1024")
         if self.checkpoint_every_updates < 0 or self.checkpoint_every_s < 0 or self.keep_checkpoints < 1:
             problems.append("checkpoint intervals must be >= 0 and keep_checkpoints >= 1")
+        if self.chief_timeout_s < 0:
+            problems.append("chief_timeout_s must be >= 0 (0: never)")
         if self.task_size < 0:
             problems.append("task_size must be >= 0")
         if self.transport not in ("auto", "grpc", "shm"):

@@ -137,6 +137,19 @@ def create_server(
     return server, port, health_servicer
 
 
+def serve_health(address: str, servicer: health.HealthServicer) -> tuple[grpc.Server, int]:
+    """A second, plaintext server with only the standard health service of a role's server (the same
+    servicer, so both answer alike, NOT_SERVING once it shuts down): for probes that can neither
+    speak TLS nor send a token, such as the kubelet's `grpc:` probes. It reveals nothing else."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    server.start()
+    return server, port
+
+
 def make_channel(
     address: str,
     credentials: grpc.ChannelCredentials | None = None,

@@ -71,6 +71,7 @@ class Snapshot:
     values: dict[str, Array]
     slots: dict[str, dict[str, Array]]
     updates: dict[str, int]
+    run_id: str = ""  # the run this state belongs to (empty: none said)
     # the staleness policy's per-row state (asyncps.ps.policy_state): variable -> arrays
     policy_state: dict[str, dict[str, Array]] = field(default_factory=dict)
 
@@ -90,6 +91,7 @@ class StoreStats:
     shard_index: int = 0
     bytes_pulled: int = 0  # tensor bytes served and received by the shard's transport
     bytes_pushed: int = 0
+    run_id: str = ""  # the run that initialized or restored the shard (empty: none said)
 
 
 __all__ = ["Ballot", "Decisions", "DropReason", "PushOutcome", "PushRequest", "ShardValues", "Snapshot", "StoreStats"]

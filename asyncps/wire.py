@@ -149,6 +149,7 @@ def stats_to_proto(stats: StoreStats) -> ps_pb2.ShardStats:
         bytes_pushed=stats.bytes_pushed,
         dropped_by_reason=stats.dropped_by_reason,
         mode_stats=stats.mode_stats,
+        run_id=stats.run_id,
     )
 
 
@@ -166,6 +167,7 @@ def stats_from_proto(msg: ps_pb2.ShardStats) -> StoreStats:
         shard_index=msg.shard_index,
         bytes_pulled=msg.bytes_pulled,
         bytes_pushed=msg.bytes_pushed,
+        run_id=msg.run_id,
     )
 
 
@@ -173,7 +175,7 @@ def snapshot_header(snap: Snapshot, shard_index: int) -> ps_pb2.SnapshotHeader:
     """The header of a snapshot stream: rule, version and counters."""
     return ps_pb2.SnapshotHeader(rule=rule_to_proto(snap.rule), version=snap.version,
                                  pushes_accepted=snap.accepted, pushes_dropped=snap.dropped,
-                                 updates=snap.updates, shard_index=shard_index)
+                                 updates=snap.updates, shard_index=shard_index, run_id=snap.run_id)
 
 
 def snapshot_frames(
@@ -212,7 +214,7 @@ def snapshot_from_wire(header: ps_pb2.SnapshotHeader, tensors: dict[str, Gradien
         raise InvalidArgumentError(f"slots for unknown variables {sorted(set(slots) - set(values))}")
     return Snapshot(rule=rule_from_proto(header.rule), version=header.version, accepted=header.pushes_accepted,
                     dropped=header.pushes_dropped, values=values, slots=slots, updates=dict(header.updates),
-                    policy_state=policy_state)
+                    policy_state=policy_state, run_id=header.run_id)
 
 
 # -- the shard service's streams ---------------------------------------------------------------

@@ -130,6 +130,11 @@ class CheckpointDir:
         found = [p for p in self.root.iterdir() if _NAME.match(p.name) and (p / "manifest.json").exists()]
         return sorted(found, key=lambda p: p.name)
 
+    def last_number(self) -> int:
+        """The number of the newest complete checkpoint (0: none): new ones continue after it."""
+        paths = self.complete()
+        return int(paths[-1].name.split("-")[1]) if paths else 0
+
     def latest(self) -> Checkpoint | None:
         """The newest complete checkpoint, loaded, or None."""
         paths = self.complete()

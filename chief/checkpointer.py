@@ -1,5 +1,11 @@
-"""Checkpointing of the run over the shards: initialize or restore them at start, recover a
-restarted shard, and take checkpoints at a consistent cut (asyncps.chief.cut)."""
+"""Checkpointing of the run over the shards: initialize, adopt or restore them at start, recover
+a restarted shard, and take checkpoints at a consistent cut (asyncps.chief.cut).
+
+A chief that starts on a run it resumes (a restarted chief) keeps the live shards when they hold
+this run's state at or past the latest checkpoint, and restores the checkpoint into all of them
+otherwise. It never trains on another run's shards, and never silently re-initializes a shard
+that lost its state when there is no checkpoint to restore (unless the run allows it).
+"""
 
 from __future__ import annotations
 
@@ -22,9 +28,16 @@ from asyncps.codec import Array
 if TYPE_CHECKING:
     from asyncps.chief.checkpoint import Checkpoint
     from asyncps.placement import Placement
+    from asyncps.shard import StoreStats
     from asyncps.transport import ModelClient
 
 log = logging.getLogger("asyncps.chief")
+
+LIVE, RESTORED, INITIALIZED = "live", "restored", "initialized"
+
+
+class ShardStateError(RuntimeError):
+    """The shards' state cannot be used for this run (another run's, or lost with no checkpoint)."""
 
 
 class Checkpointer:
@@ -32,8 +45,9 @@ class Checkpointer:
 
     def __init__(self, config: ChiefConfig, client: ModelClient, placement: Placement,
                  initial_values: dict[str, Array], ledger: TaskLedger, membership: Membership,
-                 progress: Progress, since: float) -> None:
-        """`since`: the monotonic time the checkpoint schedule counts from (the chief's start)."""
+                 progress: Progress, since: float, run_id: str = "") -> None:
+        """`since`: the monotonic time the checkpoint schedule counts from (the chief's start);
+        `run_id`: the run's id, given to the shards with their state."""
         self._config = config
         self._run = config.run
         self._client = client
@@ -46,20 +60,63 @@ class Checkpointer:
         self.examples_offset = 0  # examples seen before the checkpoint this run resumed from
         self._number = 0
         self._last = (since, 0)  # (monotonic time, updates) of the last checkpoint
+        self.run_id = run_id
 
     def initialize_shards(self) -> None:
-        """Initialize every shard from the initial values, or (--resume) restore the latest checkpoint."""
+        """A new run: initialize every shard from the initial values (refused on another run's shards)."""
+        self.start_shards(resuming=False)
+
+    def start_shards(self, resuming: bool) -> str:
+        """Bring the shards to this run's state; return how: LIVE, RESTORED or INITIALIZED.
+
+        A new run initializes them. A resumed run keeps them (LIVE) when every shard holds this
+        run's state at or past the latest checkpoint's versions; otherwise it restores the latest
+        checkpoint into all of them (and the ledger with it); with no checkpoint it initializes them
+        only when the run allows re-initialization. Raises ShardStateError when a shard holds
+        another run's state, or when there is nothing to resume from."""
         n = len(self._config.ps)
-        ckpt = self.checkpoints.latest() if self._config.resume else None
-        if self._config.resume and ckpt is None:
-            log.warning("--resume: no checkpoint in %s; starting from initial values", self._config.checkpoints)
+        stats = [shard.stats() for shard in self._client.shards]
+        for i, st in enumerate(stats):
+            if st.initialized and st.run_id != self.run_id and (resuming or st.run_id):
+                raise ShardStateError(
+                    f"shard {i} at {self._config.ps[i]} holds the state of another run "
+                    f"({st.run_id or 'no run id'!r}, this run is {self.run_id!r}); refusing to train on it: "
+                    f"restart that shard empty, or point the chief at that run's directory")
+        ckpt = self.checkpoints.latest() if resuming or self._config.resume else None
+        self._number = max(self._number, self.checkpoints.last_number())  # never overwrite older ones
+        if resuming and self._live(stats, ckpt):
+            log.info("resuming on the live shards at versions %s", [st.version for st in stats])
+            return LIVE
+        if resuming and ckpt is None and not self._run.allow_reinit:
+            raise ShardStateError(
+                f"cannot resume: the shards ({', '.join(self._config.ps)}) do not hold this run's state and "
+                f"there is no checkpoint in {self._config.checkpoints} (allow_reinit / --allow-reinit starts "
+                "them from the initial values)")
         if ckpt is not None:
             self.examples_offset = int(ckpt.manifest.get("examples", 0))
-            self._number = ckpt.number
             if "data_tasks" in ckpt.manifest:
                 self._ledger.load(ckpt.manifest["data_tasks"])
+        elif resuming:
+            log.warning("cannot resume the shards' state and there is no checkpoint: re-initializing them "
+                        "(allow_reinit)")
         with ThreadPoolExecutor(max_workers=n) as pool:
             list(pool.map(lambda shard: self._start_shard(shard, ckpt), range(n)))
+        return INITIALIZED if ckpt is None else RESTORED
+
+    def _live(self, stats: list[StoreStats], ckpt: Checkpoint | None) -> bool:
+        """Every shard holds this run's state, at or past the latest checkpoint's versions."""
+        if not all(st.initialized and st.run_id == self.run_id for st in stats):
+            return False
+        if ckpt is None:
+            return True
+        versions: list[int] = ckpt.manifest["shard_versions"]
+        if len(versions) != len(stats):
+            return False
+        behind = [(i, st.version, v) for i, (st, v) in enumerate(zip(stats, versions, strict=True)) if st.version < v]
+        for shard, version, want in behind:
+            log.warning("shard %d is at version %d, behind %s (%d): restoring the checkpoint", shard, version,
+                        ckpt.path.name, want)
+        return not behind
 
     def _start_shard(self, shard: int, ckpt: Checkpoint | None) -> None:
         """Initialize a shard from the initial values, or restore it from a checkpoint."""
@@ -69,11 +126,12 @@ class Checkpointer:
         client = self._client.shards[shard]
         if ckpt is None:
             part = split_for_shards(self._placement, self._initial_values)[shard]
-            reply = client.initialize("chief", shard, len(self._config.ps), self._run.update_rule(), part)
+            reply = client.initialize("chief", shard, len(self._config.ps), self._run.update_rule(), part,
+                                      self.run_id)
             log.info("shard %d at %s: %s at version %d", shard, self._config.ps[shard],
                      "initialized" if reply.created else "already initialized", reply.version)
             return
-        snap = split(self._placement, ckpt, self._run.update_rule())[shard]
+        snap = dataclasses.replace(split(self._placement, ckpt, self._run.update_rule())[shard], run_id=self.run_id)
         reply = client.restore(snap, shard)
         log.info("shard %d at %s: restored from %s at version %d", shard, self._config.ps[shard], ckpt.path.name,
                  reply.version)
@@ -82,7 +140,12 @@ class Checkpointer:
         """A shard came back empty (it crashed and restarted): restore its part of the latest checkpoint."""
         ckpt = self.checkpoints.latest()
         if ckpt is None:
-            log.warning("shard %d restarted and there is no checkpoint: it restarts from initial values", shard)
+            if not self._run.allow_reinit:
+                raise ShardStateError(
+                    f"shard {shard} at {self._config.ps[shard]} lost its state and there is no checkpoint to "
+                    "restore it from; stopping (allow_reinit / --allow-reinit restarts it from the initial values)")
+            log.warning("shard %d restarted and there is no checkpoint: it restarts from initial values "
+                        "(allow_reinit)", shard)
         self._start_shard(shard, ckpt)
 
     def due(self, training: bool) -> bool:

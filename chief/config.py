@@ -20,11 +20,14 @@ class ChiefConfig:
     host: str = "127.0.0.1"
     port: int = 0
     port_file: str = ""
+    health_port: int | None = None  # also serve the health service in plaintext here (kubelet probes)
     stop_grace_s: float = 30.0  # how long to wait for workers to finish after STOP
     checkpoint_dir: Path | None = None  # default: run_dir/ckpt
     resume: bool = False  # continue from the latest checkpoint instead of initializing
     export: bool = True  # write the final model (Keras file and SavedModel) into the run directory
     security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
+    metrics_port: int = -1  # Prometheus /metrics on this port (0: any free port; -1: off)
+    metrics_port_file: str = ""  # write the bound metrics port here (for metrics_port 0)
 
     @property
     def checkpoints(self) -> Path:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.tasks import TaskLedger
 from asyncps.pb import coordinator_pb2_grpc
-from asyncps.rpc import create_server
+from asyncps.rpc import create_server, serve_health
 from asyncps.rundir import INTERRUPTED, RunConfigRecord, write_port_file
 
 if TYPE_CHECKING:
@@ -23,6 +24,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("asyncps.chief")
 
+# The chief's exit codes: launchers restart a chief that exited otherwise (a crash, a kill).
+EXIT_DONE = 0
+EXIT_UNREACHABLE = 2  # a shard stayed unreachable at start
+EXIT_SHARD_STATE = 4  # the shards' state cannot be used: another run's, or lost with no checkpoint
+FINAL_EXIT_CODES = frozenset({EXIT_DONE, EXIT_UNREACHABLE, EXIT_SHARD_STATE})
+
 
 def prepare_run_dir(config: ChiefConfig) -> None:
     """The run directory with its config.json and the TensorBoard folder."""
@@ -31,12 +38,18 @@ def prepare_run_dir(config: ChiefConfig) -> None:
     RunConfigRecord.of(config.run, config.ps, run_dir).save(run_dir)
 
 
-def export_model(model: Any, config: ChiefConfig) -> None:
-    """The final model as a Keras file and a SavedModel that plain TensorFlow can load."""
+def save_model(model: Any, out_dir: Path) -> None:
+    """out_dir/model.keras and out_dir/saved_model, a SavedModel that plain TensorFlow can load."""
     t0 = time.monotonic()
-    model.save(config.run_dir / "model.keras")
-    model.export(str(config.run_dir / "saved_model"), verbose=False)
-    log.info("exported model.keras and saved_model/ in %.1fs", time.monotonic() - t0)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save(out_dir / "model.keras")
+    model.export(str(out_dir / "saved_model"), verbose=False)
+    log.info("exported model.keras and saved_model/ to %s in %.1fs", out_dir, time.monotonic() - t0)
+
+
+def export_model(model: Any, config: ChiefConfig) -> None:
+    """The final model into the run directory."""
+    save_model(model, config.run_dir)
 
 
 class Lifecycle:
@@ -53,6 +66,7 @@ class Lifecycle:
         self._client = client
         self._server: grpc.Server | None = None
         self._health: HealthServicer | None = None
+        self._probe: grpc.Server | None = None  # the plaintext health server (--health-port)
 
     def start(self, servicer: coordinator_pb2_grpc.CoordinatorServicer) -> int:
         """Serve the Coordinator service; write the port file; return the bound port."""
@@ -62,6 +76,9 @@ class Lifecycle:
             [lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s)],
             interceptors=config.security.server_interceptors(),
             credentials=config.security.server_credentials())
+        if config.health_port is not None:
+            self._probe, probe_port = serve_health(f"{config.host}:{config.health_port}", self._health)
+            log.info("chief: health service in plaintext on port %d", probe_port)
         write_port_file(config.port_file, port)
         log.info("chief serving on port %d (%s); waiting for %d workers", port, config.security.describe(),
                  self._run.num_workers)
@@ -80,6 +97,18 @@ class Lifecycle:
             return f"reached {run.max_seconds:g} s"
         return None
 
+    def fraction_done(self, updates: int) -> float:
+        """Share of the run done, 0..1: the stop condition nearest to being met; -1 with none."""
+        run = self._run
+        shares = []
+        if run.max_updates:
+            shares.append(updates / run.max_updates)
+        if run.epochs:
+            shares.append(self._ledger.fraction_done())
+        if run.max_seconds:
+            shares.append(self._clock.elapsed() / run.max_seconds)
+        return min(1.0, max(shares)) if shares else -1.0
+
     def shutdown(self) -> None:
         """Ask the shards to exit, stop serving, close the shard channels."""
         self._shutdown_shards()
@@ -87,6 +116,8 @@ class Lifecycle:
             self._health.enter_graceful_shutdown()
         if self._server is not None:
             self._server.stop(grace=2.0).wait()
+        if self._probe is not None:
+            self._probe.stop(grace=None)
         self._client.close()
 
     def _shutdown_shards(self) -> None:

@@ -4,10 +4,14 @@ Parts, one job each: membership (registration, heartbeats, the live set pushed t
 tasks (the data task ledger), checkpointer (initialize/restore shards, consistent checkpoints),
 evaluator (scheduled evaluations), recorder (pushes, timeline, eval log, summary.json), progress
 (shard counters, training time), lifecycle (run directory, server, stop condition, shutdown).
+
+A chief started on a run directory with a manifest resumes that run (chief restart = resume): the
+live shards, the data ledger's journal, the CSV files and the training clock all continue.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -15,11 +19,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from asyncps.chief.checkpointer import Checkpointer
+from asyncps.chief.checkpointer import LIVE, Checkpointer, ShardStateError
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.evaluator import Evaluation, Evaluator
-from asyncps.chief.lifecycle import Lifecycle, export_model, prepare_run_dir
+from asyncps.chief.ledgerlog import LEDGER_LOG, LedgerLog, replay
+from asyncps.chief.lifecycle import EXIT_SHARD_STATE, EXIT_UNREACHABLE, Lifecycle, export_model, prepare_run_dir
 from asyncps.chief.membership import LiveSet, Membership
+from asyncps.chief.metrics import MetricsServer, RunMetrics
 from asyncps.chief.progress import Progress, ShardPoller, TrainClock
 from asyncps.chief.recorder import EvalLog, Recorder, write_summary
 from asyncps.chief.servicer import CoordinatorServicer
@@ -27,7 +33,7 @@ from asyncps.chief.tasks import TaskLedger
 from asyncps.codec import Array
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
-from asyncps.rundir import StalenessSummary
+from asyncps.rundir import RunManifest, StalenessSummary, write_port_file
 from asyncps.tfutil import limit_threads, quiet_tensorflow
 
 if TYPE_CHECKING:
@@ -79,7 +85,7 @@ class Chief:
 
     def __init__(self, config: ChiefConfig, interrupt: threading.Event, model: ModelParts, progress: Progress,
                  membership: Membership, ledger: TaskLedger, checkpointer: Checkpointer, recorder: Recorder,
-                 eval_log: EvalLog) -> None:
+                 eval_log: EvalLog, manifest: RunManifest | None = None) -> None:
         self.config = config
         self.run = config.run
         self.interrupt = interrupt
@@ -90,7 +96,12 @@ class Chief:
         self.checkpointer = checkpointer
         self.recorder = recorder
         self.eval_log = eval_log
-        self.clock = TrainClock()
+        self.manifest = manifest or RunManifest.new()
+        self.clock = TrainClock(self.manifest.elapsed_s)
+        self.started = time.monotonic()
+        self.failure: str | None = None  # why the run cannot go on (the shards' state is lost)
+        self._manifest_saved = 0.0
+        self._orphans_checked = False
         self.live_set = LiveSet(membership, model.client.shards)
         self.poller = ShardPoller(model.client.shards, config.ps, self.run.rpc_deadline_s, progress,
                                   self._recover_shard)
@@ -110,13 +121,29 @@ class Chief:
         stale = StalenessSummary.of(histogram)
         p = self.progress
         with p.lock:
-            return cpb.ClusterStatus(
-                updates=p.updates, updates_per_s=p.updates_per_s, mean_staleness=stale.mean,
+            updates = p.updates
+            status = cpb.ClusterStatus(
+                updates=updates, updates_per_s=p.updates_per_s, mean_staleness=stale.mean,
                 workers_alive=len(self.membership.live_workers()), eval_loss=p.eval_loss,
                 eval_accuracy=p.eval_accuracy, eval_version=p.eval_updates, worker_loss=loss,
-                done=p.done, elapsed_s=self.clock.elapsed(),
+                done=p.done, elapsed_s=self.clock.elapsed(), workers_planned=self.membership.num_workers,
+                stop_reason=self.membership.stop_reason or "",
                 epochs=(examples + self.checkpointer.examples_offset) / max(1, len(self.model.data.x_train)),
             )
+        status.fraction_done = 1.0 if status.done else self.lifecycle.fraction_done(updates)
+        return status
+
+    def metrics(self) -> RunMetrics:
+        """The run's metrics for the Prometheus endpoint."""
+        status = self.status()
+        histogram, _, _, _ = self.recorder.snapshot()
+        with self.progress.lock:
+            drops = dict(self.progress.dropped_by_reason)
+        return RunMetrics(updates=status.updates, updates_per_s=status.updates_per_s, dropped_by_reason=drops,
+                          staleness=histogram, live_workers=status.workers_alive,
+                          planned_workers=status.workers_planned, eval_loss=status.eval_loss,
+                          eval_accuracy=status.eval_accuracy, epochs=status.epochs,
+                          fraction_done=status.fraction_done)
 
     # -- the run --------------------------------------------------------------------------
     def serve(self) -> int:
@@ -124,8 +151,16 @@ class Chief:
         servicer = CoordinatorServicer(self.membership, self.recorder, self.config.ps, self.run.to_json(),
                                        self.status, self.ledger)
         self.lifecycle.start(servicer)
+        metrics = None
+        if self.config.metrics_port >= 0:
+            metrics = MetricsServer(self.config.host, self.config.metrics_port, self.metrics)
+            write_port_file(self.config.metrics_port_file, metrics.port)
         try:
             self._control_loop()
+            self._final_poll()
+            if self.failure is not None:
+                log.error("run stopped: %s", self.failure)
+                return EXIT_SHARD_STATE
             if self.run.checkpoint_every_updates or self.run.checkpoint_every_s:
                 self._checkpoint()
             final = self.evaluation.evaluate()
@@ -138,6 +173,8 @@ class Chief:
             self.eval_log.close()
             self.recorder.close()
             self.lifecycle.shutdown()
+            if metrics is not None:
+                metrics.close()
         log.info("run complete: %s", self.config.run_dir)
         return 0
 
@@ -149,13 +186,20 @@ class Chief:
                 requeued = self.ledger.requeue(member.member_id)
                 log.warning("worker %d (%s) missed heartbeats for %.0fs: declared dead; %d data task(s) "
                             "re-queued", member.index, member.member_id, self.run.heartbeat_timeout_s, requeued)
+            self._requeue_orphans()
             try:
                 self.live_set.sync()
                 self.poller.poll()
             except Unreachable as exc:
                 log.error("%s", exc)
                 self.membership.request_stop(f"shard unreachable: {exc}")
+            except ShardStateError as exc:
+                if self.failure is None:
+                    log.error("%s", exc)
+                    self.failure = str(exc)
+                    self.membership.request_stop(f"shard state lost: {exc}")
             self.clock.observe(self.progress.updates)
+            self._save_manifest()
             if stop_at is None:
                 reason = self.lifecycle.stop_reason()
                 if reason is not None:
@@ -168,7 +212,34 @@ class Chief:
                     self.evaluation.scheduled()
             elif self.membership.all_done() or time.monotonic() - stop_at > self.config.stop_grace_s:
                 self.clock.stop()
+                self._save_manifest(force=True)
                 return
+
+    def _final_poll(self) -> None:
+        """The shards' counters once every worker is done (a last push may land after the loop's poll)."""
+        try:
+            self.poller.poll()
+        except (Unreachable, ShardStateError) as exc:
+            log.warning("final poll of the shards: %s", exc)
+
+    def _requeue_orphans(self) -> None:
+        """After a chief restart: tasks in flight with workers that never came back to this chief
+        (within a heartbeat timeout) go back to pending, as a dead worker's would."""
+        if self._orphans_checked or time.monotonic() - self.started < self.run.heartbeat_timeout_s:
+            return
+        self._orphans_checked = True
+        for holder in sorted(self.ledger.holders() - self.membership.member_ids()):
+            requeued = self.ledger.requeue(holder)
+            log.warning("%s held %d data task(s) before the chief restarted and did not come back: re-queued",
+                        holder, requeued)
+
+    def _save_manifest(self, force: bool = False) -> None:
+        """Keep manifest.json's training time current (about once a second)."""
+        now = time.monotonic()
+        if force or now - self._manifest_saved >= 1.0:
+            self.manifest = dataclasses.replace(self.manifest, elapsed_s=self.clock.elapsed())
+            self.manifest.save(self.config.run_dir)
+            self._manifest_saved = now
 
     def _checkpoint(self) -> None:
         self.checkpointer.checkpoint(lambda: self.recorder.snapshot()[2])
@@ -180,23 +251,44 @@ class Chief:
 
 
 def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None) -> int:
-    """Build the chief's parts, initialize (or restore) the shards, and run."""
+    """Build the chief's parts, bring the shards to the run's state (new, resumed live, or restored),
+    and run."""
     started = time.monotonic()
     run = config.run
+    manifest = RunManifest.load(config.run_dir)
+    resuming = manifest is not None
+    manifest = (dataclasses.replace(manifest, chief_starts=manifest.chief_starts + 1) if manifest is not None
+                else RunManifest.new())
+    if resuming:
+        log.info("run directory %s has a manifest: resuming run %s (chief start %d)", config.run_dir,
+                 manifest.run_id, manifest.chief_starts)
     prepare_run_dir(config)
     model = build_model_parts(config)
     progress = Progress()
     membership = Membership(run.num_workers, run.heartbeat_timeout_s)
     ledger = TaskLedger(len(model.data.x_train), run.task_size or 4 * run.batch_size, run.epochs)
     checkpointer = Checkpointer(config, model.client, model.placement, model.initial_values, ledger, membership,
-                                progress, since=started)
+                                progress, since=started, run_id=manifest.run_id)
     try:
-        checkpointer.initialize_shards()
+        how = checkpointer.start_shards(resuming)
     except Unreachable as exc:
         log.error("%s", exc)
-        return 2
-    recorder = Recorder(config.run_dir, append=config.resume)
-    eval_log = EvalLog(config.run_dir, recorder, append=config.resume)
+        return EXIT_UNREACHABLE
+    except ShardStateError as exc:
+        log.error("%s", exc)
+        return EXIT_SHARD_STATE
+    if how == LIVE and replay(config.run_dir / LEDGER_LOG, ledger):
+        log.info("data ledger continues from %s: %s", LEDGER_LOG, ledger.summary())
+    ledger_log = LedgerLog(config.run_dir / LEDGER_LOG, ledger)
+    manifest.save(config.run_dir)
+    append = resuming or config.resume
+    recorder = Recorder(config.run_dir, append=append)
+    if append:
+        checkpointer.examples_offset = 0  # the recorder counts the examples of the files it continues
+    eval_log = EvalLog(config.run_dir, recorder, append=append, run=run)
     chief = Chief(config, interrupt or threading.Event(), model, progress, membership, ledger, checkpointer,
-                  recorder, eval_log)
-    return chief.serve()
+                  recorder, eval_log, manifest)
+    try:
+        return chief.serve()
+    finally:
+        ledger_log.close()

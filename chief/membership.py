@@ -128,6 +128,11 @@ class Membership:
         with self._lock:
             return len({m.index for m in self._members.values()})
 
+    def member_ids(self) -> set[str]:
+        """Every member that registered with this chief (alive or not)."""
+        with self._lock:
+            return set(self._members)
+
     def index_of(self, member_id: str) -> int:
         """The index of a registered member."""
         with self._lock:

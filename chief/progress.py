@@ -45,7 +45,9 @@ class Progress:
 class TrainClock:
     """Training time: it starts at the first applied update and stops when the control loop ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, before_s: float = 0.0) -> None:
+        """`before_s`: training time of earlier chiefs of this run (a restarted chief continues it)."""
+        self._before_s = before_s
         self._start: float | None = None
         self._wall_s: float | None = None
 
@@ -60,8 +62,8 @@ class TrainClock:
             self._start = time.monotonic()  # training time starts at the first update
 
     def elapsed(self) -> float:
-        """Seconds since the first update (0 before it)."""
-        return 0.0 if self._start is None else time.monotonic() - self._start
+        """Seconds of training: earlier chiefs' time, plus this one's since its first update."""
+        return self._before_s + (0.0 if self._start is None else time.monotonic() - self._start)
 
     def stop(self) -> None:
         """The control loop ended: freeze the training wall time."""

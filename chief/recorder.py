@@ -4,11 +4,12 @@ statistics, evaluations (eval.csv, TensorBoard) and the final summary.json."""
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
@@ -26,6 +27,7 @@ from asyncps.rundir import (
     ShardCounters,
     StalenessSummary,
     StepRow,
+    iter_rows,
 )
 from asyncps.rundir.clocklead import push_clock_lead
 from asyncps.wire import drop_from_wire
@@ -47,13 +49,15 @@ def _outcome(accepted: list[bool]) -> str:
 
 
 class Recorder:
-    """Appends telemetry to pushes.csv and timeline.csv and keeps running statistics."""
+    """Appends telemetry to pushes.csv and timeline.csv and keeps running statistics.
+
+    A resumed run (`append`) continues the same files, and its statistics start from what the
+    files already hold, so summary.json covers the whole run across chief restarts. Every
+    report is flushed before the worker hears the answer: a killed chief loses no reported row.
+    """
 
     def __init__(self, run_dir: Path, append: bool = False) -> None:
         self._lock = threading.Lock()
-        # a resumed run continues the same files
-        self._pushes = RowWriter(run_dir / PUSHES_CSV, PushRow, append=append)
-        self._steps = RowWriter(run_dir / TIMELINE_CSV, StepRow, append=append)
         self.staleness: collections.Counter[int] = collections.Counter()
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=4096)
         self.dropped_reasons: collections.Counter[str] = collections.Counter()
@@ -66,6 +70,35 @@ class Recorder:
         # examples by what became of their gradient: applied on every shard it was pushed to,
         # dropped on every one, or applied on some and dropped on others
         self.examples_by_outcome: collections.Counter[str] = collections.Counter()
+        if append:
+            self._reload(run_dir)
+        self._pushes = RowWriter(run_dir / PUSHES_CSV, PushRow, append=append)
+        self._steps = RowWriter(run_dir / TIMELINE_CSV, StepRow, append=append)
+
+    def _reload(self, run_dir: Path) -> None:
+        """The statistics of the rows earlier chiefs of this run wrote."""
+        accepted: collections.defaultdict[tuple[int, int], list[bool]] = collections.defaultdict(list)
+        for p in iter_rows(run_dir / PUSHES_CSV, PushRow):
+            self._count_push(p.staleness, p.drop_reason, p.loss)
+            accepted[(p.worker, p.step)].append(p.accepted)
+            if p.accepted:
+                self._applied.append(p)
+        for s in iter_rows(run_dir / TIMELINE_CSV, StepRow):
+            self.examples_by_outcome[_outcome(accepted.get((s.worker, s.step), []))] += s.examples
+            self._count_step(s.worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
+
+    def _count_push(self, staleness: int, drop: str, loss: float) -> None:
+        self.staleness[staleness] += 1
+        self.recent_staleness.append(staleness)
+        if drop:
+            self.dropped_reasons[drop] += 1
+        self.last_loss = loss
+        self.pushes_recorded += 1
+
+    def _count_step(self, worker: int, busy_s: float, wait_s: float, examples: int) -> None:
+        self.examples += examples
+        self.busy_s[worker] += busy_s
+        self.wait_s[worker] += wait_s
 
     def add(self, worker: int, pushes: Sequence[cpb.PushRecord], steps: Sequence[cpb.StepTiming]) -> None:
         """Record one report from a worker."""
@@ -78,11 +111,7 @@ class Recorder:
                 self._pushes.write(row)
                 if row.accepted:
                     self._applied.append(row)
-                self.staleness[p.staleness] += 1
-                self.recent_staleness.append(p.staleness)
-                if drop is not None:
-                    self.dropped_reasons[drop.value] += 1
-                self.last_loss = p.loss
+                self._count_push(p.staleness, kind, p.loss)
             accepted: collections.defaultdict[int, list[bool]] = collections.defaultdict(list)
             for p in pushes:  # a step's push records come in the same report as its timing
                 accepted[p.step].append(p.accepted)
@@ -90,10 +119,10 @@ class Recorder:
                 self.examples_by_outcome[_outcome(accepted.get(s.step, []))] += s.examples
                 self._steps.write(StepRow(worker, s.step, s.start, s.pull_s, s.compute_s, s.push_s, s.wait_s,
                                           s.examples))
-                self.examples += s.examples
-                self.busy_s[worker] += s.pull_s + s.compute_s + s.push_s
-                self.wait_s[worker] += s.wait_s
-            self.pushes_recorded += len(pushes)
+                self._count_step(worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
+            # readers (asyncps report on a running or crashed run) see every report
+            self._pushes.flush()
+            self._steps.flush()
 
     def example_outcomes(self) -> dict[str, int]:
         """Examples whose gradients were applied, dropped, partially applied (summary.json's data)."""
@@ -104,6 +133,11 @@ class Recorder:
         """(staleness histogram, recent staleness values, examples seen, last worker loss)."""
         with self._lock:
             return dict(self.staleness), list(self.recent_staleness), self.examples, self.last_loss
+
+    def dropped(self) -> dict[str, int]:
+        """Pushes the workers reported dropped so far, by reason."""
+        with self._lock:
+            return dict(self.dropped_reasons)
 
     def idle_fractions(self) -> dict[int, float]:
         """Per worker: the share of its step time spent held back by the consistency model."""
@@ -128,13 +162,15 @@ class Recorder:
 class EvalLog:
     """Appends every evaluation to eval.csv and to the TensorBoard event files (run_dir/tb)."""
 
-    def __init__(self, run_dir: Path, recorder: Recorder, append: bool = False) -> None:
+    def __init__(self, run_dir: Path, recorder: Recorder, append: bool = False, run: RunConfig | None = None) -> None:
         import tensorflow as tf
 
         self._recorder = recorder
         self._writer = tf.summary.create_file_writer(str(run_dir / "tb"))
         self._file = RowWriter(run_dir / EVAL_CSV, EvalRow, append=append)
         self.history: list[tuple[float, int, float, float]] = []
+        if run is not None:
+            write_hparams(self._writer, run)
 
     def add(self, elapsed: float, updates: int, versions: Sequence[int], loss: float, accuracy: float,
             updates_per_s: float) -> None:
@@ -144,11 +180,21 @@ class EvalLog:
         self.history.append((elapsed, updates, loss, accuracy))
         import tensorflow as tf
 
-        _, recent, _, _ = self._recorder.snapshot()
+        _, recent, _, worker_loss = self._recorder.snapshot()
+        dropped = self._recorder.dropped()
+        idle = self._recorder.idle_fractions()
         with self._writer.as_default(step=updates):
             tf.summary.scalar("eval/loss", loss)
             tf.summary.scalar("eval/accuracy", accuracy)
             tf.summary.scalar("train/updates_per_s", updates_per_s)
+            tf.summary.scalar("train/worker_loss", worker_loss)
+            tf.summary.scalar("train/dropped_pushes", sum(dropped.values()))
+            for reason, count in sorted(dropped.items()):
+                tf.summary.scalar(f"dropped/{reason}", count)
+            if idle:
+                tf.summary.scalar("train/idle_fraction", sum(idle.values()) / len(idle))
+                for worker, fraction in idle.items():
+                    tf.summary.scalar(f"idle_fraction/worker_{worker}", fraction)
             if recent:
                 tf.summary.histogram("train/staleness", recent)
                 tf.summary.scalar("train/mean_staleness", sum(recent) / len(recent))
@@ -158,6 +204,27 @@ class EvalLog:
         """Close eval.csv and the TensorBoard writer."""
         self._file.close()
         self._writer.close()
+
+
+def hparams_of(run: RunConfig) -> dict[str, bool | int | float | str]:
+    """The run's settings as TensorBoard hyperparameters (scalars as they are, the rest as JSON text)."""
+    values: dict[str, bool | int | float | str] = {}
+    for name, value in json.loads(run.to_json()).items():
+        values[name] = value if isinstance(value, (bool, int, float, str)) else json.dumps(value, sort_keys=True)
+    return values
+
+
+def write_hparams(writer: Any, run: RunConfig) -> None:
+    """The run's hyperparameters for TensorBoard's HParams dashboard, and as a text table (TEXT tab)."""
+    import tensorflow as tf
+    from tensorboard.plugins.hparams import api as hp
+
+    values = hparams_of(run)
+    table = "| setting | value |\n|---|---|\n" + "".join(f"| {k} | `{v}` |\n" for k, v in sorted(values.items()))
+    with writer.as_default(step=0):
+        hp.hparams(values)
+        tf.summary.text("run/config", table)
+    writer.flush()
 
 
 def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: Progress, recorder: Recorder,

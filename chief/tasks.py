@@ -6,6 +6,10 @@ back to pending when it dies, so no range is lost; a completion of a task alread
 as a duplicate (only tasks that were in flight when a worker died can be processed twice).
 A re-queued task completed by another worker is counted as re-run (its examples were trained on
 twice where the dead worker had pushed some of its batches before it died).
+
+Every change can be handed to a journal (`journal`, called under the lock, in order): the chief
+appends them to a file so that a restarted chief continues the accounting where the dead one was,
+with the tasks workers still hold in flight for them (chief/ledgerlog.py).
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+Journal = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class TaskLedger:
         self.duplicates = 0
         self.requeued = 0
         self.examples_done = 0
+        self.journal: Journal | None = None  # told every change, under the lock
         self._lost_by: dict[int, str] = {}  # re-queued task -> the worker that died holding it
         self.tasks_rerun = 0
         self.examples_rerun = 0
@@ -67,6 +75,7 @@ class TaskLedger:
             else:
                 return None
             self._in_flight[task_id] = worker
+            self._record({"issue": task_id, "to": worker})
             return self.task(task_id)
 
     def complete(self, worker: str, task_id: int) -> bool:
@@ -74,6 +83,7 @@ class TaskLedger:
         with self._lock:
             if task_id in self._done:
                 self.duplicates += 1
+                self._record({"duplicate": task_id})
                 return False
             if task_id >= self._next:
                 raise ValueError(f"task {task_id} was never issued")
@@ -86,6 +96,7 @@ class TaskLedger:
             if task_id in self._lost_by and self._lost_by.pop(task_id) != worker:
                 self.tasks_rerun += 1
                 self.examples_rerun += t.stop - t.start
+            self._record({"done": task_id, "by": worker})
             return True
 
     def requeue(self, worker: str) -> int:
@@ -97,12 +108,28 @@ class TaskLedger:
                 self._pending.append(task_id)
                 self._lost_by[task_id] = worker
             self.requeued += len(lost)
+            if lost:
+                self._record({"requeue": worker})
             return len(lost)
+
+    def holders(self) -> set[str]:
+        """The workers holding tasks in flight."""
+        with self._lock:
+            return set(self._in_flight.values())
+
+    def _record(self, event: dict[str, Any]) -> None:
+        if self.journal is not None:
+            self.journal(event)
 
     def finished(self) -> bool:
         """Every task of the planned epochs is done."""
         with self._lock:
             return self.total_tasks is not None and len(self._done) >= self.total_tasks
+
+    def fraction_done(self) -> float:
+        """Share of the planned tasks done (0 when no epochs are planned)."""
+        with self._lock:
+            return len(self._done) / self.total_tasks if self.total_tasks else 0.0
 
     def epochs_done(self) -> float:
         """Completed examples in units of epochs."""
@@ -137,13 +164,45 @@ class TaskLedger:
                     "examples_rerun": self.examples_rerun}
 
     def load(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint's state."""
+        """Continue from a checkpoint's state (or a journal's, with its in-flight tasks and counts)."""
         with self._lock:
             self._next = int(state["next"])
             self._done = {int(t) for t in state["done"]}
             self._pending = deque(int(t) for t in state["pending"])
-            self._in_flight = {}
+            self._in_flight = {int(t): str(w) for t, w in state.get("in_flight", {}).items()}
             self.examples_done = int(state["examples_done"])
+            self.duplicates = int(state.get("duplicates", 0))
+            self.requeued = int(state.get("requeued", 0))
             self.tasks_rerun = int(state.get("tasks_rerun", 0))  # absent in older checkpoints
             self.examples_rerun = int(state.get("examples_rerun", 0))
+            self._lost_by = {int(t): str(w) for t, w in state.get("lost_by", {}).items()}
 
+    def full_state(self) -> dict[str, Any]:
+        """Everything, in-flight tasks with their holders and the counts included (a journal's start)."""
+        with self._lock:
+            return {"next": self._next, "done": sorted(self._done), "examples_done": self.examples_done,
+                    "pending": list(self._pending), "in_flight": {str(t): w for t, w in self._in_flight.items()},
+                    "duplicates": self.duplicates, "requeued": self.requeued, "tasks_rerun": self.tasks_rerun,
+                    "examples_rerun": self.examples_rerun, "lost_by": {str(t): w for t, w in self._lost_by.items()}}
+
+    def replay(self, event: dict[str, Any]) -> None:
+        """Apply one journaled change (the same change the call that journaled it made)."""
+        if "issue" in event:
+            task_id, worker = int(event["issue"]), str(event["to"])
+            with self._lock:
+                if self._pending and self._pending[0] == task_id:
+                    self._pending.popleft()
+                elif task_id in self._pending:
+                    self._pending.remove(task_id)
+                else:
+                    self._next = max(self._next, task_id + 1)
+                self._in_flight[task_id] = worker
+        elif "done" in event:
+            self.complete(str(event.get("by", "")), int(event["done"]))
+        elif "duplicate" in event:
+            with self._lock:
+                self.duplicates += 1
+        elif "requeue" in event:
+            self.requeue(str(event["requeue"]))
+        else:
+            raise ValueError(f"unknown ledger event {event}")

@@ -16,7 +16,8 @@ from asyncps.ps.servicer import (
     add_to_server,
 )
 from asyncps.ps.store import ShardStore
-from asyncps.rpc import create_server
+from asyncps.ps.watchdog import ChiefWatch
+from asyncps.rpc import create_server, serve_health
 from asyncps.rundir import write_port_file
 from asyncps.security import SecurityConfig
 from asyncps.streamguard import DEFAULT_IDLE_TIMEOUT_S, StreamLimits
@@ -34,9 +35,11 @@ class PsConfig:
     port: int = 8470
     index: int = 0
     port_file: str = ""
+    health_port: int | None = None  # also serve the health service in plaintext here (kubelet probes)
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    chief_timeout_s: float = 120.0  # exit (non-zero) after this long without a call from the chief; 0: never
     handler_threads: int = SHARD_HANDLER_THREADS
     stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_streams_per_peer: int = 0  # 0: asyncps.streamguard's default for the thread count
@@ -52,11 +55,14 @@ class PsConfig:
             raise ValueError(f"port {self.port} out of range")
         if self.index < 0:
             raise ValueError("index must be >= 0")
+        if self.chief_timeout_s < 0:
+            raise ValueError("chief_timeout_s must be >= 0 (0: never give up on the chief)")
 
 
 def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
-    """Serve until Shutdown or interrupt; return the exit code."""
+    """Serve until Shutdown or interrupt (0), or until the chief is silent for too long (3)."""
     stop = interrupt or threading.Event()
+    watch = ChiefWatch(config.chief_timeout_s)
     # test only: lets SSP workers read beyond the bound, to show the chief's measurement catches it
     unbounded = os.environ.get(NO_SSP_BOUND_ENV) == "1"
     if unbounded:
@@ -71,12 +77,25 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
         f"{config.host}:{config.port}",
         [lambda s: add_to_server(servicer, s)],
         max_workers=config.handler_threads, stream_limits=limits,
-        interceptors=config.security.server_interceptors(), credentials=config.security.server_credentials())
+        interceptors=[*config.security.server_interceptors(), watch.interceptor()],
+        credentials=config.security.server_credentials())
+    probe = None
+    if config.health_port is not None:
+        probe, probe_port = serve_health(f"{config.host}:{config.health_port}", health)
+        log.info("shard %d: health service in plaintext on port %d", config.index, probe_port)
     write_port_file(config.port_file, port)
     log.info("shard %d serving on port %d (%s)", config.index, port, config.security.describe())
-    stop.wait()
+    code = 0
+    while not stop.wait(min(1.0, config.chief_timeout_s / 4) if config.chief_timeout_s else None):
+        if watch.expired():
+            log.error("shard %d: no call from the chief for %.0fs (--chief-timeout %g): exiting", config.index,
+                      watch.silent_s(), config.chief_timeout_s)
+            code = 3
+            break
     log.info("shard %d stopping at version %d", config.index, store.version)
     health.enter_graceful_shutdown()
-    server.stop(grace=2.0).wait()
+    server.stop(grace=2.0 if code == 0 else 0.5).wait()  # no chief: nobody waits for answers worth a grace
+    if probe is not None:
+        probe.stop(grace=None)
     servicer.close()
-    return 0
+    return code

@@ -49,9 +49,9 @@ class ShardService:
             self._bytes_pulled += pulled
             self._bytes_pushed += pushed
 
-    def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array]) -> tuple[bool, int]:
-        """Create the variables (idempotent); (created, version)."""
-        created = self.store.initialize(rule, values)
+    def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array], run_id: str = "") -> tuple[bool, int]:
+        """Create the variables (idempotent for the same run); (created, version)."""
+        created = self.store.initialize(rule, values, run_id)
         return created, self.store.version
 
     def pull(self, worker_id: str, if_newer_than: int, wait_s: float = 0.0) -> ShardValues:

@@ -98,7 +98,7 @@ class ParameterServerServicer:
             if isinstance(value, SparseRows):
                 raise InvalidArgumentError(f"{name}: initial values must be dense")
             values[name] = value
-        created, version = self._service.initialize(rule, values)
+        created, version = self._service.initialize(rule, values, header.run_id)
         log.info("Initialize from %s: %s (%d variables)", header.worker_id,
                  "created" if created else "identical, accepted", len(values))
         return ps_pb2.InitializeResponse(created=created, version=version)

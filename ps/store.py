@@ -96,14 +96,15 @@ class ShardStore:
         self._dropped = 0
         self._dropped_by_reason: dict[str, int] = {}
         self._incarnation = 0
+        self._run_id = ""  # the run this state belongs to (set by initialize and restore)
         self._paused_until = 0.0  # pushes wait while clock() < this (a checkpoint cut)
 
     # -- initialization -------------------------------------------------------------------
-    def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array]) -> bool:
+    def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array], run_id: str = "") -> bool:
         """Create the variables; True if created, False if an identical init already happened.
 
-        A conflicting re-initialization (other rule, names, shapes, dtypes or values) raises
-        AlreadyExistsError and changes nothing.
+        A conflicting re-initialization (other rule, names, shapes, dtypes or values, or another
+        run's id) raises AlreadyExistsError and changes nothing.
         """
         # A shard may hold no variables: placement can leave one empty (fewer variables than shards).
         for name, value in values.items():
@@ -113,6 +114,9 @@ class ShardStore:
                 raise InvalidArgumentError(f"{name}: initial value contains NaN or Inf")
         with self._init_lock:
             if self._rule is not None:
+                if run_id and self._run_id and run_id != self._run_id:
+                    raise AlreadyExistsError(f"shard already holds the state of run {self._run_id!r}, "
+                                             f"not {run_id!r}")
                 self._check_same_init(rule, values)
                 return False
             optimizer = make_optimizer(rule.optimizer)
@@ -124,6 +128,7 @@ class ShardStore:
             self._policy = rule.policy()
             self._mode = self._start_mode(rule)
             self._incarnation = secrets.randbits(62) + 1
+            self._run_id = run_id
             self._rule = rule
             return True
 
@@ -454,7 +459,7 @@ class ShardStore:
                 rule=self._rule, version=self._version, accepted=self._accepted, dropped=self._dropped,
                 values={n: v.value.copy() for n, v in self._vars.items()},
                 slots={n: {k: a.copy() for k, a in v.slots.items()} for n, v in self._vars.items()},
-                updates={n: v.updates for n, v in self._vars.items()},
+                updates={n: v.updates for n, v in self._vars.items()}, run_id=self._run_id,
                 policy_state={n: state for n, v in self._vars.items() if (state := v.policy_state.export())},
             )
 
@@ -496,6 +501,7 @@ class ShardStore:
             self._read = {}
             self._last_push = {}
             self._incarnation = secrets.randbits(62) + 1
+            self._run_id = snap.run_id
             self._version_cond.notify_all()
 
     @property
@@ -523,6 +529,7 @@ class ShardStore:
             by_reason = dict(self._dropped_by_reason)
             mode_stats = self._mode.stats() if self._mode else {}
             mode_stats.update({f"refused_{why}": float(n) for why, n in self._refused.items()})
+            run_id = self._run_id
         return StoreStats(
             initialized=self._rule is not None,
             version=version,
@@ -532,6 +539,7 @@ class ShardStore:
             rule=self._rule,
             dropped_by_reason=by_reason,
             mode_stats=mode_stats,
+            run_id=run_id,
         )
 
     def _require_initialized(self) -> None:

@@ -82,7 +82,8 @@ class ShardLauncher:
             with open(log_path, "wb") as log:
                 process = subprocess.Popen(
                     [sys.executable, *python_flags, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1",
-                     "--port", "0", "--port-file", str(port_file), "--index", str(index), *args],
+                     "--port", "0", "--port-file", str(port_file), "--index", str(index),
+                     "--chief-timeout", "0", *args],  # the test is the chief: no watchdog
                     stdout=log, stderr=subprocess.STDOUT, env={**child_env(), **(extra_env or {})}, cwd=REPO_ROOT,
                 )
             pending.append((index, process, port_file, log_path))
@@ -172,3 +173,12 @@ def kill_worker_mid_run(cluster: LocalCluster, ready: Callable[[ClusterStatus], 
         return coord.status()
     finally:
         coord.close()
+
+
+@pytest.fixture(scope="session")
+def docker_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The asyncps image of this checkout, built once per session (skips without a Docker engine)."""
+    from tests.dockerutil import build_image, require_engine
+
+    require_engine()
+    return build_image(tmp_path_factory.mktemp("docker-build"))

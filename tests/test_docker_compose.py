@@ -3,10 +3,8 @@
 Needs a Docker engine and docker-compose (v1, or the `docker compose` v2 plugin); skipped when
 either is missing unless ASYNCPS_REQUIRE_DOCKER=1, which turns the skip into a failure (CI).
 
-The image is built once per session from the repository (scripts/docker-base.sh and
-scripts/wheelhouse.sh first: there is no registry on the project's machines, and containers
-install wheels from .wheelhouse/). ASYNCPS_TEST_IMAGE=TAG uses an image built elsewhere instead;
-ASYNCPS_BASE_IMAGE=IMAGE builds on that base instead of the local asyncps-base:bookworm.
+The image is built once per session (tests/dockerutil.py, the `docker_image` fixture of
+tests/conftest.py); ASYNCPS_TEST_IMAGE=TAG uses an image built elsewhere instead.
 
 Every test runs its own compose project (`-p asyncps-test-<random>`) and tears it down with
 `down -v --remove-orphans`, then checks that no container, volume or network of it is left.
@@ -45,14 +43,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.dockerutil import BUILD_TIMEOUT_S, ROOT, TEST_IMAGE, TEST_SHARD_IMAGE, probe, require_engine, unavailable
+
 COMPOSE_FILE = ROOT / "docker-compose.yml"
-LOCAL_BASE = "asyncps-base:bookworm"
-TEST_IMAGE = "asyncps:test"
-BUILD_TIMEOUT_S = 1200  # a cold build (base image, deps layer) takes ~5 min on 2 cores
 SCENARIO_TIMEOUT_S = 300
 # True once a restarted chief resumes its run (issue 12 item 1): enables scenario D's chief kill.
-CHIEF_RESTART_RESUMES = False
+CHIEF_RESTART_RESUMES = True
 SETUP_TIMEOUT_S = 360
 
 pytestmark = [
@@ -64,34 +60,16 @@ pytestmark = [
 
 
 # -- is there a Docker engine with compose? ------------------------------------------------------
-def _unavailable(reason: str) -> None:
-    if os.environ.get("ASYNCPS_REQUIRE_DOCKER") == "1":
-        pytest.fail(f"ASYNCPS_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
-    pytest.skip(f"docker tests skipped: {reason} (set ASYNCPS_REQUIRE_DOCKER=1 to fail instead)")
-
-
-def _probe(cmd: list[str]) -> subprocess.CompletedProcess[str] | None:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
 def _compose_command() -> list[str]:
     """docker-compose v1, else the `docker compose` v2 plugin; skip (or fail) without either."""
-    if shutil.which("docker") is None:
-        _unavailable("no `docker` command on PATH")
-    info = _probe(["docker", "info", "--format", "{{.ServerVersion}}"])
-    if info is None or info.returncode != 0:
-        detail = "timed out" if info is None else (info.stderr.strip() or info.stdout.strip())
-        _unavailable(f"no Docker engine is reachable (`docker info`: {detail})")
+    require_engine()
     candidates = [["docker-compose"]] if shutil.which("docker-compose") else []
     candidates.append(["docker", "compose"])
     for cmd in candidates:
-        probe = _probe([*cmd, "version"])
-        if probe is not None and probe.returncode == 0:
+        found = probe([*cmd, "version"])
+        if found is not None and found.returncode == 0:
             return cmd
-    _unavailable("neither `docker-compose` nor the `docker compose` plugin works")
+    unavailable("neither `docker-compose` nor the `docker compose` plugin works")
     raise AssertionError("unreachable")
 
 
@@ -101,50 +79,10 @@ def compose_cmd() -> list[str]:
 
 
 # -- the image ----------------------------------------------------------------------------------
-def _run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> None:
-    start = time.monotonic()
-    with log.open("w") as out:
-        try:
-            result = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
-                                    env=env)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{' '.join(cmd)} took over {timeout:.0f}s; log: {log}\n{_tail(log)}", pytrace=False)
-    print(f"{' '.join(cmd)}: {time.monotonic() - start:.1f}s")
-    if result.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} failed ({result.returncode}); log: {log}\n{_tail(log)}", pytrace=False)
-
-
-def _tail(path: Path, chars: int = 6000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return "(no log)"
-
-
 @pytest.fixture(scope="session")
-def image(compose_cmd: list[str], tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The asyncps image the compose file runs, built once per session."""
-    given = os.environ.get("ASYNCPS_TEST_IMAGE")
-    if given:
-        if subprocess.run(["docker", "image", "inspect", given], capture_output=True).returncode != 0:
-            pytest.fail(f"ASYNCPS_TEST_IMAGE={given} does not exist", pytrace=False)
-        return given
-    logs = tmp_path_factory.mktemp("docker-build")
-    base = os.environ.get("ASYNCPS_BASE_IMAGE", LOCAL_BASE)
-    if base == LOCAL_BASE:  # idempotent: seconds when the image exists
-        _run_logged([str(ROOT / "scripts" / "docker-base.sh"), "--tag", LOCAL_BASE], logs / "base.log", 900)
-    _run_logged([str(ROOT / "scripts" / "wheelhouse.sh")], logs / "wheelhouse.log", 900)  # idempotent
-    before = _image_id(TEST_IMAGE)
-    _run_logged(["docker", "build", "--build-arg", f"BASE_IMAGE={base}", "-t", TEST_IMAGE, str(ROOT)],
-                logs / "build.log", BUILD_TIMEOUT_S)
-    if before and before != _image_id(TEST_IMAGE):  # the previous session's image, now untagged
-        subprocess.run(["docker", "image", "rm", before], capture_output=True)  # fails harmlessly if in use
-    return TEST_IMAGE
-
-
-def _image_id(tag: str) -> str:
-    found = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", tag], capture_output=True, text=True)
-    return found.stdout.strip() if found.returncode == 0 else ""
+def image(compose_cmd: list[str], docker_image: str) -> str:
+    """The asyncps image the compose file runs (tests/conftest.py: built once per session)."""
+    return docker_image
 
 
 # -- one compose project ------------------------------------------------------------------------
@@ -159,7 +97,10 @@ class Compose:
         # Only what the test sets reaches the file's ${...}: no ASYNCPS_*/COMPOSE_* from outside.
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("ASYNCPS_", "COMPOSE_")) and k != "TF_CONFIG"}
-        self.env.update(ASYNCPS_IMAGE=image, ASYNCPS_RUN_NAME=self.run_name, ASYNCPS_LOG_LEVEL="INFO")
+        # shards: the slim image built beside `image`, or `image` itself when one was given (it runs shards too)
+        shard_image = TEST_SHARD_IMAGE if image == TEST_IMAGE else os.environ.get("ASYNCPS_TEST_SHARD_IMAGE", image)
+        self.env.update(ASYNCPS_IMAGE=image, ASYNCPS_SHARD_IMAGE=shard_image, ASYNCPS_RUN_NAME=self.run_name,
+                        ASYNCPS_LOG_LEVEL="INFO")
         self.label = f"label=com.docker.compose.project={self.project}"
         self.log_path: Path | None = None  # where down() saves the services' logs
 

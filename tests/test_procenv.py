@@ -94,13 +94,16 @@ def test_compose_services_follow_procenv() -> None:
 
 
 def test_deploy_manifests_follow_procenv() -> None:
-    manifests = sorted((ROOT / "deploy").glob("*.y*ml"))
+    manifests = sorted((ROOT / "deploy").rglob("*.y*ml"))
     assert manifests, "no manifests under deploy/"
     problems = []
     for manifest in manifests:
         for doc in yaml.safe_load_all(manifest.read_text()):
             for where, env in _container_envs(doc, manifest.name):
                 problems += check_env(where, env)
+            for name, service in ((doc or {}).get("services") or {}).items():  # a swarm stack file
+                env = {k: _resolved(v) for k, v in (service.get("environment") or {}).items()}
+                problems += check_env(f"{manifest.name} service {name}", env)
     assert problems == []
 
 

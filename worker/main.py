@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import grpc
+
 from asyncps.config import RunConfig
 from asyncps.coordclient import CoordinatorClient
 from asyncps.members import new_member_id
@@ -14,6 +16,7 @@ from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
 from asyncps.security import SecurityConfig
 from asyncps.tfutil import limit_threads, quiet_tensorflow
+from asyncps.worker.chieflink import ChiefLink, ChiefLost
 from asyncps.worker.trainer import Telemetry
 
 log = logging.getLogger("asyncps.worker")
@@ -25,7 +28,7 @@ class WorkerConfig:
 
     chief: str
     index: int = -1  # -1: the chief assigns one
-    deadline_s: float = 60.0  # how long to keep trying an unreachable chief or shard
+    deadline_s: float = 60.0  # how long to keep trying an unreachable chief (the chief timeout)
     max_steps: int = 0  # stop on its own after this many steps (0: only when the chief says)
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
@@ -39,11 +42,10 @@ class WorkerConfig:
 class HeartbeatLoop(threading.Thread):
     """Sends heartbeats and telemetry to the chief; sets `stop` when the chief says so."""
 
-    def __init__(self, coord: CoordinatorClient, member_id: str, index: int, interval_s: float,
-                 deadline_s: float, telemetry: Telemetry, stop: threading.Event,
-                 step_of: Callable[[], int]) -> None:
+    def __init__(self, link: ChiefLink, interval_s: float, deadline_s: float, telemetry: Telemetry,
+                 stop: threading.Event, step_of: Callable[[], int]) -> None:
         super().__init__(name="heartbeat", daemon=True)
-        self._coord, self._member_id, self._index = coord, member_id, index
+        self._link = link
         self._interval_s, self._deadline_s = interval_s, deadline_s
         self._telemetry = telemetry
         self._stop_event = stop
@@ -55,19 +57,30 @@ class HeartbeatLoop(threading.Thread):
         """Beat until stopped; losing the chief for deadline_s stops the worker with a reason."""
         while not self.finished.wait(self._interval_s):
             try:
-                reply = self._coord.heartbeat(self._member_id, "worker", self._step_of(), self._deadline_s)
-                pushes, steps = self._telemetry.drain()
-                tasks = self._telemetry.drain_tasks()
-                if pushes or steps or tasks:
-                    self._coord.report(self._member_id, self._index, pushes, steps, False, self._deadline_s,
-                                       tasks)
+                reply = self._link.heartbeat(self._step_of(), self._deadline_s)
+                self._report()
             except Unreachable as exc:
                 self.lost_chief = str(exc)
                 self._stop_event.set()
                 return
+            except grpc.RpcError as exc:  # e.g. a chief shutting down: the next beat tells
+                log.warning("heartbeat failed: %s", exc.details() if isinstance(exc, grpc.Call) else exc)
+                continue
             if reply.command == cpb.STOP:
                 log.info("chief says stop: %s", reply.reason)
                 self._stop_event.set()
+
+    def _report(self) -> None:
+        """Send the telemetry queued so far; what was not delivered goes back into the queue."""
+        pushes, steps = self._telemetry.drain()
+        tasks = self._telemetry.drain_tasks()
+        if not (pushes or steps or tasks):
+            return
+        try:
+            self._link.report(pushes, steps, False, self._deadline_s, tasks)
+        except BaseException:
+            self._telemetry.put_back(pushes, steps, tasks)
+            raise
 
 
 def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -> int:
@@ -75,8 +88,9 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
     quiet_tensorflow()
     member_id = new_member_id("worker", config.index)
     coord = CoordinatorClient(config.chief, config.deadline_s, config.security)
+    link = ChiefLink(coord, member_id, config.index)
     try:
-        reg = coord.register(member_id, "worker", config.index)
+        reg = link.register()
     except Unreachable as exc:
         log.error("%s", exc)
         return 2
@@ -88,20 +102,18 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
     telemetry = Telemetry()
     stop = interrupt or threading.Event()
     steps_done = [0]
-    beats = HeartbeatLoop(coord, member_id, reg.index, run.heartbeat_interval_s, config.deadline_s,
-                          telemetry, stop, lambda: steps_done[0])
+    beats = HeartbeatLoop(link, run.heartbeat_interval_s, config.deadline_s, telemetry, stop, lambda: steps_done[0])
     beats.start()
     try:
-        return _train(config, coord, member_id, reg, run, telemetry, stop, beats, steps_done)
+        return _train(config, link, reg, run, telemetry, stop, beats, steps_done)
     finally:
         beats.finished.set()
         beats.join(timeout=5)
         coord.close()
 
 
-def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: cpb.RegisterResponse,
-           run: RunConfig, telemetry: Telemetry, stop: threading.Event, beats: HeartbeatLoop,
-           steps_done: list[int]) -> int:
+def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run: RunConfig,
+           telemetry: Telemetry, stop: threading.Event, beats: HeartbeatLoop, steps_done: list[int]) -> int:
     """Build the model and data, train until stopped, send the final report; return the exit code."""
     limit_threads(run.tf_threads)
 
@@ -116,9 +128,8 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
     names = [v.path for v in model.trainable_variables]
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
-    batches = TaskBatches(lambda: coord.get_task(member_id), data.x_train, data.y_train, run.batch_size,
-                          run.seed)
-    client = connect_model(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
+    batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
+    client = connect_model(link.member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
                            config.security, transport=run.transport)
     client.coordinated = run.update_rule().consistency().coordinated  # sync: shard 0 decides each step
     delay = run.step_delay(reg.index)
@@ -127,22 +138,25 @@ def _train(config: WorkerConfig, coord: CoordinatorClient, member_id: str, reg: 
                       read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
                       pipeline=run.pipeline)
     code = 0
+    lost: str | None = None
     try:
         trainer.run(stop, config.max_steps)
+    except ChiefLost as exc:  # a task request gave up on the chief (said once, below)
+        lost = str(exc)
     except Unreachable as exc:
         log.error("%s", exc)
         code = 3
     finally:
         beats.finished.set()
-        beats.join(timeout=5)
+        beats.join(timeout=1 if lost else 5)  # a beat still retrying a lost chief need not be awaited
         client.close()
-    if beats.lost_chief:
-        log.error("%s", beats.lost_chief)
+    lost = beats.lost_chief or lost
+    if lost:
+        log.error("the chief is gone: %s; exiting", lost)
         return 3
     pushes, steps = telemetry.drain()
     try:
-        coord.report(member_id, reg.index, pushes, steps, final=True, deadline_s=10.0,
-                     completed_tasks=telemetry.drain_tasks())
+        link.report(pushes, steps, final=True, deadline_s=config.deadline_s, completed_tasks=telemetry.drain_tasks())
     except Unreachable as exc:
         log.warning("final report not delivered: %s", exc)
     log.info("worker %d done after %d steps", reg.index, trainer.step)

@@ -379,6 +379,9 @@ class ClusterStatus(_message.Message):
     DONE_FIELD_NUMBER: _builtins.int
     ELAPSED_S_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
+    FRACTION_DONE_FIELD_NUMBER: _builtins.int
+    WORKERS_PLANNED_FIELD_NUMBER: _builtins.int
+    STOP_REASON_FIELD_NUMBER: _builtins.int
     updates: _builtins.int
     updates_per_s: _builtins.float
     mean_staleness: _builtins.float
@@ -390,6 +393,13 @@ class ClusterStatus(_message.Message):
     done: _builtins.bool
     elapsed_s: _builtins.float
     epochs: _builtins.float
+    fraction_done: _builtins.float
+    """Share of the run done, 0..1: the stop condition nearest to being met (updates, epochs or
+    seconds); -1 when the run has none (it stops only when interrupted).
+    """
+    workers_planned: _builtins.int
+    stop_reason: _builtins.str
+    """empty while the run goes on"""
     def __init__(
         self,
         *,
@@ -404,10 +414,13 @@ class ClusterStatus(_message.Message):
         done: _builtins.bool = ...,
         elapsed_s: _builtins.float = ...,
         epochs: _builtins.float = ...,
+        fraction_done: _builtins.float = ...,
+        workers_planned: _builtins.int = ...,
+        stop_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "elapsed_s", b"elapsed_s", "epochs", b"epochs", "eval_accuracy", b"eval_accuracy", "eval_loss", b"eval_loss", "eval_version", b"eval_version", "mean_staleness", b"mean_staleness", "updates", b"updates", "updates_per_s", b"updates_per_s", "worker_loss", b"worker_loss", "workers_alive", b"workers_alive"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "elapsed_s", b"elapsed_s", "epochs", b"epochs", "eval_accuracy", b"eval_accuracy", "eval_loss", b"eval_loss", "eval_version", b"eval_version", "fraction_done", b"fraction_done", "mean_staleness", b"mean_staleness", "stop_reason", b"stop_reason", "updates", b"updates", "updates_per_s", b"updates_per_s", "worker_loss", b"worker_loss", "workers_alive", b"workers_alive", "workers_planned", b"workers_planned"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

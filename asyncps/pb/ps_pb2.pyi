@@ -97,9 +97,14 @@ class InitializeHeader(_message.Message):
     SHARD_INDEX_FIELD_NUMBER: _builtins.int
     NUM_SHARDS_FIELD_NUMBER: _builtins.int
     RULE_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     shard_index: _builtins.int
     num_shards: _builtins.int
+    run_id: _builtins.str
+    """The run this state belongs to (set by its chief): a chief of another run is refused
+    (ALREADY_EXISTS) instead of training on this state. Empty: not checked.
+    """
     @_builtins.property
     def rule(self) -> Global___UpdateRule: ...
     def __init__(
@@ -109,10 +114,11 @@ class InitializeHeader(_message.Message):
         shard_index: _builtins.int = ...,
         num_shards: _builtins.int = ...,
         rule: Global___UpdateRule | None = ...,
+        run_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_shards", b"num_shards", "rule", b"rule", "shard_index", b"shard_index", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_shards", b"num_shards", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -541,6 +547,7 @@ class ShardStats(_message.Message):
     BYTES_PUSHED_FIELD_NUMBER: _builtins.int
     DROPPED_BY_REASON_FIELD_NUMBER: _builtins.int
     MODE_STATS_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
     shard_index: _builtins.int
     initialized: _builtins.bool
     version: _builtins.int
@@ -548,6 +555,8 @@ class ShardStats(_message.Message):
     pushes_dropped: _builtins.int
     bytes_pulled: _builtins.int
     bytes_pushed: _builtins.int
+    run_id: _builtins.str
+    """the run that initialized or restored this state (empty: none said)"""
     @_builtins.property
     def variables(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariableInfo]: ...
     @_builtins.property
@@ -572,10 +581,11 @@ class ShardStats(_message.Message):
         bytes_pushed: _builtins.int = ...,
         dropped_by_reason: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         mode_stats: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        run_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pulled", b"bytes_pulled", "bytes_pushed", b"bytes_pushed", "dropped_by_reason", b"dropped_by_reason", "initialized", b"initialized", "mode_stats", b"mode_stats", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "shard_index", b"shard_index", "variables", b"variables", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pulled", b"bytes_pulled", "bytes_pushed", b"bytes_pushed", "dropped_by_reason", b"dropped_by_reason", "initialized", b"initialized", "mode_stats", b"mode_stats", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "variables", b"variables", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -742,10 +752,13 @@ class SnapshotHeader(_message.Message):
     PUSHES_DROPPED_FIELD_NUMBER: _builtins.int
     UPDATES_FIELD_NUMBER: _builtins.int
     SHARD_INDEX_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     pushes_accepted: _builtins.int
     pushes_dropped: _builtins.int
     shard_index: _builtins.int
+    run_id: _builtins.str
+    """the run the state belongs to (Restore: it becomes the shard's run)"""
     @_builtins.property
     def rule(self) -> Global___UpdateRule: ...
     @_builtins.property
@@ -761,10 +774,11 @@ class SnapshotHeader(_message.Message):
         pushes_dropped: _builtins.int = ...,
         updates: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         shard_index: _builtins.int = ...,
+        run_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "shard_index", b"shard_index", "updates", b"updates", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "updates", b"updates", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

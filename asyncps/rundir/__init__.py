@@ -3,17 +3,28 @@
 | file | type | written by |
 |---|---|---|
 | `config.json` | RunConfigRecord | the chief, at start |
-| `summary.json` | RunSummary | the chief, at the end |
+| `summary.json` | RunSummary | the chief, at the end (`load_summary` rebuilds it from the CSVs without it) |
 | `pushes.csv` | PushRow | the chief's recorder |
 | `timeline.csv` | StepRow | the chief's recorder |
 | `eval.csv` | EvalRow | the chief, every evaluation |
+| `manifest.json` | RunManifest | the chief, at start and while it runs |
 
 Also the atomic writes and port files every role uses. Nothing outside this package reads these
 files by key or column name.
 """
 
 from asyncps.rundir.atomic import atomic_write, wait_port_file, write_json, write_port_file
-from asyncps.rundir.names import CONFIG_JSON, EVAL_CSV, PUSHES_CSV, SUMMARY_JSON, TIMELINE_CSV, RunDirError
+from asyncps.rundir.manifest import RunManifest
+from asyncps.rundir.names import (
+    CONFIG_JSON,
+    EVAL_CSV,
+    MANIFEST_JSON,
+    PUSHES_CSV,
+    SUMMARY_JSON,
+    TIMELINE_CSV,
+    RunDirError,
+)
+from asyncps.rundir.partial import UNFINISHED, is_run_dir, load_summary, summary_from_tables
 from asyncps.rundir.summary import (
     INTERRUPTED,
     FinalEval,
@@ -25,8 +36,34 @@ from asyncps.rundir.summary import (
 from asyncps.rundir.tables import CsvRow, EvalRow, PushRow, RowWriter, StepRow, iter_rows, read_rows, write_rows
 
 __all__ = [
-    "CONFIG_JSON", "EVAL_CSV", "INTERRUPTED", "PUSHES_CSV", "SUMMARY_JSON", "TIMELINE_CSV", "CsvRow", "EvalRow",
-    "FinalEval", "PushRow", "RowWriter", "RunConfigRecord", "RunDirError", "RunSummary", "ShardCounters",
-    "StalenessSummary", "StepRow", "atomic_write", "iter_rows", "read_rows", "wait_port_file", "write_json",
-    "write_port_file", "write_rows",
+    "CONFIG_JSON",
+    "EVAL_CSV",
+    "INTERRUPTED",
+    "MANIFEST_JSON",
+    "PUSHES_CSV",
+    "SUMMARY_JSON",
+    "TIMELINE_CSV",
+    "UNFINISHED",
+    "CsvRow",
+    "EvalRow",
+    "FinalEval",
+    "PushRow",
+    "RowWriter",
+    "RunConfigRecord",
+    "RunDirError",
+    "RunManifest",
+    "RunSummary",
+    "ShardCounters",
+    "StalenessSummary",
+    "StepRow",
+    "atomic_write",
+    "is_run_dir",
+    "iter_rows",
+    "load_summary",
+    "read_rows",
+    "summary_from_tables",
+    "wait_port_file",
+    "write_json",
+    "write_port_file",
+    "write_rows",
 ]

@@ -7,6 +7,7 @@ SUMMARY_JSON = "summary.json"  # the run's outcome, written by the chief when it
 PUSHES_CSV = "pushes.csv"  # one row per push a worker reported
 TIMELINE_CSV = "timeline.csv"  # one row per worker step (pull, compute, push, wait)
 EVAL_CSV = "eval.csv"  # one row per evaluation of the model on the test set
+MANIFEST_JSON = "manifest.json"  # the run's id and training time so far: a restarted chief resumes
 
 
 class RunDirError(ValueError):

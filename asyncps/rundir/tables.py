@@ -163,6 +163,8 @@ class RowWriter(Generic[R]):
                                   f"{list(row_type.columns())} (a run directory of another version)")
         self._file: IO[str] = open(path, "a" if continuing else "w", newline="")  # noqa: SIM115
         self._csv = csv.writer(self._file, lineterminator="\n")
+        if continuing and not _ends_with_newline(path):
+            self._file.write("\n")  # end the line torn by a killed writer: the next row starts clean
         if not continuing:
             self._csv.writerow(row_type.columns())
 
@@ -188,6 +190,12 @@ class RowWriter(Generic[R]):
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"
 
 
 def iter_rows(path: Path, row_type: type[R]) -> Iterator[R]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -159,6 +160,20 @@ def _setup_logging(level: str, role: str) -> None:
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
 
 
+def require_module(module: str, command: str, install: str) -> None:
+    """A clear error, before anything starts, when an optional dependency of `command` is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"{command} needs {module}, which is not installed: {install}")
+
+
+def require_tensorflow(command: str) -> None:
+    """TensorFlow is an extra (the user picks the build): say how to get one."""
+    require_module("tensorflow", command, "pip install 'asyncps[tf]' (or 'asyncps[cpu]' for the CPU-only "
+                   "build), or install the TensorFlow build of your choice")
+
+
 def cmd_ps(args: argparse.Namespace) -> int:
     """asyncps ps."""
     from asyncps.ps.main import PsConfig, run_ps
@@ -167,9 +182,10 @@ def cmd_ps(args: argparse.Namespace) -> int:
     port, index = _port(args, tf, "ps"), int(args.index)
     if tf is not None and tf.task_type == "ps":
         index = tf.task_index
-    chunk_bytes = run_config_from(args).chunk_bytes
+    run = run_config_from(args)
     config = PsConfig(host=args.host, port=port, index=index, port_file=args.port_file,
-                      chunk_bytes=chunk_bytes, security=security_from(args),
+                      health_port=args.health_port, chunk_bytes=run.chunk_bytes, security=security_from(args),
+                      chief_timeout_s=run.chief_timeout_s,
                       handler_threads=int(args.handler_threads),
                       stream_idle_timeout_s=float(args.stream_idle_timeout),
                       max_streams_per_peer=int(args.max_streams_per_peer))
@@ -181,6 +197,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """asyncps worker."""
+    require_tensorflow("asyncps worker")
     from asyncps.worker.main import WorkerConfig, run_worker
 
     chief, index = args.chief, int(args.index)
@@ -189,7 +206,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         chief = chief or tf.chief[0]
         if tf.task_type == "worker" and index < 0:
             index = tf.task_index
-    config = WorkerConfig(chief=chief, index=index, deadline_s=float(args.deadline),
+    given: dict[str, Any] = {}
+    for layer in run_settings(args):
+        given.update(layer)
+    deadline = float(given.get("chief_timeout_s", args.deadline)) or math.inf  # 0: never give up on the chief
+    config = WorkerConfig(chief=chief, index=index, deadline_s=deadline,
                           max_steps=int(args.max_steps), security=security_from(args))
     _setup_logging(args.log_level, "worker" if index < 0 else f"worker-{index}")
     stop = threading.Event()
@@ -199,6 +220,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_chief(args: argparse.Namespace) -> int:
     """asyncps chief."""
+    require_tensorflow("asyncps chief")
     from asyncps.chief.main import ChiefConfig, run_chief
 
     ps = tuple(a for a in args.ps.split(",") if a)
@@ -211,8 +233,10 @@ def cmd_chief(args: argparse.Namespace) -> int:
         tf_layer = {"num_workers": len(tf.worker)}
     run = RunConfig.from_layers(file_layer, tf_layer, env_layer, flag_layer, {"num_ps": len(ps)})
     config = ChiefConfig(ps=ps, run=run, run_dir=Path(args.run_dir), host=args.host, port=port,
-                         port_file=args.port_file, resume=bool(args.resume), security=security_from(args),
-                         checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None)
+                         port_file=args.port_file, health_port=args.health_port, resume=bool(args.resume),
+                         security=security_from(args),
+                         checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
+                         metrics_port=int(args.metrics_port), metrics_port_file=args.metrics_port_file)
     _setup_logging(args.log_level, "chief")
     stop = threading.Event()
     _install_signals(stop)
@@ -221,6 +245,7 @@ def cmd_chief(args: argparse.Namespace) -> int:
 
 def cmd_local(args: argparse.Namespace) -> int:
     """asyncps local."""
+    require_tensorflow("asyncps local")
     from asyncps.tools.local import default_run_dir, run_local
 
     run = run_config_from(args)
@@ -228,7 +253,7 @@ def cmd_local(args: argparse.Namespace) -> int:
         raise ValueError("--resume needs the --run-dir of the run to continue")
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
     return run_local(run, run_dir, progress=not args.quiet, resume=bool(args.resume), secure=bool(args.secure),
-                     client_auth=not args.tls_no_client_auth)
+                     client_auth=not args.tls_no_client_auth, metrics_port=int(args.metrics_port))
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -242,9 +267,43 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """asyncps status ADDR [--watch]."""
+    from asyncps.tools.progress import watch
+
+    return watch(args.address, security_from(args), bool(args.watch), float(args.interval), int(args.count),
+                 timeout_s=float(args.timeout))
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """asyncps export CKPT_DIR."""
+    require_tensorflow("asyncps export")
+    from asyncps.tools.export import export_checkpoint
+
+    out = export_checkpoint(Path(args.checkpoint), Path(args.out) if args.out else None,
+                            Path(args.run_config) if args.run_config else None)
+    print(f"exported {out / 'model.keras'} and {out / 'saved_model'}")
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("asyncps")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _add_metrics_port(p: argparse.ArgumentParser) -> None:
+    _add(p, "--metrics-port", -1, "serve Prometheus metrics on this port of the chief (0: any free port; -1: off)",
+         type=int)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full command-line interface."""
     parser = argparse.ArgumentParser(prog="asyncps", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"asyncps {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, role_port: bool) -> None:
@@ -255,11 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
             _add(p, "--port", None, f"port to bind (0: any free port; default: TF_CONFIG's, else {DEFAULT_PORT})",
                  type=int)
             _add(p, "--port-file", "", "write the bound port to this file (for --port 0)")
+            _add(p, "--health-port", None, "also serve the gRPC health service on this port, in plaintext and "
+                 "without a token, for probes that cannot do TLS (the kubelet's grpc probes); default: off",
+                 type=int)
 
     p = sub.add_parser("ps", help="run one parameter-server shard")
     common(p, True)
     _add(p, "--index", 0, "shard index (TF_CONFIG task.index wins)", type=int)
-    add_run_flags(p, only=("chunk_bytes",), config_file=False, title="streaming")
+    add_run_flags(p, only=("chunk_bytes", "chief_timeout_s"), config_file=False, title="streaming and liveness")
     g = p.add_argument_group("limits", "stalled or slow clients cannot take the shard's threads (asyncps.streamguard)")
     _add(g, "--handler-threads", 256, "RPC handler threads; a quarter (at least 4) are kept free of streams",
          type=int)
@@ -274,8 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, False)
     _add(p, "--chief", "", "the chief's HOST:PORT (or TF_CONFIG cluster.chief)")
     _add(p, "--index", -1, "worker index (-1: assigned by the chief)", type=int)
-    _add(p, "--deadline", 60.0, "seconds to keep retrying an unreachable chief or shard", type=float)
+    _add(p, "--deadline", 60.0, "seconds to keep retrying an unreachable chief (--chief-timeout wins)", type=float)
     _add(p, "--max-steps", 0, "stop after this many steps (0: when the chief says)", type=int)
+    add_run_flags(p, only=("chief_timeout_s",), config_file=False, title="liveness")
     add_security_flags(p)
     p.set_defaults(fn=cmd_worker)
 
@@ -286,6 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--checkpoint-dir", "", "checkpoint directory (default: RUN_DIR/ckpt)")
     p.add_argument("--resume", action="store_true", default=_env_flag("resume"),
                    help="continue from the latest checkpoint (env ASYNCPS_RESUME=1)")
+    _add_metrics_port(p)
+    _add(p, "--metrics-port-file", "", "write the bound metrics port to this file (for --metrics-port 0)")
     add_run_flags(p, skip=("num_ps",))  # the number of shards is the number of --ps addresses
     add_security_flags(p)
     p.set_defaults(fn=cmd_chief)
@@ -299,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mutual TLS and a token on every RPC (development CA and token made in RUN_DIR/secrets)")
     p.add_argument("--tls-no-client-auth", action="store_true",
                    help="with --secure: servers do not require client certificates (TLS instead of mTLS)")
+    _add_metrics_port(p)
     add_run_flags(p)
     p.set_defaults(fn=cmd_local)
 
@@ -307,6 +373,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", default=3.0, type=float, help="seconds (default: %(default)s)")
     add_security_flags(p)
     p.set_defaults(fn=cmd_health)
+
+    p = sub.add_parser("status", help="a running cluster's progress, from its chief (GetStatus)")
+    p.add_argument("address", help="the chief's HOST:PORT")
+    p.add_argument("--watch", action="store_true", help="keep showing it (a progress bar on a terminal) until done")
+    p.add_argument("--interval", default=2.0, type=float,
+                   help="seconds between polls with --watch (default: %(default)s)")
+    p.add_argument("--count", default=0, type=int, help="with --watch: stop after this many polls (0: at the end)")
+    p.add_argument("--timeout", default=5.0, type=float, help="seconds to wait for the chief (default: %(default)s)")
+    add_security_flags(p)
+    p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("export", help="model.keras and a SavedModel from a checkpoint")
+    p.add_argument("checkpoint", help="a checkpoint directory (ckpt-NNNNNNNN), a checkpoint root or a run directory "
+                                      "(its latest checkpoint)")
+    p.add_argument("--out", default="", help="where to write them (default: the checkpoint directory)")
+    p.add_argument("--run-config", default="", help="a run configuration file (e.g. a run's config.json) instead "
+                                                    "of the settings the checkpoint's manifest records")
+    p.set_defaults(fn=cmd_export)
 
     from asyncps.tools import composerun, experiment, report  # cheap: matplotlib and the cluster load only when run
 

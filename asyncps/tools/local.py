@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import secrets
 import signal
@@ -13,13 +12,17 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from asyncps import shmseg
 from asyncps.config import RunConfig, env_names, run_options
 from asyncps.procenv import process_env
 from asyncps.rundir import SUMMARY_JSON, RunSummary, wait_port_file
 from asyncps.security import SecurityConfig
+from asyncps.tools.progress import StatusPoller, display_for
+
+if TYPE_CHECKING:
+    from asyncps.tools.progress import StatusSink
 
 
 def default_run_dir() -> Path:
@@ -57,8 +60,9 @@ class LocalCluster:
 
     def __init__(self, run: RunConfig, run_dir: Path, env: dict[str, str] | None = None,
                  resume: bool = False, max_restarts: int = 5, secure: bool = False,
-                 client_auth: bool = True) -> None:
+                 client_auth: bool = True, metrics_port: int = -1) -> None:
         self.run = run
+        self.metrics_port = metrics_port  # the chief's Prometheus endpoint (-1: off, 0: any free port)
         self.secure = secure
         self.client_auth = client_auth
         self.security = SecurityConfig()
@@ -76,6 +80,8 @@ class LocalCluster:
         self.chief_address = ""
         self.ps_addresses: list[str] = []
         self._ps_args: dict[str, list[str]] = {}
+        self._chief_args: list[str] = []
+        self._timeout_args = ["--chief-timeout", f"{run.chief_timeout_s:g}"]
 
     def _spawn(self, name: str, args: list[str]) -> Child:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop(); appended on restarts
@@ -100,24 +106,28 @@ class LocalCluster:
             port_file = self.logs / f"ps-{i}.port"
             port_file.unlink(missing_ok=True)
             shards.append((self._spawn(f"ps-{i}", ["ps", "--host", "127.0.0.1", "--port", "0", "--index", str(i),
-                                                  "--chunk-bytes", str(self.run.chunk_bytes),
+                                                  "--chunk-bytes", str(self.run.chunk_bytes), *self._timeout_args,
                                                   "--port-file", str(port_file)]), port_file))
         for child, port_file in shards:
             port = wait_port_file(port_file, port_timeout_s, child.alive)
             self.ps_addresses.append(f"127.0.0.1:{port}")
             self._ps_args[child.name] = ["ps", "--host", "127.0.0.1", "--port", str(port),
                                          "--index", child.name.split("-")[1],
-                                         "--chunk-bytes", str(self.run.chunk_bytes)]
+                                         "--chunk-bytes", str(self.run.chunk_bytes), *self._timeout_args]
         port_file = self.logs / "chief.port"
         port_file.unlink(missing_ok=True)
-        chief = self._spawn("chief", [
-            "chief", "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
-            "--ps", ",".join(self.ps_addresses), "--workers", str(self.run.num_workers),
-            "--run-dir", str(self.run_dir), "--run-config", str(config_file),
-            *(["--resume"] if self.resume else [])])
-        self.chief_address = f"127.0.0.1:{wait_port_file(port_file, port_timeout_s, chief.alive)}"
+        args = ["chief", "--host", "127.0.0.1", "--ps", ",".join(self.ps_addresses),
+                "--workers", str(self.run.num_workers), "--run-dir", str(self.run_dir),
+                "--run-config", str(config_file), *(["--resume"] if self.resume else []),
+                *(["--metrics-port", str(self.metrics_port),
+                   "--metrics-port-file", str(self.logs / "chief.metrics.port")] if self.metrics_port >= 0 else [])]
+        chief = self._spawn("chief", [*args, "--port", "0", "--port-file", str(port_file)])
+        port = wait_port_file(port_file, port_timeout_s, chief.alive)
+        self.chief_address = f"127.0.0.1:{port}"
+        self._chief_args = [*args, "--port", str(port)]  # a restarted chief serves where the workers look
         for i in range(self.run.num_workers):
-            self._spawn(f"worker-{i}", ["worker", "--chief", self.chief_address, "--index", str(i)])
+            self._spawn(f"worker-{i}", ["worker", "--chief", self.chief_address, "--index", str(i),
+                                        *self._timeout_args])
 
     def _make_secrets(self) -> None:
         """A development CA, a certificate per role (shards, chief, workers) and a token per role:
@@ -150,20 +160,33 @@ class LocalCluster:
     def restart_dead_shards(self) -> list[str]:
         """Start again, on the same port, every shard that died (the chief restores its state)."""
         restarted = []
-        for i, child in enumerate(self.children):
-            if not child.name.startswith("ps-") or child.proc.poll() in (None, 0):
-                continue
-            count = self.restarts.get(child.name, 0)
-            if count >= self.max_restarts:
-                continue
-            self.restarts[child.name] = count + 1
-            child.log.close()
-            self.children.pop(i)
-            replacement = self._spawn(child.name, self._ps_args[child.name])
-            self.children.remove(replacement)
-            self.children.insert(i, replacement)
-            restarted.append(child.name)
+        for child in list(self.children):
+            if child.name.startswith("ps-") and child.proc.poll() not in (None, 0) and self._restart(child):
+                restarted.append(child.name)
         return restarted
+
+    def restart_dead_chief(self) -> bool:
+        """Start the chief again, on the same port, if it died (it resumes the run); True if restarted.
+
+        A chief that exited with one of its final codes (done, or an error a restart cannot fix) stays down."""
+        from asyncps.chief.lifecycle import FINAL_EXIT_CODES
+
+        chief = self.chief
+        return chief.proc.poll() not in (None, *FINAL_EXIT_CODES) and self._restart(chief)
+
+    def _restart(self, child: Child) -> bool:
+        """Replace a dead child by a new process with its arguments (within max_restarts per name)."""
+        count = self.restarts.get(child.name, 0)
+        if count >= self.max_restarts:
+            return False
+        self.restarts[child.name] = count + 1
+        child.log.close()
+        i = self.children.index(child)
+        self.children.pop(i)
+        replacement = self._spawn(child.name, self._chief_args if child.name == "chief" else self._ps_args[child.name])
+        self.children.remove(replacement)
+        self.children.insert(i, replacement)
+        return True
 
     @property
     def chief(self) -> Child:
@@ -198,53 +221,14 @@ class LocalCluster:
         return {c.name: c.proc.poll() for c in self.children}
 
 
-def _fmt(x: float, spec: str) -> str:
-    return "-" if math.isnan(x) else format(x, spec)
-
-
-class ProgressDisplay:
-    """Polls the chief and shows one live line (rewritten in place on a terminal)."""
-
-    def __init__(self, address: str, security: SecurityConfig, stream: IO[str] = sys.stdout) -> None:
-        from asyncps.coordclient import CoordinatorClient
-
-        self._client = CoordinatorClient(address, deadline_s=2.0, security=security, call_timeout_s=2.0)
-        self._stream = stream
-        self._tty = stream.isatty()
-        self._last_print = 0.0
-
-    def update(self) -> None:
-        """Fetch the status and show it."""
-        try:
-            s = self._client.status(deadline_s=1.0)
-        except Exception:  # the chief may be starting or finishing; the next poll will tell
-            return
-        line = (f"[{s.elapsed_s:6.1f}s] updates {s.updates:6d} ({s.updates_per_s:6.1f}/s)  "
-                f"epoch {s.epochs:5.2f}  loss {_fmt(s.worker_loss, '.4f')}  "
-                f"eval acc {_fmt(s.eval_accuracy, '.4f')} @ {s.eval_version}  "
-                f"staleness {s.mean_staleness:5.2f}  workers {s.workers_alive}")
-        now = time.monotonic()
-        if self._tty:
-            self._stream.write("\r" + line.ljust(120)[:140])
-            self._stream.flush()
-        elif now - self._last_print >= 2.0:
-            self._stream.write(line + "\n")
-            self._stream.flush()
-            self._last_print = now
-
-    def close(self) -> None:
-        """End the live line."""
-        if self._tty:
-            self._stream.write("\n")
-        self._client.close()
-
-
 def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
               env: dict[str, str] | None = None, resume: bool = False, secure: bool = False,
-              client_auth: bool = True) -> int:
-    """Run a whole local cluster to completion; return the chief's exit code."""
+              client_auth: bool = True, sink: StatusSink | None = None, metrics_port: int = -1) -> int:
+    """Run a whole local cluster to completion; return the chief's exit code. The run's status goes
+    to `sink`, else (with `progress`) to a progress bar or status lines on stdout."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(run, run_dir, env, resume=resume, secure=secure, client_auth=client_auth)
+    cluster = LocalCluster(run, run_dir, env, resume=resume, secure=secure, client_auth=client_auth,
+                           metrics_port=metrics_port)
     interrupted = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -256,26 +240,39 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
 
     old = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
-    display = None
+    poller: StatusPoller | None = None
     try:
         print(f"asyncps local: {run.num_ps} shards, {run.num_workers} workers, {run.model} on "
               f"{run.dataset}, mode {run.mode}; run directory {run_dir}", flush=True)
         cluster.start()
-        display = ProgressDisplay(cluster.chief_address, cluster.security) if progress else None
-        while cluster.chief.alive():
-            if display:
-                display.update()
+        if sink is None and progress:
+            sink = display_for(sys.stdout)
+        poller = StatusPoller(cluster.chief_address, cluster.security, timeout_s=1.0) if sink else None
+        while True:
+            status = poller.try_poll() if poller else None
+            if sink and status is not None:
+                sink.show(status)
             time.sleep(0.5)
+            if interrupted.is_set():
+                if not cluster.chief.alive():
+                    break
+                continue
             # a shard that exits 0 was told to by the chief; any other exit is a crash: restart it
             # on its port and the chief restores its part of the latest checkpoint
-            if not interrupted.is_set():
-                for name in cluster.restart_dead_shards():
-                    print(f"\nasyncps local: {name} died; restarted it (the chief restores it)", file=sys.stderr)
+            for name in cluster.restart_dead_shards():
+                print(f"\nasyncps local: {name} died; restarted it (the chief restores it)", file=sys.stderr)
+            # a chief killed or crashed comes back on its port and resumes the run from the live shards
+            if cluster.restart_dead_chief():
+                print("\nasyncps local: the chief died; restarted it (it resumes the run)", file=sys.stderr)
+            elif not cluster.chief.alive():
+                break
     except (TimeoutError, RuntimeError) as exc:
         print(f"asyncps local: {exc}; see {cluster.logs}", file=sys.stderr)
     finally:
-        if display:
-            display.close()
+        if sink:
+            sink.close()
+        if poller:
+            poller.close()
         cluster.stop()
         signal.signal(signal.SIGINT, old)
         signal.signal(signal.SIGTERM, old_term)

@@ -29,14 +29,16 @@ from typing import Any
 from asyncps.rundir import (
     EVAL_CSV,
     PUSHES_CSV,
-    SUMMARY_JSON,
     TIMELINE_CSV,
+    UNFINISHED,
     EvalRow,
     PushRow,
     RunConfigRecord,
     RunDirError,
     RunSummary,
     StepRow,
+    is_run_dir,
+    load_summary,
     read_rows,
 )
 from asyncps.tools.experiment import RESULTS_MD, ExperimentError, markdown_table, read_results, run_metrics
@@ -65,8 +67,9 @@ class RunData:
 
     @classmethod
     def load(cls, path: Path, label: str = "", target: dict[str, float] | None = None) -> RunData:
-        """Read summary.json and config.json; the label defaults to a description of the run."""
-        summary = RunSummary.load(path)
+        """Read summary.json (or, for an unfinished or crashed run, what its CSVs say) and config.json;
+        the label defaults to a description of the run."""
+        summary = load_summary(path)
         record = RunConfigRecord.load_if_present(path)
         config = record.run if record is not None else {}
         return cls(label or describe_run(summary, config), path, summary, config, dict(target or {}))
@@ -115,8 +118,9 @@ def describe_run(summary: RunSummary, config: dict[str, Any]) -> str:
 
 
 def discover_runs(path: Path) -> list[RunData]:
-    """The run at `path`, or every run directory inside it (labelled from results.csv if present)."""
-    if (path / SUMMARY_JSON).exists():
+    """The run at `path`, or every run directory inside it (labelled from results.csv if present);
+    finished or not."""
+    if is_run_dir(path):
         return [RunData.load(path)]
     if not path.is_dir():
         raise ExperimentError(f"{path} is not a directory")
@@ -133,9 +137,9 @@ def discover_runs(path: Path) -> list[RunData]:
         return {k: record.metrics[k] for k in TARGET_METRICS if not math.isnan(record.metrics[k])}
 
     runs = [RunData.load(d, label(d.name), target(d.name)) for d in sorted(path.iterdir())
-            if d.is_dir() and (d / SUMMARY_JSON).exists()]
+            if d.is_dir() and is_run_dir(d)]
     if not runs:
-        raise ExperimentError(f"no run directories (with {SUMMARY_JSON}) in {path}")
+        raise ExperimentError(f"no run directories (with summary.json or config.json) in {path}")
     return runs
 
 
@@ -521,6 +525,10 @@ def make_report(path: Path, figures_dir: Path | None = None, prefix: str = "", w
     lines = [f"# Report: {path.name or path}\n",
              f"{len(runs)} run(s): " + ", ".join(f"`{r.path.name}` ({r.label})" for r in runs) + ".\n",
              markdown_table([(r.label, r.metrics, False) for r in runs], None)]
+    unfinished = [r.path.name for r in runs if r.summary.stop_reason == UNFINISHED]
+    if unfinished:
+        lines.append(f"Unfinished (no summary.json: still running, or the chief stopped before writing it; "
+                     f"numbers from the CSVs so far): {', '.join(f'`{n}`' for n in unfinished)}.\n")
     if (path / RESULTS_MD).exists():
         lines.append("The sweep's table with its target and its check: [results.md](results.md).\n")
     for name in FIGURES:
@@ -536,6 +544,11 @@ def make_report(path: Path, figures_dir: Path | None = None, prefix: str = "", w
 
 def cmd_report(args: Any) -> int:
     """asyncps report DIR: figures and report.md."""
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "PIL") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"asyncps report needs {' and '.join(missing)}: pip install 'asyncps[report]'")
     only = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else FIGURES
     report = make_report(Path(args.dir), Path(args.figures) if args.figures else None, args.prefix,
                          float(args.window), int(args.gantt_runs), only)
@@ -569,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give a run or sweep directory, or --stale-gradient-figure PATH")
     try:
         return cmd_report(args)
-    except (ExperimentError, RunDirError) as exc:
+    except (ExperimentError, RunDirError, ValueError) as exc:
         print(f"report: error: {exc}", file=sys.stderr)
         return 2
 

@@ -32,9 +32,9 @@ class ShardTransport(Protocol):
 
     def initialize(
         self, member_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
-        values: Mapping[str, Array],
+        values: Mapping[str, Array], run_id: str = "",
     ) -> InitResult:
-        """Send initial values and the update rule (idempotent on the shard)."""
+        """Send initial values and the update rule (idempotent on the shard for the same run)."""
 
     def pull(
         self, member_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,

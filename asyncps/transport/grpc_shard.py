@@ -113,11 +113,11 @@ class GrpcShardTransport:
 
     def initialize(
         self, member_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
-        values: Mapping[str, Array],
+        values: Mapping[str, Array], run_id: str = "",
     ) -> InitResult:
-        """Send initial values and the update rule (idempotent on the shard)."""
+        """Send initial values and the update rule (idempotent on the shard for the same run)."""
         header = ps_pb2.InitializeHeader(worker_id=member_id, shard_index=shard_index, num_shards=num_shards,
-                                         rule=rule_to_proto(rule))
+                                         rule=rule_to_proto(rule), run_id=run_id)
         reply = self.retry(lambda: self._initialize(initialize_frames(header, values, self._chunk_bytes),
                                                      timeout=self.call_timeout_s))
         return InitResult(reply.created, reply.version)

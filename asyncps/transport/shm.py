@@ -228,9 +228,9 @@ class ShmShardTransport:
 
     # everything else is the gRPC transport's
     def initialize(self, member_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
-                   values: Mapping[str, Array]) -> InitResult:
+                   values: Mapping[str, Array], run_id: str = "") -> InitResult:
         """See ShardTransport."""
-        return self._inner.initialize(member_id, shard_index, num_shards, rule, values)
+        return self._inner.initialize(member_id, shard_index, num_shards, rule, values, run_id)
 
     def stats(self, deadline_s: float | None = None) -> StoreStats:
         """See ShardTransport."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncps.rundir import EVAL_CSV, PUSHES_CSV, EvalRow, PushRow, RunSummary, read_rows
+from asyncps.rundir import EVAL_CSV, PUSHES_CSV, EvalRow, PushRow, load_summary, read_rows
 from asyncps.tools.experiment.errors import ExperimentError
 
 #: The metrics of every point, in results.csv order; checks and targets refer to them by name.
@@ -74,7 +74,7 @@ def steady_staleness(pushes: Sequence[PushRow]) -> float:
 
 def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]:
     """The sweep's metrics of one finished run directory (NaN where a metric does not apply)."""
-    s = RunSummary.load(run_dir)
+    s = load_summary(run_dir)
     pushes = read_rows(run_dir / PUSHES_CSV, PushRow)
     accepted = sum(1 for p in pushes if p.accepted)
     shards = max(1, s.ps_shards)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import shutil
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from asyncps.config import RunConfig
 from asyncps.rundir import SUMMARY_JSON, RunConfigRecord, RunSummary
@@ -21,17 +22,22 @@ from asyncps.tools.experiment.grid import Point
 from asyncps.tools.experiment.metrics import METRICS, Target, run_metrics
 from asyncps.tools.experiment.spec import ExperimentSpec
 from asyncps.tools.experiment.tables import write_results
+from asyncps.tools.progress import SweepProgress
+
+if TYPE_CHECKING:
+    from asyncps.tools.progress import StatusSink
 
 Runner = Callable[[RunConfig, Path], int]
 
 
-def run_local_quietly(run: RunConfig, run_dir: Path) -> int:
-    """Run one local cluster with no live progress; the launcher's own lines go to run_dir/launcher.log."""
+def run_local_quietly(run: RunConfig, run_dir: Path, sink: StatusSink | None = None) -> int:
+    """Run one local cluster, its status to `sink` (if any); the launcher's own lines go to
+    run_dir/launcher.log."""
     from asyncps.tools.local import run_local
 
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "launcher.log", "w") as log, contextlib.redirect_stdout(log):
-        return run_local(run, run_dir, progress=False)
+        return run_local(run, run_dir, progress=False, sink=sink)
 
 
 class SweepInterrupted(Exception):
@@ -128,19 +134,26 @@ class SweepResult:
         return all(r.status != "failed" for r in self.results) and all(o.passed for o in self.outcomes)
 
 
-def run_sweep(spec: ExperimentSpec, out: Path, runner: Runner = run_local_quietly,
+def run_sweep(spec: ExperimentSpec, out: Path, runner: Runner | None = None,
               stream: IO[str] = sys.stdout) -> SweepResult:
-    """Run (or resume) every point, write results.csv and results.md, evaluate the checks."""
+    """Run (or resume) every point, write results.csv and results.md, evaluate the checks. Without a
+    `runner`, each point is a local cluster whose progress is shown with the sweep's."""
     points = spec.points()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results = []
-    for n, point in enumerate(points, 1):
-        result, _ = run_point(point, out, spec.target, runner)
-        results.append(result)
-        stream.write(progress_line(n, len(points), result) + "\n")
-        stream.flush()
-        write_results(SweepResult(spec, results, [], time.monotonic() - started), out)  # partial, if stopped
+    to_run = sum(not finished(out / p.slug) for p in points)
+    display = SweepProgress(to_run, len(points), stream)
+    try:
+        for n, point in enumerate(points, 1):
+            sink = display.point(n, point.label)
+            point_runner = runner or functools.partial(run_local_quietly, sink=sink)
+            result, ran = run_point(point, out, spec.target, point_runner)
+            results.append(result)
+            display.point_done(n, progress_line(n, len(points), result), ran)
+            write_results(SweepResult(spec, results, [], time.monotonic() - started), out)  # partial, if stopped
+    finally:
+        display.close()
     outcomes = evaluate_checks(spec.checks, [r.row() for r in results if r.status != "failed"])
     sweep = SweepResult(spec, results, outcomes, time.monotonic() - started)
     write_results(sweep, out)

@@ -1,0 +1,68 @@
+"""`asyncps export CKPT_DIR`: a checkpoint as model.keras and a SavedModel, at any time.
+
+The chief exports the model only when a run ends; a checkpoint carries the whole variables and the
+run's settings (its manifest's `run`), which is all it takes to build the model again and fill it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from asyncps.chief.checkpoint import Checkpoint, CheckpointDir
+from asyncps.chief.lifecycle import save_model
+from asyncps.config import RunConfig, coerce_settings, read_settings_file
+
+
+def find_checkpoint(path: Path) -> Path:
+    """The checkpoint at `path`: a ckpt-NNNNNNNN directory, or the newest one in a checkpoint root or in
+    a run directory's ckpt/."""
+    if (path / "manifest.json").exists():
+        return path
+    for root in (path, path / "ckpt"):
+        complete = CheckpointDir(root).complete()
+        if complete:
+            return complete[-1]
+    raise FileNotFoundError(f"no complete checkpoint (ckpt-NNNNNNNN/ with a manifest.json) at or in {path}")
+
+
+def checkpoint_run_config(ckpt: Checkpoint, run_config: Path | None = None) -> RunConfig:
+    """The run's settings: `run_config` if given, else the checkpoint manifest's own record."""
+    if run_config is not None:
+        return RunConfig.from_layers(read_settings_file(run_config))
+    recorded = ckpt.manifest.get("run")
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{ckpt.path}/manifest.json records no run settings: give --run-config")
+    return RunConfig.from_layers(coerce_settings(recorded, f"{ckpt.path}/manifest.json"))
+
+
+def model_from_checkpoint(ckpt: Checkpoint, run: RunConfig) -> Any:
+    """The run's Keras model with every trainable variable set from the checkpoint."""
+    from asyncps.datasets import load_dataset
+    from asyncps.models import build_model
+    from asyncps.tfutil import quiet_tensorflow
+
+    quiet_tensorflow()
+    data = load_dataset(run.dataset, run.seed)
+    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
+    names = {v.path for v in model.trainable_variables}
+    missing = sorted(names - set(ckpt.values))
+    if missing:
+        raise ValueError(f"{ckpt.path} has no values for {missing[:5]} of model {run.model!r}")
+    for variable in model.trainable_variables:
+        value = ckpt.values[variable.path]
+        if tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(f"{ckpt.path}: {variable.path} has shape {value.shape}, the model wants "
+                             f"{tuple(variable.shape)}")
+        variable.assign(value)
+    return model
+
+
+def export_checkpoint(path: Path, out: Path | None = None, run_config: Path | None = None) -> Path:
+    """Write model.keras and saved_model/ from the checkpoint at `path` into `out` (default: the
+    checkpoint's directory); return where they went."""
+    ckpt = CheckpointDir.load(find_checkpoint(path))
+    model = model_from_checkpoint(ckpt, checkpoint_run_config(ckpt, run_config))
+    target = out or ckpt.path
+    save_model(model, target)
+    return target
