@@ -105,11 +105,16 @@ class Chief:
         self._orphans_checked = False
         self.live_set = LiveSet(membership, model.client.shards)
         self.poller = ShardPoller(model.client.shards, config.ps, self.run.rpc_deadline_s, progress,
-                                  checkpointer.recover_shard)
+                                  self._recover_shard)
         self.evaluation = Evaluation(model.evaluator, model.client, model.data, self.run.eval_every_s, progress,
                                      self.clock, eval_log)
         self.lifecycle = Lifecycle(config, interrupt, progress, self.clock, ledger, model.client)
         self.gate = StartGate(self.run.num_workers, self.run.start_barrier, membership.index_of)
+
+    def _recover_shard(self, shard: int) -> None:
+        """Restore a restarted shard, then give it the live set it lost (sync quorum, SSP waits)."""
+        self.checkpointer.recover_shard(shard)
+        self.live_set.restored(shard)
 
     # -- status ---------------------------------------------------------------------------
     def status(self) -> cpb.ClusterStatus:

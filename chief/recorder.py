@@ -30,6 +30,7 @@ from asyncps.rundir import (
     StepRow,
     iter_rows,
 )
+from asyncps.rundir.clocklead import push_clock_lead
 from asyncps.wire import drop_from_wire
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class Recorder:
         self.wait_s: collections.defaultdict[int, float] = collections.defaultdict(float)
         self.pushes_recorded = 0
         self.last_loss = float("nan")
+        self._applied: list[PushRow] = []  # for the clock lead measured from the pushes themselves
         # examples by what became of their gradient: applied on every shard it was pushed to,
         # dropped on every one, or applied on some and dropped on others
         self.examples_by_outcome: collections.Counter[str] = collections.Counter()
@@ -81,6 +83,8 @@ class Recorder:
         for p in iter_rows(run_dir / PUSHES_CSV, PushRow):
             self._count_push(p.staleness, p.drop_reason, p.loss)
             accepted[(p.worker, p.step)].append(p.accepted)
+            if p.accepted:
+                self._applied.append(p)
         for s in iter_rows(run_dir / TIMELINE_CSV, StepRow):
             self.examples_by_outcome[_outcome(accepted.get((s.worker, s.step), []))] += s.examples
             self._count_step(s.worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
@@ -104,8 +108,11 @@ class Recorder:
             for p in pushes:
                 drop = drop_from_wire(p.drop)
                 kind = drop.value if drop is not None else ""
-                self._pushes.write(PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version,
-                                           p.staleness, p.accepted, kind, p.effective_lr, p.loss, p.drop_detail))
+                row = PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version, p.staleness,
+                              p.accepted, kind, p.effective_lr, p.loss, p.drop_detail)
+                self._pushes.write(row)
+                if row.accepted:
+                    self._applied.append(row)
                 self._count_push(p.staleness, kind, p.loss)
                 self.steady.add(worker, p.shard, p.wall_time, p.base_version, p.staleness)
             accepted: collections.defaultdict[int, list[bool]] = collections.defaultdict(list)
@@ -140,6 +147,13 @@ class Recorder:
         with self._lock:
             return {w: self.wait_s[w] / (self.busy_s[w] + self.wait_s[w])
                     for w in sorted(self.busy_s) if self.busy_s[w] + self.wait_s[w] > 0}
+
+    def measured_clock_lead(self) -> int:
+        """The largest clock lead with which a worker read, measured from the recorded pushes
+        (asyncps.rundir.clocklead), not from the shards' own clocks."""
+        with self._lock:
+            rows = list(self._applied)
+        return push_clock_lead(rows)
 
     def close(self) -> None:
         """Flush and close the CSV files."""
@@ -247,6 +261,8 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         dropped_by_reason=p.dropped_by_reason,
         idle_fraction=recorder.idle_fractions(),
         max_clock_lead=p.max_clock_lead,
+        measured_clock_lead=recorder.measured_clock_lead(),
+        reads_refused=dict(p.reads_refused),
         backup_workers=run.backup_workers,
         staleness_bound=run.staleness_bound,
         shards=tuple(ShardCounters(version=v, accepted=a, dropped=d, bytes_pushed=pushed, bytes_pulled=pulled)

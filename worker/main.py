@@ -139,6 +139,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
     client = connect_model(link.member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
                            config.security, transport=run.transport)
+    client.coordinated = run.update_rule().consistency().coordinated  # sync: shard 0 decides each step
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
     grad_fn = make_grad_fn(model, make_loss(run.loss))

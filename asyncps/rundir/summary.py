@@ -252,6 +252,10 @@ class RunSummary:
     # the pushes after every planned worker's first push; absent in older run directories
     start: dict[str, Any] = field(default_factory=dict)
     staleness_steady: StalenessSummary | None = None
+    # the largest clock lead measured by the chief from pushes.csv (asyncps.rundir.clocklead), and
+    # SSP reads the shards refused (the worker repeated the call), by why: deadline, no_slot
+    measured_clock_lead: int = 0
+    reads_refused: dict[str, int] = field(default_factory=dict)
     # datasets with a known optimum only
     final_train_loss: float | None = None
     optimality_gap: float | None = None
@@ -280,6 +284,7 @@ class RunSummary:
         data["data"] = dict(self.data)
         data["start"] = dict(self.start)
         data["staleness_steady"] = None if self.staleness_steady is None else self.staleness_steady.to_dict()
+        data["reads_refused"] = dict(self.reads_refused)
         data["metrics"] = dict(self.metrics)
         for name in ("final_train_loss", "optimality_gap", "staleness_steady"):
             if data[name] is None:
@@ -310,6 +315,7 @@ class RunSummary:
                          for s in f.objects("shards")),
             data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
             max_clock_lead=f.number("max_clock_lead", 0.0), start=f.mapping("start", {}),
+            measured_clock_lead=f.integer("measured_clock_lead", 0), reads_refused=f.counts("reads_refused", {}),
             staleness_steady=(StalenessSummary.read(f.obj("staleness_steady"))
                               if f.get("staleness_steady", None) is not None else None),
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
