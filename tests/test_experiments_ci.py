@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from asyncps.tools.experiment import Bound, Row, load_spec, parse_spec
+from asyncps.tools.experiment.checks import parse_check
 from asyncps.tools.experiment.doc import update_document
 from asyncps.tools.experiment.metrics import METRICS
 from asyncps.tools.experiment.tables import RESULTS_CSV, group_by_setting, seed_table
@@ -48,6 +49,30 @@ def test_bound_check_fails_above_the_bound_and_on_missing_values() -> None:
     assert not check.evaluate([Row("s=0", {"staleness_bound": 0}, {"clock_lead": math.nan})]).passed
 
 
+
+def test_closer_check_passes_only_when_the_left_runs_land_nearer_the_reference() -> None:
+    check = parse_check({"kind": "closer", "metric": "updates_to_target", "left": {"variant": "lowered"},
+                         "right": {"variant": "kept"}, "reference": {"variant": "one"}}, {"variant"})
+
+    def rows(one: float, lowered: float, kept: float) -> list[Row]:
+        return [Row(v, {"variant": v}, {"updates_to_target": x})
+                for v, x in (("one", one), ("lowered", lowered), ("kept", kept))]
+
+    assert check.evaluate(rows(20, 30, 60)).passed
+    assert not check.evaluate(rows(20, 30, 25)).passed  # keeping μ would have been closer
+    assert check.evaluate(rows(20, 30, math.nan)).passed  # the kept run never reached the target
+    assert not check.evaluate(rows(20, math.nan, 60)).passed  # the lowered one must reach it
+    assert not check.evaluate(rows(math.nan, 30, 60)).passed
+
+
+def test_e6_spec_checks_the_kept_and_lowered_momentum_against_one_worker() -> None:
+    path = ROOT / "experiments" / "e6_async_momentum.yaml"
+    spec, reduced = load_spec(path), load_spec(path, reduced=True)
+    assert {c.kind for c in spec.checks} == {"compare", "closer"} and spec.target is not None
+    momenta = {(p.config.num_workers, p.config.optimizer_params["momentum"]) for p in reduced.points()}
+    assert momenta == {(1, 0.9), (4, 0.9), (4, 0.15)}  # 0.15 = 0.9 - (1 - 1/4)
+    assert len(spec.points()) > len(reduced.points())
+
 def test_seed_table_shows_mean_and_spread_per_setting() -> None:
     metrics = [dict.fromkeys(METRICS, math.nan) for _ in range(3)]
     for m, value in zip(metrics, (1.0, 2.0, 3.0), strict=True):
@@ -83,6 +108,10 @@ check:
     text = doc.read_text()
     assert "old, by hand" not in text and "| num_workers=2 | 2 | 1.00 ± 0.28 |" in text
     assert "Check: **PASS**" in text and text.startswith("intro\n") and text.endswith("end\n")
+    doc.write_text("<!-- experiment table: tiny reduced -->\n<!-- end experiment table -->\n")
+    assert update_document(doc, specs, runs) == ["tiny"]  # the mark, not the flag, picks tiny_reduced
+    text = doc.read_text()
+    assert text.startswith("<!-- experiment table: tiny reduced -->\n") and "tiny.yaml --reduced --out" in text
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Checks: the expected outcome of a sweep (approx, trend, compare claims) and their verdicts."""
+"""Checks: the expected outcome of a sweep (approx, bound, trend, compare, closer claims) and their verdicts."""
 
 from __future__ import annotations
 
@@ -255,7 +255,45 @@ class Compare(Check):
         return self.outcome(_OPS[self.op](left, self.factor * right), detail)
 
 
-_CHECK_KINDS: dict[str, type[Check]] = {c.kind: c for c in (Approx, Trend, Compare, Bound)}
+@dataclass(frozen=True)
+class Closer(Check):
+    """|agg(left) - agg(reference)| < factor * |agg(right) - agg(reference)|: the left rows land closer
+    to the reference than the right rows do (e.g. updates to a target: which run recovers the
+    reference's curve). A right side that never reached (NaN) is farther than any measured value;
+    a left or reference side without a value fails."""
+
+    left: dict[str, Any] = field(default_factory=dict)
+    right: dict[str, Any] = field(default_factory=dict)
+    reference: dict[str, Any] = field(default_factory=dict)
+    factor: float = 1.0
+    kind: ClassVar[str] = "closer"
+
+    def _mean(self, rows: Sequence[Row], where: dict[str, Any]) -> tuple[float, str]:
+        selected = self.selected(rows, where)
+        name = ", ".join(f"{k}={format_value(v)}" for k, v in where.items())
+        if not selected:
+            return math.nan, f"{name}: no rows"
+        values = [float(r.value(self.metric)) for r in selected]
+        mean = math.nan if any(math.isnan(v) for v in values) else sum(values) / len(values)
+        many = f"mean of {len(values)} " if len(values) > 1 else ""
+        return mean, f"{name}: {many}{_num(mean) if not math.isnan(mean) else 'never reached'}"
+
+    def evaluate(self, rows: Sequence[Row]) -> CheckOutcome:
+        """Pass when the left side is closer to the reference (both of them measured)."""
+        ref, ref_text = self._mean(rows, self.reference)
+        left, left_text = self._mean(rows, self.left)
+        right, right_text = self._mean(rows, self.right)
+        scale = f"{_num(self.factor)} * " if self.factor != 1 else ""
+        near = abs(left - ref)
+        far = math.inf if math.isnan(right) else abs(right - ref)
+        detail = (f"{self.metric}: |[{left_text}] - [{ref_text}]| = {_num(near)} < {scale}"
+                  f"|[{right_text}] - ref| = {_num(far) if math.isfinite(far) else '∞'}")
+        if math.isnan(ref) or math.isnan(left):
+            return self.outcome(False, detail + " — missing values")
+        return self.outcome(near < self.factor * far, detail)
+
+
+_CHECK_KINDS: dict[str, type[Check]] = {c.kind: c for c in (Approx, Trend, Compare, Bound, Closer)}
 
 
 def parse_check(data: Any, names: Iterable[str], index: int = 0) -> Check:
@@ -268,7 +306,7 @@ def parse_check(data: Any, names: Iterable[str], index: int = 0) -> Check:
     if data["metric"] not in METRICS:
         raise ExperimentError(f"check {index}: unknown metric {data['metric']!r}; valid: {', '.join(METRICS)}")
     known = set(names)
-    filters = [data.get("where") or {}] + [data.get(k) or {} for k in ("left", "right")]
+    filters = [data.get("where") or {}] + [data.get(k) or {} for k in ("left", "right", "reference")]
     for where in filters:
         if not isinstance(where, dict) or set(where) - known:
             raise ExperimentError(f"check {index}: filters name settings, axes or label; "

@@ -10,7 +10,8 @@ and `python -m asyncps.tools.experiment.doc docs/teaching.md` replaces everythin
 with the table of that sweep (one row per setting, mean ± standard deviation over its seeds, read
 from RUNS/NAME/results.csv; the spec is SPECS/NAME.yaml) and each check's verdict, evaluated again on
 those numbers. `--reduced` reads the reduced sweeps (RUNS/NAME_reduced, see `asyncps experiment
---reduced`).
+--reduced`); a mark `<!-- experiment table: NAME full -->` (or `reduced`) fixes which one its
+block shows, whatever the flag (a document may show reduced CI sweeps beside a full one).
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.spec import load_spec
 from asyncps.tools.experiment.tables import group_by_setting, read_results, seed_table
 
-BLOCK = re.compile(r"<!-- experiment table: (\S+) -->\n.*?<!-- end experiment table -->", re.S)
+BLOCK = re.compile(r"<!-- experiment table: (\S+)(?: (full|reduced))? -->\n.*?<!-- end experiment table -->", re.S)
 
 
-def experiment_block(name: str, specs: Path, runs: Path, reduced: bool = False) -> str:
-    """The marked block of one sweep: how it was made, its table over seeds and its checks' verdicts."""
+def experiment_block(name: str, specs: Path, runs: Path, reduced: bool = False, mode: str = "") -> str:
+    """The marked block of one sweep: how it was made, its table over seeds and its checks' verdicts
+    (`mode`: the mark's own `full` or `reduced`, kept in the block it writes)."""
+    if mode:
+        reduced = mode == "reduced"
+    mark = f"<!-- experiment table: {name}{' ' + mode if mode else ''} -->"
     spec_path = specs / f"{name}.yaml"
     spec = load_spec(spec_path, reduced=reduced)
     out = runs / spec.name
@@ -38,7 +43,7 @@ def experiment_block(name: str, specs: Path, runs: Path, reduced: bool = False) 
     command = f"asyncps experiment {spec_path}{' --reduced' if reduced else ''} --out {out}"
     if not records:  # said in the document, not invented
         print(f"warning: no {out}/results.csv; run `{command}`", file=sys.stderr)
-        return (f"<!-- experiment table: {name} -->\nNo results yet: `{command}`, then "
+        return (f"{mark}\nNo results yet: `{command}`, then "
                 "`python -m asyncps.tools.experiment.doc`.\n<!-- end experiment table -->")
     rows, labelled, missing = [], [], []
     for point in spec.points():
@@ -50,7 +55,7 @@ def experiment_block(name: str, specs: Path, runs: Path, reduced: bool = False) 
         labelled.append((point.axes, record.metrics))
     outcomes = evaluate_checks(spec.checks, rows)
     passed = not missing and all(o.passed for o in outcomes)
-    lines = [f"<!-- experiment table: {name} -->",
+    lines = [mark,
              f"Generated from `{out}` (`{command}`) by `python -m asyncps.tools.experiment.doc"
              f"{' --reduced' if reduced else ''}`; {len(rows)} runs.", "",
              seed_table(group_by_setting(labelled)).rstrip("\n"), "",
@@ -65,10 +70,10 @@ def experiment_block(name: str, specs: Path, runs: Path, reduced: bool = False) 
 def update_document(doc: Path, specs: Path, runs: Path, reduced: bool = False) -> list[str]:
     """Replace every marked block of `doc`; the names of the sweeps it holds."""
     text = doc.read_text()
-    names = BLOCK.findall(text)
-    blocks = {name: experiment_block(name, specs, runs, reduced) for name in names}
-    doc.write_text(BLOCK.sub(lambda m: blocks[m[1]], text))
-    return names
+    marks = BLOCK.findall(text)
+    blocks = {mark: experiment_block(mark[0], specs, runs, reduced, mark[1]) for mark in marks}
+    doc.write_text(BLOCK.sub(lambda m: blocks[(m[1], m[2] or "")], text))
+    return [name for name, _ in marks]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
