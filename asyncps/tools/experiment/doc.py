@@ -17,6 +17,7 @@ block shows, whatever the flag (a document may show reduced CI sweeps beside a f
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -57,7 +58,7 @@ def experiment_block(name: str, specs: Path, runs: Path, reduced: bool = False, 
     passed = not missing and all(o.passed for o in outcomes)
     lines = [mark,
              f"Generated from `{out}` (`{command}`) by `python -m asyncps.tools.experiment.doc"
-             f"{' --reduced' if reduced else ''}`; {len(rows)} runs.", "",
+             f"{' --reduced' if reduced else ''}`; {len(rows)} runs{_run_time(rows)}.", "",
              seed_table(group_by_setting(labelled)).rstrip("\n"), "",
              f"Check: **{'PASS' if passed else 'FAIL'}**"]
     lines += [f"- {'PASS' if o.passed else 'FAIL'} {o.name}: {o.detail}" for o in outcomes]
@@ -65,6 +66,14 @@ def experiment_block(name: str, specs: Path, runs: Path, reduced: bool = False, 
         lines.append(f"- FAIL points missing or failed: {', '.join(missing)}")
     lines.append("<!-- end experiment table -->")
     return "\n".join(lines)
+
+
+def _run_time(rows: list[Row]) -> str:
+    """`, 95 s in all` from the points' run_s (start-up included; points resumed have none)."""
+    times = [row.metrics.get("run_s", math.nan) for row in rows]
+    if not times or any(math.isnan(t) for t in times):
+        return ""
+    return f", {sum(times):.0f} s in all (point s: each point's wall time, start-up included)"
 
 
 def update_document(doc: Path, specs: Path, runs: Path, reduced: bool = False) -> list[str]:
