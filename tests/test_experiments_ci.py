@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncps.tools.experiment import Bound, Row, load_spec, parse_spec
+from asyncps.tools.experiment import Bound, ExperimentError, Row, load_spec, parse_spec
 from asyncps.tools.experiment.checks import parse_check
 from asyncps.tools.experiment.doc import update_document
 from asyncps.tools.experiment.metrics import METRICS
@@ -72,6 +72,29 @@ def test_e6_spec_checks_the_kept_and_lowered_momentum_against_one_worker() -> No
     momenta = {(p.config.num_workers, p.config.optimizer_params["momentum"]) for p in reduced.points()}
     assert momenta == {(1, 0.9), (4, 0.9), (4, 0.15)}  # 0.15 = 0.9 - (1 - 1/4)
     assert len(spec.points()) > len(reduced.points())
+
+
+def test_excess_loss_target_measures_each_seed_from_its_own_optimum(tmp_path: Path) -> None:
+    from asyncps.config import RunConfig
+    from asyncps.rundir import EvalRow, RunConfigRecord
+    from asyncps.tools.experiment.metrics import Target, excess, optimal_test_loss, time_to_target
+
+    floors = []
+    for seed in (0, 1):
+        run_dir = tmp_path / str(seed)
+        run_dir.mkdir()
+        RunConfigRecord.of(RunConfig(dataset="synthetic-logreg", seed=seed), [], run_dir).save(run_dir)
+        floors.append(optimal_test_loss(run_dir))
+    assert abs(floors[0] - floors[1]) > 0.05  # one fixed loss level would not suit both seeds
+    steps = ((0.0, 0, 0.3), (1.0, 10, 0.1), (2.0, 20, 0.0))
+    evals = [EvalRow(0.0, t, u, (u,), floors[1] + d, 0.5) for t, u, d in steps]
+    assert time_to_target(excess(evals, floors[1]), Target("excess_loss", 0.05)) == pytest.approx((1.5, 15.0))
+    assert math.isnan(time_to_target(evals, Target("loss", floors[1] - 0.01))[1])
+    digits = tmp_path / "digits"
+    digits.mkdir()
+    RunConfigRecord.of(RunConfig(), [], digits).save(digits)
+    with pytest.raises(ExperimentError, match="synthetic-logreg"):
+        optimal_test_loss(digits)
 
 def test_seed_table_shows_mean_and_spread_per_setting() -> None:
     metrics = [dict.fromkeys(METRICS, math.nan) for _ in range(3)]

@@ -21,7 +21,7 @@ from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.grid import Point
 from asyncps.tools.experiment.metrics import METRICS, Target, run_metrics
 from asyncps.tools.experiment.spec import ExperimentSpec
-from asyncps.tools.experiment.tables import write_results
+from asyncps.tools.experiment.tables import read_results, write_results
 from asyncps.tools.progress import SweepProgress
 
 if TYPE_CHECKING:
@@ -80,15 +80,17 @@ def _same_config(run_dir: Path, config: RunConfig) -> str | None:
     return None
 
 
-def run_point(point: Point, out: Path, target: Target | None, runner: Runner) -> tuple[PointResult, bool]:
-    """Run one point unless its directory already holds a finished run; (result, was it run now)."""
+def run_point(point: Point, out: Path, target: Target | None, runner: Runner,
+              recorded_run_s: float = math.nan) -> tuple[PointResult, bool]:
+    """Run one point unless its directory already holds a finished run; (result, was it run now).
+    A resumed point keeps `recorded_run_s`, its wall time in the results.csv it was run for."""
     run_dir = out / point.slug
     if finished(run_dir):
         difference = _same_config(run_dir, point.config)
         if difference:
             raise ExperimentError(f"{run_dir} holds a run of another configuration ({difference}); "
                                   "use another --out or delete it")
-        return PointResult(point, "resumed", {**run_metrics(run_dir, target), "run_s": math.nan}), False
+        return PointResult(point, "resumed", {**run_metrics(run_dir, target), "run_s": recorded_run_s}), False
     if run_dir.exists():  # an unfinished run: start it over
         shutil.rmtree(run_dir)
     started = time.monotonic()
@@ -144,11 +146,12 @@ def run_sweep(spec: ExperimentSpec, out: Path, runner: Runner | None = None,
     results = []
     to_run = sum(not finished(out / p.slug) for p in points)
     display = SweepProgress(to_run, len(points), stream)
+    recorded = {slug: r.metrics.get("run_s", math.nan) for slug, r in read_results(out).items()}
     try:
         for n, point in enumerate(points, 1):
             sink = display.point(n, point.label)
             point_runner = runner or functools.partial(run_local_quietly, sink=sink)
-            result, ran = run_point(point, out, spec.target, point_runner)
+            result, ran = run_point(point, out, spec.target, point_runner, recorded.get(point.slug, math.nan))
             results.append(result)
             display.point_done(n, progress_line(n, len(points), result), ran)
             write_results(SweepResult(spec, results, [], time.monotonic() - started), out)  # partial, if stopped
