@@ -96,6 +96,18 @@ def test_excess_loss_target_measures_each_seed_from_its_own_optimum(tmp_path: Pa
     with pytest.raises(ExperimentError, match="synthetic-logreg"):
         optimal_test_loss(digits)
 
+
+def test_loss_rebound_is_the_largest_climb_above_the_lowest_loss_so_far() -> None:
+    from asyncps.rundir import EvalRow
+    from asyncps.tools.experiment.metrics import loss_rebound
+
+    def evals(*losses: float) -> list[EvalRow]:
+        return [EvalRow(0.0, float(i), i, (i,), loss, 0.5) for i, loss in enumerate(losses)]
+
+    assert loss_rebound(evals(0.9, 0.6, 0.8, 0.5, 0.55)) == pytest.approx(0.2)  # 0.6 -> 0.8
+    assert loss_rebound(evals(0.9, 0.7, 0.6, 0.5)) == 0.0  # monotone descent never rebounds
+    assert math.isnan(loss_rebound(evals(0.9)))
+
 def test_seed_table_shows_mean_and_spread_per_setting() -> None:
     metrics = [dict.fromkeys(METRICS, math.nan) for _ in range(3)]
     for m, value in zip(metrics, (1.0, 2.0, 3.0), strict=True):

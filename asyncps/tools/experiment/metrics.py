@@ -29,7 +29,8 @@ from asyncps.tools.memwatch import MEMORY_JSON
 METRICS: tuple[str, ...] = (
     "updates", "wall_s", "updates_per_s", "gradients_per_s", "staleness_mean", "staleness_steady_mean",
     "staleness_p95", "staleness_max", "dropped_pct", "idle_pct", "time_to_target_s", "updates_to_target",
-    "final_accuracy", "final_loss", "optimality_gap", "clock_lead", "late_workers", "worker_mb", "run_s",
+    "final_accuracy", "final_loss", "optimality_gap", "clock_lead", "late_workers", "worker_mb", "loss_rebound",
+    "run_s",
 )
 
 
@@ -79,6 +80,19 @@ def time_to_target(evals: Sequence[EvalRow], target: Target) -> tuple[float, flo
             return (previous[0] + frac * (elapsed - previous[0]), previous[1] + frac * (updates - previous[1]))
         previous = (elapsed, updates, value)
     return math.nan, math.nan
+
+
+def loss_rebound(evals: Sequence[EvalRow]) -> float:
+    """The largest rise of the test loss above its lowest value so far: how far a run climbs back
+    after it has come down, i.e. its overshoot (momentum, implicit or explicit, overshoots; plain
+    noisy descent wobbles by its noise only). NaN with fewer than two evaluations."""
+    if len(evals) < 2:
+        return math.nan
+    lowest, rise = math.inf, 0.0
+    for row in evals:
+        lowest = min(lowest, row.loss)
+        rise = max(rise, row.loss - lowest)
+    return rise
 
 
 def steady_staleness(pushes: Sequence[PushRow]) -> float:
@@ -161,8 +175,8 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
         applied, dropped = s.updates_applied, s.updates_dropped
         dropped_pct = 100.0 * dropped / (applied + dropped) if applied + dropped else 0.0
     reach_s, reach_updates = math.nan, math.nan
+    evals = read_rows(run_dir / EVAL_CSV, EvalRow) if (run_dir / EVAL_CSV).exists() else []
     if target:
-        evals = read_rows(run_dir / EVAL_CSV, EvalRow)
         if target.metric == "excess_loss":
             evals = excess(evals, optimal_test_loss(run_dir))
         reach_s, reach_updates = time_to_target(evals, target)
@@ -189,4 +203,5 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
         "late_workers": float(len(s.start["late_workers"])) if isinstance(s.start.get("late_workers"), list)
         else math.nan,
         "worker_mb": worker_mb(run_dir),
+        "loss_rebound": loss_rebound(evals),
     }
