@@ -18,6 +18,7 @@ from pathlib import Path
 
 from asyncps.rundir import EVAL_CSV, EvalRow, read_rows
 from asyncps.tools.experiment.errors import ExperimentError
+from asyncps.tools.experiment.metrics import excess, optimal_test_loss
 from asyncps.tools.experiment.spec import load_spec
 from asyncps.tools.report import _color, _pyplot, _save
 
@@ -30,11 +31,14 @@ def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = F
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
     colours: dict[str, str] = {}
     drawn = 0
+    excess_target = spec.target is not None and spec.target.metric == "excess_loss"
     for point in spec.points():
         eval_csv = runs / point.slug / EVAL_CSV
         if not eval_csv.exists():
             continue
         rows = read_rows(eval_csv, EvalRow)
+        if excess_target:  # each seed's own data: curves drawn above that data's optimum
+            rows = excess(rows, optimal_test_loss(runs / point.slug))
         variant = str(point.axes.get("variant", point.label))
         first = variant not in colours
         colour = colours.setdefault(variant, _color(len(colours)))
@@ -43,10 +47,10 @@ def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = F
         drawn += 1
     if not drawn:
         raise ExperimentError(f"no {EVAL_CSV} under {runs} for the points of {spec_path}")
-    if spec.target is not None and spec.target.metric == "loss":
+    if spec.target is not None and spec.target.metric != "accuracy":
         ax.axhline(spec.target.value, color="black", ls="--", lw=0.8, label=f"target: {spec.target.describe()}")
     ax.set_xlabel("updates applied")
-    ax.set_ylabel("test loss")
+    ax.set_ylabel("test loss above the optimum's" if excess_target else "test loss")
     ax.set_title(f"{spec.name}: test loss per run ({drawn} runs)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
