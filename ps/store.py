@@ -231,6 +231,8 @@ class ShardStore:
                         self._apply(self._vars[name], grad, lr)
                     self._version += 1
                     self._accepted += 1
+            for drop in self._mode.take_drops():
+                self._count_drop(drop)
             self._version_cond.notify_all()
             resolution = self._mode.resolution(worker_id, ballot.step)
             if resolution is None:

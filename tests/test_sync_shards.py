@@ -49,6 +49,9 @@ def test_a_follower_applies_exactly_the_set_the_coordinator_decided() -> None:
     assert not outcome.accepted and outcome.drop is DropReason.LATE
     assert follower.commit("w0", ballot, decisions).accepted
     assert follower.version == coord.version == 1
+    # w1's staged gradient, dropped at commit, is counted once on the follower as on shard 0
+    assert follower.stats().pushes_dropped == coord.stats().pushes_dropped == 1
+    assert follower.stats().dropped_by_reason == coord.stats().dropped_by_reason == {"late": 1}
     np.testing.assert_allclose(follower.values()["b"], -g(50.5))
     np.testing.assert_allclose(coord.values()["a"], -g(50.5))
     # a late stage of a decided step is dropped at once
@@ -63,6 +66,7 @@ def test_a_new_coordinator_incarnation_drops_what_was_staged_against_the_old_one
     follower.push("w1", 0, {"b": g(2.0)}, follower.incarnation, ballot=new)
     dropped = follower.commit("w0", old, Decisions(222, ()))  # shard 0 was restored: 222 now
     assert dropped.drop is DropReason.RESTORED
+    assert follower.stats().dropped_by_reason == {"restored": 1}
     assert follower.push("w2", 0, {"b": g(3.0)}, follower.incarnation, ballot=old).drop is DropReason.LATE  # retired
     assert follower.commit("w1", new, Decisions(222, ())).accepted and follower.version == 0  # still staged
 
