@@ -670,19 +670,29 @@ class PauseRequest(_message.Message):
 
     PAUSE_FIELD_NUMBER: _builtins.int
     MAX_HOLD_S_FIELD_NUMBER: _builtins.int
+    DECISIONS_SINCE_FIELD_NUMBER: _builtins.int
+    SYNC_FIELD_NUMBER: _builtins.int
     pause: _builtins.bool
     """false: release"""
     max_hold_s: _builtins.float
     """a pause ends by itself after this long (a chief that died mid-checkpoint)"""
+    decisions_since: _builtins.int
+    """Sync over several shards, at a cut: the coordinator (shard 0) answers its decisions for steps
+    >= decisions_since (-1 or unset with 0 pause: none); a follower commits `sync` while held.
+    """
+    @_builtins.property
+    def sync(self) -> Global___SyncDecisions: ...
     def __init__(
         self,
         *,
         pause: _builtins.bool = ...,
         max_hold_s: _builtins.float = ...,
+        decisions_since: _builtins.int = ...,
+        sync: Global___SyncDecisions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sync", b"sync"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_hold_s", b"max_hold_s", "pause", b"pause"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions_since", b"decisions_since", "max_hold_s", b"max_hold_s", "pause", b"pause", "sync", b"sync"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -693,15 +703,33 @@ class PauseResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    SYNC_FOLLOWER_FIELD_NUMBER: _builtins.int
+    SYNC_LINEAGE_FIELD_NUMBER: _builtins.int
+    SYNC_NEXT_STEP_FIELD_NUMBER: _builtins.int
+    DECIDED_FIELD_NUMBER: _builtins.int
     version: _builtins.int
+    sync_follower: _builtins.bool
+    """this shard follows shard 0's sync decisions"""
+    sync_lineage: _builtins.int
+    """a follower: the coordinator incarnation it follows (0: none yet)"""
+    sync_next_step: _builtins.int
+    """a follower: the first coordinator step it has not committed"""
+    @_builtins.property
+    def decided(self) -> Global___SyncDecisions:
+        """the coordinator: its decisions for steps >= decisions_since"""
+
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
+        sync_follower: _builtins.bool = ...,
+        sync_lineage: _builtins.int = ...,
+        sync_next_step: _builtins.int = ...,
+        decided: Global___SyncDecisions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decided", b"decided"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided", b"decided", "sync_follower", b"sync_follower", "sync_lineage", b"sync_lineage", "sync_next_step", b"sync_next_step", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

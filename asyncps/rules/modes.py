@@ -79,6 +79,21 @@ class Resolution:
 
 
 @dataclass(frozen=True)
+class Held:
+    """A shard's answer to a pause: its version and, in multi-shard sync, where it stands.
+
+    A follower says which coordinator incarnation it follows and the first step it has not
+    committed; the coordinator answers the decisions the pause asked for. A cut uses them to
+    bring every follower to the coordinator's step while all shards are held."""
+
+    version: int
+    follower: bool = False
+    lineage: int = 0
+    next_step: int = 0
+    decided: Decisions | None = None
+
+
+@dataclass(frozen=True)
 class Admission:
     """A verdict and, for drops, the reason."""
 
@@ -123,6 +138,10 @@ class Consistency(abc.ABC):
 
     def resolution(self, worker_id: str, step: int) -> Resolution | None:
         """What became of worker_id's gradient staged for `step` (None: still staged, or unknown)."""
+        return None
+
+    def sync_position(self) -> tuple[int, int] | None:
+        """A follower's (coordinator incarnation followed, first step not committed); others None."""
         return None
 
     def take_drops(self) -> list[DropReason]:
@@ -373,6 +392,10 @@ class SyncFollower(Consistency):
     def resolution(self, worker_id: str, step: int) -> Resolution | None:
         """What became of worker_id's gradient staged for `step` (None while it is staged)."""
         return self._resolved.get((worker_id, step))
+
+    def sync_position(self) -> tuple[int, int] | None:
+        """(the coordinator incarnation followed, the first step not committed here)."""
+        return self.lineage, self.next_step
 
     def take_drops(self) -> list[DropReason]:
         """Staged gradients dropped by commits since the last call (see Consistency)."""
