@@ -63,13 +63,12 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     run = config.run
     quiet_tensorflow()
     limit_threads(run.tf_threads)
-    from asyncps.datasets import load_dataset
-    from asyncps.models import build_model, make_loss, make_metrics
+    from asyncps.models import make_loss, make_metrics
     from asyncps.placement import VariableSpec, place
+    from asyncps.runmodel import build_run_model
     from asyncps.transport import connect_model
 
-    data = load_dataset(run.dataset, run.seed)
-    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
+    data, model = build_run_model(run)
     evaluator = Evaluator(model, make_loss(run.loss), metrics=make_metrics(run.metrics))
     initial_values = evaluator.values()
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]

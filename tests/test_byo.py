@@ -67,6 +67,17 @@ def test_example_trains_through_the_cli(tmp_path: Path) -> None:
     assert summary["metrics"]["sparse_categorical_accuracy"] == pytest.approx(summary["final_eval"]["accuracy"])
     assert 1 / 3 < summary["metrics"]["shapes_model:true_class_probability"] <= 1.0
     assert (run_dir / "model.keras").exists()
+    # its last checkpoint exports with no --user-path: the checkpoint records where the chief imported from
+    exported = run_cli(["export", str(run_dir), "--out", str(tmp_path / "export")])
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    import keras
+
+    from asyncps.datasets import load_dataset
+
+    data = load_dataset(EXAMPLE["dataset"])
+    model = keras.models.load_model(tmp_path / "export" / "model.keras")
+    accuracy = float(np.mean(np.argmax(model.predict(data.x_test, verbose=0), axis=1) == data.y_test))
+    assert accuracy >= STATED_ACCURACY
 
 
 @pytest.mark.slow

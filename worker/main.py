@@ -117,14 +117,13 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     """Build the model and data, train until stopped, send the final report; return the exit code."""
     limit_threads(run.tf_threads)
 
-    from asyncps.datasets import load_dataset
-    from asyncps.models import build_model, make_loss
+    from asyncps.models import make_loss
     from asyncps.placement import VariableSpec, place
+    from asyncps.runmodel import build_run_model
     from asyncps.transport import connect_model
     from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
 
-    data = load_dataset(run.dataset, run.seed)
-    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
+    data, model = build_run_model(run)
     names = [v.path for v in model.trainable_variables]
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
