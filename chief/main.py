@@ -28,6 +28,7 @@ from asyncps.chief.membership import LiveSet, Membership
 from asyncps.chief.metrics import MetricsServer, RunMetrics
 from asyncps.chief.progress import Progress, ShardPoller, TrainClock
 from asyncps.chief.recorder import EvalLog, Recorder, write_summary
+from asyncps.chief.reportlog import REPORT_LOG, ReportLog
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.tasks import TaskLedger
 from asyncps.codec import Array
@@ -84,7 +85,7 @@ class Chief:
 
     def __init__(self, config: ChiefConfig, interrupt: threading.Event, model: ModelParts, progress: Progress,
                  membership: Membership, ledger: TaskLedger, checkpointer: Checkpointer, recorder: Recorder,
-                 eval_log: EvalLog, manifest: RunManifest | None = None) -> None:
+                 eval_log: EvalLog, manifest: RunManifest | None = None, reports: ReportLog | None = None) -> None:
         self.config = config
         self.run = config.run
         self.interrupt = interrupt
@@ -95,6 +96,7 @@ class Chief:
         self.checkpointer = checkpointer
         self.recorder = recorder
         self.eval_log = eval_log
+        self.reports = reports or ReportLog()  # the worker reports recorded, each once
         self.manifest = manifest or RunManifest.new()
         self.clock = TrainClock(self.manifest.elapsed_s)
         self.started = time.monotonic()
@@ -143,7 +145,7 @@ class Chief:
     def serve(self) -> int:
         """Run to completion; return the process exit code."""
         servicer = CoordinatorServicer(self.membership, self.recorder, self.config.ps, self.run.to_json(),
-                                       self.status, self.ledger)
+                                       self.status, self.ledger, self.reports)
         self.lifecycle.start(servicer)
         metrics = None
         if self.config.metrics_port >= 0:
@@ -280,9 +282,11 @@ def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None) -> 
     if append:
         checkpointer.examples_offset = 0  # the recorder counts the examples of the files it continues
     eval_log = EvalLog(config.run_dir, recorder, append=append, run=run)
+    reports = ReportLog(config.run_dir / REPORT_LOG, resume=append)  # follows the rows the recorder continues
     chief = Chief(config, interrupt or threading.Event(), model, progress, membership, ledger, checkpointer,
-                  recorder, eval_log, manifest)
+                  recorder, eval_log, manifest, reports)
     try:
         return chief.serve()
     finally:
         ledger_log.close()
+        reports.close()
