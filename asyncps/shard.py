@@ -40,6 +40,7 @@ class PushRequest:
     step: int = 0
     loss: float = 0.0
     incarnation: int = 0  # of the values the gradient was computed from; 0: not checked
+    worker_index: int | None = None  # the pushing worker's index, when it says (for staleness policies)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from asyncps.errors import InvalidArgumentError
 from asyncps.frames import frames, gradient_slices, parser, tensor_slices
 from asyncps.pb import coordinator_pb2, ps_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.shard import DropReason, PushOutcome, Snapshot, StoreStats
+from asyncps.shard import DropReason, PushOutcome, PushRequest, Snapshot, StoreStats
 
 
 def rule_to_proto(rule: UpdateRuleConfig) -> ps_pb2.UpdateRule:
@@ -194,6 +194,22 @@ def initialize_frames(
     """An Initialize request: header, then the initial values (a header-only frame when none)."""
     slices = (s for name, value in values.items() for s in tensor_slices(name, value, chunk_bytes=chunk_bytes))
     return frames(lambda h, chunks: ps_pb2.InitializeChunk(header=h, tensors=chunks), header, slices, chunk_bytes)
+
+
+def push_header(request: PushRequest, pull_if_newer_than: int = -1, read_wait_s: float = 0.0) -> ps_pb2.PushHeader:
+    """The header of a push (Push, PushPull, ShmPushPull); the worker index only when known."""
+    return ps_pb2.PushHeader(worker_id=request.member_id, base_version=request.base_version, step=request.step,
+                             loss=request.loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s,
+                             incarnation=request.incarnation, worker_index=request.worker_index)
+
+
+def push_request(header: ps_pb2.PushHeader, grads: Mapping[str, Gradient]) -> PushRequest:
+    """The push a header and its gradients carry; a negative worker index is InvalidArgumentError."""
+    worker_index = header.worker_index if header.HasField("worker_index") else None
+    if worker_index is not None and worker_index < 0:
+        raise InvalidArgumentError(f"worker_index must be >= 0 when given, got {worker_index}")
+    return PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss, header.incarnation,
+                       worker_index)
 
 
 def push_frames(header: ps_pb2.PushHeader, grads: Mapping[str, Gradient], chunk_bytes: int) -> Iterator[bytes]:

@@ -64,7 +64,7 @@ class ShardService:
     def push(self, request: PushRequest) -> PushOutcome:
         """Apply, accumulate or drop one gradient."""
         return self.store.push(request.member_id, request.base_version, request.grads, request.incarnation,
-                               request.step)
+                               request.step, request.worker_index)
 
     def push_pull(
         self, request: PushRequest, pull_if_newer_than: int, read_wait_s: float

@@ -29,6 +29,7 @@ from asyncps.wire import (
     parse_push,
     parse_snapshot,
     pull_header_frame,
+    push_request,
     rule_from_proto,
     snapshot_frames,
     snapshot_from_wire,
@@ -132,8 +133,7 @@ class ParameterServerServicer:
         header: ps_pb2.PushHeader = read_frames(request_iterator, parse_push, assembler, what)
         grads = assembler.finish()
         self._service.count(pushed=assembler.total_bytes)
-        return header, PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss,
-                                   header.incarnation)
+        return header, push_request(header, grads)
 
     @handles_errors
     def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> ps_pb2.PushResult:
@@ -214,8 +214,7 @@ class ParameterServerServicer:
                     raise FailedPreconditionError("the shared-memory attachment was replaced: attach again")
                 grads = attachment.read_grads(request.grads)
             self._service.count(pushed=sum(g.nbytes for g in grads.values()))
-            push = PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss,
-                               header.incarnation)
+            push = push_request(header, grads)
             outcome, reply = self._service.push_pull(push, header.pull_if_newer_than, limit)
             push_result = outcome_to_proto(outcome)
         if reply.values is not None:

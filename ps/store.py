@@ -206,7 +206,7 @@ class ShardStore:
     # -- push -----------------------------------------------------------------------------
     def push(
         self, worker_id: str, base_version: int, grads: Mapping[str, Gradient], incarnation: int = 0,
-        step: int = 0,
+        step: int = 0, worker_index: int | None = None,
     ) -> PushOutcome:
         """Apply, accumulate (sync) or drop one gradient computed from `base_version`; never partially.
 
@@ -245,7 +245,7 @@ class ShardStore:
                     self._maybe_complete_step()
                     self._version_cond.notify_all()
                     return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
-                decision = self._policy.decide_push(PushContext(worker_id, step, staleness))
+                decision = self._policy.decide_push(PushContext(worker_id, step, staleness, worker_index))
                 if admission.verdict is Verdict.DROP or not decision.accept:
                     drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
                     assert drop is not None, "a drop verdict names its reason"

@@ -120,7 +120,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
     batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
     client = connect_model(link.member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
-                           config.security, transport=run.transport)
+                           config.security, transport=run.transport, worker_index=reg.index)
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
     trainer = Trainer(client, names, make_grad_fn(model, make_loss(run.loss)), batches, delay, telemetry,

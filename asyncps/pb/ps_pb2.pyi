@@ -213,6 +213,7 @@ class PushHeader(_message.Message):
     PULL_IF_NEWER_THAN_FIELD_NUMBER: _builtins.int
     READ_WAIT_S_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    WORKER_INDEX_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     base_version: _builtins.int
     """the shard version the gradient was computed from"""
@@ -228,6 +229,10 @@ class PushHeader(_message.Message):
     """
     incarnation: _builtins.int
     """of the values the gradient was computed from; 0: not checked"""
+    worker_index: _builtins.int
+    """The pushing worker's index (as the chief assigned it), for staleness policies; absent: unknown
+    (a worker of an earlier version: the index its member id carries, if any).
+    """
     def __init__(
         self,
         *,
@@ -238,12 +243,15 @@ class PushHeader(_message.Message):
         pull_if_newer_than: _builtins.int = ...,
         read_wait_s: _builtins.float = ...,
         incarnation: _builtins.int = ...,
+        worker_index: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_worker_index", b"_worker_index", "worker_index", b"worker_index"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "incarnation", b"incarnation", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "read_wait_s", b"read_wait_s", "step", b"step", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_worker_index", b"_worker_index", "base_version", b"base_version", "incarnation", b"incarnation", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "read_wait_s", b"read_wait_s", "step", b"step", "worker_id", b"worker_id", "worker_index", b"worker_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__worker_index: _TypeAlias = _typing.Literal["worker_index"]  # noqa: Y015
+    _WhichOneofArgType__worker_index: _TypeAlias = _typing.Literal["_worker_index", b"_worker_index"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__worker_index) -> _WhichOneofReturnType__worker_index | None: ...
 
 Global___PushHeader: _TypeAlias = PushHeader  # noqa: Y015
 

@@ -25,6 +25,7 @@ from asyncps.wire import (
     parse_pull,
     parse_snapshot,
     push_frames,
+    push_header,
     rule_to_proto,
     snapshot_frames,
     snapshot_from_wire,
@@ -135,9 +136,7 @@ class GrpcShardTransport:
 
     @staticmethod
     def _push_header(request: PushRequest, pull_if_newer_than: int = -1, read_wait_s: float = 0.0) -> ps_pb2.PushHeader:
-        return ps_pb2.PushHeader(worker_id=request.member_id, base_version=request.base_version, step=request.step,
-                                 loss=request.loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s,
-                                 incarnation=request.incarnation)
+        return push_header(request, pull_if_newer_than, read_wait_s)
 
     def push(self, request: PushRequest) -> PushOutcome:
         """Apply or drop one gradient."""

@@ -39,10 +39,12 @@ class ModelClient:
     of a C-contiguous array is contiguous), so reassembling a sliced variable costs no copy.
     """
 
-    def __init__(self, member_id: str, shards: Sequence[ShardTransport], placement: Placement) -> None:
+    def __init__(self, member_id: str, shards: Sequence[ShardTransport], placement: Placement,
+                 worker_index: int | None = None) -> None:
         if len(shards) != placement.num_shards:
             raise ValueError(f"{len(shards)} shard transports for a placement over {placement.num_shards}")
         self.member_id = member_id
+        self.worker_index = worker_index  # sent with every push when known (staleness policies see it)
         self.placement = placement
         self.shards = list(shards)
         self.values: dict[str, Array] = {
@@ -117,7 +119,8 @@ class ModelClient:
                 reply = self.shards[shard].pull(self.member_id, base[shard], self._views[shard])
                 self._accept(shard, reply)
                 return ShardPush(shard, None, reply.version)
-            request = PushRequest(self.member_id, base[shard], per_shard[shard], step, loss, incarnations[shard])
+            request = PushRequest(self.member_id, base[shard], per_shard[shard], step, loss, incarnations[shard],
+                                  self.worker_index)
             outcome, reply = self.shards[shard].push_pull(request, -1, self._views[shard], read_wait_s)
             self._accept(shard, reply)
             return ShardPush(shard, outcome, reply.version, reply.waited_s)
