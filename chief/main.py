@@ -109,7 +109,9 @@ class Chief:
         self.evaluation = Evaluation(model.evaluator, model.client, model.data, self.run.eval_every_s, progress,
                                      self.clock, eval_log)
         self.lifecycle = Lifecycle(config, interrupt, progress, self.clock, ledger, model.client)
-        self.gate = StartGate(self.run.num_workers, self.run.start_barrier, membership.index_of)
+        # a restarted chief's workers started long ago (they never wait again): its gate is open
+        self.gate = StartGate(self.run.num_workers, self.run.start_barrier and self.manifest.chief_starts <= 1,
+                              membership.index_of)
 
     def _recover_shard(self, shard: int) -> None:
         """Restore a restarted shard, then give it the live set it lost (sync quorum, SSP waits)."""
