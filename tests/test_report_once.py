@@ -59,7 +59,7 @@ def start_chief(run_dir: Path, port: int = 0, resume: bool = False,
     recorder = Recorder(run_dir, append=resume)
     reports = ReportLog(run_dir / REPORT_LOG, resume=resume)
     servicer = servicer_type(Membership(2, 10), recorder, ["127.0.0.1:1"], RunConfig().to_json(),
-                             lambda: cpb.ClusterStatus(), ledger, reports)
+                             lambda: cpb.ClusterStatus(), ledger, reports=reports)
     server, bound, _ = create_server(f"127.0.0.1:{port}",
                                      [lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s)])
     return ChiefState(server, bound, recorder, ledger, ledger_log, reports)

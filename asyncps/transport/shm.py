@@ -30,7 +30,7 @@ from asyncps.rules import UpdateRuleConfig
 from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 from asyncps.transport.base import InitResult
 from asyncps.transport.grpc_shard import GrpcShardTransport
-from asyncps.wire import SHARD_SERVICE, outcome_from_proto, push_header
+from asyncps.wire import SHARD_SERVICE, decisions_from_proto, outcome_from_proto, push_header
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,8 @@ class ShmShardTransport:
                     np.copyto(buffers[name], value)
             values = dict(buffers)
         outcome = None if pull_only else outcome_from_proto(reply.push)
-        return outcome, ShardValues(reply.version, reply.incarnation, values, reply.waited_s)
+        decisions = decisions_from_proto(reply.sync) if reply.HasField("sync") else None
+        return outcome, ShardValues(reply.version, reply.incarnation, values, reply.waited_s, decisions)
 
     # everything else is the gRPC transport's
     def initialize(self, member_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
