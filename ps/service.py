@@ -72,7 +72,7 @@ class ShardService:
                 raise InvalidArgumentError("a sync commit carries the worker's ballot and no gradients")
             return self.store.commit(request.member_id, request.ballot, request.decisions)
         return self.store.push(request.member_id, request.base_version, request.grads, request.incarnation,
-                               request.step, request.ballot)
+                               request.step, request.ballot, request.worker_index)
 
     def push_pull(
         self, request: PushRequest, pull_if_newer_than: int, read_wait_s: float

@@ -273,7 +273,7 @@ class ShardStore:
     # -- push -----------------------------------------------------------------------------
     def push(
         self, worker_id: str, base_version: int, grads: Mapping[str, Gradient], incarnation: int = 0,
-        step: int | None = None, ballot: Ballot | None = None,
+        step: int | None = None, ballot: Ballot | None = None, worker_index: int | None = None,
     ) -> PushOutcome:
         """Apply, accumulate (sync) or drop one gradient computed from `base_version`; never partially.
 
@@ -318,7 +318,7 @@ class ShardStore:
                     self._maybe_complete_step()
                     self._version_cond.notify_all()
                     return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
-                decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness))
+                decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness, worker_index))
                 if admission.verdict is Verdict.DROP or not decision.accept:
                     drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
                     assert drop is not None, "a drop verdict names its reason"
