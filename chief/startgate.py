@@ -19,14 +19,19 @@ from asyncps.errors import InvalidArgumentError
 #: The release names a moment this far ahead, so that every waiting process has its answer before
 #: it and all begin together (answers reach processes tens of ms apart on a busy machine).
 START_MARGIN_S = 0.3
+#: A planned worker that never becomes ready (crashed during start-up, fewer containers started than
+#: planned) must not hold the others forever: after this long the gate opens for those ready.
+START_TIMEOUT_S = 300.0
 
 
 class StartGate:
     """Who is ready, and whether the run is released; waiters block on one condition."""
 
     def __init__(self, planned: int, enabled: bool, index_of: Callable[[str], int],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, timeout_s: float = START_TIMEOUT_S) -> None:
         self.planned = planned
+        self.timeout_s = timeout_s
+        self.timed_out = False
         self.enabled = enabled
         self._index_of = index_of
         self._clock = clock
@@ -57,9 +62,7 @@ class StartGate:
         with self._cond:
             self._ready.update(i for i in indices if i < self.planned)
             if self.released_after_s is None and len(self._ready) >= self.planned:
-                self.released_after_s = self._clock() - self._created
-                self.released_wall = time.time() + START_MARGIN_S
-                self._cond.notify_all()
+                self._release()
 
     def cancel(self) -> None:
         """The run is stopping: wake every waiter (they are told to stop, not to train)."""
@@ -76,11 +79,23 @@ class StartGate:
     def wait(self, timeout_s: float) -> bool:
         """Block until released, cancelled or timeout_s passed; True when released."""
         with self._cond:
-            self._cond.wait_for(lambda: self.released_after_s is not None or self._cancelled, timeout_s)
+            left = self.timeout_s - (self._clock() - self._created)
+            self._cond.wait_for(lambda: self.released_after_s is not None or self._cancelled,
+                                max(0.0, min(timeout_s, left)))
+            if self.released_after_s is None and not self._cancelled and self._ready \
+                    and self._clock() - self._created >= self.timeout_s:
+                self.timed_out = True  # open for the workers that are ready; late ones train on joining
+                self._release()
             return self.released_after_s is not None
+
+    def _release(self) -> None:
+        self.released_after_s = self._clock() - self._created
+        self.released_wall = time.time() + START_MARGIN_S
+        self._cond.notify_all()
 
     def describe(self) -> dict[str, float | int | bool | None]:
         """The barrier's part of summary.json."""
         with self._cond:
             return {"enabled": self.enabled, "planned": self.planned, "ready": len(self._ready),
-                    "released_after_s": self.released_after_s, "released_wall_time": self.released_wall}
+                    "released_after_s": self.released_after_s, "released_wall_time": self.released_wall,
+                    "timed_out": self.timed_out}

@@ -38,7 +38,7 @@ class SteadyStaleness:
             if self._ready_at is None:
                 if len(self._held) < MAX_HELD:
                     self._held.append((wall_time, staleness))
-                if all(w in self._first_time for w in range(self.planned)):
+                if self.planned and all(w in self._first_time for w in range(self.planned)):
                     self._settle(max(self._first_time[w] for w in range(self.planned)))
             elif wall_time > self._ready_at:
                 self.histogram[staleness] += 1

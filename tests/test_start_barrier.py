@@ -120,3 +120,22 @@ def test_a_worker_whose_first_read_is_a_round_late_is_late() -> None:
     steady.add(1, 0, 1.5, 12, 1)
     assert steady.late_workers(round_size=2) == [1]
     assert steady.late_workers(round_size=3) == []
+
+
+def test_a_planned_worker_that_never_comes_holds_the_others_only_until_the_start_timeout() -> None:
+    now = [0.0]
+    gate = StartGate(3, True, lambda member: int(member[1:]), clock=lambda: now[0], timeout_s=60.0)
+    gate.mark_ready(["w0", "w1"])  # w2 crashed while starting
+    assert not gate.wait(0.0) and not gate.released
+    now[0] = 59.0
+    assert not gate.wait(0.0)
+    now[0] = 60.0
+    assert gate.wait(0.0) and gate.timed_out
+    assert gate.describe()["timed_out"] is True and gate.describe()["ready"] == 2
+
+
+def test_the_start_timeout_never_opens_a_gate_nobody_is_ready_at() -> None:
+    now = [100.0]
+    gate = StartGate(2, True, lambda member: int(member[1:]), clock=lambda: now[0], timeout_s=60.0)
+    now[0] = 1000.0
+    assert not gate.wait(0.0) and not gate.timed_out
