@@ -42,7 +42,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     **{f"/{SHARD_SERVICE}/{name}": _ANY_ROLE
        for name in ("Pull", "Push", "PushPull", "GetStats", "AttachShm", "ShmPushPull")},
     **{f"/{COORDINATOR_SERVICE}/{name}": _ANY_ROLE
-       for name in ("Register", "Heartbeat", "Report", "GetTask", "GetStatus")},
+       for name in ("Register", "Heartbeat", "Report", "GetTask", "GetStatus", "WaitStart")},
 }
 
 if TYPE_CHECKING:

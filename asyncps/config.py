@@ -104,6 +104,12 @@ class RunConfig:
     num_workers: int = setting(2, flags=("--workers",),
                           help="number of workers (chief: else TF_CONFIG's, when it has one)")
     num_ps: int = setting(2, help="number of parameter-server shards", flags=("--ps",))
+    worker_processes: int = setting(0, help=(
+        "run the workers as logical workers (threads) in this many processes (0: one process each); "
+        "see the README on what logical workers share"))
+    start_barrier: bool = setting(True, help=(
+        "hold every worker until all planned workers registered and computed a warm-up gradient "
+        "(--start-barrier false / --no-start-barrier: start each as soon as it is ready)"))
     max_updates: int = setting(0, help="stop after this many applied updates (0: no limit)")
     epochs: float = setting(DEFAULT_EPOCHS, help=(
         f"stop after this many passes over the training data (0: no limit; {DEFAULT_EPOCHS:g} unless "
@@ -158,6 +164,8 @@ class RunConfig:
             problems.append("learning_rate must be > 0")
         if self.num_workers < 1 or self.num_ps < 1:
             problems.append("num_workers and num_ps must be >= 1")
+        if not 0 <= self.worker_processes <= self.num_workers:
+            problems.append("worker_processes must be between 0 and num_workers")
         if self.max_updates < 0 or self.epochs < 0 or self.max_seconds < 0:
             problems.append("max_updates, epochs and max_seconds must be >= 0")
         if self.max_updates == 0 and self.epochs == 0 and self.max_seconds == 0:

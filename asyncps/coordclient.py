@@ -57,6 +57,12 @@ class CoordinatorClient:
         request = cpb.TaskRequest(member_id=member_id)
         return self._retry(lambda: self._stub.GetTask(request, timeout=self._call_timeout_s), deadline_s)
 
+    def wait_start(self, member_ids: Sequence[str], wait_s: float,
+                   deadline_s: float | None = None) -> cpb.StartReply:
+        """Say these members are ready and wait (up to wait_s) for the chief to release the run."""
+        request = cpb.StartRequest(member_ids=list(member_ids), wait_s=wait_s)
+        return self._retry(lambda: self._stub.WaitStart(request, timeout=wait_s + self._call_timeout_s), deadline_s)
+
     def status(self, deadline_s: float | None = None) -> cpb.ClusterStatus:
         """Progress of the run."""
         return self._retry(lambda: self._stub.GetStatus(cpb.StatusRequest(), timeout=self._call_timeout_s),

@@ -33,3 +33,7 @@ class UnauthenticatedError(AsyncpsError):
 
 class AbortedError(AsyncpsError):
     """The operation was cancelled because the server is stopping."""
+
+
+class UnavailableError(AsyncpsError):
+    """Not now, and nothing changed: the caller retries (SSP holds a worker that runs ahead)."""

@@ -31,6 +31,7 @@ _STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (errors.ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     (errors.AbortedError, grpc.StatusCode.ABORTED),
+    (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
 )
 
 

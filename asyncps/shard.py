@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from asyncps.codec import Array, Gradient
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.drops import DropReason
+from asyncps.rules.modes import Ballot, Decisions
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class PushRequest:
     step: int = 0
     loss: float = 0.0
     incarnation: int = 0  # of the values the gradient was computed from; 0: not checked
+    ballot: Ballot | None = None  # sync: the coordinator version it was computed from
+    decisions: Decisions | None = None  # sync commit: the coordinator's decisions (no gradients then)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class ShardValues:
     incarnation: int
     values: Mapping[str, Array] | None
     waited_s: float = 0.0  # time the consistency model held the reply back (sync/ssp)
+    decisions: Decisions | None = None  # from the sync coordinator: steps decided since the caller's
 
 
 @dataclass(frozen=True)
@@ -90,4 +94,4 @@ class StoreStats:
     run_id: str = ""  # the run that initialized or restored the shard (empty: none said)
 
 
-__all__ = ["DropReason", "PushOutcome", "PushRequest", "ShardValues", "Snapshot", "StoreStats"]
+__all__ = ["Ballot", "Decisions", "DropReason", "PushOutcome", "PushRequest", "ShardValues", "Snapshot", "StoreStats"]

@@ -16,7 +16,8 @@ from asyncps.errors import InvalidArgumentError
 from asyncps.frames import frames, gradient_slices, parser, tensor_slices
 from asyncps.pb import coordinator_pb2, ps_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.shard import DropReason, PushOutcome, Snapshot, StoreStats
+from asyncps.rules.modes import SyncStep
+from asyncps.shard import Ballot, Decisions, DropReason, PushOutcome, PushRequest, Snapshot, StoreStats
 
 
 def rule_to_proto(rule: UpdateRuleConfig) -> ps_pb2.UpdateRule:
@@ -81,6 +82,46 @@ def outcome_from_proto(msg: ps_pb2.PushResult) -> PushOutcome:
                            msg.drop_detail)
     except ValueError as exc:
         raise InvalidArgumentError(f"bad push result: {exc}") from None
+
+
+def decisions_to_proto(decisions: Decisions) -> ps_pb2.SyncDecisions:
+    """Encode the sync coordinator's decisions."""
+    return ps_pb2.SyncDecisions(incarnation=decisions.incarnation, steps=[
+        ps_pb2.SyncStep(step=s.step, workers=sorted(s.workers)) for s in decisions.steps])
+
+
+def decisions_from_proto(msg: ps_pb2.SyncDecisions) -> Decisions:
+    """Decode the sync coordinator's decisions; they must come in increasing step order."""
+    steps = tuple(SyncStep(s.step, frozenset(s.workers)) for s in msg.steps)
+    if any(b.step <= a.step for a, b in itertools.pairwise(steps)) or (steps and steps[0].step < 0):
+        raise InvalidArgumentError("sync decisions must have increasing steps >= 0")
+    if msg.incarnation <= 0:
+        raise InvalidArgumentError("sync decisions need the coordinator's incarnation (> 0)")
+    return Decisions(msg.incarnation, steps)
+
+
+def push_header(request: PushRequest, pull_if_newer_than: int = -1, read_wait_s: float = 0.0) -> ps_pb2.PushHeader:
+    """The header of a push (or push-pull) of `request`."""
+    header = ps_pb2.PushHeader(worker_id=request.member_id, base_version=request.base_version, step=request.step,
+                               loss=request.loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s,
+                               incarnation=request.incarnation)
+    if request.ballot is not None:
+        header.sync_step, header.sync_incarnation = request.ballot.step, request.ballot.incarnation
+    if request.decisions is not None:
+        header.sync.CopyFrom(decisions_to_proto(request.decisions))
+    return header
+
+
+def push_request(header: ps_pb2.PushHeader, grads: Mapping[str, Gradient]) -> PushRequest:
+    """The push a header (and its gradients) asks for; a malformed ballot is InvalidArgumentError."""
+    ballot = None
+    if header.sync_incarnation:
+        if header.sync_step < 0 or header.sync_incarnation < 0:
+            raise InvalidArgumentError("sync_step and sync_incarnation must be >= 0")
+        ballot = Ballot(header.sync_step, header.sync_incarnation)
+    decisions = decisions_from_proto(header.sync) if header.HasField("sync") else None
+    return PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss, header.incarnation,
+                       ballot, decisions)
 
 
 def push_record(

@@ -36,6 +36,7 @@ from asyncps.chief.metrics import MetricsServer, RunMetrics
 from asyncps.chief.progress import Progress, ShardPoller, TrainClock
 from asyncps.chief.recorder import EvalLog, Recorder, write_summary
 from asyncps.chief.servicer import CoordinatorServicer
+from asyncps.chief.startgate import StartGate
 from asyncps.chief.tasks import TaskLedger
 from asyncps.codec import Array
 from asyncps.pb import coordinator_pb2 as cpb
@@ -114,10 +115,18 @@ class Chief:
         self._orphans_checked = False
         self.live_set = LiveSet(membership, model.client.shards)
         self.poller = ShardPoller(model.client.shards, config.ps, self.run.rpc_deadline_s, progress,
-                                  checkpointer.recover_shard)
+                                  self._recover_shard)
         self.evaluation = Evaluation(model.evaluator, model.client, model.data, self.run.eval_every_s, progress,
                                      self.clock, eval_log)
         self.lifecycle = Lifecycle(config, interrupt, progress, self.clock, ledger, model.client)
+        # a restarted chief's workers started long ago (they never wait again): its gate is open
+        self.gate = StartGate(self.run.num_workers, self.run.start_barrier and self.manifest.chief_starts <= 1,
+                              membership.index_of)
+
+    def _recover_shard(self, shard: int) -> None:
+        """Restore a restarted shard, then give it the live set it lost (sync quorum, SSP waits)."""
+        self.checkpointer.recover_shard(shard)
+        self.live_set.restored(shard)
 
     # -- status ---------------------------------------------------------------------------
     def status(self) -> cpb.ClusterStatus:
@@ -154,7 +163,7 @@ class Chief:
     def serve(self) -> int:
         """Run to completion; return the process exit code."""
         servicer = CoordinatorServicer(self.membership, self.recorder, self.config.ps, self.run.to_json(),
-                                       self.status, self.ledger)
+                                       self.status, self.ledger, self.gate)
         self.lifecycle.start(servicer)
         metrics = None
         if self.config.metrics_port >= 0:
@@ -179,6 +188,7 @@ class Chief:
             if self.config.export:
                 export_model(self.model.keras, self.config)
         finally:
+            self.gate.cancel()
             with self.progress.lock:
                 self.progress.done = not handed_over
             self.eval_log.close()
@@ -219,6 +229,7 @@ class Chief:
                 if reason is not None:
                     log.info("stopping: %s", reason)
                     self.membership.request_stop(reason)
+                    self.gate.cancel()
                     stop_at = time.monotonic()
                 elif self.checkpointer.due(self.clock.started):
                     self._checkpoint()
@@ -261,7 +272,7 @@ class Chief:
     def _write_summary(self, final: tuple[float, float]) -> None:
         write_summary(self.config.run_dir, final, self.clock.wall_s(), self.progress,
                       self.recorder, self.run, len(self.config.ps), self.model.data, self.membership.stop_reason,
-                      self.ledger, self.model.evaluator)
+                      self.ledger, self.model.evaluator, self.gate.describe())
 
 
 def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None,
@@ -297,7 +308,7 @@ def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None,
     ledger_log = LedgerLog(config.run_dir / LEDGER_LOG, ledger)
     manifest.save(config.run_dir)
     append = resuming or config.resume
-    recorder = Recorder(config.run_dir, append=append)
+    recorder = Recorder(config.run_dir, append=append, planned_workers=run.num_workers)
     if append:
         checkpointer.examples_offset = 0  # the recorder counts the examples of the files it continues
     eval_log = EvalLog(config.run_dir, recorder, append=append, run=run)

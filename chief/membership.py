@@ -168,3 +168,9 @@ class LiveSet:
             shard.set_live_workers(live)
         self._sent = live
         log.info("live workers: %d", len(live))
+
+    def restored(self, shard: int) -> None:
+        """A shard was restored (or started anew): its live set is gone with its old state, send it again."""
+        if self._sent is not None:
+            self._shards[shard].set_live_workers(self._sent)
+            log.info("live workers sent again to restored shard %d", shard)

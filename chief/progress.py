@@ -29,6 +29,7 @@ class Progress:
     bytes_pulled: list[int] = dataclasses.field(default_factory=list)
     dropped_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
     max_clock_lead: float = 0.0
+    reads_refused: dict[str, int] = dataclasses.field(default_factory=dict)  # SSP: by why, over shards
     updates_per_s: float = 0.0
     eval_loss: float = math.nan
     eval_accuracy: float = math.nan
@@ -107,6 +108,13 @@ class ShardPoller:
                     reasons[reason] = reasons.get(reason, 0) + count
             p.dropped_by_reason = reasons
             p.max_clock_lead = max((s.mode_stats.get("max_clock_lead", 0.0) for s in stats), default=0.0)
+            refused: dict[str, int] = {}
+            for st in stats:
+                for key, value in st.mode_stats.items():
+                    if key.startswith("refused_"):
+                        why = key.removeprefix("refused_")
+                        refused[why] = refused.get(why, 0) + int(value)
+            p.reads_refused = refused
             now = time.monotonic()
             if t_before is not None and now > t_before:
                 rate = (p.updates - before) / (now - t_before)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncps.chief.progress import Progress
+from asyncps.chief.steady import SteadyStaleness
 from asyncps.chief.tasks import TaskLedger
 from asyncps.config import RunConfig
 from asyncps.pb import coordinator_pb2 as cpb
@@ -29,6 +30,7 @@ from asyncps.rundir import (
     StepRow,
     iter_rows,
 )
+from asyncps.rundir.clocklead import push_clock_lead
 from asyncps.wire import drop_from_wire
 
 if TYPE_CHECKING:
@@ -55,8 +57,9 @@ class Recorder:
     report is flushed before the worker hears the answer: a killed chief loses no reported row.
     """
 
-    def __init__(self, run_dir: Path, append: bool = False) -> None:
+    def __init__(self, run_dir: Path, append: bool = False, planned_workers: int = 0) -> None:
         self._lock = threading.Lock()
+        self.steady = SteadyStaleness(planned_workers)
         self.staleness: collections.Counter[int] = collections.Counter()
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=4096)
         self.dropped_reasons: collections.Counter[str] = collections.Counter()
@@ -65,6 +68,7 @@ class Recorder:
         self.wait_s: collections.defaultdict[int, float] = collections.defaultdict(float)
         self.pushes_recorded = 0
         self.last_loss = float("nan")
+        self._applied: list[PushRow] = []  # for the clock lead measured from the pushes themselves
         # examples by what became of their gradient: applied on every shard it was pushed to,
         # dropped on every one, or applied on some and dropped on others
         self.examples_by_outcome: collections.Counter[str] = collections.Counter()
@@ -79,6 +83,8 @@ class Recorder:
         for p in iter_rows(run_dir / PUSHES_CSV, PushRow):
             self._count_push(p.staleness, p.drop_reason, p.loss)
             accepted[(p.worker, p.step)].append(p.accepted)
+            if p.accepted:
+                self._applied.append(p)
         for s in iter_rows(run_dir / TIMELINE_CSV, StepRow):
             self.examples_by_outcome[_outcome(accepted.get((s.worker, s.step), []))] += s.examples
             self._count_step(s.worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
@@ -102,9 +108,13 @@ class Recorder:
             for p in pushes:
                 drop = drop_from_wire(p.drop)
                 kind = drop.value if drop is not None else ""
-                self._pushes.write(PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version,
-                                           p.staleness, p.accepted, kind, p.effective_lr, p.loss, p.drop_detail))
+                row = PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version, p.staleness,
+                              p.accepted, kind, p.effective_lr, p.loss, p.drop_detail)
+                self._pushes.write(row)
+                if row.accepted:
+                    self._applied.append(row)
                 self._count_push(p.staleness, kind, p.loss)
+                self.steady.add(worker, p.shard, p.wall_time, p.base_version, p.staleness)
             accepted: collections.defaultdict[int, list[bool]] = collections.defaultdict(list)
             for p in pushes:  # a step's push records come in the same report as its timing
                 accepted[p.step].append(p.accepted)
@@ -137,6 +147,13 @@ class Recorder:
         with self._lock:
             return {w: self.wait_s[w] / (self.busy_s[w] + self.wait_s[w])
                     for w in sorted(self.busy_s) if self.busy_s[w] + self.wait_s[w] > 0}
+
+    def measured_clock_lead(self) -> int:
+        """The largest clock lead with which a worker read, measured from the recorded pushes
+        (asyncps.rundir.clocklead), not from the shards' own clocks."""
+        with self._lock:
+            rows = list(self._applied)
+        return push_clock_lead(rows)
 
     def close(self) -> None:
         """Flush and close the CSV files."""
@@ -215,7 +232,7 @@ def write_hparams(writer: Any, run: RunConfig) -> None:
 
 def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: Progress, recorder: Recorder,
                   run: RunConfig, num_ps: int, data: Dataset, stop_reason: str | None, ledger: TaskLedger,
-                  evaluator: Evaluator) -> None:
+                  evaluator: Evaluator, start: dict[str, Any] | None = None) -> None:
     """summary.json: the run's outcome (with the final training loss where the optimum is known)."""
     histogram, _, examples, _ = recorder.snapshot()
     train_loss: float | None = None
@@ -244,6 +261,8 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         dropped_by_reason=p.dropped_by_reason,
         idle_fraction=recorder.idle_fractions(),
         max_clock_lead=p.max_clock_lead,
+        measured_clock_lead=recorder.measured_clock_lead(),
+        reads_refused=dict(p.reads_refused),
         backup_workers=run.backup_workers,
         staleness_bound=run.staleness_bound,
         shards=tuple(ShardCounters(version=v, accepted=a, dropped=d, bytes_pushed=pushed, bytes_pulled=pulled)
@@ -251,5 +270,7 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
                                                         p.bytes_pulled, strict=True)),
         final_train_loss=train_loss,
         optimality_gap=gap,
+        staleness_steady=StalenessSummary.of(recorder.steady.snapshot()),
+        start={**(start or {}), "late_workers": recorder.steady.late_workers(run.num_workers)},
         metrics=metrics,
     ).save(run_dir)

@@ -9,6 +9,7 @@ import grpc
 
 from asyncps.chief.membership import Membership
 from asyncps.chief.recorder import Recorder
+from asyncps.chief.startgate import StartGate
 from asyncps.chief.tasks import TaskLedger
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
@@ -16,13 +17,18 @@ from asyncps.rpc import handles_errors
 
 log = logging.getLogger(__name__)
 
+#: The longest a WaitStart call is held before it answers "not yet" (the caller asks again).
+MAX_START_WAIT_S = 10.0
+
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     """Registration, heartbeats, telemetry and status, over the chief's state objects."""
 
     def __init__(self, membership: Membership, recorder: Recorder, ps_addresses: Sequence[str],
-                 run_config_json: str, status: Callable[[], cpb.ClusterStatus], ledger: TaskLedger) -> None:
+                 run_config_json: str, status: Callable[[], cpb.ClusterStatus], ledger: TaskLedger,
+                 gate: StartGate | None = None) -> None:
         self._membership = membership
+        self._gate = gate or StartGate(membership.num_workers, False, membership.index_of)
         self._ledger = ledger
         self._recorder = recorder
         self._ps_addresses = list(ps_addresses)
@@ -74,6 +80,17 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             return cpb.TaskReply(has_task=False, finished=self._ledger.finished())
         return cpb.TaskReply(has_task=True, task_id=task.task_id, epoch=task.epoch, start=task.start,
                              stop=task.stop)
+
+    @handles_errors
+    def WaitStart(self, request: cpb.StartRequest, context: grpc.ServicerContext) -> cpb.StartReply:
+        """The start barrier: mark the members ready, hold the call until the run is released (at most
+        MAX_START_WAIT_S, so a waiting process cannot pin a server thread for long)."""
+        self._gate.mark_ready(request.member_ids)
+        released = self._gate.wait(min(max(request.wait_s, 0.0), MAX_START_WAIT_S))
+        command, _ = self._command()
+        return cpb.StartReply(released=released and command == cpb.CONTINUE, command=command,  # type: ignore[arg-type]
+                              ready=self._gate.ready_count(), planned=self._gate.planned,
+                              start_at=self._gate.start_at)
 
     @handles_errors
     def GetStatus(self, request: cpb.StatusRequest, context: grpc.ServicerContext) -> cpb.ClusterStatus:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -22,6 +23,8 @@ from asyncps.security import SecurityConfig
 from asyncps.streamguard import DEFAULT_IDLE_TIMEOUT_S, StreamLimits
 
 log = logging.getLogger("asyncps.ps")
+
+NO_SSP_BOUND_ENV = "ASYNCPS_TEST_NO_SSP_BOUND"
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,11 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     """Serve until Shutdown or interrupt (0), or until the chief is silent for too long (3)."""
     stop = interrupt or threading.Event()
     watch = ChiefWatch(config.chief_timeout_s)
-    store = ShardStore(config.index)
+    # test only: lets SSP workers read beyond the bound, to show the chief's measurement catches it
+    unbounded = os.environ.get(NO_SSP_BOUND_ENV) == "1"
+    if unbounded:
+        log.warning("%s=1: SSP's bound is NOT enforced (a test switch)", NO_SSP_BOUND_ENV)
+    store = ShardStore(config.index, enforce_bounds=not unbounded)
     limits = config.stream_limits
     # long-polls are streams too: never more waiting than the guard admits
     servicer = ParameterServerServicer(store, config.chunk_bytes, config.max_request_bytes,

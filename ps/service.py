@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator, Mapping
 
 from asyncps.codec import Array
+from asyncps.errors import InvalidArgumentError
 from asyncps.ps.store import ShardStore
 from asyncps.rules import UpdateRuleConfig
 from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
@@ -54,30 +55,51 @@ class ShardService:
         return created, self.store.version
 
     def pull(self, worker_id: str, if_newer_than: int, wait_s: float = 0.0) -> ShardValues:
-        """The values, after a long-poll of up to wait_s for a version newer than if_newer_than."""
+        """The values, after a long-poll of up to wait_s for a version newer than if_newer_than
+        (with the sync coordinator's decisions since if_newer_than)."""
         if wait_s > 0:
             with self._waiter() as may_wait:
                 if may_wait:
                     self.store.wait_newer(if_newer_than, wait_s)
-        return self.store.pull(if_newer_than, worker_id)
+        values = self.store.pull(if_newer_than, worker_id)
+        return dataclasses.replace(values, decisions=self.store.decisions_since(if_newer_than))
 
     def push(self, request: PushRequest) -> PushOutcome:
-        """Apply, accumulate or drop one gradient."""
+        """Apply, accumulate or drop one gradient (a sync commit when it carries decisions)."""
+        if request.decisions is not None:
+            if request.grads or request.ballot is None:
+                raise InvalidArgumentError("a sync commit carries the worker's ballot and no gradients")
+            return self.store.commit(request.member_id, request.ballot, request.decisions)
         return self.store.push(request.member_id, request.base_version, request.grads, request.incarnation,
-                               request.step)
+                               request.step, request.ballot)
 
     def push_pull(
         self, request: PushRequest, pull_if_newer_than: int, read_wait_s: float
     ) -> tuple[PushOutcome, ShardValues]:
-        """Push, wait until the consistency model lets the worker read (up to read_wait_s), pull."""
+        """Push, wait until the consistency model lets the worker read (up to read_wait_s), pull.
+
+        With strict reads (SSP) a worker that still may not read gets no values: the call fails
+        (UNAVAILABLE, counted as refused for lack of a waiting slot or at the deadline) and the
+        worker repeats it; the shard recognizes the repeated push and does not apply it twice.
+        """
         outcome = self.push(request)
         waited = 0.0
-        if read_wait_s > 0:
-            with self._waiter() as may_wait:
-                if may_wait:
-                    waited = self.store.wait_readable(request.member_id, request.base_version, read_wait_s)
+        if request.decisions is None and not self.store.readable(request.member_id, request.base_version):
+            refused = "deadline"
+            if read_wait_s > 0:
+                with self._waiter() as may_wait:
+                    if may_wait:
+                        waited = self.store.wait_readable(request.member_id, request.base_version, read_wait_s)
+                    else:
+                        refused = "no_slot"
+            if self.store.strict_reads() and not self.store.readable(request.member_id, request.base_version):
+                raise self.store.refuse(refused, (
+                    f"{request.member_id} leads the slowest live worker by more than the bound"
+                    + (" and every waiting slot is taken" if refused == "no_slot" else f" after {waited:.2f}s")
+                    + f" (shard {self.store.shard_index}); its push was applied once, repeat the call to read"))
         values = self.store.pull(pull_if_newer_than, request.member_id)
-        return outcome, dataclasses.replace(values, waited_s=waited)
+        decisions = self.store.decisions_since(request.base_version)
+        return outcome, dataclasses.replace(values, waited_s=waited, decisions=decisions)
 
     def stats(self) -> StoreStats:
         """Counters, variable metadata and the bytes moved."""

@@ -24,11 +24,13 @@ from asyncps.rpc import handles_errors
 from asyncps.shard import PushRequest, ShardValues
 from asyncps.wire import (
     SHARD_SERVICE,
+    decisions_to_proto,
     outcome_to_proto,
     parse_initialize,
     parse_push,
     parse_snapshot,
     pull_header_frame,
+    push_request,
     rule_from_proto,
     snapshot_frames,
     snapshot_from_wire,
@@ -102,14 +104,19 @@ class ParameterServerServicer:
         return ps_pb2.InitializeResponse(created=created, version=version)
 
     def _reply(self, reply: ShardValues, push: ps_pb2.PushResult | None = None) -> Iterator[bytes]:
-        header = ps_pb2.PullHeader(version=reply.version, not_modified=reply.values is None,
-                                   shard_index=self._store.shard_index, push=push, waited_s=reply.waited_s,
-                                   incarnation=reply.incarnation)
-        yield pull_header_frame(header)
+        yield pull_header_frame(self._header(reply, push))
         if reply.values is not None:
             frames, nbytes = self._cache.frames(reply.incarnation, reply.version, reply.values)
             yield from frames
             self._service.count(pulled=nbytes)
+
+    def _header(self, reply: ShardValues, push: ps_pb2.PushResult | None) -> ps_pb2.PullHeader:
+        header = ps_pb2.PullHeader(version=reply.version, not_modified=reply.values is None,
+                                   shard_index=self._store.shard_index, push=push, waited_s=reply.waited_s,
+                                   incarnation=reply.incarnation)
+        if reply.decisions is not None:
+            header.sync.CopyFrom(decisions_to_proto(reply.decisions))
+        return header
 
     def _wait_limit(self, what: str, asked_s: float, context: grpc.ServicerContext, margin_s: float = 0.0) -> float:
         """How long a long-poll may block: what the caller asked, within its deadline and our cap."""
@@ -132,8 +139,7 @@ class ParameterServerServicer:
         header: ps_pb2.PushHeader = read_frames(request_iterator, parse_push, assembler, what)
         grads = assembler.finish()
         self._service.count(pushed=assembler.total_bytes)
-        return header, PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss,
-                                   header.incarnation)
+        return header, push_request(header, grads)
 
     @handles_errors
     def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> ps_pb2.PushResult:
@@ -214,8 +220,7 @@ class ParameterServerServicer:
                     raise FailedPreconditionError("the shared-memory attachment was replaced: attach again")
                 grads = attachment.read_grads(request.grads)
             self._service.count(pushed=sum(g.nbytes for g in grads.values()))
-            push = PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss,
-                               header.incarnation)
+            push = push_request(header, grads)
             outcome, reply = self._service.push_pull(push, header.pull_if_newer_than, limit)
             push_result = outcome_to_proto(outcome)
         if reply.values is not None:
@@ -224,9 +229,7 @@ class ParameterServerServicer:
                     raise FailedPreconditionError("the shared-memory attachment was replaced: attach again")
                 attachment.write_values(reply.values)
             self._service.count(pulled=sum(v.nbytes for v in reply.values.values()))
-        return ps_pb2.PullHeader(version=reply.version, not_modified=reply.values is None,
-                                 shard_index=self._store.shard_index, push=push_result,
-                                 waited_s=reply.waited_s, incarnation=reply.incarnation)
+        return self._header(reply, push_result)
 
     def close(self) -> None:
         """Unmap every attached segment."""

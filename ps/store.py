@@ -26,10 +26,11 @@ from asyncps.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    UnavailableError,
 )
 from asyncps.ps.policy_state import RowState
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Consistency, Verdict
+from asyncps.rules.modes import Ballot, Consistency, Decisions, Verdict
 from asyncps.rules.optimizers import Optimizer, make_optimizer
 from asyncps.rules.policies import PushContext, StalenessPolicy
 from asyncps.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
@@ -74,8 +75,13 @@ def _all_finite(a: Array) -> bool:
 class ShardStore:
     """Variables of one shard with their optimizer state and a monotonically increasing version."""
 
-    def __init__(self, shard_index: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, shard_index: int = 0, clock: Callable[[], float] = time.monotonic,
+                 enforce_bounds: bool = True) -> None:
         self.shard_index = shard_index
+        # False only in tests that show what SSP's bound prevents (ASYNCPS_TEST_NO_SSP_GATE)
+        self._enforce_bounds = enforce_bounds
+        self._refused: dict[str, int] = {}  # reads refused, by why (SSP's bound)
+        self._last_push: dict[str, tuple[int, PushOutcome]] = {}  # strict reads: worker -> (step, outcome)
         self._clock = clock
         self._init_lock = threading.Lock()
         self._version_cond = threading.Condition()
@@ -120,11 +126,16 @@ class ShardStore:
             }
             self._optimizer = optimizer
             self._policy = rule.policy()
-            self._mode = rule.consistency().start(rule.num_workers)
+            self._mode = self._start_mode(rule)
             self._incarnation = secrets.randbits(62) + 1
             self._run_id = run_id
             self._rule = rule
             return True
+
+    def _start_mode(self, rule: UpdateRuleConfig) -> Consistency:
+        mode = rule.consistency().start(rule.num_workers, self.shard_index)
+        mode.enforce_bound = self._enforce_bounds
+        return mode
 
     def _check_same_init(self, rule: UpdateRuleConfig, values: Mapping[str, Array]) -> None:
         if rule != self._rule:
@@ -182,6 +193,54 @@ class ShardStore:
                                         timeout=max(0.0, timeout_s))
         return self._clock() - start
 
+    def strict_reads(self) -> bool:
+        """Whether a worker that may not read yet must get no values (SSP's bound)."""
+        return self._mode is not None and self._mode.strict_reads
+
+    def readable(self, worker_id: str, base_version: int) -> bool:
+        """Whether the consistency model lets worker_id read now."""
+        self._require_initialized()
+        with self._version_cond:
+            assert self._mode is not None
+            return self._mode.readable(worker_id, base_version, self._version)
+
+    def refuse(self, why: str, message: str) -> UnavailableError:
+        """Count a read refused because it could not wait (`why`: deadline or no_slot); the error to raise."""
+        with self._version_cond:
+            self._refused[why] = self._refused.get(why, 0) + 1
+        return UnavailableError(message)
+
+    def decisions_since(self, step: int) -> Decisions | None:
+        """The coordinator's decisions for steps >= step (None: this shard decides none)."""
+        if self._mode is None or step < 0:
+            return None
+        with self._version_cond:
+            steps = self._mode.decisions_since(step)
+            return Decisions(self._incarnation, steps) if steps else None
+
+    def commit(self, worker_id: str, ballot: Ballot, decisions: Decisions) -> PushOutcome:
+        """A follower applies the coordinator's decided steps (SyncFollower); what became of
+        worker_id's gradient staged under `ballot` (accepted while it is still staged)."""
+        self._require_initialized()
+        assert self._mode is not None and self._rule is not None
+        lr = self._rule.optimizer.learning_rate
+        with self._unpaused_locks(sorted(self._vars)), self._version_cond:  # a cut holds commits too
+            for _, step in self._mode.commit(decisions, self._version):
+                if step is not None:
+                    for name, grad in sorted(step.items()):
+                        self._apply(self._vars[name], grad, lr)
+                    self._version += 1
+                    self._accepted += 1
+            self._version_cond.notify_all()
+            resolution = self._mode.resolution(worker_id, ballot.step)
+            if resolution is None:
+                return PushOutcome(True, 0, self._version, lr)
+            if resolution.accepted:
+                return PushOutcome(True, resolution.staleness, resolution.version, lr)
+            assert resolution.drop is not None
+            return PushOutcome(False, resolution.staleness, resolution.version, 0.0, resolution.drop,
+                               resolution.reason)
+
     def set_live_workers(self, workers: Iterable[str]) -> None:
         """The chief's live set: a synchronous quorum shrinks or grows, SSP stops waiting for the dead."""
         self._require_initialized()
@@ -206,15 +265,18 @@ class ShardStore:
     # -- push -----------------------------------------------------------------------------
     def push(
         self, worker_id: str, base_version: int, grads: Mapping[str, Gradient], incarnation: int = 0,
-        step: int = 0,
+        step: int | None = None, ballot: Ballot | None = None,
     ) -> PushOutcome:
         """Apply, accumulate (sync) or drop one gradient computed from `base_version`; never partially.
 
         Everything is validated before any state changes: unknown names (NotFoundError), shape,
-        dtype, indices, NaN/Inf and versions from the future (InvalidArgumentError).
+        dtype, indices, NaN/Inf and versions from the future (InvalidArgumentError). A sync push
+        with a ballot may carry no gradients (the worker's step touched nothing on this shard).
+        With strict reads (SSP) a push of the same worker `step` as its last one is the retry of a
+        call whose read was refused: it is not applied again, its first outcome is the answer.
         """
         self._require_initialized()
-        if not grads:
+        if not grads and ballot is None:
             raise InvalidArgumentError("push without gradients")
         if base_version < 0:
             raise InvalidArgumentError(f"base_version must be >= 0, got {base_version}")
@@ -237,22 +299,25 @@ class ShardStore:
                     raise InvalidArgumentError(
                         f"base_version {base_version} is from the future: shard version is {version_now}"
                     )
+                remembered = self._last_push.get(worker_id)
+                if self._mode.strict_reads and step is not None and remembered and remembered[0] == step:
+                    return remembered[1]
                 staleness = version_now - base_version
-                admission = self._mode.admit(worker_id, base_version, version_now)
+                admission = self._mode.admit(worker_id, base_version, version_now, ballot)
                 self._mode.pushed(worker_id)
                 if admission.verdict is Verdict.ACCUMULATE:
-                    self._mode.accumulate(worker_id, grads)
+                    self._mode.accumulate(worker_id, grads, ballot)
                     self._maybe_complete_step()
                     self._version_cond.notify_all()
                     return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
-                decision = self._policy.decide_push(PushContext(worker_id, step, staleness))
+                decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness))
                 if admission.verdict is Verdict.DROP or not decision.accept:
                     drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
                     assert drop is not None, "a drop verdict names its reason"
                     self._count_drop(drop)
                     self._version_cond.notify_all()
-                    return PushOutcome(False, staleness, version_now, 0.0, drop,
-                                       admission.reason or decision.reason)
+                    return self._remember(worker_id, step, PushOutcome(False, staleness, version_now, 0.0, drop,
+                                                                       admission.reason or decision.reason))
             lr = self._rule.optimizer.learning_rate * decision.lr_scale
             read = self._read.get(worker_id) if self._policy.needs_read_values else None
             for name in sorted(grads):
@@ -262,7 +327,14 @@ class ShardStore:
                 self._accepted += 1
                 version = self._version
                 self._version_cond.notify_all()
-        return PushOutcome(True, staleness, version, lr)
+                return self._remember(worker_id, step, PushOutcome(True, staleness, version, lr))
+
+    def _remember(self, worker_id: str, step: int | None, outcome: PushOutcome) -> PushOutcome:
+        """Keep the outcome of a worker's last push for a retry of it (strict reads only; state lock held)."""
+        assert self._mode is not None
+        if self._mode.strict_reads and step is not None:
+            self._last_push[worker_id] = (step, outcome)
+        return outcome
 
     def _adjusted(self, name: str, grad: Gradient, read: dict[str, Array] | None) -> Gradient:
         """The gradient after the policy's correction with the values the worker read."""
@@ -423,10 +495,11 @@ class ShardStore:
                 var.policy_state = policy_states[name]
             self._optimizer = optimizer
             self._policy = snap.rule.policy()
-            self._mode = snap.rule.consistency().start(snap.rule.num_workers)
+            self._mode = self._start_mode(snap.rule)
             self._rule = snap.rule
             self._version, self._accepted, self._dropped = snap.version, snap.accepted, snap.dropped
             self._read = {}
+            self._last_push = {}
             self._incarnation = secrets.randbits(62) + 1
             self._run_id = snap.run_id
             self._version_cond.notify_all()
@@ -455,6 +528,7 @@ class ShardStore:
             version, accepted, dropped = self._version, self._accepted, self._dropped
             by_reason = dict(self._dropped_by_reason)
             mode_stats = self._mode.stats() if self._mode else {}
+            mode_stats.update({f"refused_{why}": float(n) for why, n in self._refused.items()})
             run_id = self._run_id
         return StoreStats(
             initialized=self._rule is not None,

@@ -365,7 +365,8 @@ def test_the_shipped_experiment_specs_parse() -> None:
     for path in specs:
         spec = load_spec(path)
         assert spec.checks, f"{path.name} has no check"
-        assert 2 <= len(spec.points()) <= 10, path.name
+        assert len(spec.points()) >= 2, path.name
+        assert 2 <= len(load_spec(path, reduced=True).points()) <= 10, path.name  # what CI runs
 
 
 # -- reports -----------------------------------------------------------------------------------------

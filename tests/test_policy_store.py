@@ -208,7 +208,8 @@ def test_policy_state_goes_through_a_checkpoint_into_another_shard_count(tmp_pat
         state = {p.name: {k: (a[p.rows()] if p.sliced else a) for k, a in whole.policy_state[p.variable].items()}
                  for p in two.parts_on(shard)}
         base = store.snapshot()
-        snaps.append(Snapshot(base.rule, whole.version, 0, 0, base.values, base.slots, base.updates, state))
+        snaps.append(Snapshot(base.rule, whole.version, 0, 0, base.values, base.slots, base.updates,
+                              policy_state=state))
         store.restore(snaps[-1])
     values_back, slots_back = assemble(two, [s.snapshot() for s in stores])
     state_back = assemble_policy_state(two, [s.snapshot() for s in stores])
@@ -238,9 +239,9 @@ def test_a_bad_restored_policy_state_is_invalid_and_changes_nothing(state: dict[
                                                                     message: str) -> None:
     store = store_with("dc-asgd-a", {"b": np.zeros(4, np.float32)})
     snap = store.snapshot()
-    bad = Snapshot(snap.rule, 5, 0, 0, snap.values, snap.slots, snap.updates, {"b": state})
+    bad = Snapshot(snap.rule, 5, 0, 0, snap.values, snap.slots, snap.updates, policy_state={"b": state})
     with pytest.raises(InvalidArgumentError, match=message):
         store.restore(bad)
     assert store.version == 0
     with pytest.raises(InvalidArgumentError, match="unknown variables"):
-        store.restore(Snapshot(snap.rule, 5, 0, 0, snap.values, snap.slots, snap.updates, {"x": {}}))
+        store.restore(Snapshot(snap.rule, 5, 0, 0, snap.values, snap.slots, snap.updates, policy_state={"x": {}}))

@@ -31,12 +31,15 @@ class WorkerConfig:
     deadline_s: float = 60.0  # how long to keep trying an unreachable chief (the chief timeout)
     max_steps: int = 0  # stop on its own after this many steps (0: only when the chief says)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    logical: int = 1  # logical workers (threads) in this process: indices index .. index+logical-1
 
     def __post_init__(self) -> None:
         if not self.chief:
             raise ValueError("worker needs the chief's address (--chief HOST:PORT)")
         if self.deadline_s <= 0:
             raise ValueError("deadline_s must be > 0")
+        if self.logical < 1:
+            raise ValueError("logical must be >= 1")
 
 
 class HeartbeatLoop(threading.Thread):
@@ -84,7 +87,11 @@ class HeartbeatLoop(threading.Thread):
 
 
 def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -> int:
-    """Run one worker to completion; return the process exit code."""
+    """Run one worker (or config.logical logical workers) to completion; return the exit code."""
+    if config.logical > 1:
+        from asyncps.worker.logical import run_logical_workers
+
+        return run_logical_workers(config, interrupt)
     quiet_tensorflow()
     member_id = new_member_id("worker", config.index)
     coord = CoordinatorClient(config.chief, config.deadline_s, config.security)
@@ -121,6 +128,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     from asyncps.models import build_model, make_loss
     from asyncps.placement import VariableSpec, place
     from asyncps.transport import connect_model
+    from asyncps.worker.start import wait_for_start, warm_up
     from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
 
     data = load_dataset(run.dataset, run.seed)
@@ -131,15 +139,22 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
     client = connect_model(link.member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
                            config.security, transport=run.transport)
+    client.coordinated = run.update_rule().consistency().coordinated  # sync: shard 0 decides each step
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
-    trainer = Trainer(client, names, make_grad_fn(model, make_loss(run.loss)), batches, delay, telemetry,
+    grad_fn = make_grad_fn(model, make_loss(run.loss))
+    log.info("warm-up gradient (traces the function): %.2fs",
+             warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size))
+    trainer = Trainer(client, names, grad_fn, batches, delay, telemetry,
                       read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
                       pipeline=run.pipeline)
     code = 0
     lost: str | None = None
     try:
-        trainer.run(stop, config.max_steps)
+        if run.start_barrier:  # the values at the release: every planned worker's first gradient reads them
+            client.pull()
+        if wait_for_start(link.coord, [link.member_id], stop, config.deadline_s):
+            trainer.run(stop, config.max_steps, pulled=run.start_barrier)
     except ChiefLost as exc:  # a task request gave up on the chief (said once, below)
         lost = str(exc)
     except Unreachable as exc:

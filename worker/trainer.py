@@ -111,6 +111,21 @@ class BatchSource(Protocol):
         """The next batch, or None when the trainer should stop."""
 
 
+class _Prepended:
+    """A batch source that yields `first`, then the rest of `source`."""
+
+    def __init__(self, first: Batch, source: BatchSource) -> None:
+        self._first: Batch | None = first
+        self._source = source
+
+    def next_batch(self, stop: threading.Event) -> Batch | None:
+        """`first` once, then the source's batches."""
+        if self._first is not None:
+            batch, self._first = self._first, None
+            return batch
+        return self._source.next_batch(stop)
+
+
 GradFn = Callable[[list[Array], Array, Array], tuple[float, list[Gradient]]]
 
 
@@ -218,11 +233,20 @@ class Trainer:
         self.step = 0
         self.examples = 0
 
-    def run(self, stop: threading.Event, max_steps: int = 0) -> None:
-        """Pull once, then loop: compute gradients, push-and-pull, until stop (or max_steps)."""
+    def run(self, stop: threading.Event, max_steps: int = 0, pulled: bool = False) -> None:
+        """Pull once (unless the caller just did: `pulled`), then loop: compute gradients,
+        push-and-pull, until stop (or max_steps)."""
         t0 = time.time()
-        self._client.pull()
+        if not pulled:
+            self._client.pull()
         pull_s = time.time() - t0
+        first = self._batches.next_batch(stop)
+        if first is None:
+            return
+        # Trace the gradient function once, untimed: injected delays scale the measured compute
+        # time, and a 40x straggler must not sleep 40 times TensorFlow's tracing.
+        self._grad_fn([self._client.values[n] for n in self._names], first.x, first.y)
+        self._batches = _Prepended(first, self._batches)
         if self._pipeline:
             self._run_pipelined(stop, max_steps, pull_s)
             return

@@ -425,3 +425,64 @@ class ClusterStatus(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterStatus: _TypeAlias = ClusterStatus  # noqa: Y015
+
+@_typing.final
+class StartRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMBER_IDS_FIELD_NUMBER: _builtins.int
+    WAIT_S_FIELD_NUMBER: _builtins.int
+    wait_s: _builtins.float
+    """longest the chief holds the call before answering not yet"""
+    @_builtins.property
+    def member_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """every logical worker of the calling process that is ready"""
+
+    def __init__(
+        self,
+        *,
+        member_ids: _abc.Iterable[_builtins.str] | None = ...,
+        wait_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["member_ids", b"member_ids", "wait_s", b"wait_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartRequest: _TypeAlias = StartRequest  # noqa: Y015
+
+@_typing.final
+class StartReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASED_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    PLANNED_FIELD_NUMBER: _builtins.int
+    START_AT_FIELD_NUMBER: _builtins.int
+    released: _builtins.bool
+    """train now"""
+    command: Global___Command.ValueType
+    """STOP: the run is stopping before it started"""
+    ready: _builtins.int
+    """planned workers ready so far"""
+    planned: _builtins.int
+    start_at: _builtins.float
+    """released: wall time (seconds since the epoch) at which every worker begins"""
+    def __init__(
+        self,
+        *,
+        released: _builtins.bool = ...,
+        command: Global___Command.ValueType = ...,
+        ready: _builtins.int = ...,
+        planned: _builtins.int = ...,
+        start_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "planned", b"planned", "ready", b"ready", "released", b"released", "start_at", b"start_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartReply: _TypeAlias = StartReply  # noqa: Y015

@@ -59,6 +59,11 @@ class CoordinatorStub:
                 request_serializer=asyncps_dot_pb_dot_coordinator__pb2.StatusRequest.SerializeToString,
                 response_deserializer=asyncps_dot_pb_dot_coordinator__pb2.ClusterStatus.FromString,
                 _registered_method=True)
+        self.WaitStart = channel.unary_unary(
+                '/asyncps.pb.Coordinator/WaitStart',
+                request_serializer=asyncps_dot_pb_dot_coordinator__pb2.StartRequest.SerializeToString,
+                response_deserializer=asyncps_dot_pb_dot_coordinator__pb2.StartReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -99,6 +104,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WaitStart(self, request, context):
+        """The start barrier: the listed members have registered and computed their warm-up gradient;
+        the call returns once the chief releases the run (every planned worker ready), or after wait_s.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +139,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=asyncps_dot_pb_dot_coordinator__pb2.StatusRequest.FromString,
                     response_serializer=asyncps_dot_pb_dot_coordinator__pb2.ClusterStatus.SerializeToString,
+            ),
+            'WaitStart': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitStart,
+                    request_deserializer=asyncps_dot_pb_dot_coordinator__pb2.StartRequest.FromString,
+                    response_serializer=asyncps_dot_pb_dot_coordinator__pb2.StartReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +281,33 @@ class Coordinator:
             '/asyncps.pb.Coordinator/GetStatus',
             asyncps_dot_pb_dot_coordinator__pb2.StatusRequest.SerializeToString,
             asyncps_dot_pb_dot_coordinator__pb2.ClusterStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitStart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncps.pb.Coordinator/WaitStart',
+            asyncps_dot_pb_dot_coordinator__pb2.StartRequest.SerializeToString,
+            asyncps_dot_pb_dot_coordinator__pb2.StartReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,10 @@ class CoordinatorStub:
     """The next data task (a range of an epoch's example order) for a worker."""
     GetStatus: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.StatusRequest, _coordinator_pb2.ClusterStatus]
     """Progress of the whole run (for the launcher's display and health tools)."""
+    WaitStart: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.StartRequest, _coordinator_pb2.StartReply]
+    """The start barrier: the listed members have registered and computed their warm-up gradient;
+    the call returns once the chief releases the run (every planned worker ready), or after wait_s.
+    """
 
 @_typing.type_check_only
 class CoordinatorAsyncStub(CoordinatorStub):
@@ -55,6 +59,10 @@ class CoordinatorAsyncStub(CoordinatorStub):
     """The next data task (a range of an epoch's example order) for a worker."""
     GetStatus: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.StatusRequest, _coordinator_pb2.ClusterStatus]  # type: ignore[assignment]
     """Progress of the whole run (for the launcher's display and health tools)."""
+    WaitStart: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.StartRequest, _coordinator_pb2.StartReply]  # type: ignore[assignment]
+    """The start barrier: the listed members have registered and computed their warm-up gradient;
+    the call returns once the chief releases the run (every planned worker ready), or after wait_s.
+    """
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -96,5 +104,15 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.ClusterStatus, _abc.Awaitable[_coordinator_pb2.ClusterStatus]]:
         """Progress of the whole run (for the launcher's display and health tools)."""
+
+    @_abc_1.abstractmethod
+    def WaitStart(
+        self,
+        request: _coordinator_pb2.StartRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.StartReply, _abc.Awaitable[_coordinator_pb2.StartReply]]:
+        """The start barrier: the listed members have registered and computed their warm-up gradient;
+        the call returns once the chief releases the run (every planned worker ready), or after wait_s.
+        """
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -213,6 +213,9 @@ class PushHeader(_message.Message):
     PULL_IF_NEWER_THAN_FIELD_NUMBER: _builtins.int
     READ_WAIT_S_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    SYNC_STEP_FIELD_NUMBER: _builtins.int
+    SYNC_INCARNATION_FIELD_NUMBER: _builtins.int
+    SYNC_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     base_version: _builtins.int
     """the shard version the gradient was computed from"""
@@ -228,6 +231,15 @@ class PushHeader(_message.Message):
     """
     incarnation: _builtins.int
     """of the values the gradient was computed from; 0: not checked"""
+    sync_step: _builtins.int
+    """Sync over several shards (asyncps.rules.modes.SyncFollower): the version and incarnation of
+    shard 0, the coordinator, that the gradient was computed from (sync_incarnation 0: none).
+    """
+    sync_incarnation: _builtins.int
+    @_builtins.property
+    def sync(self) -> Global___SyncDecisions:
+        """A commit to a follower shard: the coordinator's decisions, carried by the worker (no tensors)."""
+
     def __init__(
         self,
         *,
@@ -238,14 +250,67 @@ class PushHeader(_message.Message):
         pull_if_newer_than: _builtins.int = ...,
         read_wait_s: _builtins.float = ...,
         incarnation: _builtins.int = ...,
+        sync_step: _builtins.int = ...,
+        sync_incarnation: _builtins.int = ...,
+        sync: Global___SyncDecisions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sync", b"sync"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "incarnation", b"incarnation", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "read_wait_s", b"read_wait_s", "step", b"step", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "incarnation", b"incarnation", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "read_wait_s", b"read_wait_s", "step", b"step", "sync", b"sync", "sync_incarnation", b"sync_incarnation", "sync_step", b"sync_step", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PushHeader: _TypeAlias = PushHeader  # noqa: Y015
+
+@_typing.final
+class SyncStep(_message.Message):
+    """The coordinator's decision for one step: version step+1 averages exactly these workers."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    @_builtins.property
+    def workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        workers: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["step", b"step", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SyncStep: _TypeAlias = SyncStep  # noqa: Y015
+
+@_typing.final
+class SyncDecisions(_message.Message):
+    """Consecutive decisions of one incarnation of the coordinator shard, oldest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    incarnation: _builtins.int
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___SyncStep]: ...
+    def __init__(
+        self,
+        *,
+        incarnation: _builtins.int = ...,
+        steps: _abc.Iterable[Global___SyncStep] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SyncDecisions: _TypeAlias = SyncDecisions  # noqa: Y015
 
 @_typing.final
 class PushChunk(_message.Message):
@@ -322,6 +387,7 @@ class PullHeader(_message.Message):
     SHARD_INDEX_FIELD_NUMBER: _builtins.int
     PUSH_FIELD_NUMBER: _builtins.int
     WAITED_S_FIELD_NUMBER: _builtins.int
+    SYNC_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     incarnation: _builtins.int
     """Changes whenever the shard's state is (re)created (initialize, restore after a crash): a
@@ -336,6 +402,10 @@ class PullHeader(_message.Message):
     def push(self) -> Global___PushResult:
         """set by PushPull"""
 
+    @_builtins.property
+    def sync(self) -> Global___SyncDecisions:
+        """from the sync coordinator: the steps decided since the caller's"""
+
     def __init__(
         self,
         *,
@@ -345,10 +415,11 @@ class PullHeader(_message.Message):
         shard_index: _builtins.int = ...,
         push: Global___PushResult | None = ...,
         waited_s: _builtins.float = ...,
+        sync: Global___SyncDecisions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["push", b"push"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["push", b"push", "sync", b"sync"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "not_modified", b"not_modified", "push", b"push", "shard_index", b"shard_index", "version", b"version", "waited_s", b"waited_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "not_modified", b"not_modified", "push", b"push", "shard_index", b"shard_index", "sync", b"sync", "version", b"version", "waited_s", b"waited_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -81,6 +81,7 @@ class Entry:
     name: str
     cls: type
     params: tuple[Param, ...]
+    plugin: bool = False  # loaded from outside asyncps (an entry point or `module:Class`)
 
     @property
     def summary(self) -> str:
@@ -169,10 +170,10 @@ class Registry(Generic[T]):
 
         return add
 
-    def _add(self, name: str, cls: type) -> None:
+    def _add(self, name: str, cls: type, plugin: bool = False) -> None:
         if name in self._entries:
             raise ValueError(f"{self.kind} {name!r} is already registered")
-        entry = Entry(name, cls, _params_of(cls))
+        entry = Entry(name, cls, _params_of(cls), plugin)
         if not isinstance(cls, type) or not issubclass(entry.cls, self.base):
             raise TypeError(f"{getattr(cls, '__name__', cls)!r} is not a {self.base.__name__}")
         self._entries[name] = entry
@@ -201,7 +202,7 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} plugin {name!r} ({where}) cannot be loaded: {error} "
                              "(is its directory on PYTHONPATH / --user-path?)") from None
         try:
-            self._add(name, cls)  # type: ignore[arg-type]  # checked by _add
+            self._add(name, cls, plugin=True)  # type: ignore[arg-type]  # checked by _add
         except TypeError as error:
             raise ValueError(f"{self.kind} plugin {name!r}: {error}") from None
         return True
@@ -334,9 +335,12 @@ class Registry(Generic[T]):
         return self.canonical(self.parse(spec))
 
     def markdown(self) -> str:
-        """A markdown table of every entry: spec, parameters with defaults, summary."""
+        """A markdown table of every built-in entry (plugins loaded so far are left out): spec,
+        parameters with defaults, summary."""
         lines = [f"| {self.kind} | parameters (default) | what it does |", "|---|---|---|"]
         for e in self._entries.values():
+            if e.plugin:
+                continue
             params = "<br>".join(
                 f"`{p.key}` ({p.default_text()}): {p.help}".rstrip(": ") for p in e.params
             ) or "—"

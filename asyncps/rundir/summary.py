@@ -6,7 +6,8 @@ Keys this version does not know are ignored, so a newer chief's files still read
 
 Older run directories: no field has been renamed. The fields the chief has written since the first
 version are required; the three added later (`data`, `idle_fraction`, `max_clock_lead`) read as
-empty / 0 when absent, so run directories of earlier chiefs read. `final_train_loss` and
+empty / 0 when absent, so run directories of earlier chiefs read; so do `start` and
+`staleness_steady` (the start barrier and the steady-state staleness). `final_train_loss` and
 `optimality_gap` exist only for datasets with a known optimum and are left out of the file
 otherwise (None here).
 """
@@ -247,6 +248,14 @@ class RunSummary:
     data: dict[str, int | None] = field(default_factory=dict)  # the data-task ledger's counts
     idle_fraction: dict[int, float] = field(default_factory=dict)  # worker -> share of step time held back
     max_clock_lead: float = 0.0
+    # the start barrier (enabled, planned, ready, released_after_s, late_workers) and the staleness of
+    # the pushes after every planned worker's first push; absent in older run directories
+    start: dict[str, Any] = field(default_factory=dict)
+    staleness_steady: StalenessSummary | None = None
+    # the largest clock lead measured by the chief from pushes.csv (asyncps.rundir.clocklead), and
+    # SSP reads the shards refused (the worker repeated the call), by why: deadline, no_slot
+    measured_clock_lead: int = 0
+    reads_refused: dict[str, int] = field(default_factory=dict)
     # datasets with a known optimum only
     final_train_loss: float | None = None
     optimality_gap: float | None = None
@@ -273,8 +282,11 @@ class RunSummary:
         data["idle_fraction"] = {str(k): v for k, v in self.idle_fraction.items()}
         data["dropped_by_reason"] = dict(self.dropped_by_reason)
         data["data"] = dict(self.data)
+        data["start"] = dict(self.start)
+        data["staleness_steady"] = None if self.staleness_steady is None else self.staleness_steady.to_dict()
+        data["reads_refused"] = dict(self.reads_refused)
         data["metrics"] = dict(self.metrics)
-        for name in ("final_train_loss", "optimality_gap"):
+        for name in ("final_train_loss", "optimality_gap", "staleness_steady"):
             if data[name] is None:
                 del data[name]
         return data
@@ -302,7 +314,10 @@ class RunSummary:
                                        s.integer("bytes_pushed", 0), s.integer("bytes_pulled", 0))
                          for s in f.objects("shards")),
             data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
-            max_clock_lead=f.number("max_clock_lead", 0.0),
+            max_clock_lead=f.number("max_clock_lead", 0.0), start=f.mapping("start", {}),
+            measured_clock_lead=f.integer("measured_clock_lead", 0), reads_refused=f.counts("reads_refused", {}),
+            staleness_steady=(StalenessSummary.read(f.obj("staleness_steady"))
+                              if f.get("staleness_steady", None) is not None else None),
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
             metrics=_named_numbers(f, "metrics"),
         )

@@ -69,6 +69,9 @@ def add_run_flags(p: argparse.ArgumentParser, skip: Sequence[str] = (), only: Se
         g.add_argument(*flags, dest=name, default=argparse.SUPPRESS, action="append" if option.repeat else "store",
                        metavar=flags[0].lstrip("-").replace("-", "_").upper(),
                        help=f"{option.help} ({where}default: {shown})".replace("%", "%%"), **switch)
+        if isinstance(default, bool):  # --no-FLAG: off
+            g.add_argument("--no-" + flags[0].removeprefix("--"), dest=name, action="store_const", const="false",
+                           default=argparse.SUPPRESS, help=f"same as {flags[0]} false")
         names.append(name)
     p.set_defaults(run_fields=tuple(names))
 
@@ -215,7 +218,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         given.update(layer)
     deadline = float(given.get("chief_timeout_s", args.deadline)) or math.inf  # 0: never give up on the chief
     config = WorkerConfig(chief=chief, index=index, deadline_s=deadline,
-                          max_steps=int(args.max_steps), security=security_from(args))
+                          max_steps=int(args.max_steps), security=security_from(args),
+                          logical=int(args.logical))
     _setup_logging(args.log_level, "worker" if index < 0 else f"worker-{index}")
     stop = threading.Event()
     _install_signals(stop)
@@ -342,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--index", -1, "worker index (-1: assigned by the chief)", type=int)
     _add(p, "--deadline", 60.0, "seconds to keep retrying an unreachable chief (--chief-timeout wins)", type=float)
     _add(p, "--max-steps", 0, "stop after this many steps (0: when the chief says)", type=int)
+    _add(p, "--logical", 1, "logical workers (threads) in this process, indices --index .. --index+N-1",
+         type=int)
     add_run_flags(p, only=("chief_timeout_s",), config_file=False, title="liveness")
     add_security_flags(p)
     p.set_defaults(fn=cmd_worker)

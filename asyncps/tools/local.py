@@ -19,6 +19,7 @@ from asyncps.config import RunConfig, env_names, run_options
 from asyncps.procenv import process_env
 from asyncps.rundir import SUMMARY_JSON, RunSummary, wait_port_file
 from asyncps.security import SecurityConfig
+from asyncps.tools.memwatch import MemoryWatch
 from asyncps.tools.progress import StatusPoller, display_for
 
 if TYPE_CHECKING:
@@ -40,6 +41,19 @@ def child_env(extra: dict[str, str] | None = None, tf_threads: int = 1) -> dict[
             env.pop(var, None)
     env.update(extra or {})
     return env
+
+
+def worker_groups(num_workers: int, processes: int) -> list[tuple[str, int, int]]:
+    """(process name, first index, logical workers) per worker process: one each when processes is
+    0, else num_workers split into `processes` contiguous blocks of indices (sizes differing by <= 1)."""
+    if processes <= 0 or processes >= num_workers:
+        return [(f"worker-{i}", i, 1) for i in range(num_workers)]
+    groups, first = [], 0
+    for p in range(processes):
+        count = num_workers // processes + (1 if p < num_workers % processes else 0)
+        groups.append((f"workers-{p}", first, count))
+        first += count
+    return groups
 
 
 @dataclass
@@ -125,9 +139,9 @@ class LocalCluster:
         port = wait_port_file(port_file, port_timeout_s, chief.alive)
         self.chief_address = f"127.0.0.1:{port}"
         self._chief_args = [*args, "--port", str(port)]  # a restarted chief serves where the workers look
-        for i in range(self.run.num_workers):
-            self._spawn(f"worker-{i}", ["worker", "--chief", self.chief_address, "--index", str(i),
-                                        *self._timeout_args])
+        for name, first, count in worker_groups(self.run.num_workers, self.run.worker_processes):
+            self._spawn(name, ["worker", "--chief", self.chief_address, "--index", str(first),
+                               *(["--logical", str(count)] if count > 1 else []), *self._timeout_args])
 
     def _make_secrets(self) -> None:
         """A development CA, a certificate per role (shards, chief, workers) and a token per role:
@@ -241,8 +255,10 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     old = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
     poller: StatusPoller | None = None
+    memory = MemoryWatch()
     try:
-        print(f"asyncps local: {run.num_ps} shards, {run.num_workers} workers, {run.model} on "
+        where = f" in {run.worker_processes} processes" if 0 < run.worker_processes < run.num_workers else ""
+        print(f"asyncps local: {run.num_ps} shards, {run.num_workers} workers{where}, {run.model} on "
               f"{run.dataset}, mode {run.mode}; run directory {run_dir}", flush=True)
         cluster.start()
         if sink is None and progress:
@@ -252,6 +268,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
             status = poller.try_poll() if poller else None
             if sink and status is not None:
                 sink.show(status)
+            memory.sample((c.name, c.proc.pid) for c in cluster.children if c.alive())
             time.sleep(0.5)
             if interrupted.is_set():
                 if not cluster.chief.alive():
@@ -276,6 +293,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
         cluster.stop()
         signal.signal(signal.SIGINT, old)
         signal.signal(signal.SIGTERM, old_term)
+    mem = memory.write(run_dir, run.num_workers)
     codes = cluster.exit_codes()
     failed = {n: c for n, c in codes.items() if c != 0}
     if failed:
@@ -284,6 +302,8 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
         s = RunSummary.load(run_dir)
         print(f"done: {s.updates_applied} updates in {s.wall_s:.1f}s ({s.throughput_updates_per_s:.1f}/s), "
               f"final test accuracy {s.final_eval.accuracy:.4f}, mean staleness {s.staleness.mean:.2f}")
+    print(f"peak memory: workers {mem['workers_total_mb']:.0f} MB ({mem['per_worker_mb']:.1f} MB per worker), "
+          f"all processes {mem['total_mb']:.0f} MB")
     print(f"run directory: {run_dir}")
     chief_code = codes.get("chief")
     return 1 if chief_code is None else chief_code

@@ -20,11 +20,13 @@ from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, Store
 from asyncps.transport.base import InitResult
 from asyncps.wire import (
     SHARD_SERVICE,
+    decisions_from_proto,
     initialize_frames,
     outcome_from_proto,
     parse_pull,
     parse_snapshot,
     push_frames,
+    push_header,
     rule_to_proto,
     snapshot_frames,
     snapshot_from_wire,
@@ -53,7 +55,8 @@ def _read_values(
             if isinstance(value, SparseRows):
                 raise InvalidArgumentError(f"{name}: shard sent sparse values")
             values[name] = value
-    return header, ShardValues(header.version, header.incarnation, values, header.waited_s)
+    decisions = decisions_from_proto(header.sync) if header.HasField("sync") else None
+    return header, ShardValues(header.version, header.incarnation, values, header.waited_s, decisions)
 
 
 class GrpcShardTransport:
@@ -133,15 +136,9 @@ class GrpcShardTransport:
 
         return self.retry(call, training=True)
 
-    @staticmethod
-    def _push_header(request: PushRequest, pull_if_newer_than: int = -1, read_wait_s: float = 0.0) -> ps_pb2.PushHeader:
-        return ps_pb2.PushHeader(worker_id=request.member_id, base_version=request.base_version, step=request.step,
-                                 loss=request.loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s,
-                                 incarnation=request.incarnation)
-
     def push(self, request: PushRequest) -> PushOutcome:
         """Apply or drop one gradient."""
-        header = self._push_header(request)
+        header = push_header(request)
         return outcome_from_proto(self.retry(
             lambda: self._push(push_frames(header, request.grads, self._chunk_bytes), timeout=self.call_timeout_s)))
 
@@ -150,7 +147,7 @@ class GrpcShardTransport:
         read_wait_s: float = 0.0,
     ) -> tuple[PushOutcome, ShardValues]:
         """Push, then receive the values in one round trip (held up to read_wait_s by sync/ssp)."""
-        header = self._push_header(request, pull_if_newer_than, read_wait_s)
+        header = push_header(request, pull_if_newer_than, read_wait_s)
 
         def call() -> tuple[PushOutcome, ShardValues]:
             stream = self._push_pull(push_frames(header, request.grads, self._chunk_bytes),

@@ -15,7 +15,7 @@ import numpy as np
 from asyncps.codec import Array, Gradient, SparseRows
 from asyncps.errors import InvalidArgumentError
 from asyncps.placement import Placement
-from asyncps.shard import PushOutcome, PushRequest, ShardValues
+from asyncps.shard import Ballot, Decisions, PushOutcome, PushRequest, ShardValues
 from asyncps.transport.base import ShardTransport
 
 T = TypeVar("T")
@@ -55,6 +55,8 @@ class ModelClient:
             full = self.values[part.variable]
             self._views[part.shard][part.name] = full[part.rows()] if part.sliced else full
         self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="shard")
+        # sync over several shards: shard 0 decides each step for all (asyncps.rules.modes.SyncFollower)
+        self.coordinated = False
 
     def _on_all(self, fn: Callable[[int], T]) -> list[T]:
         if len(self.shards) == 1:
@@ -111,6 +113,8 @@ class ModelClient:
         per_shard = self.split(grads)
         base = list(self.versions if base is None else base)
         incarnations = list(self.incarnations if incarnations is None else incarnations)
+        if self.coordinated and len(self.shards) > 1:
+            return self._coordinated_step(per_shard, step, loss, read_wait_s, base, incarnations)
 
         def one(shard: int) -> ShardPush:
             if not per_shard[shard]:  # nothing of this shard was touched (sparse-only models)
@@ -123,6 +127,34 @@ class ModelClient:
             return ShardPush(shard, outcome, reply.version, reply.waited_s)
 
         return self._on_all(one)
+
+    def _coordinated_step(
+        self, per_shard: list[dict[str, Gradient]], step: int, loss: float, read_wait_s: float,
+        base: list[int], incarnations: list[int],
+    ) -> list[ShardPush]:
+        """One sync step decided by shard 0 for every shard: stage on the followers, vote at
+        shard 0 (held until the step is decided), commit and pull on the followers."""
+        ballot = Ballot(base[0], incarnations[0])
+        followers = list(range(1, len(self.shards)))
+
+        def request(shard: int) -> PushRequest:
+            return PushRequest(self.member_id, base[shard], per_shard[shard], step, loss, incarnations[shard], ballot)
+
+        staged = dict(zip(followers, self._pool.map(lambda s: self.shards[s].push(request(s)), followers),
+                          strict=True))
+        outcome, reply = self.shards[0].push_pull(request(0), -1, self._views[0], read_wait_s)
+        self._accept(0, reply)
+        results = [ShardPush(0, outcome, reply.version, reply.waited_s)]
+        decisions = reply.decisions or Decisions(reply.incarnation)
+
+        def commit(shard: int) -> ShardPush:
+            done = PushRequest(self.member_id, base[shard], {}, step, loss, incarnations[shard], ballot, decisions)
+            verdict, values = self.shards[shard].push_pull(done, -1, self._views[shard], 0.0)
+            self._accept(shard, values)
+            # a gradient dropped when staged is dropped; otherwise the commit says what became of it
+            return ShardPush(shard, staged[shard] if not staged[shard].accepted else verdict, values.version)
+
+        return results + list(self._pool.map(commit, followers))
 
     def close(self) -> None:
         """Close every transport and the thread pool."""

@@ -30,7 +30,7 @@ from asyncps.rules import UpdateRuleConfig
 from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 from asyncps.transport.base import InitResult
 from asyncps.transport.grpc_shard import GrpcShardTransport
-from asyncps.wire import SHARD_SERVICE, outcome_from_proto
+from asyncps.wire import SHARD_SERVICE, decisions_from_proto, outcome_from_proto, push_header
 
 log = logging.getLogger(__name__)
 
@@ -211,9 +211,7 @@ class ShmShardTransport:
             assert not isinstance(grad, SparseRows)  # sparse pushes take the frames (push_pull)
             np.copyto(target, grad)
             chunks.append(mapping.grad_chunks[name])
-        header = ps_pb2.PushHeader(worker_id=request.member_id, base_version=request.base_version, step=request.step,
-                                   loss=request.loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s,
-                                   incarnation=request.incarnation)
+        header = push_header(request, pull_if_newer_than, read_wait_s)
         message = ps_pb2.ShmPushPullRequest(header=header, attachment=mapping.attachment, grads=chunks,
                                             pull_only=pull_only)
         # UNAVAILABLE only: a restarted shard answers FAILED_PRECONDITION "attach again" at once
@@ -225,7 +223,8 @@ class ShmShardTransport:
                     np.copyto(buffers[name], value)
             values = dict(buffers)
         outcome = None if pull_only else outcome_from_proto(reply.push)
-        return outcome, ShardValues(reply.version, reply.incarnation, values, reply.waited_s)
+        decisions = decisions_from_proto(reply.sync) if reply.HasField("sync") else None
+        return outcome, ShardValues(reply.version, reply.incarnation, values, reply.waited_s, decisions)
 
     # everything else is the gRPC transport's
     def initialize(self, member_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,

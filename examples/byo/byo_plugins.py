@@ -53,6 +53,9 @@ class SignSGD(Optimizer):
 class FirstWins(ModeSpec):
     """Synchronous steps of one gradient: the first computed from a version makes the next one."""
 
-    def start(self, num_workers: int) -> Consistency:
-        """Sync with every worker but one a backup: the rest of a step arrives late and is dropped."""
+    def start(self, num_workers: int, shard_index: int = 0) -> Consistency:
+        """Sync with every worker but one a backup: the rest of a step arrives late and is dropped.
+
+        Each shard decides on its own here (a one-shard example): the built-in sync mode shows how
+        shard 0 decides for all of them (asyncps.rules.modes.SyncFollower)."""
         return SyncConsistency(num_workers, num_workers - 1)

@@ -12,6 +12,7 @@ grid:                                  # the Cartesian product of every axis, fi
     - {label: sync, mode: sync}
     - {label: sync+1 backup, mode: sync, backup_workers: 1}
 target: {metric: accuracy, value: 0.9} # optional: time and updates until the eval reaches it
+reduced: {grid: {seed: [0]}}           # optional: the smaller version CI runs (--reduced)
 check:                                 # optional: the expected outcome (list of claims)
   - {kind: compare, metric: updates_per_s, left: {variant: sync+1 backup}, op: ">=", factor: 2,
      right: {variant: sync}, why: "Chen et al. 2016: ..."}
@@ -28,6 +29,8 @@ Check kinds (every claim has a `metric`, an optional `where` row filter and a `w
 - `trend`: the metric, averaged per value of `by`, moves in `direction` (increasing, decreasing,
   nondecreasing, nonincreasing) with optional `abs_slack` / `rel_slack` per neighbour and an optional
   `min_ratio` between the last and the first group (or the first and the last, when decreasing);
+- `bound`: every selected row has metric `op` (`<`, `<=`, `>`, `>=`) `expected`, an expression over
+  the row (e.g. `clock_lead <= staleness_bound`); a missing value fails;
 - `compare`: an aggregate (`left_agg`, default mean) of the `left` rows `op` (`<`, `<=`, `>`, `>=`)
   `factor` times an aggregate (`right_agg`) of the `right` rows.
 
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 from asyncps.tools.experiment.checks import (
     Approx,
+    Bound,
     Check,
     CheckOutcome,
     Compare,
@@ -76,7 +80,8 @@ from asyncps.tools.experiment.tables import (
 )
 
 __all__ = [
-    "METRICS", "RESULTS_CSV", "RESULTS_MD", "RUN_FIELDS", "SPEC_KEYS", "Approx", "Check", "CheckOutcome", "Compare",
+    "METRICS", "RESULTS_CSV", "RESULTS_MD", "RUN_FIELDS", "SPEC_KEYS", "Approx", "Bound", "Check", "CheckOutcome",
+    "Compare",
     "ExperimentError", "ExperimentSpec", "Point", "PointResult", "ResultRecord", "Row", "Runner", "SweepInterrupted",
     "SweepResult", "Target", "Trend", "add_arguments", "cmd_experiment", "evaluate_checks", "evaluate_expression",
     "expand_grid", "finished", "load_spec", "make_run_config", "markdown_table", "parse_check", "parse_spec",

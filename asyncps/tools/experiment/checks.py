@@ -120,6 +120,36 @@ class Approx(Check):
         return self.outcome(ok, f"{self.metric} ≈ {self.expected}: " + "; ".join(parts))
 
 
+@dataclass(frozen=True)
+class Bound(Check):
+    """Every selected row: metric op expected (an expression over the row), e.g. clock_lead <= s."""
+
+    expected: str = "0"
+    op: str = "<="
+    kind: ClassVar[str] = "bound"
+
+    def __post_init__(self) -> None:
+        if self.op not in _BOUND_OPS:
+            raise ExperimentError(f"check {self.name}: op must be one of {', '.join(_BOUND_OPS)}")
+
+    def evaluate(self, rows: Sequence[Row]) -> CheckOutcome:
+        """Pass when every selected row holds the bound (a missing value fails)."""
+        selected = self.selected(rows)
+        if not selected:
+            return self.outcome(False, "no rows match " + json.dumps(self.where))
+        parts, ok = [], True
+        for row in selected:
+            actual = float(row.value(self.metric))
+            expected = evaluate_expression(self.expected, row.value)
+            good = not math.isnan(actual) and _BOUND_OPS[self.op](actual, expected)
+            ok = ok and good
+            parts.append(f"{row.label}: {_num(actual)}{'' if good else ' ✗'}")
+        return self.outcome(ok, f"{self.metric} {self.op} {self.expected}: " + "; ".join(parts))
+
+
+_BOUND_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+}
 _DIRECTIONS = ("increasing", "decreasing", "nondecreasing", "nonincreasing")
 
 
@@ -225,7 +255,7 @@ class Compare(Check):
         return self.outcome(_OPS[self.op](left, self.factor * right), detail)
 
 
-_CHECK_KINDS: dict[str, type[Check]] = {c.kind: c for c in (Approx, Trend, Compare)}
+_CHECK_KINDS: dict[str, type[Check]] = {c.kind: c for c in (Approx, Trend, Compare, Bound)}
 
 
 def parse_check(data: Any, names: Iterable[str], index: int = 0) -> Check:

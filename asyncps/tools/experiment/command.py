@@ -14,7 +14,7 @@ from asyncps.tools.experiment.tables import RESULTS_CSV, RESULTS_MD
 def cmd_experiment(args: Any) -> int:
     """asyncps experiment SPEC [--out DIR] [--dry-run]: run the sweep, print the check; 1 on FAIL."""
     spec_path = Path(args.spec)
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, reduced=bool(getattr(args, "reduced", False)))
     out = Path(args.out) if args.out else Path("runs") / spec.name
     points = spec.points()
     if args.dry_run:
@@ -45,3 +45,5 @@ def add_arguments(p: Any) -> None:
     p.add_argument("spec", help="YAML or TOML experiment spec (see experiments/)")
     p.add_argument("--out", default="", help="sweep directory (default: runs/<spec name>); finished points are kept")
     p.add_argument("--dry-run", action="store_true", help="list the points and whether they are done; run nothing")
+    p.add_argument("--reduced", action="store_true",
+                   help="run the spec's reduced version (its `reduced` section: fewer points, shorter runs; CI)")

@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import bisect
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncps.rundir import EVAL_CSV, PUSHES_CSV, EvalRow, PushRow, load_summary, read_rows
+from asyncps.rundir import (
+    EVAL_CSV,
+    PUSHES_CSV,
+    SUMMARY_JSON,
+    TIMELINE_CSV,
+    EvalRow,
+    PushRow,
+    StepRow,
+    load_summary,
+    read_rows,
+)
 from asyncps.tools.experiment.errors import ExperimentError
+from asyncps.tools.memwatch import MEMORY_JSON
 
 #: The metrics of every point, in results.csv order; checks and targets refer to them by name.
 METRICS: tuple[str, ...] = (
     "updates", "wall_s", "updates_per_s", "gradients_per_s", "staleness_mean", "staleness_steady_mean",
     "staleness_p95", "staleness_max", "dropped_pct", "idle_pct", "time_to_target_s", "updates_to_target",
-    "final_accuracy", "final_loss", "optimality_gap", "run_s",
+    "final_accuracy", "final_loss", "optimality_gap", "clock_lead", "late_workers", "worker_mb", "run_s",
 )
 
 
@@ -72,6 +85,44 @@ def steady_staleness(pushes: Sequence[PushRow]) -> float:
     return sum(steady) / len(steady) if steady else math.nan
 
 
+def start_lead(steps: Sequence[StepRow]) -> float:
+    """The largest clock lead seen at a step start, from timeline.csv: when a worker starts step k it
+    has pushed k - 1 times, and another worker still running has pushed at most the steps it has
+    started, so (k - 1) - (fewest steps started by another running worker) is a lower bound of the
+    true lead: above the SSP bound s it proves a violation. Independent of the shards' own clocks."""
+    starts: dict[int, list[float]] = {}
+    for row in steps:
+        starts.setdefault(row.worker, []).append(row.start)
+    for times in starts.values():
+        times.sort()
+    lead = 0
+    for worker, times in starts.items():
+        for k, t in enumerate(times, start=1):
+            others = [bisect.bisect_right(o, t) for u, o in starts.items() if u != worker and o[0] <= t < o[-1]]
+            if others:
+                lead = max(lead, (k - 1) - min(others))
+    return float(lead)
+
+
+def clock_lead(run_dir: Path) -> float:
+    """The run's largest clock lead measured independently of the shards: summary.json's
+    `measured_clock_lead` where the chief wrote one (from pushes.csv), else start_lead of timeline.csv."""
+    raw = json.loads((run_dir / SUMMARY_JSON).read_text())
+    value = raw.get("measured_clock_lead")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return start_lead(read_rows(run_dir / TIMELINE_CSV, StepRow)) if (run_dir / TIMELINE_CSV).exists() else math.nan
+
+
+def worker_mb(run_dir: Path) -> float:
+    """Peak resident memory per (logical) worker from memory.json (NaN when the launcher wrote none)."""
+    path = run_dir / MEMORY_JSON
+    if not path.exists():
+        return math.nan
+    value = json.loads(path.read_text()).get("per_worker_mb")
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
 def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]:
     """The sweep's metrics of one finished run directory (NaN where a metric does not apply)."""
     s = load_summary(run_dir)
@@ -92,7 +143,9 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
         # a sync update averages a quorum of gradients: gradients/s compares the work done
         "gradients_per_s": accepted / shards / s.wall_s if s.wall_s > 0 else math.nan,
         "staleness_mean": s.staleness.mean,
-        "staleness_steady_mean": steady_staleness(pushes),
+        # the chief's figure (pushes after every planned worker's first push), else from pushes.csv
+        "staleness_steady_mean": (s.staleness_steady.mean if s.staleness_steady is not None
+                                  else steady_staleness(pushes)),
         "staleness_p95": float(s.staleness.p95),
         "staleness_max": float(s.staleness.max),
         "dropped_pct": dropped_pct,
@@ -102,4 +155,8 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
         "final_accuracy": s.final_eval.accuracy,
         "final_loss": s.final_eval.loss,
         "optimality_gap": math.nan if s.optimality_gap is None else s.optimality_gap,
+        "clock_lead": clock_lead(run_dir),
+        "late_workers": float(len(s.start["late_workers"])) if isinstance(s.start.get("late_workers"), list)
+        else math.nan,
+        "worker_mb": worker_mb(run_dir),
     }

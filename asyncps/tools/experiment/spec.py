@@ -12,7 +12,7 @@ from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.grid import RUN_FIELDS, Point, expand_grid
 from asyncps.tools.experiment.metrics import Target
 
-SPEC_KEYS = ("name", "description", "base", "grid", "target", "check")
+SPEC_KEYS = ("name", "description", "base", "grid", "target", "check", "reduced")
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class ExperimentSpec:
         return expand_grid(self)
 
 
-def load_spec(path: Path) -> ExperimentSpec:
+def load_spec(path: Path, reduced: bool = False) -> ExperimentSpec:
     """Read a YAML (.yaml, .yml) or TOML (.toml) spec and validate it, every grid point included."""
     text = path.read_text()
     data: Any
@@ -53,13 +53,36 @@ def load_spec(path: Path) -> ExperimentSpec:
             raise ExperimentError(f"{path}: {exc}") from None
     else:
         raise ExperimentError(f"{path}: a spec is .yaml, .yml or .toml")
-    return parse_spec(data, default_name=path.stem)
+    return parse_spec(data, default_name=path.stem, reduced=reduced)
 
 
-def parse_spec(data: Any, default_name: str = "experiment") -> ExperimentSpec:
-    """Build an ExperimentSpec from the spec file's mapping; every problem is an ExperimentError."""
+def reduce_spec(data: dict[str, Any]) -> dict[str, Any]:
+    """The spec's reduced version (for CI): its `reduced` mapping's `base` fields over the base, its
+    `grid` axes in place of the same axes (others kept); the checks stay the same."""
+    reduced = data.get("reduced") or {}
+    if not isinstance(reduced, dict) or set(reduced) - {"base", "grid"}:
+        raise ExperimentError("reduced must be a mapping with base and/or grid")
+    for key in ("base", "grid"):
+        if not isinstance(reduced.get(key) or {}, dict):
+            raise ExperimentError(f"reduced.{key} must be a mapping")
+    out = {k: v for k, v in data.items() if k != "reduced"}
+    out["base"] = {**(data.get("base") or {}), **(reduced.get("base") or {})}
+    out["grid"] = {**(data.get("grid") or {}), **(reduced.get("grid") or {})}
+    if data.get("name"):
+        out["name"] = f"{data['name']}_reduced"
+    return out
+
+
+def parse_spec(data: Any, default_name: str = "experiment", reduced: bool = False) -> ExperimentSpec:
+    """Build an ExperimentSpec from the spec file's mapping (its reduced version when `reduced`);
+    every problem is an ExperimentError. A spec with a `reduced` section must be valid both ways."""
     if not isinstance(data, dict):
         raise ExperimentError("a spec is a mapping with keys " + ", ".join(SPEC_KEYS))
+    if "reduced" in data:
+        small = reduce_spec(data)
+        if reduced:
+            return parse_spec(small, default_name + "_reduced")
+        parse_spec(small, default_name + "_reduced")
     unknown = sorted(set(data) - set(SPEC_KEYS))
     if unknown:
         raise ExperimentError(f"unknown spec keys {unknown}; valid: {', '.join(SPEC_KEYS)}")

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.grid import format_value
@@ -106,6 +106,10 @@ def results_markdown(sweep: SweepResult) -> str:
                  f"{sweep.sweep_s:.0f}s ({len(ran)} run, {len(sweep.results) - len(ran)} resumed).\n")
     parts.append(markdown_table([(r.point.label, r.metrics, r.status == "failed") for r in sweep.results],
                                 spec.target))
+    if "seed" in spec.grid:
+        parts.append("Over seeds (mean ± standard deviation):\n")
+        parts.append(seed_table(group_by_setting([(r.point.axes, r.metrics) for r in sweep.results
+                                                  if r.status != "failed"])))
     if sweep.outcomes:
         verdict = "PASS" if sweep.passed else "FAIL"
         parts.append(f"## Check: {verdict}\n")
@@ -114,3 +118,48 @@ def results_markdown(sweep: SweepResult) -> str:
                          + (f"  \n  _why_: {o.why}" if o.why else ""))
         parts.append("")
     return "\n".join(parts)
+
+
+#: The metrics the seed table shows (columns where no point measured anything are left out).
+SEED_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("updates_per_s", "updates/s", ".1f"), ("gradients_per_s", "grads/s", ".1f"),
+    ("staleness_mean", "staleness mean", ".2f"), ("staleness_steady_mean", "steady staleness", ".2f"),
+    ("idle_pct", "idle %", ".1f"), ("dropped_pct", "dropped %", ".1f"), ("clock_lead", "clock lead", ".0f"),
+    ("time_to_target_s", "time to target (s)", ".2f"), ("updates_to_target", "updates to target", ".0f"),
+    ("optimality_gap", "optimality gap", ".4f"), ("final_accuracy", "final accuracy", ".3f"),
+    ("worker_mb", "MB per worker", ".0f"),
+)
+
+
+def _mean_spread(values: Sequence[float], fmt: str) -> str:
+    """`mean ± sd` over seeds (the sample standard deviation; just the value for one seed)."""
+    xs = [v for v in values if not math.isnan(v)]
+    if not xs:
+        return "—"
+    mean = sum(xs) / len(xs)
+    if len(xs) == 1:
+        return format(mean, fmt)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+    return f"{format(mean, fmt)} ± {format(sd, fmt)}"
+
+
+def seed_table(groups: Sequence[tuple[str, Sequence[Mapping[str, float]]]]) -> str:
+    """One row per setting, every metric as mean ± standard deviation over its seeds (n in a column)."""
+    shown = [m for m in SEED_METRICS if any(not math.isnan(r[m[0]]) for _, rows in groups for r in rows)]
+    header = ["setting", "seeds", *(title for _, title, _ in shown)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, rows in groups:
+        cells = [label, str(len(rows)), *(_mean_spread([r[k] for r in rows], fmt) for k, _, fmt in shown)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def group_by_setting(labelled: Sequence[tuple[Mapping[str, Any], Mapping[str, float]]]) -> list[
+        tuple[str, list[Mapping[str, float]]]]:
+    """(axes, metrics) per point -> (label without the seed, the metrics of each seed), in grid order."""
+    groups: dict[str, list[Mapping[str, float]]] = {}
+    for axes, metrics in labelled:
+        label = ", ".join(v if isinstance(v, str) else f"{k}={format_value(v)}"
+                          for k, v in axes.items() if k != "seed") or "base"
+        groups.setdefault(label, []).append(metrics)
+    return list(groups.items())

@@ -1,0 +1,124 @@
+"""Consistency modes over two shards end to end: one sync decision for all shards, SSP's bound
+checked from what the run recorded, and no stall after a shard restore, a worker death or join."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncps.config import RunConfig
+from asyncps.coordclient import CoordinatorClient
+from asyncps.ps.main import NO_SSP_BOUND_ENV
+from asyncps.rundir import PushRow, StepRow, read_rows
+from asyncps.rundir.clocklead import push_clock_lead, timeline_start_lead
+from asyncps.tools.local import LocalCluster
+from tests.test_local_cluster import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def run(tmp_path: Path, name: str, *flags: str, env: dict[str, str] | None = None) -> tuple[Path, dict[str, Any]]:
+    run_dir = tmp_path / name
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        result = run_cli(["local", "--run-dir", str(run_dir), "--eval-every", "30", "--quiet", "--model", "logreg",
+                          "--ps", "2", *flags])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return run_dir, json.loads((run_dir / "summary.json").read_text())
+
+
+def accepted_sets(run_dir: Path) -> dict[tuple[int, int], set[int]]:
+    """(shard, version computed from) -> the workers whose gradient that step applied."""
+    sets: dict[tuple[int, int], set[int]] = collections.defaultdict(set)
+    for row in read_rows(run_dir / "pushes.csv", PushRow):
+        if row.accepted:
+            sets[(row.shard, row.base_version)].add(row.worker)
+    return sets
+
+
+def test_sync_with_a_backup_worker_averages_the_same_workers_on_every_shard(tmp_path: Path) -> None:
+    run_dir, s = run(tmp_path, "sync", "--mode", "sync:backup=1", "--workers", "4", "--stragglers", "0:4x",
+                     "--compute-delay", "uniform:0,0.03", "--max-updates", "60")
+    sets = accepted_sets(run_dir)
+    versions = sorted({v for _, v in sets})
+    assert len(versions) >= 60
+    differ = {v: (sets.get((0, v)), sets.get((1, v))) for v in versions if sets.get((0, v)) != sets.get((1, v))}
+    assert not differ
+    # not vacuous: the quorum really changed hands, and late gradients were dropped on both shards
+    assert len({frozenset(sets[(0, v)]) for v in versions}) > 1
+    assert s["dropped_by_reason"].get("late", 0) >= 2 and s["shards"][0]["version"] == s["shards"][1]["version"]
+
+
+SSP = ("--mode", "ssp:bound=1", "--workers", "3", "--stragglers", "0:40x", "--compute-delay", "const:0.01",
+       "--read-wait", "0.5", "--max-updates", "40")
+
+
+def test_ssp_bound_holds_on_two_shards_with_a_40x_straggler(tmp_path: Path) -> None:
+    run_dir, s = run(tmp_path, "ssp", *SSP)
+    assert s["measured_clock_lead"] <= 1 and s["max_clock_lead"] <= 1
+    assert push_clock_lead(read_rows(run_dir / "pushes.csv", PushRow)) == s["measured_clock_lead"]
+    assert timeline_start_lead(read_rows(run_dir / "timeline.csv", StepRow)) <= 1
+    assert s["reads_refused"].get("deadline", 0) > 0  # the short read wait ran out: refused, retried
+    assert s["updates_applied"] >= 40
+
+
+def test_without_the_bound_the_measurement_sees_the_lead(tmp_path: Path) -> None:
+    # more updates: unbounded, the fast workers must not finish before the straggler's first push
+    run_dir, s = run(tmp_path, "unbounded", *SSP[:-1], "300", env={NO_SSP_BOUND_ENV: "1"})
+    assert s["measured_clock_lead"] > 1
+    assert timeline_start_lead(read_rows(run_dir / "timeline.csv", StepRow)) > 1
+    assert not s["reads_refused"]
+
+
+def kill(cluster: LocalCluster, name: str) -> None:
+    child = next(c for c in cluster.children if c.name == name)
+    child.proc.send_signal(signal.SIGKILL)
+    child.proc.wait(timeout=30)
+
+
+def wait_for(coord: CoordinatorClient, updates: int, timeout_s: float = 40.0) -> None:
+    """Wait until the run reached `updates`; a stall (read_wait_s per step) would take far longer."""
+    deadline = time.monotonic() + timeout_s
+    while coord.status().updates < updates:
+        assert time.monotonic() < deadline, f"stalled before {updates} updates: {coord.status()}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(("mode", "shard"), [("sync", "ps-0"), ("ssp:bound=1", "ps-1")])
+def test_no_stall_after_a_shard_restore_a_worker_death_and_a_join(tmp_path: Path, mode: str, shard: str) -> None:
+    """Sync restores the coordinator (shard 0) and SSP a shard with clocks; each must learn the
+    live set again, or the dead worker would hold every step for read_wait_s."""
+    config = RunConfig(mode=mode, num_workers=3, num_ps=2, model="logreg", epochs=0.0, max_updates=100000,
+                       compute_delay="const:0.01", heartbeat_timeout_s=2.0, eval_every_s=30.0,
+                       checkpoint_every_updates=20, read_wait_s=5.0)
+    (tmp_path / "run").mkdir()
+    cluster = LocalCluster(config, tmp_path / "run", max_restarts=5)
+    cluster.start()
+    coord = CoordinatorClient(cluster.chief_address, deadline_s=30)
+    try:
+        wait_for(coord, 30, timeout_s=180)  # start-up included
+        kill(cluster, shard)
+        assert cluster.restart_dead_shards() == [shard]  # the chief restores it and tells it who is alive
+        wait_for(coord, coord.status().updates + 30)
+        kill(cluster, "worker-2")  # dead: the sync quorum shrinks, SSP stops waiting for it
+        wait_for(coord, coord.status().updates + 30)
+        cluster._spawn("worker-2b", ["worker", "--chief", cluster.chief_address, "--index", "2"])  # a join
+        deadline = time.monotonic() + 180  # the joiner loads TensorFlow first
+        while coord.status().workers_alive < 3:
+            assert time.monotonic() < deadline, "the joining worker never registered"
+            time.sleep(0.2)
+        wait_for(coord, coord.status().updates + 30)  # the quorum grows back / SSP takes it in at the slowest clock
+    finally:
+        coord.close()
+        cluster.stop()

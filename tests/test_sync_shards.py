@@ -1,0 +1,111 @@
+"""Sync decided once for all shards (coordinator + follower stores) and SSP's strict reads,
+on the shard state and service layer directly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asyncps.errors import InvalidArgumentError, UnavailableError
+from asyncps.pb import ps_pb2
+from asyncps.ps.service import ShardService
+from asyncps.ps.store import ShardStore
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.rules.modes import Ballot, Decisions, SyncFollower
+from asyncps.shard import DropReason, PushRequest
+from asyncps.wire import decisions_from_proto
+
+WORKERS = ["w0", "w1", "w2"]
+
+
+def shard(index: int, mode: str, name: str, workers: int = 3, **kwargs: bool) -> ShardStore:
+    store = ShardStore(shard_index=index, **kwargs)
+    store.initialize(UpdateRuleConfig(OptimizerConfig("sgd", 1.0), mode=mode, num_workers=workers),
+                     {name: np.zeros(2, np.float32)})
+    store.set_live_workers(WORKERS[:workers])
+    return store
+
+
+def g(v: float) -> np.ndarray:
+    return np.full(2, v, np.float32)
+
+
+def test_a_follower_applies_exactly_the_set_the_coordinator_decided() -> None:
+    coord, follower = shard(0, "sync:backup=1", "a"), shard(1, "sync:backup=1", "b")
+    assert isinstance(follower._mode, SyncFollower)
+    ballot = Ballot(0, coord.incarnation)
+    grads = {"w0": 1.0, "w1": 10.0, "w2": 100.0}
+    for w, v in grads.items():  # 1. stage everywhere
+        assert follower.push(w, 0, {"b": g(v)}, follower.incarnation, ballot=ballot).accepted
+    assert follower.version == 0 and np.all(follower.values()["b"] == 0)  # staged only
+    for w in ("w2", "w0"):  # 2. vote: the first two make the quorum
+        coord.push(w, 0, {"a": g(grads[w])}, coord.incarnation, ballot=ballot)
+    late = coord.push("w1", 0, {"a": g(grads["w1"])}, coord.incarnation, ballot=ballot)
+    assert coord.version == 1 and late.drop is DropReason.LATE
+    decisions = coord.decisions_since(0)
+    assert decisions is not None and [set(s.workers) for s in decisions.steps] == [{"w0", "w2"}]
+    # 3. any worker delivers the decision; the follower applies it once
+    outcome = follower.commit("w1", ballot, decisions)
+    assert not outcome.accepted and outcome.drop is DropReason.LATE
+    assert follower.commit("w0", ballot, decisions).accepted
+    assert follower.version == coord.version == 1
+    np.testing.assert_allclose(follower.values()["b"], -g(50.5))
+    np.testing.assert_allclose(coord.values()["a"], -g(50.5))
+    # a late stage of a decided step is dropped at once
+    assert follower.push("w1", 0, {"b": g(1.0)}, follower.incarnation, ballot=ballot).drop is DropReason.LATE
+
+
+def test_a_new_coordinator_incarnation_drops_what_was_staged_against_the_old_one() -> None:
+    follower = shard(1, "sync", "b")
+    old, new = Ballot(5, 111), Ballot(3, 222)
+    follower.push("w0", 0, {"b": g(1.0)}, follower.incarnation, ballot=old)
+    follower.commit("w1", new, Decisions(111, ()))  # the follower tracks incarnation 111
+    follower.push("w1", 0, {"b": g(2.0)}, follower.incarnation, ballot=new)
+    dropped = follower.commit("w0", old, Decisions(222, ()))  # shard 0 was restored: 222 now
+    assert dropped.drop is DropReason.RESTORED
+    assert follower.push("w2", 0, {"b": g(3.0)}, follower.incarnation, ballot=old).drop is DropReason.LATE  # retired
+    assert follower.commit("w1", new, Decisions(222, ())).accepted and follower.version == 0  # still staged
+
+
+def test_a_follower_needs_a_ballot_and_decisions_must_be_ordered() -> None:
+    follower = shard(1, "sync", "b")
+    with pytest.raises(InvalidArgumentError, match="needs the coordinator's version"):
+        follower.push("w0", 0, {"b": g(1.0)})
+    assert follower.version == 0
+    msg = ps_pb2.SyncDecisions(incarnation=7, steps=[ps_pb2.SyncStep(step=2), ps_pb2.SyncStep(step=2)])
+    with pytest.raises(InvalidArgumentError, match="increasing steps"):
+        decisions_from_proto(msg)
+    with pytest.raises(InvalidArgumentError, match="incarnation"):
+        decisions_from_proto(ps_pb2.SyncDecisions(incarnation=0))
+
+
+def test_ssp_refuses_a_read_beyond_the_bound_and_applies_the_repeated_push_once() -> None:
+    store = shard(0, "ssp:bound=0", "a", workers=2)
+    service = ShardService(store)
+    fast = PushRequest("w0", 0, {"a": g(1.0)}, step=0)
+    for _ in range(2):  # the call and its repetition: refused, the push applied once
+        with pytest.raises(UnavailableError, match="leads the slowest live worker by more than the bound"):
+            service.push_pull(fast, -1, read_wait_s=0.05)
+        assert store.version == 1
+    assert store.stats().mode_stats["refused_deadline"] == 2
+    service.push_pull(PushRequest("w1", 0, {"a": g(1.0)}, step=0), -1, 0.05)  # the slow one catches up
+    outcome, values = service.push_pull(fast, -1, read_wait_s=0.05)
+    assert outcome.accepted and outcome.version == 1 and values.values is not None and store.version == 2
+    assert store.stats().mode_stats["max_clock_lead"] == 0
+
+
+def test_ssp_refuses_at_once_when_no_waiting_slot_is_free() -> None:
+    store = shard(0, "ssp:bound=0", "a", workers=2)
+    service = ShardService(store, max_waiters=1)
+    # the only slot is taken
+    with service._waiter(), pytest.raises(UnavailableError, match="every waiting slot is taken"):
+        service.push_pull(PushRequest("w0", 0, {"a": g(1.0)}, step=0), -1, read_wait_s=5.0)
+    assert store.stats().mode_stats["refused_no_slot"] == 1
+
+
+def test_without_the_bound_ssp_lets_a_worker_run_ahead() -> None:
+    store = shard(0, "ssp:bound=0", "a", workers=2, enforce_bounds=False)
+    service = ShardService(store)
+    for step in range(3):
+        service.push_pull(PushRequest("w0", step, {"a": g(1.0)}, step=step), -1, read_wait_s=0.05)
+    assert store.version == 3 and store.stats().mode_stats["max_clock_lead"] == 3
