@@ -46,10 +46,12 @@ class CoordinatorClient:
 
     def report(self, member_id: str, worker_index: int, pushes: Sequence[cpb.PushRecord],
                steps: Sequence[cpb.StepTiming], final: bool = False,
-               deadline_s: float | None = None, completed_tasks: Sequence[int] = ()) -> cpb.ReportResponse:
-        """Send telemetry (push records, step timings, completed data tasks)."""
+               deadline_s: float | None = None, completed_tasks: Sequence[int] = (),
+               seq: int = 0) -> cpb.ReportResponse:
+        """Send telemetry (push records, step timings, completed data tasks) as report number `seq`
+        (0: unnumbered)."""
         request = cpb.ReportRequest(member_id=member_id, worker_index=worker_index, pushes=pushes,
-                                    steps=steps, final=final, completed_tasks=completed_tasks)
+                                    steps=steps, final=final, completed_tasks=completed_tasks, seq=seq)
         return self._retry(lambda: self._stub.Report(request, timeout=self._call_timeout_s), deadline_s)
 
     def get_task(self, member_id: str, deadline_s: float | None = None) -> cpb.TaskReply:

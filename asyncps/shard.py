@@ -43,6 +43,7 @@ class PushRequest:
     incarnation: int = 0  # of the values the gradient was computed from; 0: not checked
     ballot: Ballot | None = None  # sync: the coordinator version it was computed from
     decisions: Decisions | None = None  # sync commit: the coordinator's decisions (no gradients then)
+    worker_index: int | None = None  # the pushing worker's index, when it says (for staleness policies)
 
 
 @dataclass(frozen=True)

@@ -101,10 +101,10 @@ def decisions_from_proto(msg: ps_pb2.SyncDecisions) -> Decisions:
 
 
 def push_header(request: PushRequest, pull_if_newer_than: int = -1, read_wait_s: float = 0.0) -> ps_pb2.PushHeader:
-    """The header of a push (or push-pull) of `request`."""
+    """The header of a push (or push-pull) of `request`; the worker index only when known."""
     header = ps_pb2.PushHeader(worker_id=request.member_id, base_version=request.base_version, step=request.step,
                                loss=request.loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s,
-                               incarnation=request.incarnation)
+                               incarnation=request.incarnation, worker_index=request.worker_index)
     if request.ballot is not None:
         header.sync_step, header.sync_incarnation = request.ballot.step, request.ballot.incarnation
     if request.decisions is not None:
@@ -113,15 +113,19 @@ def push_header(request: PushRequest, pull_if_newer_than: int = -1, read_wait_s:
 
 
 def push_request(header: ps_pb2.PushHeader, grads: Mapping[str, Gradient]) -> PushRequest:
-    """The push a header (and its gradients) asks for; a malformed ballot is InvalidArgumentError."""
+    """The push a header (and its gradients) asks for; a malformed ballot or a negative worker index is
+    InvalidArgumentError."""
     ballot = None
     if header.sync_incarnation:
         if header.sync_step < 0 or header.sync_incarnation < 0:
             raise InvalidArgumentError("sync_step and sync_incarnation must be >= 0")
         ballot = Ballot(header.sync_step, header.sync_incarnation)
     decisions = decisions_from_proto(header.sync) if header.HasField("sync") else None
+    worker_index = header.worker_index if header.HasField("worker_index") else None
+    if worker_index is not None and worker_index < 0:
+        raise InvalidArgumentError(f"worker_index must be >= 0 when given, got {worker_index}")
     return PushRequest(header.worker_id, header.base_version, grads, header.step, header.loss, header.incarnation,
-                       ballot, decisions)
+                       ballot, decisions, worker_index)
 
 
 def push_record(

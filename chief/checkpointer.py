@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from asyncps.chief.membership import Membership
 from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
 from asyncps.codec import Array
+from asyncps.userfns import user_path_from_env
 
 if TYPE_CHECKING:
     from asyncps.chief.checkpoint import Checkpoint
@@ -193,6 +195,7 @@ class Checkpointer:
             "worker_steps": worker_steps,
             "data_tasks": data_tasks,
             "run": dataclasses.asdict(self._run),
+            "user_path": [os.path.abspath(d) for d in user_path_from_env()],  # for asyncps export
             "placement": [dataclasses.asdict(p) for p in self._placement.parts],
             "wall_time": time.time(),
         }, assemble_policy_state(self._placement, snaps))

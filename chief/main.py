@@ -35,6 +35,7 @@ from asyncps.chief.membership import LiveSet, Membership
 from asyncps.chief.metrics import MetricsServer, RunMetrics
 from asyncps.chief.progress import Progress, ShardPoller, TrainClock
 from asyncps.chief.recorder import EvalLog, Recorder, write_summary
+from asyncps.chief.reportlog import REPORT_LOG, ReportLog
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.startgate import StartGate
 from asyncps.chief.tasks import TaskLedger
@@ -71,13 +72,12 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     run = config.run
     quiet_tensorflow()
     limit_threads(run.tf_threads)
-    from asyncps.datasets import load_dataset
-    from asyncps.models import build_model, make_loss, make_metrics
+    from asyncps.models import make_loss, make_metrics
     from asyncps.placement import VariableSpec, place
+    from asyncps.runmodel import build_run_model
     from asyncps.transport import connect_model
 
-    data = load_dataset(run.dataset, run.seed)
-    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
+    data, model = build_run_model(run)
     evaluator = Evaluator(model, make_loss(run.loss), metrics=make_metrics(run.metrics))
     initial_values = evaluator.values()
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
@@ -93,7 +93,7 @@ class Chief:
 
     def __init__(self, config: ChiefConfig, interrupt: threading.Event, model: ModelParts, progress: Progress,
                  membership: Membership, ledger: TaskLedger, checkpointer: Checkpointer, recorder: Recorder,
-                 eval_log: EvalLog, manifest: RunManifest | None = None,
+                 eval_log: EvalLog, manifest: RunManifest | None = None, reports: ReportLog | None = None,
                  handover: threading.Event | None = None) -> None:
         self.config = config
         self.run = config.run
@@ -107,6 +107,7 @@ class Chief:
         self.checkpointer = checkpointer
         self.recorder = recorder
         self.eval_log = eval_log
+        self.reports = reports or ReportLog()  # the worker reports recorded, each once
         self.manifest = manifest or RunManifest.new()
         self.clock = TrainClock(self.manifest.elapsed_s)
         self.started = time.monotonic()
@@ -163,7 +164,7 @@ class Chief:
     def serve(self) -> int:
         """Run to completion; return the process exit code."""
         servicer = CoordinatorServicer(self.membership, self.recorder, self.config.ps, self.run.to_json(),
-                                       self.status, self.ledger, self.gate)
+                                       self.status, self.ledger, self.gate, self.reports)
         self.lifecycle.start(servicer)
         metrics = None
         if self.config.metrics_port >= 0:
@@ -312,9 +313,11 @@ def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None,
     if append:
         checkpointer.examples_offset = 0  # the recorder counts the examples of the files it continues
     eval_log = EvalLog(config.run_dir, recorder, append=append, run=run)
+    reports = ReportLog(config.run_dir / REPORT_LOG, resume=append)  # follows the rows the recorder continues
     chief = Chief(config, interrupt or threading.Event(), model, progress, membership, ledger, checkpointer,
-                  recorder, eval_log, manifest, handover)
+                  recorder, eval_log, manifest, reports, handover)
     try:
         return chief.serve()
     finally:
         ledger_log.close()
+        reports.close()

@@ -9,6 +9,7 @@ import grpc
 
 from asyncps.chief.membership import Membership
 from asyncps.chief.recorder import Recorder
+from asyncps.chief.reportlog import ReportLog
 from asyncps.chief.startgate import StartGate
 from asyncps.chief.tasks import TaskLedger
 from asyncps.pb import coordinator_pb2 as cpb
@@ -26,9 +27,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
     def __init__(self, membership: Membership, recorder: Recorder, ps_addresses: Sequence[str],
                  run_config_json: str, status: Callable[[], cpb.ClusterStatus], ledger: TaskLedger,
-                 gate: StartGate | None = None) -> None:
+                 gate: StartGate | None = None, reports: ReportLog | None = None) -> None:
         self._membership = membership
         self._gate = gate or StartGate(membership.num_workers, False, membership.index_of)
+        self._reports = reports or ReportLog()
         self._ledger = ledger
         self._recorder = recorder
         self._ps_addresses = list(ps_addresses)
@@ -58,12 +60,17 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
     @handles_errors
     def Report(self, request: cpb.ReportRequest, context: grpc.ServicerContext) -> cpb.ReportResponse:
-        """Record a worker's telemetry; a final report marks it finished."""
+        """Record a worker's telemetry, once per report number; a final report marks it finished."""
         index = self._membership.index_of(request.member_id)
-        self._recorder.add(index, request.pushes, request.steps)
-        for task_id in request.completed_tasks:
-            if not self._ledger.complete(request.member_id, task_id):
-                log.info("task %d completed again by worker %d (it was re-queued)", task_id, index)
+        with self._reports.once(request.member_id, request.seq) as fresh:
+            if fresh:
+                self._recorder.add(index, request.pushes, request.steps)
+                for task_id in request.completed_tasks:
+                    if not self._ledger.complete(request.member_id, task_id):
+                        log.info("task %d completed again by worker %d (it was re-queued)", task_id, index)
+            else:
+                log.info("report %d of worker %d (%s) was recorded before: not again", request.seq, index,
+                         request.member_id)
         if request.final:
             self._membership.finish(request.member_id)
             log.info("worker %d (%s) finished", index, request.member_id)

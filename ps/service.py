@@ -15,6 +15,7 @@ from asyncps.codec import Array
 from asyncps.errors import InvalidArgumentError
 from asyncps.ps.store import ShardStore
 from asyncps.rules import UpdateRuleConfig
+from asyncps.rules.modes import Decisions, Held
 from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 
 # Blocking waits (sync steps, SSP gates, long polls) allowed at once; a server must have more
@@ -71,7 +72,7 @@ class ShardService:
                 raise InvalidArgumentError("a sync commit carries the worker's ballot and no gradients")
             return self.store.commit(request.member_id, request.ballot, request.decisions)
         return self.store.push(request.member_id, request.base_version, request.grads, request.incarnation,
-                               request.step, request.ballot)
+                               request.step, request.ballot, request.worker_index)
 
     def push_pull(
         self, request: PushRequest, pull_if_newer_than: int, read_wait_s: float
@@ -116,6 +117,10 @@ class ShardService:
     def pause(self, hold_s: float) -> int:
         """Hold (hold_s > 0) or release pushes; the version."""
         return self.store.pause(hold_s)
+
+    def hold(self, hold_s: float, decisions_since: int = -1, sync: Decisions | None = None) -> Held:
+        """Hold or release pushes; in multi-shard sync also bring a follower to the cut (ShardStore.hold)."""
+        return self.store.hold(hold_s, decisions_since, sync)
 
     def snapshot(self) -> Snapshot:
         """The whole state for a checkpoint."""

@@ -24,6 +24,7 @@ from asyncps.rpc import handles_errors
 from asyncps.shard import PushRequest, ShardValues
 from asyncps.wire import (
     SHARD_SERVICE,
+    decisions_from_proto,
     decisions_to_proto,
     outcome_to_proto,
     parse_initialize,
@@ -173,7 +174,13 @@ class ParameterServerServicer:
         """Hold or release pushes (a checkpoint cut)."""
         if request.pause and not 0 < request.max_hold_s <= 600:
             raise InvalidArgumentError("a pause needs max_hold_s in (0, 600] seconds")
-        return ps_pb2.PauseResponse(version=self._service.pause(request.max_hold_s if request.pause else 0.0))
+        sync = decisions_from_proto(request.sync) if request.HasField("sync") else None
+        held = self._service.hold(request.max_hold_s if request.pause else 0.0, request.decisions_since, sync)
+        reply = ps_pb2.PauseResponse(version=held.version, sync_follower=held.follower,
+                                     sync_lineage=held.lineage, sync_next_step=held.next_step)
+        if held.decided is not None:
+            reply.decided.CopyFrom(decisions_to_proto(held.decided))
+        return reply
 
     @handles_errors
     def Snapshot(self, request: ps_pb2.SnapshotRequest, context: grpc.ServicerContext) -> Iterator[bytes]:

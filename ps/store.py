@@ -30,7 +30,7 @@ from asyncps.errors import (
 )
 from asyncps.ps.policy_state import RowState
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Ballot, Consistency, Decisions, Verdict
+from asyncps.rules.modes import Ballot, Consistency, Decisions, Held, Verdict
 from asyncps.rules.optimizers import Optimizer, make_optimizer
 from asyncps.rules.policies import PushContext, StalenessPolicy
 from asyncps.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
@@ -225,13 +225,7 @@ class ShardStore:
         assert self._mode is not None and self._rule is not None
         lr = self._rule.optimizer.learning_rate
         with self._unpaused_locks(sorted(self._vars)), self._version_cond:  # a cut holds commits too
-            for _, step in self._mode.commit(decisions, self._version):
-                if step is not None:
-                    for name, grad in sorted(step.items()):
-                        self._apply(self._vars[name], grad, lr)
-                    self._version += 1
-                    self._accepted += 1
-            self._version_cond.notify_all()
+            self._apply_decisions(decisions)
             resolution = self._mode.resolution(worker_id, ballot.step)
             if resolution is None:
                 return PushOutcome(True, 0, self._version, lr)
@@ -240,6 +234,20 @@ class ShardStore:
             assert resolution.drop is not None
             return PushOutcome(False, resolution.staleness, resolution.version, 0.0, resolution.drop,
                                resolution.reason)
+
+    def _apply_decisions(self, decisions: Decisions) -> None:
+        """Apply a follower's new decided steps and count what they dropped (every lock held)."""
+        assert self._mode is not None and self._rule is not None
+        lr = self._rule.optimizer.learning_rate
+        for _, step in self._mode.commit(decisions, self._version):
+            if step is not None:
+                for name, grad in sorted(step.items()):
+                    self._apply(self._vars[name], grad, lr)
+                self._version += 1
+                self._accepted += 1
+        for drop in self._mode.take_drops():
+            self._count_drop(drop)
+        self._version_cond.notify_all()
 
     def set_live_workers(self, workers: Iterable[str]) -> None:
         """The chief's live set: a synchronous quorum shrinks or grows, SSP stops waiting for the dead."""
@@ -265,7 +273,7 @@ class ShardStore:
     # -- push -----------------------------------------------------------------------------
     def push(
         self, worker_id: str, base_version: int, grads: Mapping[str, Gradient], incarnation: int = 0,
-        step: int | None = None, ballot: Ballot | None = None,
+        step: int | None = None, ballot: Ballot | None = None, worker_index: int | None = None,
     ) -> PushOutcome:
         """Apply, accumulate (sync) or drop one gradient computed from `base_version`; never partially.
 
@@ -310,7 +318,7 @@ class ShardStore:
                     self._maybe_complete_step()
                     self._version_cond.notify_all()
                     return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
-                decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness))
+                decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness, worker_index))
                 if admission.verdict is Verdict.DROP or not decision.accept:
                     drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
                     assert drop is not None, "a drop verdict names its reason"
@@ -415,10 +423,30 @@ class ShardStore:
     # -- checkpoints ----------------------------------------------------------------------
     def pause(self, hold_s: float) -> int:
         """Hold new pushes for up to hold_s (0: release); in-flight pushes finish first. Returns the version."""
+        return self.hold(hold_s).version
+
+    def hold(self, hold_s: float, decisions_since: int = -1, sync: Decisions | None = None) -> Held:
+        """Pause (see `pause`); in multi-shard sync also what a consistent cut needs.
+
+        A follower first commits `sync`, the coordinator's decisions the chief read at the cut
+        (a held follower takes no commit from a worker), and says where it stands; the coordinator
+        answers its decisions for steps >= decisions_since. Both with every lock held, so the
+        state read after is the one answered."""
         with self._all_locks(), self._version_cond:
+            position = self._mode.sync_position() if self._mode is not None else None
+            if sync is not None:
+                if position is None:
+                    raise InvalidArgumentError("sync decisions go to a follower shard of a sync run only")
+                self._apply_decisions(sync)
+                position = self._mode.sync_position() if self._mode is not None else None
             self._paused_until = self._clock() + hold_s if hold_s > 0 else 0.0
             self._version_cond.notify_all()
-            return self._version
+            decided = None
+            if decisions_since >= 0 and self._mode is not None:
+                steps = self._mode.decisions_since(decisions_since)
+                decided = Decisions(self._incarnation, steps) if steps else None
+            lineage, next_step = position or (0, 0)
+            return Held(self._version, position is not None, lineage, next_step, decided)
 
     def _paused(self) -> bool:
         """Whether pushes are held now (call with the version condition held)."""

@@ -23,6 +23,7 @@ from asyncps.ps.store import ShardStore
 from asyncps.rules import POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.policies import PushContext
 from asyncps.userfns import add_user_path
+from tests.conftest import ShardLauncher
 
 ROOT = Path(__file__).resolve().parent.parent
 BYO = ROOT / "examples" / "byo"
@@ -67,6 +68,17 @@ def test_example_trains_through_the_cli(tmp_path: Path) -> None:
     assert summary["metrics"]["sparse_categorical_accuracy"] == pytest.approx(summary["final_eval"]["accuracy"])
     assert 1 / 3 < summary["metrics"]["shapes_model:true_class_probability"] <= 1.0
     assert (run_dir / "model.keras").exists()
+    # its last checkpoint exports with no --user-path: the checkpoint records where the chief imported from
+    exported = run_cli(["export", str(run_dir), "--out", str(tmp_path / "export")])
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    import keras
+
+    from asyncps.datasets import load_dataset
+
+    data = load_dataset(EXAMPLE["dataset"])
+    model = keras.models.load_model(tmp_path / "export" / "model.keras")
+    accuracy = float(np.mean(np.argmax(model.predict(data.x_test, verbose=0), axis=1) == data.y_test))
+    assert accuracy >= STATED_ACCURACY
 
 
 @pytest.mark.slow
@@ -129,11 +141,48 @@ def test_plugin_spec_round_trips_and_the_store_applies_it_per_worker() -> None:
     np.testing.assert_allclose(store.pull(-1, kept).values["w"], [-0.5, -0.5])
 
 
+def test_the_worker_index_pushed_with_a_gradient_reaches_the_plugin_in_a_real_shard(
+        shard_factory: ShardLauncher) -> None:
+    import grpc
+
+    from asyncps.placement import VariableSpec, place
+    from asyncps.shard import PushRequest
+    from asyncps.transport import connect_model, connect_shard
+
+    [shard] = shard_factory(1, args=("--user-path", str(BYO)))
+    rule = UpdateRuleConfig(OptimizerConfig("sgd", 0.5), staleness_policy="byo_plugins:IgnoreWorker:worker=1",
+                            num_workers=2)
+    frames = connect_shard(shard.address)
+    # a worker whose index the chief assigned, over shared memory as `asyncps local` runs it
+    assigned = connect_model(new_member_id("worker"), [shard.address], place([VariableSpec("w", (2,), "float32")], 1),
+                             transport="shm", worker_index=1)
+    try:
+        frames.initialize("chief", 0, 1, rule, {"w": np.zeros(2, np.float32)})
+        one = {"w": np.ones(2, np.float32)}
+        [pushed] = assigned.push_pull(one, step=4, loss=0.0, base=[0])
+        assert pushed.outcome is not None and not pushed.outcome.accepted
+        assert "worker 1 is ignored (step 4" in pushed.outcome.detail
+        assert frames.push(PushRequest(new_member_id("worker"), 0, one, step=2, worker_index=0)).accepted
+        # no index pushed (a worker of an earlier version): the member id's index, as before, or none
+        assert not frames.push(PushRequest(new_member_id("worker", 1), 1, one, step=3)).accepted
+        assert frames.push(PushRequest(new_member_id("worker"), 1, one, step=3)).accepted
+        with pytest.raises(grpc.RpcError) as bad:
+            frames.push(PushRequest(new_member_id("worker"), 2, one, worker_index=-2))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "worker_index" in str(bad.value.details())
+        stats = frames.stats()
+        assert (stats.version, stats.pushes_accepted, stats.pushes_dropped) == (2, 2, 2)  # the bad push changed nothing
+    finally:
+        assigned.close()
+        frames.close()
+
+
 def test_push_context_reaches_a_policy() -> None:
     policy = POLICIES.parse("byo_plugins:IgnoreWorker:worker=3")
     assert not policy.decide_push(PushContext(new_member_id("worker", 3), 1, 0)).accept
     assert policy.decide_push(PushContext(new_member_id("worker", 2), 1, 0)).accept
     assert policy.decide_push(PushContext("worker-host-1-abc", 1, 0)).accept  # index unknown: applied
+    assert not policy.decide_push(PushContext("worker-host-1-abc", 1, 0, pushed_index=3)).accept  # sent with it
+    assert policy.decide_push(PushContext(new_member_id("worker", 3), 1, 0, pushed_index=2)).accept  # it wins
 
 
 def test_a_model_with_non_trainable_state_is_refused() -> None:

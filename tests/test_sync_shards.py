@@ -49,10 +49,33 @@ def test_a_follower_applies_exactly_the_set_the_coordinator_decided() -> None:
     assert not outcome.accepted and outcome.drop is DropReason.LATE
     assert follower.commit("w0", ballot, decisions).accepted
     assert follower.version == coord.version == 1
+    # w1's staged gradient, dropped at commit, is counted once on the follower as on shard 0
+    assert follower.stats().pushes_dropped == coord.stats().pushes_dropped == 1
+    assert follower.stats().dropped_by_reason == coord.stats().dropped_by_reason == {"late": 1}
     np.testing.assert_allclose(follower.values()["b"], -g(50.5))
     np.testing.assert_allclose(coord.values()["a"], -g(50.5))
     # a late stage of a decided step is dropped at once
     assert follower.push("w1", 0, {"b": g(1.0)}, follower.incarnation, ballot=ballot).drop is DropReason.LATE
+
+
+def test_a_held_follower_commits_the_decisions_a_cut_reads_from_the_held_coordinator() -> None:
+    coord, follower = shard(0, "sync:backup=1", "a"), shard(1, "sync:backup=1", "b")
+    ballot = Ballot(0, coord.incarnation)
+    for w, v in (("w0", 1.0), ("w1", 3.0)):
+        follower.push(w, 0, {"b": g(v)}, follower.incarnation, ballot=ballot)
+        coord.push(w, 0, {"a": g(v)}, coord.incarnation, ballot=ballot)
+    # shard 0 decided step 0; no worker delivered it yet: the cut holds both shards
+    held = follower.hold(30.0)
+    assert (held.version, held.follower, held.lineage, held.next_step) == (0, True, 0, 0)
+    coord_held = coord.hold(30.0, held.next_step)
+    assert coord_held.version == 1 and not coord_held.follower and coord_held.decided is not None
+    assert coord.hold(30.0).decided is None  # no decisions unless asked for
+    caught = follower.hold(30.0, sync=coord_held.decided)  # committed although held
+    assert (caught.version, caught.lineage, caught.next_step) == (1, coord.incarnation, 1)
+    np.testing.assert_allclose(follower.values()["b"], -g(2.0))
+    with pytest.raises(InvalidArgumentError, match="follower"):
+        coord.hold(30.0, sync=coord_held.decided)
+    assert coord.version == 1  # unchanged by the refused call
 
 
 def test_a_new_coordinator_incarnation_drops_what_was_staged_against_the_old_one() -> None:
@@ -63,6 +86,7 @@ def test_a_new_coordinator_incarnation_drops_what_was_staged_against_the_old_one
     follower.push("w1", 0, {"b": g(2.0)}, follower.incarnation, ballot=new)
     dropped = follower.commit("w0", old, Decisions(222, ()))  # shard 0 was restored: 222 now
     assert dropped.drop is DropReason.RESTORED
+    assert follower.stats().dropped_by_reason == {"restored": 1}
     assert follower.push("w2", 0, {"b": g(3.0)}, follower.incarnation, ballot=old).drop is DropReason.LATE  # retired
     assert follower.commit("w1", new, Decisions(222, ())).accepted and follower.version == 0  # still staged
 

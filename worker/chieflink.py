@@ -69,10 +69,11 @@ class ChiefLink:
         return self._call(lambda: self.coord.heartbeat(self.member_id, "worker", step, deadline_s))
 
     def report(self, pushes: Sequence[cpb.PushRecord], steps: Sequence[cpb.StepTiming], final: bool = False,
-               deadline_s: float | None = None, completed_tasks: Sequence[int] = ()) -> cpb.ReportResponse:
-        """Send telemetry and completed data tasks."""
+               deadline_s: float | None = None, completed_tasks: Sequence[int] = (),
+               seq: int = 0) -> cpb.ReportResponse:
+        """Send telemetry and completed data tasks (report number `seq`, asyncps.worker.outbox)."""
         return self._call(lambda: self.coord.report(self.member_id, self.index, pushes, steps, final, deadline_s,
-                                                    completed_tasks))
+                                                    completed_tasks, seq))
 
     def get_task(self) -> cpb.TaskReply:
         """The next data task for this worker."""

@@ -27,6 +27,7 @@ from asyncps.rpc import Unreachable
 from asyncps.tfutil import limit_threads, quiet_tensorflow
 from asyncps.worker.chieflink import ChiefLink
 from asyncps.worker.main import HeartbeatLoop, WorkerConfig
+from asyncps.worker.outbox import ReportOutbox
 from asyncps.worker.trainer import Telemetry
 
 log = logging.getLogger("asyncps.worker")
@@ -44,6 +45,10 @@ class LogicalWorker:
     warmed: threading.Event = field(default_factory=threading.Event)
     code: int = 0
     steps: int = 0
+    outbox: ReportOutbox = field(init=False)  # its numbered reports (asyncps.worker.outbox)
+
+    def __post_init__(self) -> None:
+        self.outbox = ReportOutbox(self.link, self.telemetry)
 
 
 def _register(config: WorkerConfig, coord: CoordinatorClient) -> list[LogicalWorker]:
@@ -71,7 +76,7 @@ def run_logical_workers(config: WorkerConfig, interrupt: threading.Event | None 
     stop = interrupt or threading.Event()
     for w in workers:  # heartbeats first: loading TensorFlow can take many seconds
         steps = w.steps_done
-        w.beats = HeartbeatLoop(w.link, run.heartbeat_interval_s, config.deadline_s, w.telemetry, stop,
+        w.beats = HeartbeatLoop(w.link, run.heartbeat_interval_s, config.deadline_s, w.outbox, stop,
                                 lambda steps=steps: steps[0])  # type: ignore[misc]
         w.beats.start()
     try:
@@ -88,12 +93,11 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
                stop: threading.Event) -> int:
     """Load the data and the model once, run every logical worker in its thread, report, exit code."""
     limit_threads(run.tf_threads)
-    from asyncps.datasets import load_dataset
-    from asyncps.models import build_model, make_loss
+    from asyncps.models import make_loss
+    from asyncps.runmodel import build_run_model
     from asyncps.worker.trainer import make_grad_fn
 
-    data = load_dataset(run.dataset, run.seed)
-    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
+    data, model = build_run_model(run)
     grad_fn = make_grad_fn(model, make_loss(run.loss))
     go = threading.Event()
     threads = [threading.Thread(target=_run_one, name=f"logical-{w.reg.index}",
@@ -139,7 +143,7 @@ def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, r
         member_id = w.link.member_id
         batches = TaskBatches(w.link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
         client = connect_model(member_id, list(w.reg.ps_addresses), placement, run.rpc_deadline_s,
-                               run.chunk_bytes, config.security, transport=run.transport)
+                               run.chunk_bytes, config.security, transport=run.transport, worker_index=w.reg.index)
         delay = run.step_delay(w.reg.index)
         warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size)
         if run.start_barrier:  # the values at the release: every planned worker's first gradient reads them
@@ -178,8 +182,7 @@ def _final_report(coord: CoordinatorClient, w: LogicalWorker) -> None:
             return
     if w.code == 1:
         return
-    pushes, steps = w.telemetry.drain()
     try:
-        w.link.report(pushes, steps, final=True, deadline_s=10.0, completed_tasks=w.telemetry.drain_tasks())
+        w.outbox.send(final=True, deadline_s=10.0)
     except Unreachable as exc:
         log.warning("final report of logical worker %d not delivered: %s", w.reg.index, exc)

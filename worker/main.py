@@ -17,6 +17,7 @@ from asyncps.rpc import Unreachable
 from asyncps.security import SecurityConfig
 from asyncps.tfutil import limit_threads, quiet_tensorflow
 from asyncps.worker.chieflink import ChiefLink, ChiefLost
+from asyncps.worker.outbox import ReportOutbox
 from asyncps.worker.trainer import Telemetry
 
 log = logging.getLogger("asyncps.worker")
@@ -45,12 +46,12 @@ class WorkerConfig:
 class HeartbeatLoop(threading.Thread):
     """Sends heartbeats and telemetry to the chief; sets `stop` when the chief says so."""
 
-    def __init__(self, link: ChiefLink, interval_s: float, deadline_s: float, telemetry: Telemetry,
+    def __init__(self, link: ChiefLink, interval_s: float, deadline_s: float, outbox: ReportOutbox,
                  stop: threading.Event, step_of: Callable[[], int]) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self._link = link
         self._interval_s, self._deadline_s = interval_s, deadline_s
-        self._telemetry = telemetry
+        self._outbox = outbox
         self._stop_event = stop
         self._step_of = step_of
         self.finished = threading.Event()
@@ -61,7 +62,7 @@ class HeartbeatLoop(threading.Thread):
         while not self.finished.wait(self._interval_s):
             try:
                 reply = self._link.heartbeat(self._step_of(), self._deadline_s)
-                self._report()
+                self._outbox.send(deadline_s=self._deadline_s)  # what is not delivered is sent again next time
             except Unreachable as exc:
                 self.lost_chief = str(exc)
                 self._stop_event.set()
@@ -72,18 +73,6 @@ class HeartbeatLoop(threading.Thread):
             if reply.command == cpb.STOP:
                 log.info("chief says stop: %s", reply.reason)
                 self._stop_event.set()
-
-    def _report(self) -> None:
-        """Send the telemetry queued so far; what was not delivered goes back into the queue."""
-        pushes, steps = self._telemetry.drain()
-        tasks = self._telemetry.drain_tasks()
-        if not (pushes or steps or tasks):
-            return
-        try:
-            self._link.report(pushes, steps, False, self._deadline_s, tasks)
-        except BaseException:
-            self._telemetry.put_back(pushes, steps, tasks)
-            raise
 
 
 def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -> int:
@@ -109,10 +98,11 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
     telemetry = Telemetry()
     stop = interrupt or threading.Event()
     steps_done = [0]
-    beats = HeartbeatLoop(link, run.heartbeat_interval_s, config.deadline_s, telemetry, stop, lambda: steps_done[0])
+    outbox = ReportOutbox(link, telemetry)
+    beats = HeartbeatLoop(link, run.heartbeat_interval_s, config.deadline_s, outbox, stop, lambda: steps_done[0])
     beats.start()
     try:
-        return _train(config, link, reg, run, telemetry, stop, beats, steps_done)
+        return _train(config, link, reg, run, telemetry, stop, beats, steps_done, outbox)
     finally:
         beats.finished.set()
         beats.join(timeout=5)
@@ -120,25 +110,25 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
 
 
 def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run: RunConfig,
-           telemetry: Telemetry, stop: threading.Event, beats: HeartbeatLoop, steps_done: list[int]) -> int:
+           telemetry: Telemetry, stop: threading.Event, beats: HeartbeatLoop, steps_done: list[int],
+           outbox: ReportOutbox) -> int:
     """Build the model and data, train until stopped, send the final report; return the exit code."""
     limit_threads(run.tf_threads)
 
-    from asyncps.datasets import load_dataset
-    from asyncps.models import build_model, make_loss
+    from asyncps.models import make_loss
     from asyncps.placement import VariableSpec, place
+    from asyncps.runmodel import build_run_model
     from asyncps.transport import connect_model
     from asyncps.worker.start import wait_for_start, warm_up
     from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
 
-    data = load_dataset(run.dataset, run.seed)
-    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
+    data, model = build_run_model(run)
     names = [v.path for v in model.trainable_variables]
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
     batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
     client = connect_model(link.member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
-                           config.security, transport=run.transport)
+                           config.security, transport=run.transport, worker_index=reg.index)
     client.coordinated = run.update_rule().consistency().coordinated  # sync: shard 0 decides each step
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
@@ -168,9 +158,8 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     if lost:
         log.error("the chief is gone: %s; exiting", lost)
         return 3
-    pushes, steps = telemetry.drain()
     try:
-        link.report(pushes, steps, final=True, deadline_s=config.deadline_s, completed_tasks=telemetry.drain_tasks())
+        outbox.send(final=True, deadline_s=config.deadline_s)
     except Unreachable as exc:
         log.warning("final report not delivered: %s", exc)
     log.info("worker %d done after %d steps", reg.index, trainer.step)

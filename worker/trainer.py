@@ -190,13 +190,6 @@ class Telemetry:
             self.pushes, self.steps = [], []
             return pushes, steps
 
-    def put_back(self, pushes: list[cpb.PushRecord], steps: list[cpb.StepTiming], tasks: list[int]) -> None:
-        """Records taken by drain() that could not be delivered: queued again, ahead of newer ones."""
-        with self.lock:
-            self.pushes[:0] = pushes
-            self.steps[:0] = steps
-            self.completed_tasks[:0] = tasks
-
     def drain_tasks(self) -> list[int]:
         """Take the data tasks completed since the last call."""
         with self.lock:

@@ -244,10 +244,15 @@ class ReportRequest(_message.Message):
     STEPS_FIELD_NUMBER: _builtins.int
     FINAL_FIELD_NUMBER: _builtins.int
     COMPLETED_TASKS_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
     member_id: _builtins.str
     worker_index: _builtins.int
     final: _builtins.bool
     """the worker is exiting after this report"""
+    seq: _builtins.int
+    """This worker incarnation's report number (1, 2, ...; a re-sent report keeps its number): the
+    chief records each number once, across its restarts. 0: unnumbered (always recorded).
+    """
     @_builtins.property
     def pushes(self) -> _containers.RepeatedCompositeFieldContainer[Global___PushRecord]: ...
     @_builtins.property
@@ -265,10 +270,11 @@ class ReportRequest(_message.Message):
         steps: _abc.Iterable[Global___StepTiming] | None = ...,
         final: _builtins.bool = ...,
         completed_tasks: _abc.Iterable[_builtins.int] | None = ...,
+        seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_tasks", b"completed_tasks", "final", b"final", "member_id", b"member_id", "pushes", b"pushes", "steps", b"steps", "worker_index", b"worker_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_tasks", b"completed_tasks", "final", b"final", "member_id", b"member_id", "pushes", b"pushes", "seq", b"seq", "steps", b"steps", "worker_index", b"worker_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -216,6 +216,7 @@ class PushHeader(_message.Message):
     SYNC_STEP_FIELD_NUMBER: _builtins.int
     SYNC_INCARNATION_FIELD_NUMBER: _builtins.int
     SYNC_FIELD_NUMBER: _builtins.int
+    WORKER_INDEX_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     base_version: _builtins.int
     """the shard version the gradient was computed from"""
@@ -236,6 +237,10 @@ class PushHeader(_message.Message):
     shard 0, the coordinator, that the gradient was computed from (sync_incarnation 0: none).
     """
     sync_incarnation: _builtins.int
+    worker_index: _builtins.int
+    """The pushing worker's index (as the chief assigned it), for staleness policies; absent: unknown
+    (a worker of an earlier version: the index its member id carries, if any).
+    """
     @_builtins.property
     def sync(self) -> Global___SyncDecisions:
         """A commit to a follower shard: the coordinator's decisions, carried by the worker (no tensors)."""
@@ -253,12 +258,15 @@ class PushHeader(_message.Message):
         sync_step: _builtins.int = ...,
         sync_incarnation: _builtins.int = ...,
         sync: Global___SyncDecisions | None = ...,
+        worker_index: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sync", b"sync"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_worker_index", b"_worker_index", "sync", b"sync", "worker_index", b"worker_index"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "incarnation", b"incarnation", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "read_wait_s", b"read_wait_s", "step", b"step", "sync", b"sync", "sync_incarnation", b"sync_incarnation", "sync_step", b"sync_step", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_worker_index", b"_worker_index", "base_version", b"base_version", "incarnation", b"incarnation", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "read_wait_s", b"read_wait_s", "step", b"step", "sync", b"sync", "sync_incarnation", b"sync_incarnation", "sync_step", b"sync_step", "worker_id", b"worker_id", "worker_index", b"worker_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__worker_index: _TypeAlias = _typing.Literal["worker_index"]  # noqa: Y015
+    _WhichOneofArgType__worker_index: _TypeAlias = _typing.Literal["_worker_index", b"_worker_index"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__worker_index) -> _WhichOneofReturnType__worker_index | None: ...
 
 Global___PushHeader: _TypeAlias = PushHeader  # noqa: Y015
 
@@ -670,19 +678,29 @@ class PauseRequest(_message.Message):
 
     PAUSE_FIELD_NUMBER: _builtins.int
     MAX_HOLD_S_FIELD_NUMBER: _builtins.int
+    DECISIONS_SINCE_FIELD_NUMBER: _builtins.int
+    SYNC_FIELD_NUMBER: _builtins.int
     pause: _builtins.bool
     """false: release"""
     max_hold_s: _builtins.float
     """a pause ends by itself after this long (a chief that died mid-checkpoint)"""
+    decisions_since: _builtins.int
+    """Sync over several shards, at a cut: the coordinator (shard 0) answers its decisions for steps
+    >= decisions_since (-1 or unset with 0 pause: none); a follower commits `sync` while held.
+    """
+    @_builtins.property
+    def sync(self) -> Global___SyncDecisions: ...
     def __init__(
         self,
         *,
         pause: _builtins.bool = ...,
         max_hold_s: _builtins.float = ...,
+        decisions_since: _builtins.int = ...,
+        sync: Global___SyncDecisions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sync", b"sync"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_hold_s", b"max_hold_s", "pause", b"pause"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions_since", b"decisions_since", "max_hold_s", b"max_hold_s", "pause", b"pause", "sync", b"sync"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -693,15 +711,33 @@ class PauseResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    SYNC_FOLLOWER_FIELD_NUMBER: _builtins.int
+    SYNC_LINEAGE_FIELD_NUMBER: _builtins.int
+    SYNC_NEXT_STEP_FIELD_NUMBER: _builtins.int
+    DECIDED_FIELD_NUMBER: _builtins.int
     version: _builtins.int
+    sync_follower: _builtins.bool
+    """this shard follows shard 0's sync decisions"""
+    sync_lineage: _builtins.int
+    """a follower: the coordinator incarnation it follows (0: none yet)"""
+    sync_next_step: _builtins.int
+    """a follower: the first coordinator step it has not committed"""
+    @_builtins.property
+    def decided(self) -> Global___SyncDecisions:
+        """the coordinator: its decisions for steps >= decisions_since"""
+
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
+        sync_follower: _builtins.bool = ...,
+        sync_lineage: _builtins.int = ...,
+        sync_next_step: _builtins.int = ...,
+        decided: Global___SyncDecisions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decided", b"decided"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided", b"decided", "sync_follower", b"sync_follower", "sync_lineage", b"sync_lineage", "sync_next_step", b"sync_next_step", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -79,6 +79,21 @@ class Resolution:
 
 
 @dataclass(frozen=True)
+class Held:
+    """A shard's answer to a pause: its version and, in multi-shard sync, where it stands.
+
+    A follower says which coordinator incarnation it follows and the first step it has not
+    committed; the coordinator answers the decisions the pause asked for. A cut uses them to
+    bring every follower to the coordinator's step while all shards are held."""
+
+    version: int
+    follower: bool = False
+    lineage: int = 0
+    next_step: int = 0
+    decided: Decisions | None = None
+
+
+@dataclass(frozen=True)
 class Admission:
     """A verdict and, for drops, the reason."""
 
@@ -124,6 +139,15 @@ class Consistency(abc.ABC):
     def resolution(self, worker_id: str, step: int) -> Resolution | None:
         """What became of worker_id's gradient staged for `step` (None: still staged, or unknown)."""
         return None
+
+    def sync_position(self) -> tuple[int, int] | None:
+        """A follower's (coordinator incarnation followed, first step not committed); others None."""
+        return None
+
+    def take_drops(self) -> list[DropReason]:
+        """The reasons of staged gradients dropped since the last call (a follower's commits),
+        so the shard counts them as it counts a gradient dropped when pushed."""
+        return []
 
     def take_step(self) -> dict[str, Gradient] | None:
         """The accumulated step to apply now (and forget), or None while it is not complete."""
@@ -296,6 +320,7 @@ class SyncFollower(Consistency):
         self.version = 0  # this shard's version (the store's, given with each commit)
         self._admitted_base = 0
         self.skipped_steps = 0  # decided steps with none of their gradients staged here
+        self._drops: list[DropReason] = []  # staged gradients dropped by commits, not counted yet
 
     def admit(self, worker_id: str, base_version: int, version: int, ballot: Ballot | None = None) -> Admission:
         """Stage a gradient under its ballot; drop one whose step was decided, or a second one."""
@@ -359,12 +384,23 @@ class SyncFollower(Consistency):
 
     def _resolve(self, key: tuple[str, int], resolution: Resolution) -> None:
         self._resolved[key] = resolution
+        if resolution.drop is not None:
+            self._drops.append(resolution.drop)
         while len(self._resolved) > DECISION_LOG:
             self._resolved.popitem(last=False)
 
     def resolution(self, worker_id: str, step: int) -> Resolution | None:
         """What became of worker_id's gradient staged for `step` (None while it is staged)."""
         return self._resolved.get((worker_id, step))
+
+    def sync_position(self) -> tuple[int, int] | None:
+        """(the coordinator incarnation followed, the first step not committed here)."""
+        return self.lineage, self.next_step
+
+    def take_drops(self) -> list[DropReason]:
+        """Staged gradients dropped by commits since the last call (see Consistency)."""
+        drops, self._drops = self._drops, []
+        return drops
 
     def stats(self) -> dict[str, float]:
         """Decided steps none of whose gradients were staged here (after a restore)."""

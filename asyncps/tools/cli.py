@@ -403,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="", help="where to write them (default: the checkpoint directory)")
     p.add_argument("--run-config", default="", help="a run configuration file (e.g. a run's config.json) instead "
                                                     "of the settings the checkpoint's manifest records")
+    add_user_path_flag(p)
     p.set_defaults(fn=cmd_export)
 
     from asyncps.tools import composerun, experiment, report  # cheap: matplotlib and the cluster load only when run

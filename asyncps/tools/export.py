@@ -2,6 +2,8 @@
 
 The chief exports the model only when a run ends; a checkpoint carries the whole variables and the
 run's settings (its manifest's `run`), which is all it takes to build the model again and fill it.
+The model is built as the chief built it (asyncps.runmodel); a user model's code is imported from
+`--user-path`/ASYNCPS_USER_PATH, else from the directories the chief had (the manifest's `user_path`).
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from typing import Any
 from asyncps.chief.checkpoint import Checkpoint, CheckpointDir
 from asyncps.chief.lifecycle import save_model
 from asyncps.config import RunConfig, coerce_settings, read_settings_file
+from asyncps.userfns import add_user_path, user_path_from_env
 
 
 def find_checkpoint(path: Path) -> Path:
     """The checkpoint at `path`: a ckpt-NNNNNNNN directory, or the newest one in a checkpoint root or in
-    a run directory's ckpt/."""
-    if (path / "manifest.json").exists():
+    a run directory's ckpt/ (a run directory has a manifest.json of its own, but no model.npz)."""
+    if (path / "manifest.json").exists() and (path / "model.npz").exists():
         return path
     for root in (path, path / "ckpt"):
         complete = CheckpointDir(root).complete()
@@ -36,15 +39,23 @@ def checkpoint_run_config(ckpt: Checkpoint, run_config: Path | None = None) -> R
     return RunConfig.from_layers(coerce_settings(recorded, f"{ckpt.path}/manifest.json"))
 
 
+def use_recorded_user_path(ckpt: Checkpoint) -> list[str]:
+    """With no user path given (--user-path, ASYNCPS_USER_PATH), put the directories the run's chief
+    imported user code from (the manifest's `user_path`) on sys.path, those that exist here; return them."""
+    if user_path_from_env():
+        return []
+    recorded = ckpt.manifest.get("user_path", [])
+    return add_user_path(d for d in recorded if isinstance(d, str) and Path(d).is_dir())
+
+
 def model_from_checkpoint(ckpt: Checkpoint, run: RunConfig) -> Any:
     """The run's Keras model with every trainable variable set from the checkpoint."""
-    from asyncps.datasets import load_dataset
-    from asyncps.models import build_model
+    from asyncps.runmodel import build_run_model
     from asyncps.tfutil import quiet_tensorflow
 
     quiet_tensorflow()
-    data = load_dataset(run.dataset, run.seed)
-    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
+    use_recorded_user_path(ckpt)
+    _, model = build_run_model(run)
     names = {v.path for v in model.trainable_variables}
     missing = sorted(names - set(ckpt.values))
     if missing:

@@ -47,10 +47,12 @@ def connect_model(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     security: SecurityConfig | None = None,
     transport: str = "grpc",
+    worker_index: int | None = None,
 ) -> ModelClient:
-    """A ModelClient over transports to every shard, in shard order (see connect_shard)."""
+    """A ModelClient over transports to every shard, in shard order (see connect_shard); a worker's
+    client sends its index with every push."""
     return ModelClient(member_id, [connect_shard(a, deadline_s, chunk_bytes, security, transport=transport)
-                                   for a in addresses], placement)
+                                   for a in addresses], placement, worker_index)
 
 
 __all__ = ["MODES", "GrpcShardTransport", "InitResult", "ModelClient", "ShardPush", "ShardTransport",

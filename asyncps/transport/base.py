@@ -13,6 +13,7 @@ from typing import Protocol
 
 from asyncps.codec import Array
 from asyncps.rules import UpdateRuleConfig
+from asyncps.rules.modes import Decisions, Held
 from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 
 
@@ -56,6 +57,10 @@ class ShardTransport(Protocol):
 
     def pause(self, hold_s: float) -> int:
         """Hold pushes for up to hold_s seconds (0: release); returns the shard's version."""
+
+    def hold(self, hold_s: float, decisions_since: int = -1, sync: Decisions | None = None) -> Held:
+        """A pause that, in multi-shard sync, also reads the coordinator's decisions for steps >=
+        decisions_since or commits `sync` on a held follower (a consistent cut, chief only)."""
 
     def snapshot(self) -> Snapshot:
         """The shard's whole state (values, slots, counters)."""

@@ -15,12 +15,14 @@ from asyncps.frames import identity, read_frames
 from asyncps.pb import ps_pb2
 from asyncps.rpc import call_with_retry, make_channel
 from asyncps.rules import UpdateRuleConfig
+from asyncps.rules.modes import Decisions, Held
 from asyncps.security import SecurityConfig, secure_channel
 from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 from asyncps.transport.base import InitResult
 from asyncps.wire import (
     SHARD_SERVICE,
     decisions_from_proto,
+    decisions_to_proto,
     initialize_frames,
     outcome_from_proto,
     parse_pull,
@@ -166,6 +168,16 @@ class GrpcShardTransport:
         """Hold pushes for up to hold_s seconds (0: release); returns the shard's version."""
         request = ps_pb2.PauseRequest(pause=hold_s > 0, max_hold_s=hold_s)
         return int(self.retry(lambda: self._pause(request, timeout=self.call_timeout_s)).version)
+
+    def hold(self, hold_s: float, decisions_since: int = -1, sync: Decisions | None = None) -> Held:
+        """A pause that also reads the coordinator's decisions or commits them on a follower."""
+        request = ps_pb2.PauseRequest(pause=hold_s > 0, max_hold_s=hold_s, decisions_since=decisions_since)
+        if sync is not None:
+            request.sync.CopyFrom(decisions_to_proto(sync))
+        reply = self.retry(lambda: self._pause(request, timeout=self.call_timeout_s))
+        decided = decisions_from_proto(reply.decided) if reply.HasField("decided") else None
+        return Held(int(reply.version), reply.sync_follower, int(reply.sync_lineage), int(reply.sync_next_step),
+                    decided)
 
     def snapshot(self) -> Snapshot:
         """The shard's whole state (values, slots, counters)."""

@@ -27,6 +27,7 @@ from asyncps.codec import Array, SparseRows, dtype_to_proto
 from asyncps.errors import FailedPreconditionError
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.rules import UpdateRuleConfig
+from asyncps.rules.modes import Decisions, Held
 from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 from asyncps.transport.base import InitResult
 from asyncps.transport.grpc_shard import GrpcShardTransport
@@ -239,6 +240,10 @@ class ShmShardTransport:
     def pause(self, hold_s: float) -> int:
         """See ShardTransport."""
         return self._inner.pause(hold_s)
+
+    def hold(self, hold_s: float, decisions_since: int = -1, sync: Decisions | None = None) -> Held:
+        """See ShardTransport."""
+        return self._inner.hold(hold_s, decisions_since, sync)
 
     def snapshot(self) -> Snapshot:
         """See ShardTransport."""

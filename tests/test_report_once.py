@@ -1,0 +1,187 @@
+"""Each worker report is recorded once, across chief restarts: the same report sent twice to a real
+Coordinator server on a run directory, before and after a new chief starts on that directory, and a
+worker's own path (outbox, link, client retry) when the chief recorded a report but its answer was lost."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from asyncps.chief.ledgerlog import LEDGER_LOG, LedgerLog, replay
+from asyncps.chief.membership import Membership
+from asyncps.chief.recorder import Recorder
+from asyncps.chief.reportlog import REPORT_LOG, ReportLog, read_last_reports
+from asyncps.chief.servicer import CoordinatorServicer
+from asyncps.chief.tasks import TaskLedger
+from asyncps.config import RunConfig
+from asyncps.coordclient import CoordinatorClient
+from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.pb import coordinator_pb2_grpc
+from asyncps.rpc import Unreachable, create_server
+from asyncps.rundir import PUSHES_CSV, TIMELINE_CSV, PushRow, StepRow, read_rows
+from asyncps.worker.chieflink import ChiefLink
+from asyncps.worker.outbox import ReportOutbox
+from asyncps.worker.trainer import Telemetry
+
+
+@dataclass
+class ChiefState:
+    """The parts of a chief that a report touches, serving Coordinator on a run directory."""
+
+    server: grpc.Server
+    port: int
+    recorder: Recorder
+    ledger: TaskLedger
+    ledger_log: LedgerLog
+    reports: ReportLog
+
+    def stop(self) -> None:
+        """The chief goes away (its files stay as it left them)."""
+        self.server.stop(0).wait()
+        self.recorder.close()
+        self.ledger_log.close()
+        self.reports.close()
+
+
+def start_chief(run_dir: Path, port: int = 0, resume: bool = False,
+                servicer_type: type[CoordinatorServicer] = CoordinatorServicer) -> ChiefState:
+    """A chief on `run_dir`; `resume`: continue its files as a restarted chief does (chief/main.py)."""
+    ledger = TaskLedger(100, 10, 1)
+    if resume:
+        assert replay(run_dir / LEDGER_LOG, ledger)
+    ledger_log = LedgerLog(run_dir / LEDGER_LOG, ledger)
+    recorder = Recorder(run_dir, append=resume)
+    reports = ReportLog(run_dir / REPORT_LOG, resume=resume)
+    servicer = servicer_type(Membership(2, 10), recorder, ["127.0.0.1:1"], RunConfig().to_json(),
+                             lambda: cpb.ClusterStatus(), ledger, reports=reports)
+    server, bound, _ = create_server(f"127.0.0.1:{port}",
+                                     [lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s)])
+    return ChiefState(server, bound, recorder, ledger, ledger_log, reports)
+
+
+def push(step: int, shard: int) -> cpb.PushRecord:
+    return cpb.PushRecord(wall_time=time.time(), shard=shard, step=step, base_version=step, version=step + 1,
+                          accepted=True, effective_lr=0.1, loss=0.5)
+
+
+def timing(step: int) -> cpb.StepTiming:
+    return cpb.StepTiming(step=step, start=time.time(), compute_s=0.01, push_s=0.01, examples=10)
+
+
+def rows(run_dir: Path) -> tuple[list[tuple[int, int]], list[int]]:
+    """(worker step, shard) of every pushes.csv row and the step of every timeline.csv row."""
+    return ([(r.step, r.shard) for r in read_rows(run_dir / PUSHES_CSV, PushRow)],
+            [r.step for r in read_rows(run_dir / TIMELINE_CSV, StepRow)])
+
+
+def test_the_same_report_is_recorded_once_before_and_after_a_chief_restart(tmp_path: Path) -> None:
+    chief = start_chief(tmp_path)
+    client = CoordinatorClient(f"127.0.0.1:{chief.port}", deadline_s=20)
+    try:
+        assert client.register("worker-a", "worker", 0).index == 0
+        task = client.get_task("worker-a")
+        report: dict[str, Any] = {"pushes": [push(1, 0), push(1, 1)], "steps": [timing(1)],
+                                  "completed_tasks": [task.task_id]}
+        client.report("worker-a", 0, seq=1, **report)
+        client.report("worker-a", 0, seq=1, **report)  # its answer was lost: the worker sends it again
+        assert rows(tmp_path) == ([(1, 0), (1, 1)], [1])
+        assert chief.ledger.summary()["tasks_done"] == 1 and chief.ledger.summary()["duplicate_completions"] == 0
+
+        chief.stop()  # killed after recording report 1, before the worker heard the answer
+        chief = start_chief(tmp_path, chief.port, resume=True)
+        assert read_last_reports(tmp_path / REPORT_LOG) == {"worker-a": 1}  # the new chief's file starts from it
+        assert client.register("worker-a", "worker", 0).index == 0  # the link registers again (NOT_FOUND)
+        client.report("worker-a", 0, seq=1, **report)  # ... and sends the unanswered report again
+        assert rows(tmp_path) == ([(1, 0), (1, 1)], [1])
+        summary = chief.ledger.summary()
+        assert summary["tasks_done"] == 1 and summary["duplicate_completions"] == 0
+        assert chief.recorder.pushes_recorded == 2 and chief.recorder.examples == 10
+
+        client.report("worker-a", 0, seq=2, pushes=[push(2, 0)], steps=[timing(2)])  # the next one is new
+        assert rows(tmp_path) == ([(1, 0), (1, 1), (2, 0)], [1, 2])
+        assert chief.reports.last("worker-a") == 2
+        # an unnumbered report (a worker of an earlier version) is recorded every time, as before
+        client.report("worker-a", 0, pushes=[push(3, 0)], steps=[])
+        client.report("worker-a", 0, pushes=[push(3, 0)], steps=[])
+        assert rows(tmp_path)[0][-2:] == [(3, 0), (3, 0)]
+    finally:
+        client.close()
+        chief.stop()
+
+
+def test_report_numbers_are_per_member_and_a_torn_journal_line_is_ignored(tmp_path: Path) -> None:
+    log = ReportLog(tmp_path / REPORT_LOG)
+    for member, seq in (("a", 1), ("b", 1), ("a", 2)):
+        with log.once(member, seq) as fresh:
+            assert fresh
+    with log.once("b", 1) as fresh:
+        assert not fresh
+    with pytest.raises(RuntimeError), log.once("b", 2) as fresh:  # recording failed: not marked
+        assert fresh
+        raise RuntimeError("disk full")
+    assert log.last("b") == 1
+    log.close()
+    with open(tmp_path / REPORT_LOG, "a") as f:
+        f.write('{"member": "a", "se')  # a line torn by a kill: its report was never answered
+    assert read_last_reports(tmp_path / REPORT_LOG) == {"a": 2, "b": 1}
+    again = ReportLog(tmp_path / REPORT_LOG, resume=True)
+    again.close()
+    assert [json.loads(line) for line in (tmp_path / REPORT_LOG).read_text().splitlines()] == [
+        {"state": {"a": 2, "b": 1}}]
+    assert ReportLog(tmp_path / "fresh.jsonl").last("a") == 0  # a new run remembers nothing
+
+
+class AnswerLost(CoordinatorServicer):
+    """A chief that records the first numbered report and then fails before answering it, as a chief
+    killed between its record and its answer does (UNAVAILABLE: the worker's client tries again)."""
+
+    lost = 0
+
+    def Report(self, request: cpb.ReportRequest, context: grpc.ServicerContext) -> cpb.ReportResponse:
+        reply = super().Report(request, context)
+        if request.seq > 0 and AnswerLost.lost == 0:
+            AnswerLost.lost += 1
+            context.abort(grpc.StatusCode.UNAVAILABLE, "chief going away")
+        return reply
+
+
+def test_a_worker_resends_an_unanswered_report_unchanged_and_it_is_recorded_once(tmp_path: Path) -> None:
+    AnswerLost.lost = 0
+    chief = start_chief(tmp_path, servicer_type=AnswerLost)
+    link = ChiefLink(CoordinatorClient(f"127.0.0.1:{chief.port}", deadline_s=20), "worker#0-x", 0)
+    telemetry = Telemetry()
+    outbox = ReportOutbox(link, telemetry)
+    try:
+        link.register()
+        task = link.get_task()
+        telemetry.add([push(1, 0)], timing(1), task.task_id)
+        assert outbox.send() is not None
+        assert AnswerLost.lost == 1 and outbox.unanswered is None and outbox.seq == 1
+        telemetry.add([push(2, 0)], timing(2))
+        outbox.send(final=True)
+        assert rows(tmp_path) == ([(1, 0), (2, 0)], [1, 2])
+        assert chief.ledger.summary()["duplicate_completions"] == 0 and chief.reports.last("worker#0-x") == 2
+
+        # the chief is gone: the report stays unanswered, and is sent first, whole, to the next chief
+        chief.stop()
+        telemetry.add([push(3, 0)], timing(3))
+        with pytest.raises(Unreachable):
+            outbox.send(deadline_s=0.5)
+        assert outbox.unanswered is not None and outbox.unanswered.seq == 3
+        telemetry.add([push(4, 0)], timing(4))  # queued since: it goes into a report of its own
+        chief = start_chief(tmp_path, chief.port, resume=True)
+        outbox.send()  # the new chief does not know the worker: the link registers again, then 3, then 4
+        assert outbox.unanswered is None and outbox.seq == 4
+        assert rows(tmp_path) == ([(1, 0), (2, 0), (3, 0), (4, 0)], [1, 2, 3, 4])
+        journal = [json.loads(line) for line in (tmp_path / REPORT_LOG).read_text().splitlines()]
+        assert journal == [{"state": {"worker#0-x": 2}}, {"member": "worker#0-x", "seq": 3},
+                           {"member": "worker#0-x", "seq": 4}]
+    finally:
+        link.coord.close()
+        chief.stop()
