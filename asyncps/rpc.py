@@ -102,6 +102,10 @@ def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[st
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.enable_retries", 0),  # retries are ours: only UNAVAILABLE, with backoff and jitter
+        # one connection per client object, as if it were its own process: the servers bound streams
+        # per connection (asyncps.streamguard), and logical workers or load generators in one process
+        # would otherwise share one connection and its limit
+        ("grpc.use_local_subchannel_pool", 1),
     ]
 
 

@@ -28,6 +28,7 @@ log = logging.getLogger("asyncps.chief")
 EXIT_DONE = 0
 EXIT_UNREACHABLE = 2  # a shard stayed unreachable at start
 EXIT_SHARD_STATE = 4  # the shards' state cannot be used: another run's, or lost with no checkpoint
+EXIT_HANDED_OVER = 143  # SIGTERM with --on-sigterm handover: the run goes on under the next chief (128 + 15)
 FINAL_EXIT_CODES = frozenset({EXIT_DONE, EXIT_UNREACHABLE, EXIT_SHARD_STATE})
 
 
@@ -109,9 +110,10 @@ class Lifecycle:
             shares.append(self._clock.elapsed() / run.max_seconds)
         return min(1.0, max(shares)) if shares else -1.0
 
-    def shutdown(self) -> None:
-        """Ask the shards to exit, stop serving, close the shard channels."""
-        self._shutdown_shards()
+    def shutdown(self, keep_shards: bool = False) -> None:
+        """Ask the shards to exit (unless keep_shards: a handover), stop serving, close the shard channels."""
+        if not keep_shards:
+            self._shutdown_shards()
         if self._health is not None:
             self._health.enter_graceful_shutdown()
         if self._server is not None:

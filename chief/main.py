@@ -23,7 +23,14 @@ from asyncps.chief.checkpointer import LIVE, Checkpointer, ShardStateError
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.evaluator import Evaluation, Evaluator
 from asyncps.chief.ledgerlog import LEDGER_LOG, LedgerLog, replay
-from asyncps.chief.lifecycle import EXIT_SHARD_STATE, EXIT_UNREACHABLE, Lifecycle, export_model, prepare_run_dir
+from asyncps.chief.lifecycle import (
+    EXIT_HANDED_OVER,
+    EXIT_SHARD_STATE,
+    EXIT_UNREACHABLE,
+    Lifecycle,
+    export_model,
+    prepare_run_dir,
+)
 from asyncps.chief.membership import LiveSet, Membership
 from asyncps.chief.metrics import MetricsServer, RunMetrics
 from asyncps.chief.progress import Progress, ShardPoller, TrainClock
@@ -86,10 +93,13 @@ class Chief:
 
     def __init__(self, config: ChiefConfig, interrupt: threading.Event, model: ModelParts, progress: Progress,
                  membership: Membership, ledger: TaskLedger, checkpointer: Checkpointer, recorder: Recorder,
-                 eval_log: EvalLog, manifest: RunManifest | None = None, reports: ReportLog | None = None) -> None:
+                 eval_log: EvalLog, manifest: RunManifest | None = None, reports: ReportLog | None = None,
+                 handover: threading.Event | None = None) -> None:
         self.config = config
         self.run = config.run
         self.interrupt = interrupt
+        # set (SIGTERM with --on-sigterm handover): exit now and leave the run to the next chief
+        self.handover = handover or threading.Event()
         self.model = model
         self.progress = progress
         self.membership = membership
@@ -160,8 +170,14 @@ class Chief:
         if self.config.metrics_port >= 0:
             metrics = MetricsServer(self.config.host, self.config.metrics_port, self.metrics)
             write_port_file(self.config.metrics_port_file, metrics.port)
+        handed_over = False
         try:
             self._control_loop()
+            if self.handover.is_set():
+                handed_over = True
+                log.warning("SIGTERM (--on-sigterm handover): leaving the shards and the workers to the next chief "
+                            "of run %s; exiting %d", self.manifest.run_id, EXIT_HANDED_OVER)
+                return EXIT_HANDED_OVER
             self._final_poll()
             if self.failure is not None:
                 log.error("run stopped: %s", self.failure)
@@ -175,10 +191,10 @@ class Chief:
         finally:
             self.gate.cancel()
             with self.progress.lock:
-                self.progress.done = True
+                self.progress.done = not handed_over
             self.eval_log.close()
             self.recorder.close()
-            self.lifecycle.shutdown()
+            self.lifecycle.shutdown(keep_shards=handed_over)
             if metrics is not None:
                 metrics.close()
         log.info("run complete: %s", self.config.run_dir)
@@ -188,6 +204,9 @@ class Chief:
         stop_at: float | None = None
         while True:
             self.interrupt.wait(0.2)
+            if self.handover.is_set():  # no stop for the workers: they register again with the next chief
+                self._save_manifest(force=True)
+                return
             for member in self.membership.reap():
                 requeued = self.ledger.requeue(member.member_id)
                 log.warning("worker %d (%s) missed heartbeats for %.0fs: declared dead; %d data task(s) "
@@ -257,7 +276,8 @@ class Chief:
                       self.ledger, self.model.evaluator, self.gate.describe())
 
 
-def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None) -> int:
+def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None,
+              handover: threading.Event | None = None) -> int:
     """Build the chief's parts, bring the shards to the run's state (new, resumed live, or restored),
     and run."""
     started = time.monotonic()
@@ -295,7 +315,7 @@ def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None) -> 
     eval_log = EvalLog(config.run_dir, recorder, append=append, run=run)
     reports = ReportLog(config.run_dir / REPORT_LOG, resume=append)  # follows the rows the recorder continues
     chief = Chief(config, interrupt or threading.Event(), model, progress, membership, ledger, checkpointer,
-                  recorder, eval_log, manifest, reports)
+                  recorder, eval_log, manifest, reports, handover)
     try:
         return chief.serve()
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,11 +27,12 @@ from tests.test_local_cluster import run_cli
 pytestmark = pytest.mark.slow
 
 
-def start_local(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+def start_local(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """`asyncps local` in the background (the process under test: launcher, chief, shards, workers)."""
     run_dir.mkdir(parents=True)
     return subprocess.Popen([sys.executable, "-m", "asyncps.tools.cli", "local", "--run-dir", str(run_dir),
-                             "--quiet", *args], cwd=REPO_ROOT, env=child_env(), stdout=subprocess.PIPE,
+                             "--quiet", *args], cwd=REPO_ROOT, env={**child_env(), **(env or {})},
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -122,6 +124,36 @@ def test_killed_chief_is_restarted_and_the_run_finishes_as_if_uninterrupted(tmp_
     assert summary.pushes_recorded == sum(rows.values())
     assert abs(summary.final_eval.accuracy - baseline.final_eval.accuracy) <= 0.01, (
         baseline.final_eval.accuracy, summary.final_eval.accuracy)
+
+
+def test_chief_sigtermed_with_handover_leaves_the_shards_to_its_replacement(tmp_path: Path) -> None:
+    # An orchestrator replacing the chief's task (swarm: unhealthy) sends SIGTERM: with
+    # --on-sigterm handover the chief exits 143 without stopping the workers or the shards, and the
+    # restarted chief resumes on the live shards (no restore, no shard restart).
+    run_dir = tmp_path / "run"
+    proc = start_local(run_dir, "--max-seconds", "20", "--eval-every", "30", env={"ASYNCPS_ON_SIGTERM": "handover"})
+    try:
+        wait_for_updates(run_dir, 200, proc)
+        os.kill(role_pid(run_dir, "chief"), signal.SIGTERM)
+        out = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "the chief died; restarted it" in out and "ps-0 died" not in out and "ps-1 died" not in out, out
+    chief_log = (run_dir / "logs" / "chief.log").read_text()
+    assert "SIGTERM (--on-sigterm handover)" in chief_log and "exiting 143" in chief_log, chief_log[-3000:]
+    assert "resuming on the live shards" in chief_log and "restored from" not in chief_log, chief_log[-3000:]
+    for i in range(2):  # the same shard processes, asked to shut down once: at the run's end
+        shard_log = (run_dir / "logs" / f"ps-{i}.log").read_text()
+        assert shard_log.count("shutdown requested") == 1, shard_log[-2000:]
+    assert json.loads((run_dir / "manifest.json").read_text())["chief_starts"] == 2
+    # the run went on under the new chief to its own end (no duplicate-free ledger asserted: a worker
+    # that comes back after the heartbeat timeout on a loaded machine rightly has its tasks re-queued)
+    resumed_at = re.search(r"resuming on the live shards at versions \[(\d+), (\d+)\]", chief_log)
+    assert resumed_at is not None
+    summary = RunSummary.load(run_dir)
+    assert summary.stop_reason == "reached 20 s", summary.stop_reason
+    assert summary.updates_applied > max(int(v) for v in resumed_at.groups()), summary.updates_applied
 
 
 def test_killed_shard_with_default_settings_is_restored_from_the_automatic_checkpoint(tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ One deployment, so the whole scenario costs one start-up (~1 min on 2 cores): wi
 from Docker secrets, checkpoints every 400 updates and 75 s of training. Once both workers train,
 the worker service is scaled from 2 to 3; once the chief has written a checkpoint, ps-1's
 container is killed with `docker kill` (a failure to swarm: the restart policy starts a new task).
-The chief must restore shard 1, and only it, at the checkpoint's version; the third worker's
+The chief must restore shard 1, and only it, at the checkpoint's version. Then `docker service
+update --force` replaces the chief's task (SIGTERM, as for an unhealthy one): the chief hands over
+(exit 143) and the new task resumes on the live shards, and ps-0 is never replaced; the third worker's
 pushes reach pushes.csv; the chief's task ends "complete" with exit code 0 (read as the stack
 file documents); accuracy >= 0.90 (the demo's); `docker stack rm` then removes services, network
 and secrets, and the test the volumes.
@@ -133,7 +135,8 @@ class Stack:
         """The chief task's final state and exit code (the way deploy/stack.yml documents)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            ended = [(s, int(c)) for s, c in self.tasks("chief") if s in ("complete", "failed", "rejected", "shutdown")]
+            # not "shutdown": a task swarm replaced (the new one finishes the run)
+            ended = [(s, int(c)) for s, c in self.tasks("chief") if s in ("complete", "failed", "rejected")]
             if ended:
                 return ended[0]
             time.sleep(3)
@@ -210,6 +213,14 @@ def test_stack_trains_survives_a_killed_shard_and_scales_workers(stack: Stack) -
     restored = stack.wait_for_log("chief", r"shard 1 at ps-1:8470: restored from (ckpt-\d{8}) at version (\d+)",
                                   timeout=180)
     print(f"swarm: {restored.group(0)} at {time.monotonic() - start:.1f}s")
+
+    # Swarm replaces the chief's task (as it does an unhealthy one): SIGTERM, on which the chief hands
+    # over (ASYNCPS_ON_SIGTERM) and the new task resumes on the live shards. Right after the restore:
+    # well before the 75 s of training are up (a task replaced after the end would start a new chief).
+    docker("service", "update", "--detach", "--force", "--no-resolve-image", f"{stack.name}_chief", timeout=120)
+    stack.wait_for_log("chief", r"SIGTERM \(--on-sigterm handover\)", timeout=120)
+    resumed = stack.wait_for_log("chief", r"resuming on the live shards at versions \[\d+, \d+\]", timeout=240)
+    print(f"swarm: chief replaced: {resumed.group(0)} at {time.monotonic() - start:.1f}s")
     joined = stack.wait_for_log("worker", r"registered as worker 2 of \d+", timeout=180)
     print(f"swarm: scale-up: {joined.group(0)} at {time.monotonic() - start:.1f}s")
 
@@ -221,6 +232,8 @@ def test_stack_trains_survives_a_killed_shard_and_scales_workers(stack: Stack) -
     ps1_tasks = stack.tasks("ps-1")
     assert len(ps1_tasks) == 2 and ("failed", "137") in ps1_tasks, ps1_tasks  # killed, then replaced
     assert len(stack.tasks("ps-0")) == 1, "ps-0 was replaced too"
+    assert sorted(stack.tasks("chief")) == [("complete", "0"), ("shutdown", "143")], stack.tasks("chief")
+    assert chief_log.count("resuming on the live shards") == 1, "the replaced chief's shards were not live"
     assert "shard 0 at ps-0:8470: restored" not in chief_log, "ps-0 was restored too"
     matches = re.findall(r"shard 1 at ps-1:8470: restored from (ckpt-\d{8}) at version (\d+)", chief_log)
     assert len(matches) == 1, f"shard 1 restored {len(matches)} times: {matches}"

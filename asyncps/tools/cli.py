@@ -150,11 +150,15 @@ def _port(args: argparse.Namespace, tf: TFConfig | None, role: str) -> int:
     return DEFAULT_PORT
 
 
-def _install_signals(event: threading.Event) -> None:
+def _install_signals(event: threading.Event, on_sigterm: threading.Event | None = None) -> None:
+    """SIGINT sets `event`; SIGTERM sets `on_sigterm` when given (the chief's handover), else `event`."""
     def handler(signum: int, frame: Any) -> None:
         event.set()
 
-    signal.signal(signal.SIGTERM, handler)
+    def term_handler(signum: int, frame: Any) -> None:
+        (on_sigterm or event).set()
+
+    signal.signal(signal.SIGTERM, term_handler)
     signal.signal(signal.SIGINT, handler)
 
 
@@ -242,9 +246,9 @@ def cmd_chief(args: argparse.Namespace) -> int:
                          checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
                          metrics_port=int(args.metrics_port), metrics_port_file=args.metrics_port_file)
     _setup_logging(args.log_level, "chief")
-    stop = threading.Event()
-    _install_signals(stop)
-    return run_chief(config, stop)
+    stop, handover = threading.Event(), threading.Event()
+    _install_signals(stop, handover if args.on_sigterm == "handover" else None)
+    return run_chief(config, stop, handover)
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -357,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from the latest checkpoint (env ASYNCPS_RESUME=1)")
     _add_metrics_port(p)
     _add(p, "--metrics-port-file", "", "write the bound metrics port to this file (for --metrics-port 0)")
+    _add(p, "--on-sigterm", "finish", "finish: end the run on SIGTERM (evaluate, summary, shut the shards "
+         "down); handover: exit 143 at once and leave shards and workers running for a replacement chief "
+         "(an orchestrator replacing the task); SIGINT always finishes", choices=("finish", "handover"))
     add_run_flags(p, skip=("num_ps",))  # the number of shards is the number of --ps addresses
     add_security_flags(p)
     p.set_defaults(fn=cmd_chief)

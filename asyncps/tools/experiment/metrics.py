@@ -130,7 +130,8 @@ def start_lead(steps: Sequence[StepRow]) -> float:
 def clock_lead(run_dir: Path) -> float:
     """The run's largest clock lead measured independently of the shards: summary.json's
     `measured_clock_lead` where the chief wrote one (from pushes.csv), else start_lead of timeline.csv."""
-    raw = json.loads((run_dir / SUMMARY_JSON).read_text())
+    # an unfinished or crashed run (asyncps report reads those too) has no summary.json yet
+    raw = json.loads((run_dir / SUMMARY_JSON).read_text()) if (run_dir / SUMMARY_JSON).exists() else {}
     value = raw.get("measured_clock_lead")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
