@@ -94,6 +94,21 @@ class Check(abc.ABC):
         """A CheckOutcome of this claim."""
         return CheckOutcome(self.name, passed, detail, " ".join(self.why.split()))
 
+    def every_row(self, rows: Sequence[Row], claim: str, expected: str,
+                  judge: Callable[[float, float], tuple[bool, str]]) -> CheckOutcome:
+        """PASS when `judge(actual, expected)` holds for every selected row, `expected` an expression
+        over the row (none selected: FAIL); `judge` also gives the row's numbers for the detail."""
+        selected = self.selected(rows)
+        if not selected:
+            return self.outcome(False, "no rows match " + json.dumps(self.where))
+        parts, ok = [], True
+        for row in selected:
+            good, numbers = judge(float(row.value(self.metric)),
+                                  evaluate_expression(expected, row.value))
+            ok = ok and good
+            parts.append(f"{row.label}: {numbers}{'' if good else ' ✗'}")
+        return self.outcome(ok, f"{claim}: " + "; ".join(parts))
+
 
 @dataclass(frozen=True)
 class Approx(Check):
@@ -106,18 +121,12 @@ class Approx(Check):
 
     def evaluate(self, rows: Sequence[Row]) -> CheckOutcome:
         """Pass when every selected row is within tolerance."""
-        selected = self.selected(rows)
-        if not selected:
-            return self.outcome(False, "no rows match " + json.dumps(self.where))
-        parts, ok = [], True
-        for row in selected:
-            actual = float(row.value(self.metric))
-            expected = evaluate_expression(self.expected, row.value)
+
+        def judge(actual: float, expected: float) -> tuple[bool, str]:
             tol = self.abs_tol + self.rel_tol * abs(expected)
-            good = abs(actual - expected) <= tol
-            ok = ok and good
-            parts.append(f"{row.label}: {_num(actual)} vs {_num(expected)} ± {_num(tol)}{'' if good else ' ✗'}")
-        return self.outcome(ok, f"{self.metric} ≈ {self.expected}: " + "; ".join(parts))
+            return abs(actual - expected) <= tol, f"{_num(actual)} vs {_num(expected)} ± {_num(tol)}"
+
+        return self.every_row(rows, f"{self.metric} ≈ {self.expected}", self.expected, judge)
 
 
 @dataclass(frozen=True)
@@ -134,17 +143,11 @@ class Bound(Check):
 
     def evaluate(self, rows: Sequence[Row]) -> CheckOutcome:
         """Pass when every selected row holds the bound (a missing value fails)."""
-        selected = self.selected(rows)
-        if not selected:
-            return self.outcome(False, "no rows match " + json.dumps(self.where))
-        parts, ok = [], True
-        for row in selected:
-            actual = float(row.value(self.metric))
-            expected = evaluate_expression(self.expected, row.value)
-            good = not math.isnan(actual) and _BOUND_OPS[self.op](actual, expected)
-            ok = ok and good
-            parts.append(f"{row.label}: {_num(actual)}{'' if good else ' ✗'}")
-        return self.outcome(ok, f"{self.metric} {self.op} {self.expected}: " + "; ".join(parts))
+
+        def judge(actual: float, expected: float) -> tuple[bool, str]:
+            return not math.isnan(actual) and _BOUND_OPS[self.op](actual, expected), _num(actual)
+
+        return self.every_row(rows, f"{self.metric} {self.op} {self.expected}", self.expected, judge)
 
 
 _BOUND_OPS: dict[str, Callable[[float, float], bool]] = {
