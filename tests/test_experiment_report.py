@@ -366,7 +366,8 @@ def test_the_shipped_experiment_specs_parse() -> None:
         spec = load_spec(path)
         assert spec.checks, f"{path.name} has no check"
         assert len(spec.points()) >= 2, path.name
-        assert 2 <= len(load_spec(path, reduced=True).points()) <= 10, path.name  # what CI runs
+        # what CI runs: a few minutes a spec (E5 needs six runs a side: its final gap is one noisy sample)
+        assert 2 <= len(load_spec(path, reduced=True).points()) <= 12, path.name
 
 
 # -- reports -----------------------------------------------------------------------------------------
