@@ -4,12 +4,20 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 PYTEST_ARGS ?=
+# the code generator's own venv (its grpcio-tools cannot share .venv with TensorFlow's protobuf)
+PROTO_VENV ?= .venv-proto
+# the shard's dependencies at exactly their floors (scripts/floors.py), for test-floors
+FLOORS_VENV ?= .venv-floors
+# the tests that need only the shard's dependencies (no TensorFlow): they run again at the floors
+FLOOR_TESTS := $(addprefix tests/test_,$(addsuffix .py,codec frames ps_store ps_server hostile_input \
+	policies ps_policies sync_shards stream_guard authz checkpoint_cut security rules_registry \
+	policy_store consistency load clocklead))
 BENCH_ARGS ?=
 # TensorFlow build: cpu (tensorflow-cpu, the default here) or tf (tensorflow); or empty to keep your own
 TF_EXTRA ?= cpu
 comma := ,
 
-.PHONY: demo test test-e2e layers lint typecheck proto proto-check bench clean
+.PHONY: demo test test-e2e test-floors layers lint typecheck proto proto-check bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,9 +35,23 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 demo: $(VENV)/.installed
 	$(VENV)/bin/asyncps local
 
-## test: generated code current, ruff, mypy, then the default test suite (a few minutes)
+## test: generated code current, ruff, mypy, the default test suite, then the shard's tests at the version floors
 test: $(STAMP) proto-check lint typecheck layers
 	$(PY) -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
+	$(MAKE) test-floors
+
+$(FLOORS_VENV)/.installed: pyproject.toml scripts/floors.py
+	rm -rf $(FLOORS_VENV)
+	$(PYTHON) -m venv $(FLOORS_VENV)
+	$(FLOORS_VENV)/bin/python -m pip install --quiet $$($(PYTHON) scripts/floors.py) \
+		pyyaml pytest pytest-timeout hypothesis
+	$(FLOORS_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+## test-floors: numpy, grpcio, grpcio-health-checking and protobuf at pyproject.toml's floors; the shard's tests
+test-floors: $(FLOORS_VENV)/.installed
+	$(FLOORS_VENV)/bin/python -c 'import google.protobuf, grpc, numpy; print("floors:", "numpy", numpy.__version__, "grpcio", grpc.__version__, "protobuf", google.protobuf.__version__)'
+	$(FLOORS_VENV)/bin/python -m pytest -p no:cacheprovider -m "not slow and not docker" $(FLOOR_TESTS) $(PYTEST_ARGS)
 
 ## test-e2e: the long end-to-end suites (process clusters, crash recovery, docker compose); CI runs them too
 test-e2e: $(STAMP)
@@ -45,16 +67,22 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-## proto: regenerate asyncps/pb from proto/
-proto: $(STAMP)
-	$(PY) scripts/gen_proto.py
+$(PROTO_VENV)/.installed: scripts/proto-tools.txt
+	rm -rf $(PROTO_VENV)
+	$(PYTHON) -m venv $(PROTO_VENV)
+	$(PROTO_VENV)/bin/python -m pip install --quiet -r scripts/proto-tools.txt
+	touch $@
 
-proto-check: $(STAMP)
-	$(PY) scripts/gen_proto.py --check
+## proto: regenerate asyncps/pb from proto/ (grpcio-tools from scripts/proto-tools.txt, in $(PROTO_VENV))
+proto: $(PROTO_VENV)/.installed
+	$(PROTO_VENV)/bin/python scripts/gen_proto.py
+
+proto-check: $(PROTO_VENV)/.installed
+	$(PROTO_VENV)/bin/python scripts/gen_proto.py --check
 
 ## bench: steps/s against a Keras loop and TF's ParameterServerStrategy, transfer MB/s, scaling (BENCH_ARGS=--quick)
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(PROTO_VENV) $(FLOORS_VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

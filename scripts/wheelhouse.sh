@@ -94,7 +94,7 @@ mkdir -p "$DEST/project"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/asyncps-wheel.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 tar -C "$ROOT" \
-    --exclude=./.git --exclude=./.venv --exclude=./.wheelhouse --exclude=./build \
+    --exclude=./.git --exclude=./.venv --exclude=./.venv-proto --exclude=./.venv-floors --exclude=./.wheelhouse --exclude=./build \
     --exclude=./dist --exclude=./runs --exclude=./bench-results --exclude='*.egg-info' \
     --exclude=__pycache__ --exclude=.mypy_cache --exclude=.ruff_cache \
     --exclude=.pytest_cache --exclude=.hypothesis -c . | tar -C "$tmp" -x

@@ -1,13 +1,18 @@
-"""The README's tables stay true to the code: every RPC of both services is listed."""
+"""The README stays true to the code: every RPC of both services is listed, and the floors it states are tested."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+import tomllib
+
 from asyncps.pb import coordinator_pb2, ps_pb2
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
 def test_the_rpc_table_lists_every_shard_rpc_and_no_other() -> None:
@@ -23,3 +28,19 @@ def test_every_coordinator_rpc_is_named() -> None:
     text = README.read_text()
     for method in coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].methods:
         assert f"`{method.name}`" in text, method.name
+
+
+def test_the_floors_tested_are_the_floors_declared(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("floors", ROOT / "scripts" / "floors.py")
+    assert spec is not None and spec.loader is not None
+    floors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floors)
+    pins = floors.floors()
+    assert [p.split("==")[0].lower() for p in pins] == ["numpy", "grpcio", "grpcio-health-checking", "protobuf"]
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert {p.replace("==", ">=") for p in pins} <= set(declared)
+    unpinned = tmp_path / "pyproject.toml"
+    deps = '"numpy", "grpcio>=1.62", "grpcio-health-checking>=1", "protobuf>=4"'
+    unpinned.write_text(f"[project]\ndependencies = [{deps}]\n")
+    with pytest.raises(SystemExit, match="no '>=' floor for numpy"):
+        floors.floors(unpinned)

@@ -3,29 +3,29 @@
 isort:skip_file
 The chief's coordination service: membership, heartbeats, stop, telemetry."""
 
-from asyncps.pb import ps_pb2 as _ps_pb2
-from collections import abc as _abc
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
-import builtins as _builtins
+import asyncps.pb.ps_pb2
+import builtins
+import collections.abc
+import google.protobuf.descriptor
+import google.protobuf.internal.containers
+import google.protobuf.internal.enum_type_wrapper
+import google.protobuf.message
 import sys
-import typing as _typing
+import typing
 
-if sys.version_info >= (3, 11):
-    from typing import TypeAlias as _TypeAlias, Never as _Never
+if sys.version_info >= (3, 10):
+    import typing as typing_extensions
 else:
-    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+    import typing_extensions
 
-DESCRIPTOR: _descriptor.FileDescriptor
+DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
 class _Command:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
 
-class _CommandEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Command.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
+class _CommandEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_Command.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
     CONTINUE: _Command.ValueType  # 0
     STOP: _Command.ValueType  # 1
 
@@ -33,462 +33,405 @@ class Command(_Command, metaclass=_CommandEnumTypeWrapper): ...
 
 CONTINUE: Command.ValueType  # 0
 STOP: Command.ValueType  # 1
-Global___Command: _TypeAlias = Command  # noqa: Y015
+global___Command = Command
 
-@_typing.final
-class RegisterRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class RegisterRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MEMBER_ID_FIELD_NUMBER: _builtins.int
-    ROLE_FIELD_NUMBER: _builtins.int
-    REQUESTED_INDEX_FIELD_NUMBER: _builtins.int
-    ADDRESS_FIELD_NUMBER: _builtins.int
-    member_id: _builtins.str
+    MEMBER_ID_FIELD_NUMBER: builtins.int
+    ROLE_FIELD_NUMBER: builtins.int
+    REQUESTED_INDEX_FIELD_NUMBER: builtins.int
+    ADDRESS_FIELD_NUMBER: builtins.int
+    member_id: builtins.str
     """unique per process incarnation"""
-    role: _builtins.str
+    role: builtins.str
     """worker | ps"""
-    requested_index: _builtins.int
+    requested_index: builtins.int
     """-1: any free index"""
-    address: _builtins.str
+    address: builtins.str
     """ps: the address it serves on"""
     def __init__(
         self,
         *,
-        member_id: _builtins.str = ...,
-        role: _builtins.str = ...,
-        requested_index: _builtins.int = ...,
-        address: _builtins.str = ...,
+        member_id: builtins.str = ...,
+        role: builtins.str = ...,
+        requested_index: builtins.int = ...,
+        address: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "member_id", b"member_id", "requested_index", b"requested_index", "role", b"role"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["address", b"address", "member_id", b"member_id", "requested_index", b"requested_index", "role", b"role"]) -> None: ...
 
-Global___RegisterRequest: _TypeAlias = RegisterRequest  # noqa: Y015
+global___RegisterRequest = RegisterRequest
 
-@_typing.final
-class RegisterResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class RegisterResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    INDEX_FIELD_NUMBER: _builtins.int
-    NUM_WORKERS_FIELD_NUMBER: _builtins.int
-    PS_ADDRESSES_FIELD_NUMBER: _builtins.int
-    RUN_CONFIG_JSON_FIELD_NUMBER: _builtins.int
-    index: _builtins.int
-    num_workers: _builtins.int
-    run_config_json: _builtins.str
+    INDEX_FIELD_NUMBER: builtins.int
+    NUM_WORKERS_FIELD_NUMBER: builtins.int
+    PS_ADDRESSES_FIELD_NUMBER: builtins.int
+    RUN_CONFIG_JSON_FIELD_NUMBER: builtins.int
+    index: builtins.int
+    num_workers: builtins.int
+    run_config_json: builtins.str
     """the resolved run configuration"""
-    @_builtins.property
-    def ps_addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @property
+    def ps_addresses(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     def __init__(
         self,
         *,
-        index: _builtins.int = ...,
-        num_workers: _builtins.int = ...,
-        ps_addresses: _abc.Iterable[_builtins.str] | None = ...,
-        run_config_json: _builtins.str = ...,
+        index: builtins.int = ...,
+        num_workers: builtins.int = ...,
+        ps_addresses: collections.abc.Iterable[builtins.str] | None = ...,
+        run_config_json: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "num_workers", b"num_workers", "ps_addresses", b"ps_addresses", "run_config_json", b"run_config_json"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["index", b"index", "num_workers", b"num_workers", "ps_addresses", b"ps_addresses", "run_config_json", b"run_config_json"]) -> None: ...
 
-Global___RegisterResponse: _TypeAlias = RegisterResponse  # noqa: Y015
+global___RegisterResponse = RegisterResponse
 
-@_typing.final
-class HeartbeatRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class HeartbeatRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MEMBER_ID_FIELD_NUMBER: _builtins.int
-    ROLE_FIELD_NUMBER: _builtins.int
-    STEP_FIELD_NUMBER: _builtins.int
-    member_id: _builtins.str
-    role: _builtins.str
-    step: _builtins.int
+    MEMBER_ID_FIELD_NUMBER: builtins.int
+    ROLE_FIELD_NUMBER: builtins.int
+    STEP_FIELD_NUMBER: builtins.int
+    member_id: builtins.str
+    role: builtins.str
+    step: builtins.int
     def __init__(
         self,
         *,
-        member_id: _builtins.str = ...,
-        role: _builtins.str = ...,
-        step: _builtins.int = ...,
+        member_id: builtins.str = ...,
+        role: builtins.str = ...,
+        step: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["member_id", b"member_id", "role", b"role", "step", b"step"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["member_id", b"member_id", "role", b"role", "step", b"step"]) -> None: ...
 
-Global___HeartbeatRequest: _TypeAlias = HeartbeatRequest  # noqa: Y015
+global___HeartbeatRequest = HeartbeatRequest
 
-@_typing.final
-class HeartbeatResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class HeartbeatResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    COMMAND_FIELD_NUMBER: _builtins.int
-    REASON_FIELD_NUMBER: _builtins.int
-    command: Global___Command.ValueType
-    reason: _builtins.str
+    COMMAND_FIELD_NUMBER: builtins.int
+    REASON_FIELD_NUMBER: builtins.int
+    command: global___Command.ValueType
+    reason: builtins.str
     def __init__(
         self,
         *,
-        command: Global___Command.ValueType = ...,
-        reason: _builtins.str = ...,
+        command: global___Command.ValueType = ...,
+        reason: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "reason", b"reason"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["command", b"command", "reason", b"reason"]) -> None: ...
 
-Global___HeartbeatResponse: _TypeAlias = HeartbeatResponse  # noqa: Y015
+global___HeartbeatResponse = HeartbeatResponse
 
-@_typing.final
-class PushRecord(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class PushRecord(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    WALL_TIME_FIELD_NUMBER: _builtins.int
-    SHARD_FIELD_NUMBER: _builtins.int
-    BASE_VERSION_FIELD_NUMBER: _builtins.int
-    VERSION_FIELD_NUMBER: _builtins.int
-    STALENESS_FIELD_NUMBER: _builtins.int
-    ACCEPTED_FIELD_NUMBER: _builtins.int
-    EFFECTIVE_LR_FIELD_NUMBER: _builtins.int
-    LOSS_FIELD_NUMBER: _builtins.int
-    STEP_FIELD_NUMBER: _builtins.int
-    DROP_DETAIL_FIELD_NUMBER: _builtins.int
-    DROP_FIELD_NUMBER: _builtins.int
-    wall_time: _builtins.float
-    shard: _builtins.int
-    base_version: _builtins.int
-    version: _builtins.int
-    staleness: _builtins.int
-    accepted: _builtins.bool
-    effective_lr: _builtins.float
-    loss: _builtins.float
-    step: _builtins.int
-    drop_detail: _builtins.str
+    WALL_TIME_FIELD_NUMBER: builtins.int
+    SHARD_FIELD_NUMBER: builtins.int
+    BASE_VERSION_FIELD_NUMBER: builtins.int
+    VERSION_FIELD_NUMBER: builtins.int
+    STALENESS_FIELD_NUMBER: builtins.int
+    ACCEPTED_FIELD_NUMBER: builtins.int
+    EFFECTIVE_LR_FIELD_NUMBER: builtins.int
+    LOSS_FIELD_NUMBER: builtins.int
+    STEP_FIELD_NUMBER: builtins.int
+    DROP_DETAIL_FIELD_NUMBER: builtins.int
+    DROP_FIELD_NUMBER: builtins.int
+    wall_time: builtins.float
+    shard: builtins.int
+    base_version: builtins.int
+    version: builtins.int
+    staleness: builtins.int
+    accepted: builtins.bool
+    effective_lr: builtins.float
+    loss: builtins.float
+    step: builtins.int
+    drop_detail: builtins.str
     """the shard's explanation of a drop"""
-    drop: _ps_pb2.DropReason.ValueType
+    drop: asyncps.pb.ps_pb2.DropReason.ValueType
     """DROP_NONE when accepted"""
     def __init__(
         self,
         *,
-        wall_time: _builtins.float = ...,
-        shard: _builtins.int = ...,
-        base_version: _builtins.int = ...,
-        version: _builtins.int = ...,
-        staleness: _builtins.int = ...,
-        accepted: _builtins.bool = ...,
-        effective_lr: _builtins.float = ...,
-        loss: _builtins.float = ...,
-        step: _builtins.int = ...,
-        drop_detail: _builtins.str = ...,
-        drop: _ps_pb2.DropReason.ValueType = ...,
+        wall_time: builtins.float = ...,
+        shard: builtins.int = ...,
+        base_version: builtins.int = ...,
+        version: builtins.int = ...,
+        staleness: builtins.int = ...,
+        accepted: builtins.bool = ...,
+        effective_lr: builtins.float = ...,
+        loss: builtins.float = ...,
+        step: builtins.int = ...,
+        drop_detail: builtins.str = ...,
+        drop: asyncps.pb.ps_pb2.DropReason.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "loss", b"loss", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "loss", b"loss", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]) -> None: ...
 
-Global___PushRecord: _TypeAlias = PushRecord  # noqa: Y015
+global___PushRecord = PushRecord
 
-@_typing.final
-class StepTiming(_message.Message):
+@typing.final
+class StepTiming(google.protobuf.message.Message):
     """One step of a worker, for timelines: pull, compute, push and wait intervals (wall clock)."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    STEP_FIELD_NUMBER: _builtins.int
-    START_FIELD_NUMBER: _builtins.int
-    PULL_S_FIELD_NUMBER: _builtins.int
-    COMPUTE_S_FIELD_NUMBER: _builtins.int
-    PUSH_S_FIELD_NUMBER: _builtins.int
-    WAIT_S_FIELD_NUMBER: _builtins.int
-    EXAMPLES_FIELD_NUMBER: _builtins.int
-    step: _builtins.int
-    start: _builtins.float
-    pull_s: _builtins.float
-    compute_s: _builtins.float
-    push_s: _builtins.float
-    wait_s: _builtins.float
-    examples: _builtins.int
+    STEP_FIELD_NUMBER: builtins.int
+    START_FIELD_NUMBER: builtins.int
+    PULL_S_FIELD_NUMBER: builtins.int
+    COMPUTE_S_FIELD_NUMBER: builtins.int
+    PUSH_S_FIELD_NUMBER: builtins.int
+    WAIT_S_FIELD_NUMBER: builtins.int
+    EXAMPLES_FIELD_NUMBER: builtins.int
+    step: builtins.int
+    start: builtins.float
+    pull_s: builtins.float
+    compute_s: builtins.float
+    push_s: builtins.float
+    wait_s: builtins.float
+    examples: builtins.int
     def __init__(
         self,
         *,
-        step: _builtins.int = ...,
-        start: _builtins.float = ...,
-        pull_s: _builtins.float = ...,
-        compute_s: _builtins.float = ...,
-        push_s: _builtins.float = ...,
-        wait_s: _builtins.float = ...,
-        examples: _builtins.int = ...,
+        step: builtins.int = ...,
+        start: builtins.float = ...,
+        pull_s: builtins.float = ...,
+        compute_s: builtins.float = ...,
+        push_s: builtins.float = ...,
+        wait_s: builtins.float = ...,
+        examples: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_s", b"compute_s", "examples", b"examples", "pull_s", b"pull_s", "push_s", b"push_s", "start", b"start", "step", b"step", "wait_s", b"wait_s"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["compute_s", b"compute_s", "examples", b"examples", "pull_s", b"pull_s", "push_s", b"push_s", "start", b"start", "step", b"step", "wait_s", b"wait_s"]) -> None: ...
 
-Global___StepTiming: _TypeAlias = StepTiming  # noqa: Y015
+global___StepTiming = StepTiming
 
-@_typing.final
-class ReportRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ReportRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MEMBER_ID_FIELD_NUMBER: _builtins.int
-    WORKER_INDEX_FIELD_NUMBER: _builtins.int
-    PUSHES_FIELD_NUMBER: _builtins.int
-    STEPS_FIELD_NUMBER: _builtins.int
-    FINAL_FIELD_NUMBER: _builtins.int
-    COMPLETED_TASKS_FIELD_NUMBER: _builtins.int
-    SEQ_FIELD_NUMBER: _builtins.int
-    member_id: _builtins.str
-    worker_index: _builtins.int
-    final: _builtins.bool
+    MEMBER_ID_FIELD_NUMBER: builtins.int
+    WORKER_INDEX_FIELD_NUMBER: builtins.int
+    PUSHES_FIELD_NUMBER: builtins.int
+    STEPS_FIELD_NUMBER: builtins.int
+    FINAL_FIELD_NUMBER: builtins.int
+    COMPLETED_TASKS_FIELD_NUMBER: builtins.int
+    SEQ_FIELD_NUMBER: builtins.int
+    member_id: builtins.str
+    worker_index: builtins.int
+    final: builtins.bool
     """the worker is exiting after this report"""
-    seq: _builtins.int
+    seq: builtins.int
     """This worker incarnation's report number (1, 2, ...; a re-sent report keeps its number): the
     chief records each number once, across its restarts. 0: unnumbered (always recorded).
     """
-    @_builtins.property
-    def pushes(self) -> _containers.RepeatedCompositeFieldContainer[Global___PushRecord]: ...
-    @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepTiming]: ...
-    @_builtins.property
-    def completed_tasks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    @property
+    def pushes(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___PushRecord]: ...
+    @property
+    def steps(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___StepTiming]: ...
+    @property
+    def completed_tasks(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """data tasks whose every batch was pushed"""
 
     def __init__(
         self,
         *,
-        member_id: _builtins.str = ...,
-        worker_index: _builtins.int = ...,
-        pushes: _abc.Iterable[Global___PushRecord] | None = ...,
-        steps: _abc.Iterable[Global___StepTiming] | None = ...,
-        final: _builtins.bool = ...,
-        completed_tasks: _abc.Iterable[_builtins.int] | None = ...,
-        seq: _builtins.int = ...,
+        member_id: builtins.str = ...,
+        worker_index: builtins.int = ...,
+        pushes: collections.abc.Iterable[global___PushRecord] | None = ...,
+        steps: collections.abc.Iterable[global___StepTiming] | None = ...,
+        final: builtins.bool = ...,
+        completed_tasks: collections.abc.Iterable[builtins.int] | None = ...,
+        seq: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_tasks", b"completed_tasks", "final", b"final", "member_id", b"member_id", "pushes", b"pushes", "seq", b"seq", "steps", b"steps", "worker_index", b"worker_index"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["completed_tasks", b"completed_tasks", "final", b"final", "member_id", b"member_id", "pushes", b"pushes", "seq", b"seq", "steps", b"steps", "worker_index", b"worker_index"]) -> None: ...
 
-Global___ReportRequest: _TypeAlias = ReportRequest  # noqa: Y015
+global___ReportRequest = ReportRequest
 
-@_typing.final
-class TaskRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class TaskRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MEMBER_ID_FIELD_NUMBER: _builtins.int
-    member_id: _builtins.str
+    MEMBER_ID_FIELD_NUMBER: builtins.int
+    member_id: builtins.str
     def __init__(
         self,
         *,
-        member_id: _builtins.str = ...,
+        member_id: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["member_id", b"member_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["member_id", b"member_id"]) -> None: ...
 
-Global___TaskRequest: _TypeAlias = TaskRequest  # noqa: Y015
+global___TaskRequest = TaskRequest
 
-@_typing.final
-class TaskReply(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class TaskReply(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    HAS_TASK_FIELD_NUMBER: _builtins.int
-    TASK_ID_FIELD_NUMBER: _builtins.int
-    EPOCH_FIELD_NUMBER: _builtins.int
-    START_FIELD_NUMBER: _builtins.int
-    STOP_FIELD_NUMBER: _builtins.int
-    FINISHED_FIELD_NUMBER: _builtins.int
-    has_task: _builtins.bool
+    HAS_TASK_FIELD_NUMBER: builtins.int
+    TASK_ID_FIELD_NUMBER: builtins.int
+    EPOCH_FIELD_NUMBER: builtins.int
+    START_FIELD_NUMBER: builtins.int
+    STOP_FIELD_NUMBER: builtins.int
+    FINISHED_FIELD_NUMBER: builtins.int
+    has_task: builtins.bool
     """false: nothing to hand out right now (ask again) or the data is done"""
-    task_id: _builtins.int
-    epoch: _builtins.int
-    start: _builtins.int
+    task_id: builtins.int
+    epoch: builtins.int
+    start: builtins.int
     """positions [start, stop) of the epoch's permutation"""
-    stop: _builtins.int
-    finished: _builtins.bool
+    stop: builtins.int
+    finished: builtins.bool
     """every planned task is done"""
     def __init__(
         self,
         *,
-        has_task: _builtins.bool = ...,
-        task_id: _builtins.int = ...,
-        epoch: _builtins.int = ...,
-        start: _builtins.int = ...,
-        stop: _builtins.int = ...,
-        finished: _builtins.bool = ...,
+        has_task: builtins.bool = ...,
+        task_id: builtins.int = ...,
+        epoch: builtins.int = ...,
+        start: builtins.int = ...,
+        stop: builtins.int = ...,
+        finished: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "finished", b"finished", "has_task", b"has_task", "start", b"start", "stop", b"stop", "task_id", b"task_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["epoch", b"epoch", "finished", b"finished", "has_task", b"has_task", "start", b"start", "stop", b"stop", "task_id", b"task_id"]) -> None: ...
 
-Global___TaskReply: _TypeAlias = TaskReply  # noqa: Y015
+global___TaskReply = TaskReply
 
-@_typing.final
-class ReportResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ReportResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    COMMAND_FIELD_NUMBER: _builtins.int
-    command: Global___Command.ValueType
+    COMMAND_FIELD_NUMBER: builtins.int
+    command: global___Command.ValueType
     def __init__(
         self,
         *,
-        command: Global___Command.ValueType = ...,
+        command: global___Command.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["command", b"command"]) -> None: ...
 
-Global___ReportResponse: _TypeAlias = ReportResponse  # noqa: Y015
+global___ReportResponse = ReportResponse
 
-@_typing.final
-class StatusRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class StatusRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___StatusRequest: _TypeAlias = StatusRequest  # noqa: Y015
+global___StatusRequest = StatusRequest
 
-@_typing.final
-class ClusterStatus(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ClusterStatus(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    UPDATES_FIELD_NUMBER: _builtins.int
-    UPDATES_PER_S_FIELD_NUMBER: _builtins.int
-    MEAN_STALENESS_FIELD_NUMBER: _builtins.int
-    WORKERS_ALIVE_FIELD_NUMBER: _builtins.int
-    EVAL_LOSS_FIELD_NUMBER: _builtins.int
-    EVAL_ACCURACY_FIELD_NUMBER: _builtins.int
-    EVAL_VERSION_FIELD_NUMBER: _builtins.int
-    WORKER_LOSS_FIELD_NUMBER: _builtins.int
-    DONE_FIELD_NUMBER: _builtins.int
-    ELAPSED_S_FIELD_NUMBER: _builtins.int
-    EPOCHS_FIELD_NUMBER: _builtins.int
-    FRACTION_DONE_FIELD_NUMBER: _builtins.int
-    WORKERS_PLANNED_FIELD_NUMBER: _builtins.int
-    STOP_REASON_FIELD_NUMBER: _builtins.int
-    updates: _builtins.int
-    updates_per_s: _builtins.float
-    mean_staleness: _builtins.float
-    workers_alive: _builtins.int
-    eval_loss: _builtins.float
-    eval_accuracy: _builtins.float
-    eval_version: _builtins.int
-    worker_loss: _builtins.float
-    done: _builtins.bool
-    elapsed_s: _builtins.float
-    epochs: _builtins.float
-    fraction_done: _builtins.float
+    UPDATES_FIELD_NUMBER: builtins.int
+    UPDATES_PER_S_FIELD_NUMBER: builtins.int
+    MEAN_STALENESS_FIELD_NUMBER: builtins.int
+    WORKERS_ALIVE_FIELD_NUMBER: builtins.int
+    EVAL_LOSS_FIELD_NUMBER: builtins.int
+    EVAL_ACCURACY_FIELD_NUMBER: builtins.int
+    EVAL_VERSION_FIELD_NUMBER: builtins.int
+    WORKER_LOSS_FIELD_NUMBER: builtins.int
+    DONE_FIELD_NUMBER: builtins.int
+    ELAPSED_S_FIELD_NUMBER: builtins.int
+    EPOCHS_FIELD_NUMBER: builtins.int
+    FRACTION_DONE_FIELD_NUMBER: builtins.int
+    WORKERS_PLANNED_FIELD_NUMBER: builtins.int
+    STOP_REASON_FIELD_NUMBER: builtins.int
+    updates: builtins.int
+    updates_per_s: builtins.float
+    mean_staleness: builtins.float
+    workers_alive: builtins.int
+    eval_loss: builtins.float
+    eval_accuracy: builtins.float
+    eval_version: builtins.int
+    worker_loss: builtins.float
+    done: builtins.bool
+    elapsed_s: builtins.float
+    epochs: builtins.float
+    fraction_done: builtins.float
     """Share of the run done, 0..1: the stop condition nearest to being met (updates, epochs or
     seconds); -1 when the run has none (it stops only when interrupted).
     """
-    workers_planned: _builtins.int
-    stop_reason: _builtins.str
+    workers_planned: builtins.int
+    stop_reason: builtins.str
     """empty while the run goes on"""
     def __init__(
         self,
         *,
-        updates: _builtins.int = ...,
-        updates_per_s: _builtins.float = ...,
-        mean_staleness: _builtins.float = ...,
-        workers_alive: _builtins.int = ...,
-        eval_loss: _builtins.float = ...,
-        eval_accuracy: _builtins.float = ...,
-        eval_version: _builtins.int = ...,
-        worker_loss: _builtins.float = ...,
-        done: _builtins.bool = ...,
-        elapsed_s: _builtins.float = ...,
-        epochs: _builtins.float = ...,
-        fraction_done: _builtins.float = ...,
-        workers_planned: _builtins.int = ...,
-        stop_reason: _builtins.str = ...,
+        updates: builtins.int = ...,
+        updates_per_s: builtins.float = ...,
+        mean_staleness: builtins.float = ...,
+        workers_alive: builtins.int = ...,
+        eval_loss: builtins.float = ...,
+        eval_accuracy: builtins.float = ...,
+        eval_version: builtins.int = ...,
+        worker_loss: builtins.float = ...,
+        done: builtins.bool = ...,
+        elapsed_s: builtins.float = ...,
+        epochs: builtins.float = ...,
+        fraction_done: builtins.float = ...,
+        workers_planned: builtins.int = ...,
+        stop_reason: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "elapsed_s", b"elapsed_s", "epochs", b"epochs", "eval_accuracy", b"eval_accuracy", "eval_loss", b"eval_loss", "eval_version", b"eval_version", "fraction_done", b"fraction_done", "mean_staleness", b"mean_staleness", "stop_reason", b"stop_reason", "updates", b"updates", "updates_per_s", b"updates_per_s", "worker_loss", b"worker_loss", "workers_alive", b"workers_alive", "workers_planned", b"workers_planned"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["done", b"done", "elapsed_s", b"elapsed_s", "epochs", b"epochs", "eval_accuracy", b"eval_accuracy", "eval_loss", b"eval_loss", "eval_version", b"eval_version", "fraction_done", b"fraction_done", "mean_staleness", b"mean_staleness", "stop_reason", b"stop_reason", "updates", b"updates", "updates_per_s", b"updates_per_s", "worker_loss", b"worker_loss", "workers_alive", b"workers_alive", "workers_planned", b"workers_planned"]) -> None: ...
 
-Global___ClusterStatus: _TypeAlias = ClusterStatus  # noqa: Y015
+global___ClusterStatus = ClusterStatus
 
-@_typing.final
-class StartRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class StartRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MEMBER_IDS_FIELD_NUMBER: _builtins.int
-    WAIT_S_FIELD_NUMBER: _builtins.int
-    wait_s: _builtins.float
+    MEMBER_IDS_FIELD_NUMBER: builtins.int
+    WAIT_S_FIELD_NUMBER: builtins.int
+    wait_s: builtins.float
     """longest the chief holds the call before answering not yet"""
-    @_builtins.property
-    def member_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def member_ids(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """every logical worker of the calling process that is ready"""
 
     def __init__(
         self,
         *,
-        member_ids: _abc.Iterable[_builtins.str] | None = ...,
-        wait_s: _builtins.float = ...,
+        member_ids: collections.abc.Iterable[builtins.str] | None = ...,
+        wait_s: builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["member_ids", b"member_ids", "wait_s", b"wait_s"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["member_ids", b"member_ids", "wait_s", b"wait_s"]) -> None: ...
 
-Global___StartRequest: _TypeAlias = StartRequest  # noqa: Y015
+global___StartRequest = StartRequest
 
-@_typing.final
-class StartReply(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class StartReply(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RELEASED_FIELD_NUMBER: _builtins.int
-    COMMAND_FIELD_NUMBER: _builtins.int
-    READY_FIELD_NUMBER: _builtins.int
-    PLANNED_FIELD_NUMBER: _builtins.int
-    START_AT_FIELD_NUMBER: _builtins.int
-    released: _builtins.bool
+    RELEASED_FIELD_NUMBER: builtins.int
+    COMMAND_FIELD_NUMBER: builtins.int
+    READY_FIELD_NUMBER: builtins.int
+    PLANNED_FIELD_NUMBER: builtins.int
+    START_AT_FIELD_NUMBER: builtins.int
+    released: builtins.bool
     """train now"""
-    command: Global___Command.ValueType
+    command: global___Command.ValueType
     """STOP: the run is stopping before it started"""
-    ready: _builtins.int
+    ready: builtins.int
     """planned workers ready so far"""
-    planned: _builtins.int
-    start_at: _builtins.float
+    planned: builtins.int
+    start_at: builtins.float
     """released: wall time (seconds since the epoch) at which every worker begins"""
     def __init__(
         self,
         *,
-        released: _builtins.bool = ...,
-        command: Global___Command.ValueType = ...,
-        ready: _builtins.int = ...,
-        planned: _builtins.int = ...,
-        start_at: _builtins.float = ...,
+        released: builtins.bool = ...,
+        command: global___Command.ValueType = ...,
+        ready: builtins.int = ...,
+        planned: builtins.int = ...,
+        start_at: builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "planned", b"planned", "ready", b"ready", "released", b"released", "start_at", b"start_at"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["command", b"command", "planned", b"planned", "ready", b"ready", "released", b"released", "start_at", b"start_at"]) -> None: ...
 
-Global___StartReply: _TypeAlias = StartReply  # noqa: Y015
+global___StartReply = StartReply

@@ -3,116 +3,148 @@
 isort:skip_file
 The chief's coordination service: membership, heartbeats, stop, telemetry."""
 
-from asyncps.pb import coordinator_pb2 as _coordinator_pb2
-from collections import abc as _abc
-from grpc import aio as _aio
-import abc as _abc_1
-import grpc as _grpc
-import sys
-import typing as _typing
+import abc
+import asyncps.pb.coordinator_pb2
+import collections.abc
+import grpc
+import grpc.aio
+import typing
 
-if sys.version_info >= (3, 11):
-    from typing import Self as _Self
-else:
-    from typing_extensions import Self as _Self
+_T = typing.TypeVar("_T")
 
-_T = _typing.TypeVar("_T")
+class _MaybeAsyncIterator(collections.abc.AsyncIterator[_T], collections.abc.Iterator[_T], metaclass=abc.ABCMeta): ...
 
-class _MaybeAsyncIterator(_abc.AsyncIterator[_T], _abc.Iterator[_T], metaclass=_abc_1.ABCMeta): ...
-
-class _ServicerContext(_grpc.ServicerContext, _aio.ServicerContext):  # type: ignore[misc, type-arg]
+class _ServicerContext(grpc.ServicerContext, grpc.aio.ServicerContext):  # type: ignore[misc, type-arg]
     ...
 
-GRPC_GENERATED_VERSION: str
-GRPC_VERSION: str
-
 class CoordinatorStub:
-    @_typing.overload
-    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
-    @_typing.overload
-    def __new__(cls, channel: _aio.Channel) -> CoordinatorAsyncStub: ...
-    Register: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RegisterRequest, _coordinator_pb2.RegisterResponse]
+    def __init__(self, channel: typing.Union[grpc.Channel, grpc.aio.Channel]) -> None: ...
+    Register: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.RegisterRequest,
+        asyncps.pb.coordinator_pb2.RegisterResponse,
+    ]
     """A worker joins: it gets an index (its data shard) and the run's plan."""
-    Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.HeartbeatRequest, _coordinator_pb2.HeartbeatResponse]
+
+    Heartbeat: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.HeartbeatRequest,
+        asyncps.pb.coordinator_pb2.HeartbeatResponse,
+    ]
     """Liveness; the answer tells the caller to continue or to stop."""
-    Report: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReportRequest, _coordinator_pb2.ReportResponse]
+
+    Report: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.ReportRequest,
+        asyncps.pb.coordinator_pb2.ReportResponse,
+    ]
     """Telemetry from workers: one record per push, and the step timeline."""
-    GetTask: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.TaskRequest, _coordinator_pb2.TaskReply]
+
+    GetTask: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.TaskRequest,
+        asyncps.pb.coordinator_pb2.TaskReply,
+    ]
     """The next data task (a range of an epoch's example order) for a worker."""
-    GetStatus: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.StatusRequest, _coordinator_pb2.ClusterStatus]
+
+    GetStatus: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.StatusRequest,
+        asyncps.pb.coordinator_pb2.ClusterStatus,
+    ]
     """Progress of the whole run (for the launcher's display and health tools)."""
-    WaitStart: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.StartRequest, _coordinator_pb2.StartReply]
+
+    WaitStart: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.StartRequest,
+        asyncps.pb.coordinator_pb2.StartReply,
+    ]
     """The start barrier: the listed members have registered and computed their warm-up gradient;
     the call returns once the chief releases the run (every planned worker ready), or after wait_s.
     """
 
-@_typing.type_check_only
-class CoordinatorAsyncStub(CoordinatorStub):
-    def __init__(self, channel: _aio.Channel) -> None: ...
-    Register: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RegisterRequest, _coordinator_pb2.RegisterResponse]  # type: ignore[assignment]
+class CoordinatorAsyncStub:
+    Register: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.RegisterRequest,
+        asyncps.pb.coordinator_pb2.RegisterResponse,
+    ]
     """A worker joins: it gets an index (its data shard) and the run's plan."""
-    Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.HeartbeatRequest, _coordinator_pb2.HeartbeatResponse]  # type: ignore[assignment]
+
+    Heartbeat: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.HeartbeatRequest,
+        asyncps.pb.coordinator_pb2.HeartbeatResponse,
+    ]
     """Liveness; the answer tells the caller to continue or to stop."""
-    Report: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReportRequest, _coordinator_pb2.ReportResponse]  # type: ignore[assignment]
+
+    Report: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.ReportRequest,
+        asyncps.pb.coordinator_pb2.ReportResponse,
+    ]
     """Telemetry from workers: one record per push, and the step timeline."""
-    GetTask: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.TaskRequest, _coordinator_pb2.TaskReply]  # type: ignore[assignment]
+
+    GetTask: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.TaskRequest,
+        asyncps.pb.coordinator_pb2.TaskReply,
+    ]
     """The next data task (a range of an epoch's example order) for a worker."""
-    GetStatus: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.StatusRequest, _coordinator_pb2.ClusterStatus]  # type: ignore[assignment]
+
+    GetStatus: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.StatusRequest,
+        asyncps.pb.coordinator_pb2.ClusterStatus,
+    ]
     """Progress of the whole run (for the launcher's display and health tools)."""
-    WaitStart: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.StartRequest, _coordinator_pb2.StartReply]  # type: ignore[assignment]
+
+    WaitStart: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.coordinator_pb2.StartRequest,
+        asyncps.pb.coordinator_pb2.StartReply,
+    ]
     """The start barrier: the listed members have registered and computed their warm-up gradient;
     the call returns once the chief releases the run (every planned worker ready), or after wait_s.
     """
 
-class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
-    @_abc_1.abstractmethod
+class CoordinatorServicer(metaclass=abc.ABCMeta):
+    @abc.abstractmethod
     def Register(
         self,
-        request: _coordinator_pb2.RegisterRequest,
+        request: asyncps.pb.coordinator_pb2.RegisterRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.RegisterResponse, _abc.Awaitable[_coordinator_pb2.RegisterResponse]]:
+    ) -> typing.Union[asyncps.pb.coordinator_pb2.RegisterResponse, collections.abc.Awaitable[asyncps.pb.coordinator_pb2.RegisterResponse]]:
         """A worker joins: it gets an index (its data shard) and the run's plan."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def Heartbeat(
         self,
-        request: _coordinator_pb2.HeartbeatRequest,
+        request: asyncps.pb.coordinator_pb2.HeartbeatRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.HeartbeatResponse, _abc.Awaitable[_coordinator_pb2.HeartbeatResponse]]:
+    ) -> typing.Union[asyncps.pb.coordinator_pb2.HeartbeatResponse, collections.abc.Awaitable[asyncps.pb.coordinator_pb2.HeartbeatResponse]]:
         """Liveness; the answer tells the caller to continue or to stop."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def Report(
         self,
-        request: _coordinator_pb2.ReportRequest,
+        request: asyncps.pb.coordinator_pb2.ReportRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.ReportResponse, _abc.Awaitable[_coordinator_pb2.ReportResponse]]:
+    ) -> typing.Union[asyncps.pb.coordinator_pb2.ReportResponse, collections.abc.Awaitable[asyncps.pb.coordinator_pb2.ReportResponse]]:
         """Telemetry from workers: one record per push, and the step timeline."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def GetTask(
         self,
-        request: _coordinator_pb2.TaskRequest,
+        request: asyncps.pb.coordinator_pb2.TaskRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.TaskReply, _abc.Awaitable[_coordinator_pb2.TaskReply]]:
+    ) -> typing.Union[asyncps.pb.coordinator_pb2.TaskReply, collections.abc.Awaitable[asyncps.pb.coordinator_pb2.TaskReply]]:
         """The next data task (a range of an epoch's example order) for a worker."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def GetStatus(
         self,
-        request: _coordinator_pb2.StatusRequest,
+        request: asyncps.pb.coordinator_pb2.StatusRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.ClusterStatus, _abc.Awaitable[_coordinator_pb2.ClusterStatus]]:
+    ) -> typing.Union[asyncps.pb.coordinator_pb2.ClusterStatus, collections.abc.Awaitable[asyncps.pb.coordinator_pb2.ClusterStatus]]:
         """Progress of the whole run (for the launcher's display and health tools)."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def WaitStart(
         self,
-        request: _coordinator_pb2.StartRequest,
+        request: asyncps.pb.coordinator_pb2.StartRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.StartReply, _abc.Awaitable[_coordinator_pb2.StartReply]]:
+    ) -> typing.Union[asyncps.pb.coordinator_pb2.StartReply, collections.abc.Awaitable[asyncps.pb.coordinator_pb2.StartReply]]:
         """The start barrier: the listed members have registered and computed their warm-up gradient;
         the call returns once the chief releases the run (every planned worker ready), or after wait_s.
         """
 
-def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

@@ -3,29 +3,29 @@
 isort:skip_file
 The parameter-server shard service."""
 
-from asyncps.pb import tensor_pb2 as _tensor_pb2
-from collections import abc as _abc
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
-import builtins as _builtins
+import asyncps.pb.tensor_pb2
+import builtins
+import collections.abc
+import google.protobuf.descriptor
+import google.protobuf.internal.containers
+import google.protobuf.internal.enum_type_wrapper
+import google.protobuf.message
 import sys
-import typing as _typing
+import typing
 
-if sys.version_info >= (3, 11):
-    from typing import TypeAlias as _TypeAlias, Never as _Never
+if sys.version_info >= (3, 10):
+    import typing as typing_extensions
 else:
-    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+    import typing_extensions
 
-DESCRIPTOR: _descriptor.FileDescriptor
+DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
 class _DropReason:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
 
-class _DropReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DropReason.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
+class _DropReasonEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_DropReason.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
     DROP_NONE: _DropReason.ValueType  # 0
     """accepted"""
     DROP_STALE: _DropReason.ValueType  # 1
@@ -50,896 +50,784 @@ DROP_DUPLICATE: DropReason.ValueType  # 3
 """sync: the worker already contributed to the pending version"""
 DROP_RESTORED: DropReason.ValueType  # 4
 """computed from a previous incarnation of the shard"""
-Global___DropReason: _TypeAlias = DropReason  # noqa: Y015
+global___DropReason = DropReason
 
-@_typing.final
-class UpdateRule(_message.Message):
+@typing.final
+class UpdateRule(google.protobuf.message.Message):
     """Everything that decides how a shard turns gradients into updates. Each kind is a canonical
     spec string, NAME or NAME:KEY=VALUE[,KEY=VALUE...] (asyncps.rules.registry); the shard rejects
     a malformed one with INVALID_ARGUMENT.
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MODE_FIELD_NUMBER: _builtins.int
-    STALENESS_POLICY_FIELD_NUMBER: _builtins.int
-    NUM_WORKERS_FIELD_NUMBER: _builtins.int
-    OPTIMIZER_FIELD_NUMBER: _builtins.int
-    mode: _builtins.str
+    MODE_FIELD_NUMBER: builtins.int
+    STALENESS_POLICY_FIELD_NUMBER: builtins.int
+    NUM_WORKERS_FIELD_NUMBER: builtins.int
+    OPTIMIZER_FIELD_NUMBER: builtins.int
+    mode: builtins.str
     """async | sync[:backup=B] | ssp[:bound=S]; empty: async"""
-    staleness_policy: _builtins.str
+    staleness_policy: builtins.str
     """none | drop:bound=K | lr-scale | dc-asgd[:lambda=L] | ...; empty: none"""
-    num_workers: _builtins.int
+    num_workers: builtins.int
     """the planned workers (sync quorum before the chief's live set)"""
-    optimizer: _builtins.str
+    optimizer: builtins.str
     """NAME:lr=LR[,KEY=VALUE...], e.g. adam:lr=0.001,beta_1=0.8"""
     def __init__(
         self,
         *,
-        mode: _builtins.str = ...,
-        staleness_policy: _builtins.str = ...,
-        num_workers: _builtins.int = ...,
-        optimizer: _builtins.str = ...,
+        mode: builtins.str = ...,
+        staleness_policy: builtins.str = ...,
+        num_workers: builtins.int = ...,
+        optimizer: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "num_workers", b"num_workers", "optimizer", b"optimizer", "staleness_policy", b"staleness_policy"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["mode", b"mode", "num_workers", b"num_workers", "optimizer", b"optimizer", "staleness_policy", b"staleness_policy"]) -> None: ...
 
-Global___UpdateRule: _TypeAlias = UpdateRule  # noqa: Y015
+global___UpdateRule = UpdateRule
 
-@_typing.final
-class InitializeHeader(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class InitializeHeader(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    WORKER_ID_FIELD_NUMBER: _builtins.int
-    SHARD_INDEX_FIELD_NUMBER: _builtins.int
-    NUM_SHARDS_FIELD_NUMBER: _builtins.int
-    RULE_FIELD_NUMBER: _builtins.int
-    RUN_ID_FIELD_NUMBER: _builtins.int
-    worker_id: _builtins.str
-    shard_index: _builtins.int
-    num_shards: _builtins.int
-    run_id: _builtins.str
+    WORKER_ID_FIELD_NUMBER: builtins.int
+    SHARD_INDEX_FIELD_NUMBER: builtins.int
+    NUM_SHARDS_FIELD_NUMBER: builtins.int
+    RULE_FIELD_NUMBER: builtins.int
+    RUN_ID_FIELD_NUMBER: builtins.int
+    worker_id: builtins.str
+    shard_index: builtins.int
+    num_shards: builtins.int
+    run_id: builtins.str
     """The run this state belongs to (set by its chief): a chief of another run is refused
     (ALREADY_EXISTS) instead of training on this state. Empty: not checked.
     """
-    @_builtins.property
-    def rule(self) -> Global___UpdateRule: ...
+    @property
+    def rule(self) -> global___UpdateRule: ...
     def __init__(
         self,
         *,
-        worker_id: _builtins.str = ...,
-        shard_index: _builtins.int = ...,
-        num_shards: _builtins.int = ...,
-        rule: Global___UpdateRule | None = ...,
-        run_id: _builtins.str = ...,
+        worker_id: builtins.str = ...,
+        shard_index: builtins.int = ...,
+        num_shards: builtins.int = ...,
+        rule: global___UpdateRule | None = ...,
+        run_id: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_shards", b"num_shards", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "worker_id", b"worker_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["rule", b"rule"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["num_shards", b"num_shards", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "worker_id", b"worker_id"]) -> None: ...
 
-Global___InitializeHeader: _TypeAlias = InitializeHeader  # noqa: Y015
+global___InitializeHeader = InitializeHeader
 
-@_typing.final
-class InitializeChunk(_message.Message):
+@typing.final
+class InitializeChunk(google.protobuf.message.Message):
     """Streams are frames of up to ~chunk_bytes of tensor data each; the header rides in the first
     frame (and only there), so a small model moves in a single message each way.
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    HEADER_FIELD_NUMBER: _builtins.int
-    TENSORS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def header(self) -> Global___InitializeHeader: ...
-    @_builtins.property
-    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]: ...
+    HEADER_FIELD_NUMBER: builtins.int
+    TENSORS_FIELD_NUMBER: builtins.int
+    @property
+    def header(self) -> global___InitializeHeader: ...
+    @property
+    def tensors(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[asyncps.pb.tensor_pb2.TensorChunk]: ...
     def __init__(
         self,
         *,
-        header: Global___InitializeHeader | None = ...,
-        tensors: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
+        header: global___InitializeHeader | None = ...,
+        tensors: collections.abc.Iterable[asyncps.pb.tensor_pb2.TensorChunk] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "tensors", b"tensors"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["header", b"header"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["header", b"header", "tensors", b"tensors"]) -> None: ...
 
-Global___InitializeChunk: _TypeAlias = InitializeChunk  # noqa: Y015
+global___InitializeChunk = InitializeChunk
 
-@_typing.final
-class InitializeResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class InitializeResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    CREATED_FIELD_NUMBER: _builtins.int
-    VERSION_FIELD_NUMBER: _builtins.int
-    created: _builtins.bool
+    CREATED_FIELD_NUMBER: builtins.int
+    VERSION_FIELD_NUMBER: builtins.int
+    created: builtins.bool
     """false: an identical initialization already existed"""
-    version: _builtins.int
+    version: builtins.int
     def __init__(
         self,
         *,
-        created: _builtins.bool = ...,
-        version: _builtins.int = ...,
+        created: builtins.bool = ...,
+        version: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "version", b"version"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["created", b"created", "version", b"version"]) -> None: ...
 
-Global___InitializeResponse: _TypeAlias = InitializeResponse  # noqa: Y015
+global___InitializeResponse = InitializeResponse
 
-@_typing.final
-class PullRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class PullRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    WORKER_ID_FIELD_NUMBER: _builtins.int
-    IF_NEWER_THAN_FIELD_NUMBER: _builtins.int
-    WAIT_TIMEOUT_S_FIELD_NUMBER: _builtins.int
-    worker_id: _builtins.str
-    if_newer_than: _builtins.int
+    WORKER_ID_FIELD_NUMBER: builtins.int
+    IF_NEWER_THAN_FIELD_NUMBER: builtins.int
+    WAIT_TIMEOUT_S_FIELD_NUMBER: builtins.int
+    worker_id: builtins.str
+    if_newer_than: builtins.int
     """-1: always send values"""
-    wait_timeout_s: _builtins.float
+    wait_timeout_s: builtins.float
     """Long-poll: wait up to wait_timeout_s for the version to exceed if_newer_than."""
     def __init__(
         self,
         *,
-        worker_id: _builtins.str = ...,
-        if_newer_than: _builtins.int = ...,
-        wait_timeout_s: _builtins.float = ...,
+        worker_id: builtins.str = ...,
+        if_newer_than: builtins.int = ...,
+        wait_timeout_s: builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["if_newer_than", b"if_newer_than", "wait_timeout_s", b"wait_timeout_s", "worker_id", b"worker_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["if_newer_than", b"if_newer_than", "wait_timeout_s", b"wait_timeout_s", "worker_id", b"worker_id"]) -> None: ...
 
-Global___PullRequest: _TypeAlias = PullRequest  # noqa: Y015
+global___PullRequest = PullRequest
 
-@_typing.final
-class PushHeader(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class PushHeader(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    WORKER_ID_FIELD_NUMBER: _builtins.int
-    BASE_VERSION_FIELD_NUMBER: _builtins.int
-    STEP_FIELD_NUMBER: _builtins.int
-    LOSS_FIELD_NUMBER: _builtins.int
-    PULL_IF_NEWER_THAN_FIELD_NUMBER: _builtins.int
-    READ_WAIT_S_FIELD_NUMBER: _builtins.int
-    INCARNATION_FIELD_NUMBER: _builtins.int
-    SYNC_STEP_FIELD_NUMBER: _builtins.int
-    SYNC_INCARNATION_FIELD_NUMBER: _builtins.int
-    SYNC_FIELD_NUMBER: _builtins.int
-    WORKER_INDEX_FIELD_NUMBER: _builtins.int
-    worker_id: _builtins.str
-    base_version: _builtins.int
+    WORKER_ID_FIELD_NUMBER: builtins.int
+    BASE_VERSION_FIELD_NUMBER: builtins.int
+    STEP_FIELD_NUMBER: builtins.int
+    LOSS_FIELD_NUMBER: builtins.int
+    PULL_IF_NEWER_THAN_FIELD_NUMBER: builtins.int
+    READ_WAIT_S_FIELD_NUMBER: builtins.int
+    INCARNATION_FIELD_NUMBER: builtins.int
+    SYNC_STEP_FIELD_NUMBER: builtins.int
+    SYNC_INCARNATION_FIELD_NUMBER: builtins.int
+    SYNC_FIELD_NUMBER: builtins.int
+    WORKER_INDEX_FIELD_NUMBER: builtins.int
+    worker_id: builtins.str
+    base_version: builtins.int
     """the shard version the gradient was computed from"""
-    step: _builtins.int
+    step: builtins.int
     """the worker's own step counter (its clock)"""
-    loss: _builtins.float
+    loss: builtins.float
     """the worker's batch loss, recorded for telemetry"""
-    pull_if_newer_than: _builtins.int
+    pull_if_newer_than: builtins.int
     """PushPull only"""
-    read_wait_s: _builtins.float
+    read_wait_s: builtins.float
     """PushPull only: how long the shard may hold the reply until the consistency model lets this
     worker read (sync: the step completed; ssp: within the staleness bound). 0: do not wait.
     """
-    incarnation: _builtins.int
+    incarnation: builtins.int
     """of the values the gradient was computed from; 0: not checked"""
-    sync_step: _builtins.int
+    sync_step: builtins.int
     """Sync over several shards (asyncps.rules.modes.SyncFollower): the version and incarnation of
     shard 0, the coordinator, that the gradient was computed from (sync_incarnation 0: none).
     """
-    sync_incarnation: _builtins.int
-    worker_index: _builtins.int
+    sync_incarnation: builtins.int
+    worker_index: builtins.int
     """The pushing worker's index (as the chief assigned it), for staleness policies; absent: unknown
     (a worker of an earlier version: the index its member id carries, if any).
     """
-    @_builtins.property
-    def sync(self) -> Global___SyncDecisions:
+    @property
+    def sync(self) -> global___SyncDecisions:
         """A commit to a follower shard: the coordinator's decisions, carried by the worker (no tensors)."""
 
     def __init__(
         self,
         *,
-        worker_id: _builtins.str = ...,
-        base_version: _builtins.int = ...,
-        step: _builtins.int = ...,
-        loss: _builtins.float = ...,
-        pull_if_newer_than: _builtins.int = ...,
-        read_wait_s: _builtins.float = ...,
-        incarnation: _builtins.int = ...,
-        sync_step: _builtins.int = ...,
-        sync_incarnation: _builtins.int = ...,
-        sync: Global___SyncDecisions | None = ...,
-        worker_index: _builtins.int | None = ...,
+        worker_id: builtins.str = ...,
+        base_version: builtins.int = ...,
+        step: builtins.int = ...,
+        loss: builtins.float = ...,
+        pull_if_newer_than: builtins.int = ...,
+        read_wait_s: builtins.float = ...,
+        incarnation: builtins.int = ...,
+        sync_step: builtins.int = ...,
+        sync_incarnation: builtins.int = ...,
+        sync: global___SyncDecisions | None = ...,
+        worker_index: builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_worker_index", b"_worker_index", "sync", b"sync", "worker_index", b"worker_index"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_worker_index", b"_worker_index", "base_version", b"base_version", "incarnation", b"incarnation", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "read_wait_s", b"read_wait_s", "step", b"step", "sync", b"sync", "sync_incarnation", b"sync_incarnation", "sync_step", b"sync_step", "worker_id", b"worker_id", "worker_index", b"worker_index"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__worker_index: _TypeAlias = _typing.Literal["worker_index"]  # noqa: Y015
-    _WhichOneofArgType__worker_index: _TypeAlias = _typing.Literal["_worker_index", b"_worker_index"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__worker_index) -> _WhichOneofReturnType__worker_index | None: ...
+    def HasField(self, field_name: typing.Literal["_worker_index", b"_worker_index", "sync", b"sync", "worker_index", b"worker_index"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_worker_index", b"_worker_index", "base_version", b"base_version", "incarnation", b"incarnation", "loss", b"loss", "pull_if_newer_than", b"pull_if_newer_than", "read_wait_s", b"read_wait_s", "step", b"step", "sync", b"sync", "sync_incarnation", b"sync_incarnation", "sync_step", b"sync_step", "worker_id", b"worker_id", "worker_index", b"worker_index"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_worker_index", b"_worker_index"]) -> typing.Literal["worker_index"] | None: ...
 
-Global___PushHeader: _TypeAlias = PushHeader  # noqa: Y015
+global___PushHeader = PushHeader
 
-@_typing.final
-class SyncStep(_message.Message):
+@typing.final
+class SyncStep(google.protobuf.message.Message):
     """The coordinator's decision for one step: version step+1 averages exactly these workers."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    STEP_FIELD_NUMBER: _builtins.int
-    WORKERS_FIELD_NUMBER: _builtins.int
-    step: _builtins.int
-    @_builtins.property
-    def workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    STEP_FIELD_NUMBER: builtins.int
+    WORKERS_FIELD_NUMBER: builtins.int
+    step: builtins.int
+    @property
+    def workers(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     def __init__(
         self,
         *,
-        step: _builtins.int = ...,
-        workers: _abc.Iterable[_builtins.str] | None = ...,
+        step: builtins.int = ...,
+        workers: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["step", b"step", "workers", b"workers"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["step", b"step", "workers", b"workers"]) -> None: ...
 
-Global___SyncStep: _TypeAlias = SyncStep  # noqa: Y015
+global___SyncStep = SyncStep
 
-@_typing.final
-class SyncDecisions(_message.Message):
+@typing.final
+class SyncDecisions(google.protobuf.message.Message):
     """Consecutive decisions of one incarnation of the coordinator shard, oldest first."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    INCARNATION_FIELD_NUMBER: _builtins.int
-    STEPS_FIELD_NUMBER: _builtins.int
-    incarnation: _builtins.int
-    @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___SyncStep]: ...
+    INCARNATION_FIELD_NUMBER: builtins.int
+    STEPS_FIELD_NUMBER: builtins.int
+    incarnation: builtins.int
+    @property
+    def steps(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___SyncStep]: ...
     def __init__(
         self,
         *,
-        incarnation: _builtins.int = ...,
-        steps: _abc.Iterable[Global___SyncStep] | None = ...,
+        incarnation: builtins.int = ...,
+        steps: collections.abc.Iterable[global___SyncStep] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "steps", b"steps"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["incarnation", b"incarnation", "steps", b"steps"]) -> None: ...
 
-Global___SyncDecisions: _TypeAlias = SyncDecisions  # noqa: Y015
+global___SyncDecisions = SyncDecisions
 
-@_typing.final
-class PushChunk(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class PushChunk(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    HEADER_FIELD_NUMBER: _builtins.int
-    TENSORS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def header(self) -> Global___PushHeader:
+    HEADER_FIELD_NUMBER: builtins.int
+    TENSORS_FIELD_NUMBER: builtins.int
+    @property
+    def header(self) -> global___PushHeader:
         """first frame only"""
 
-    @_builtins.property
-    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]: ...
+    @property
+    def tensors(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[asyncps.pb.tensor_pb2.TensorChunk]: ...
     def __init__(
         self,
         *,
-        header: Global___PushHeader | None = ...,
-        tensors: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
+        header: global___PushHeader | None = ...,
+        tensors: collections.abc.Iterable[asyncps.pb.tensor_pb2.TensorChunk] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "tensors", b"tensors"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["header", b"header"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["header", b"header", "tensors", b"tensors"]) -> None: ...
 
-Global___PushChunk: _TypeAlias = PushChunk  # noqa: Y015
+global___PushChunk = PushChunk
 
-@_typing.final
-class PushResult(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class PushResult(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    ACCEPTED_FIELD_NUMBER: _builtins.int
-    STALENESS_FIELD_NUMBER: _builtins.int
-    VERSION_FIELD_NUMBER: _builtins.int
-    EFFECTIVE_LR_FIELD_NUMBER: _builtins.int
-    DROP_DETAIL_FIELD_NUMBER: _builtins.int
-    DROP_FIELD_NUMBER: _builtins.int
-    accepted: _builtins.bool
-    staleness: _builtins.int
+    ACCEPTED_FIELD_NUMBER: builtins.int
+    STALENESS_FIELD_NUMBER: builtins.int
+    VERSION_FIELD_NUMBER: builtins.int
+    EFFECTIVE_LR_FIELD_NUMBER: builtins.int
+    DROP_DETAIL_FIELD_NUMBER: builtins.int
+    DROP_FIELD_NUMBER: builtins.int
+    accepted: builtins.bool
+    staleness: builtins.int
     """version_now - base_version when the push arrived"""
-    version: _builtins.int
+    version: builtins.int
     """the shard's version after this push"""
-    effective_lr: _builtins.float
+    effective_lr: builtins.float
     """learning rate actually used (policies may scale it)"""
-    drop_detail: _builtins.str
+    drop_detail: builtins.str
     """a human-readable explanation; empty when accepted"""
-    drop: Global___DropReason.ValueType
+    drop: global___DropReason.ValueType
     """DROP_NONE when accepted"""
     def __init__(
         self,
         *,
-        accepted: _builtins.bool = ...,
-        staleness: _builtins.int = ...,
-        version: _builtins.int = ...,
-        effective_lr: _builtins.float = ...,
-        drop_detail: _builtins.str = ...,
-        drop: Global___DropReason.ValueType = ...,
+        accepted: builtins.bool = ...,
+        staleness: builtins.int = ...,
+        version: builtins.int = ...,
+        effective_lr: builtins.float = ...,
+        drop_detail: builtins.str = ...,
+        drop: global___DropReason.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "staleness", b"staleness", "version", b"version"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "staleness", b"staleness", "version", b"version"]) -> None: ...
 
-Global___PushResult: _TypeAlias = PushResult  # noqa: Y015
+global___PushResult = PushResult
 
-@_typing.final
-class PullHeader(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class PullHeader(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    VERSION_FIELD_NUMBER: _builtins.int
-    INCARNATION_FIELD_NUMBER: _builtins.int
-    NOT_MODIFIED_FIELD_NUMBER: _builtins.int
-    SHARD_INDEX_FIELD_NUMBER: _builtins.int
-    PUSH_FIELD_NUMBER: _builtins.int
-    WAITED_S_FIELD_NUMBER: _builtins.int
-    SYNC_FIELD_NUMBER: _builtins.int
-    version: _builtins.int
-    incarnation: _builtins.int
+    VERSION_FIELD_NUMBER: builtins.int
+    INCARNATION_FIELD_NUMBER: builtins.int
+    NOT_MODIFIED_FIELD_NUMBER: builtins.int
+    SHARD_INDEX_FIELD_NUMBER: builtins.int
+    PUSH_FIELD_NUMBER: builtins.int
+    WAITED_S_FIELD_NUMBER: builtins.int
+    SYNC_FIELD_NUMBER: builtins.int
+    version: builtins.int
+    incarnation: builtins.int
     """Changes whenever the shard's state is (re)created (initialize, restore after a crash): a
     gradient computed from another incarnation is dropped instead of applied to other values.
     """
-    not_modified: _builtins.bool
+    not_modified: builtins.bool
     """values omitted: version <= if_newer_than"""
-    shard_index: _builtins.int
-    waited_s: _builtins.float
+    shard_index: builtins.int
+    waited_s: builtins.float
     """time held back by the consistency model (sync/ssp)"""
-    @_builtins.property
-    def push(self) -> Global___PushResult:
+    @property
+    def push(self) -> global___PushResult:
         """set by PushPull"""
 
-    @_builtins.property
-    def sync(self) -> Global___SyncDecisions:
+    @property
+    def sync(self) -> global___SyncDecisions:
         """from the sync coordinator: the steps decided since the caller's"""
 
     def __init__(
         self,
         *,
-        version: _builtins.int = ...,
-        incarnation: _builtins.int = ...,
-        not_modified: _builtins.bool = ...,
-        shard_index: _builtins.int = ...,
-        push: Global___PushResult | None = ...,
-        waited_s: _builtins.float = ...,
-        sync: Global___SyncDecisions | None = ...,
+        version: builtins.int = ...,
+        incarnation: builtins.int = ...,
+        not_modified: builtins.bool = ...,
+        shard_index: builtins.int = ...,
+        push: global___PushResult | None = ...,
+        waited_s: builtins.float = ...,
+        sync: global___SyncDecisions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["push", b"push", "sync", b"sync"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "not_modified", b"not_modified", "push", b"push", "shard_index", b"shard_index", "sync", b"sync", "version", b"version", "waited_s", b"waited_s"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["push", b"push", "sync", b"sync"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["incarnation", b"incarnation", "not_modified", b"not_modified", "push", b"push", "shard_index", b"shard_index", "sync", b"sync", "version", b"version", "waited_s", b"waited_s"]) -> None: ...
 
-Global___PullHeader: _TypeAlias = PullHeader  # noqa: Y015
+global___PullHeader = PullHeader
 
-@_typing.final
-class PullChunk(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class PullChunk(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    HEADER_FIELD_NUMBER: _builtins.int
-    TENSORS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def header(self) -> Global___PullHeader:
+    HEADER_FIELD_NUMBER: builtins.int
+    TENSORS_FIELD_NUMBER: builtins.int
+    @property
+    def header(self) -> global___PullHeader:
         """first frame only"""
 
-    @_builtins.property
-    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]: ...
+    @property
+    def tensors(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[asyncps.pb.tensor_pb2.TensorChunk]: ...
     def __init__(
         self,
         *,
-        header: Global___PullHeader | None = ...,
-        tensors: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
+        header: global___PullHeader | None = ...,
+        tensors: collections.abc.Iterable[asyncps.pb.tensor_pb2.TensorChunk] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "tensors", b"tensors"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["header", b"header"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["header", b"header", "tensors", b"tensors"]) -> None: ...
 
-Global___PullChunk: _TypeAlias = PullChunk  # noqa: Y015
+global___PullChunk = PullChunk
 
-@_typing.final
-class StatsRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class StatsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___StatsRequest: _TypeAlias = StatsRequest  # noqa: Y015
+global___StatsRequest = StatsRequest
 
-@_typing.final
-class VariableInfo(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class VariableInfo(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    NAME_FIELD_NUMBER: _builtins.int
-    DTYPE_FIELD_NUMBER: _builtins.int
-    SHAPE_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
-    dtype: _tensor_pb2.DType.ValueType
-    @_builtins.property
-    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    NAME_FIELD_NUMBER: builtins.int
+    DTYPE_FIELD_NUMBER: builtins.int
+    SHAPE_FIELD_NUMBER: builtins.int
+    name: builtins.str
+    dtype: asyncps.pb.tensor_pb2.DType.ValueType
+    @property
+    def shape(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]: ...
     def __init__(
         self,
         *,
-        name: _builtins.str = ...,
-        dtype: _tensor_pb2.DType.ValueType = ...,
-        shape: _abc.Iterable[_builtins.int] | None = ...,
+        name: builtins.str = ...,
+        dtype: asyncps.pb.tensor_pb2.DType.ValueType = ...,
+        shape: collections.abc.Iterable[builtins.int] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "name", b"name", "shape", b"shape"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["dtype", b"dtype", "name", b"name", "shape", b"shape"]) -> None: ...
 
-Global___VariableInfo: _TypeAlias = VariableInfo  # noqa: Y015
+global___VariableInfo = VariableInfo
 
-@_typing.final
-class ShardStats(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ShardStats(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    @_typing.final
-    class DroppedByReasonEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
+    @typing.final
+    class DroppedByReasonEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.int
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.int
         def __init__(
             self,
             *,
-            key: _builtins.str = ...,
-            value: _builtins.int = ...,
+            key: builtins.str = ...,
+            value: builtins.int = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
-    @_typing.final
-    class ModeStatsEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
+    @typing.final
+    class ModeStatsEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.float
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.float
         def __init__(
             self,
             *,
-            key: _builtins.str = ...,
-            value: _builtins.float = ...,
+            key: builtins.str = ...,
+            value: builtins.float = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
-    SHARD_INDEX_FIELD_NUMBER: _builtins.int
-    INITIALIZED_FIELD_NUMBER: _builtins.int
-    VERSION_FIELD_NUMBER: _builtins.int
-    PUSHES_ACCEPTED_FIELD_NUMBER: _builtins.int
-    PUSHES_DROPPED_FIELD_NUMBER: _builtins.int
-    VARIABLES_FIELD_NUMBER: _builtins.int
-    RULE_FIELD_NUMBER: _builtins.int
-    BYTES_PULLED_FIELD_NUMBER: _builtins.int
-    BYTES_PUSHED_FIELD_NUMBER: _builtins.int
-    DROPPED_BY_REASON_FIELD_NUMBER: _builtins.int
-    MODE_STATS_FIELD_NUMBER: _builtins.int
-    RUN_ID_FIELD_NUMBER: _builtins.int
-    shard_index: _builtins.int
-    initialized: _builtins.bool
-    version: _builtins.int
-    pushes_accepted: _builtins.int
-    pushes_dropped: _builtins.int
-    bytes_pulled: _builtins.int
-    bytes_pushed: _builtins.int
-    run_id: _builtins.str
+    SHARD_INDEX_FIELD_NUMBER: builtins.int
+    INITIALIZED_FIELD_NUMBER: builtins.int
+    VERSION_FIELD_NUMBER: builtins.int
+    PUSHES_ACCEPTED_FIELD_NUMBER: builtins.int
+    PUSHES_DROPPED_FIELD_NUMBER: builtins.int
+    VARIABLES_FIELD_NUMBER: builtins.int
+    RULE_FIELD_NUMBER: builtins.int
+    BYTES_PULLED_FIELD_NUMBER: builtins.int
+    BYTES_PUSHED_FIELD_NUMBER: builtins.int
+    DROPPED_BY_REASON_FIELD_NUMBER: builtins.int
+    MODE_STATS_FIELD_NUMBER: builtins.int
+    RUN_ID_FIELD_NUMBER: builtins.int
+    shard_index: builtins.int
+    initialized: builtins.bool
+    version: builtins.int
+    pushes_accepted: builtins.int
+    pushes_dropped: builtins.int
+    bytes_pulled: builtins.int
+    bytes_pushed: builtins.int
+    run_id: builtins.str
     """the run that initialized or restored this state (empty: none said)"""
-    @_builtins.property
-    def variables(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariableInfo]: ...
-    @_builtins.property
-    def rule(self) -> Global___UpdateRule: ...
-    @_builtins.property
-    def dropped_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
-    @_builtins.property
-    def mode_stats(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+    @property
+    def variables(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___VariableInfo]: ...
+    @property
+    def rule(self) -> global___UpdateRule: ...
+    @property
+    def dropped_by_reason(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.int]: ...
+    @property
+    def mode_stats(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.float]:
         """e.g. ssp: max_clock_lead"""
 
     def __init__(
         self,
         *,
-        shard_index: _builtins.int = ...,
-        initialized: _builtins.bool = ...,
-        version: _builtins.int = ...,
-        pushes_accepted: _builtins.int = ...,
-        pushes_dropped: _builtins.int = ...,
-        variables: _abc.Iterable[Global___VariableInfo] | None = ...,
-        rule: Global___UpdateRule | None = ...,
-        bytes_pulled: _builtins.int = ...,
-        bytes_pushed: _builtins.int = ...,
-        dropped_by_reason: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
-        mode_stats: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
-        run_id: _builtins.str = ...,
+        shard_index: builtins.int = ...,
+        initialized: builtins.bool = ...,
+        version: builtins.int = ...,
+        pushes_accepted: builtins.int = ...,
+        pushes_dropped: builtins.int = ...,
+        variables: collections.abc.Iterable[global___VariableInfo] | None = ...,
+        rule: global___UpdateRule | None = ...,
+        bytes_pulled: builtins.int = ...,
+        bytes_pushed: builtins.int = ...,
+        dropped_by_reason: collections.abc.Mapping[builtins.str, builtins.int] | None = ...,
+        mode_stats: collections.abc.Mapping[builtins.str, builtins.float] | None = ...,
+        run_id: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pulled", b"bytes_pulled", "bytes_pushed", b"bytes_pushed", "dropped_by_reason", b"dropped_by_reason", "initialized", b"initialized", "mode_stats", b"mode_stats", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "variables", b"variables", "version", b"version"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["rule", b"rule"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["bytes_pulled", b"bytes_pulled", "bytes_pushed", b"bytes_pushed", "dropped_by_reason", b"dropped_by_reason", "initialized", b"initialized", "mode_stats", b"mode_stats", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "variables", b"variables", "version", b"version"]) -> None: ...
 
-Global___ShardStats: _TypeAlias = ShardStats  # noqa: Y015
+global___ShardStats = ShardStats
 
-@_typing.final
-class LiveWorkersRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class LiveWorkersRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    WORKER_IDS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def worker_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    WORKER_IDS_FIELD_NUMBER: builtins.int
+    @property
+    def worker_ids(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     def __init__(
         self,
         *,
-        worker_ids: _abc.Iterable[_builtins.str] | None = ...,
+        worker_ids: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["worker_ids", b"worker_ids"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["worker_ids", b"worker_ids"]) -> None: ...
 
-Global___LiveWorkersRequest: _TypeAlias = LiveWorkersRequest  # noqa: Y015
+global___LiveWorkersRequest = LiveWorkersRequest
 
-@_typing.final
-class LiveWorkersResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class LiveWorkersResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    VERSION_FIELD_NUMBER: _builtins.int
-    version: _builtins.int
+    VERSION_FIELD_NUMBER: builtins.int
+    version: builtins.int
     def __init__(
         self,
         *,
-        version: _builtins.int = ...,
+        version: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["version", b"version"]) -> None: ...
 
-Global___LiveWorkersResponse: _TypeAlias = LiveWorkersResponse  # noqa: Y015
+global___LiveWorkersResponse = LiveWorkersResponse
 
-@_typing.final
-class ShutdownRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ShutdownRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    REASON_FIELD_NUMBER: _builtins.int
-    reason: _builtins.str
+    REASON_FIELD_NUMBER: builtins.int
+    reason: builtins.str
     def __init__(
         self,
         *,
-        reason: _builtins.str = ...,
+        reason: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["reason", b"reason"]) -> None: ...
 
-Global___ShutdownRequest: _TypeAlias = ShutdownRequest  # noqa: Y015
+global___ShutdownRequest = ShutdownRequest
 
-@_typing.final
-class ShutdownResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ShutdownResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ShutdownResponse: _TypeAlias = ShutdownResponse  # noqa: Y015
+global___ShutdownResponse = ShutdownResponse
 
-@_typing.final
-class PauseRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class PauseRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    PAUSE_FIELD_NUMBER: _builtins.int
-    MAX_HOLD_S_FIELD_NUMBER: _builtins.int
-    DECISIONS_SINCE_FIELD_NUMBER: _builtins.int
-    SYNC_FIELD_NUMBER: _builtins.int
-    pause: _builtins.bool
+    PAUSE_FIELD_NUMBER: builtins.int
+    MAX_HOLD_S_FIELD_NUMBER: builtins.int
+    DECISIONS_SINCE_FIELD_NUMBER: builtins.int
+    SYNC_FIELD_NUMBER: builtins.int
+    pause: builtins.bool
     """false: release"""
-    max_hold_s: _builtins.float
+    max_hold_s: builtins.float
     """a pause ends by itself after this long (a chief that died mid-checkpoint)"""
-    decisions_since: _builtins.int
+    decisions_since: builtins.int
     """Sync over several shards, at a cut: the coordinator (shard 0) answers its decisions for steps
     >= decisions_since (-1 or unset with 0 pause: none); a follower commits `sync` while held.
     """
-    @_builtins.property
-    def sync(self) -> Global___SyncDecisions: ...
+    @property
+    def sync(self) -> global___SyncDecisions: ...
     def __init__(
         self,
         *,
-        pause: _builtins.bool = ...,
-        max_hold_s: _builtins.float = ...,
-        decisions_since: _builtins.int = ...,
-        sync: Global___SyncDecisions | None = ...,
+        pause: builtins.bool = ...,
+        max_hold_s: builtins.float = ...,
+        decisions_since: builtins.int = ...,
+        sync: global___SyncDecisions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sync", b"sync"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions_since", b"decisions_since", "max_hold_s", b"max_hold_s", "pause", b"pause", "sync", b"sync"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["sync", b"sync"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["decisions_since", b"decisions_since", "max_hold_s", b"max_hold_s", "pause", b"pause", "sync", b"sync"]) -> None: ...
 
-Global___PauseRequest: _TypeAlias = PauseRequest  # noqa: Y015
+global___PauseRequest = PauseRequest
 
-@_typing.final
-class PauseResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class PauseResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    VERSION_FIELD_NUMBER: _builtins.int
-    SYNC_FOLLOWER_FIELD_NUMBER: _builtins.int
-    SYNC_LINEAGE_FIELD_NUMBER: _builtins.int
-    SYNC_NEXT_STEP_FIELD_NUMBER: _builtins.int
-    DECIDED_FIELD_NUMBER: _builtins.int
-    version: _builtins.int
-    sync_follower: _builtins.bool
+    VERSION_FIELD_NUMBER: builtins.int
+    SYNC_FOLLOWER_FIELD_NUMBER: builtins.int
+    SYNC_LINEAGE_FIELD_NUMBER: builtins.int
+    SYNC_NEXT_STEP_FIELD_NUMBER: builtins.int
+    DECIDED_FIELD_NUMBER: builtins.int
+    version: builtins.int
+    sync_follower: builtins.bool
     """this shard follows shard 0's sync decisions"""
-    sync_lineage: _builtins.int
+    sync_lineage: builtins.int
     """a follower: the coordinator incarnation it follows (0: none yet)"""
-    sync_next_step: _builtins.int
+    sync_next_step: builtins.int
     """a follower: the first coordinator step it has not committed"""
-    @_builtins.property
-    def decided(self) -> Global___SyncDecisions:
+    @property
+    def decided(self) -> global___SyncDecisions:
         """the coordinator: its decisions for steps >= decisions_since"""
 
     def __init__(
         self,
         *,
-        version: _builtins.int = ...,
-        sync_follower: _builtins.bool = ...,
-        sync_lineage: _builtins.int = ...,
-        sync_next_step: _builtins.int = ...,
-        decided: Global___SyncDecisions | None = ...,
+        version: builtins.int = ...,
+        sync_follower: builtins.bool = ...,
+        sync_lineage: builtins.int = ...,
+        sync_next_step: builtins.int = ...,
+        decided: global___SyncDecisions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["decided", b"decided"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided", b"decided", "sync_follower", b"sync_follower", "sync_lineage", b"sync_lineage", "sync_next_step", b"sync_next_step", "version", b"version"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["decided", b"decided"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["decided", b"decided", "sync_follower", b"sync_follower", "sync_lineage", b"sync_lineage", "sync_next_step", b"sync_next_step", "version", b"version"]) -> None: ...
 
-Global___PauseResponse: _TypeAlias = PauseResponse  # noqa: Y015
+global___PauseResponse = PauseResponse
 
-@_typing.final
-class SnapshotRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class SnapshotRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___SnapshotRequest: _TypeAlias = SnapshotRequest  # noqa: Y015
+global___SnapshotRequest = SnapshotRequest
 
-@_typing.final
-class SnapshotHeader(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class SnapshotHeader(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    @_typing.final
-    class UpdatesEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
+    @typing.final
+    class UpdatesEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.int
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.int
         def __init__(
             self,
             *,
-            key: _builtins.str = ...,
-            value: _builtins.int = ...,
+            key: builtins.str = ...,
+            value: builtins.int = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
-    RULE_FIELD_NUMBER: _builtins.int
-    VERSION_FIELD_NUMBER: _builtins.int
-    PUSHES_ACCEPTED_FIELD_NUMBER: _builtins.int
-    PUSHES_DROPPED_FIELD_NUMBER: _builtins.int
-    UPDATES_FIELD_NUMBER: _builtins.int
-    SHARD_INDEX_FIELD_NUMBER: _builtins.int
-    RUN_ID_FIELD_NUMBER: _builtins.int
-    version: _builtins.int
-    pushes_accepted: _builtins.int
-    pushes_dropped: _builtins.int
-    shard_index: _builtins.int
-    run_id: _builtins.str
+    RULE_FIELD_NUMBER: builtins.int
+    VERSION_FIELD_NUMBER: builtins.int
+    PUSHES_ACCEPTED_FIELD_NUMBER: builtins.int
+    PUSHES_DROPPED_FIELD_NUMBER: builtins.int
+    UPDATES_FIELD_NUMBER: builtins.int
+    SHARD_INDEX_FIELD_NUMBER: builtins.int
+    RUN_ID_FIELD_NUMBER: builtins.int
+    version: builtins.int
+    pushes_accepted: builtins.int
+    pushes_dropped: builtins.int
+    shard_index: builtins.int
+    run_id: builtins.str
     """the run the state belongs to (Restore: it becomes the shard's run)"""
-    @_builtins.property
-    def rule(self) -> Global___UpdateRule: ...
-    @_builtins.property
-    def updates(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+    @property
+    def rule(self) -> global___UpdateRule: ...
+    @property
+    def updates(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.int]:
         """per variable: updates applied (optimizer step counters)"""
 
     def __init__(
         self,
         *,
-        rule: Global___UpdateRule | None = ...,
-        version: _builtins.int = ...,
-        pushes_accepted: _builtins.int = ...,
-        pushes_dropped: _builtins.int = ...,
-        updates: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
-        shard_index: _builtins.int = ...,
-        run_id: _builtins.str = ...,
+        rule: global___UpdateRule | None = ...,
+        version: builtins.int = ...,
+        pushes_accepted: builtins.int = ...,
+        pushes_dropped: builtins.int = ...,
+        updates: collections.abc.Mapping[builtins.str, builtins.int] | None = ...,
+        shard_index: builtins.int = ...,
+        run_id: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "updates", b"updates", "version", b"version"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["rule", b"rule"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "updates", b"updates", "version", b"version"]) -> None: ...
 
-Global___SnapshotHeader: _TypeAlias = SnapshotHeader  # noqa: Y015
+global___SnapshotHeader = SnapshotHeader
 
-@_typing.final
-class SnapshotChunk(_message.Message):
+@typing.final
+class SnapshotChunk(google.protobuf.message.Message):
     """Tensor names: "value/NAME" and "slot/SLOT/NAME"."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    HEADER_FIELD_NUMBER: _builtins.int
-    TENSORS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def header(self) -> Global___SnapshotHeader:
+    HEADER_FIELD_NUMBER: builtins.int
+    TENSORS_FIELD_NUMBER: builtins.int
+    @property
+    def header(self) -> global___SnapshotHeader:
         """first frame only"""
 
-    @_builtins.property
-    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]: ...
+    @property
+    def tensors(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[asyncps.pb.tensor_pb2.TensorChunk]: ...
     def __init__(
         self,
         *,
-        header: Global___SnapshotHeader | None = ...,
-        tensors: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
+        header: global___SnapshotHeader | None = ...,
+        tensors: collections.abc.Iterable[asyncps.pb.tensor_pb2.TensorChunk] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "tensors", b"tensors"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["header", b"header"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["header", b"header", "tensors", b"tensors"]) -> None: ...
 
-Global___SnapshotChunk: _TypeAlias = SnapshotChunk  # noqa: Y015
+global___SnapshotChunk = SnapshotChunk
 
-@_typing.final
-class AttachShmRequest(_message.Message):
+@typing.final
+class AttachShmRequest(google.protobuf.message.Message):
     """Regions of a shared-memory segment are TensorChunks: name, role, dtype, shape, offset (the
     byte offset in the segment, a multiple of 8) and nbytes (the tensor's whole size).
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    WORKER_ID_FIELD_NUMBER: _builtins.int
-    SEGMENT_FIELD_NUMBER: _builtins.int
-    SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
-    TOKEN_FIELD_NUMBER: _builtins.int
-    VALUES_FIELD_NUMBER: _builtins.int
-    worker_id: _builtins.str
-    segment: _builtins.str
+    WORKER_ID_FIELD_NUMBER: builtins.int
+    SEGMENT_FIELD_NUMBER: builtins.int
+    SEGMENT_BYTES_FIELD_NUMBER: builtins.int
+    TOKEN_FIELD_NUMBER: builtins.int
+    VALUES_FIELD_NUMBER: builtins.int
+    worker_id: builtins.str
+    segment: builtins.str
     """a name under /dev/shm: asyncps-[A-Za-z0-9_-]+"""
-    segment_bytes: _builtins.int
+    segment_bytes: builtins.int
     """the segment's exact size"""
-    token: _builtins.bytes
+    token: builtins.bytes
     """the first bytes of the segment (proof of the same /dev/shm)"""
-    @_builtins.property
-    def values(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]:
+    @property
+    def values(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[asyncps.pb.tensor_pb2.TensorChunk]:
         """where each of this shard's values goes (dense, its own dtype)"""
 
     def __init__(
         self,
         *,
-        worker_id: _builtins.str = ...,
-        segment: _builtins.str = ...,
-        segment_bytes: _builtins.int = ...,
-        token: _builtins.bytes = ...,
-        values: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
+        worker_id: builtins.str = ...,
+        segment: builtins.str = ...,
+        segment_bytes: builtins.int = ...,
+        token: builtins.bytes = ...,
+        values: collections.abc.Iterable[asyncps.pb.tensor_pb2.TensorChunk] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment", "segment_bytes", b"segment_bytes", "token", b"token", "values", b"values", "worker_id", b"worker_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["segment", b"segment", "segment_bytes", b"segment_bytes", "token", b"token", "values", b"values", "worker_id", b"worker_id"]) -> None: ...
 
-Global___AttachShmRequest: _TypeAlias = AttachShmRequest  # noqa: Y015
+global___AttachShmRequest = AttachShmRequest
 
-@_typing.final
-class AttachShmResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class AttachShmResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    ATTACHMENT_FIELD_NUMBER: _builtins.int
-    attachment: _builtins.int
+    ATTACHMENT_FIELD_NUMBER: builtins.int
+    attachment: builtins.int
     """names this mapping in ShmPushPull; a new attach of the worker replaces it"""
     def __init__(
         self,
         *,
-        attachment: _builtins.int = ...,
+        attachment: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["attachment", b"attachment"]) -> None: ...
 
-Global___AttachShmResponse: _TypeAlias = AttachShmResponse  # noqa: Y015
+global___AttachShmResponse = AttachShmResponse
 
-@_typing.final
-class ShmPushPullRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ShmPushPullRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    HEADER_FIELD_NUMBER: _builtins.int
-    ATTACHMENT_FIELD_NUMBER: _builtins.int
-    GRADS_FIELD_NUMBER: _builtins.int
-    PULL_ONLY_FIELD_NUMBER: _builtins.int
-    attachment: _builtins.int
-    pull_only: _builtins.bool
+    HEADER_FIELD_NUMBER: builtins.int
+    ATTACHMENT_FIELD_NUMBER: builtins.int
+    GRADS_FIELD_NUMBER: builtins.int
+    PULL_ONLY_FIELD_NUMBER: builtins.int
+    attachment: builtins.int
+    pull_only: builtins.bool
     """A Pull through the segment: no push (grads must be empty); header.pull_if_newer_than and
     header.read_wait_s act as Pull's if_newer_than and wait_timeout_s.
     """
-    @_builtins.property
-    def header(self) -> Global___PushHeader: ...
-    @_builtins.property
-    def grads(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorChunk]:
+    @property
+    def header(self) -> global___PushHeader: ...
+    @property
+    def grads(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[asyncps.pb.tensor_pb2.TensorChunk]:
         """dense gradients in the segment (sparse ones travel as frames)"""
 
     def __init__(
         self,
         *,
-        header: Global___PushHeader | None = ...,
-        attachment: _builtins.int = ...,
-        grads: _abc.Iterable[_tensor_pb2.TensorChunk] | None = ...,
-        pull_only: _builtins.bool = ...,
+        header: global___PushHeader | None = ...,
+        attachment: builtins.int = ...,
+        grads: collections.abc.Iterable[asyncps.pb.tensor_pb2.TensorChunk] | None = ...,
+        pull_only: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment", "grads", b"grads", "header", b"header", "pull_only", b"pull_only"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["header", b"header"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["attachment", b"attachment", "grads", b"grads", "header", b"header", "pull_only", b"pull_only"]) -> None: ...
 
-Global___ShmPushPullRequest: _TypeAlias = ShmPushPullRequest  # noqa: Y015
+global___ShmPushPullRequest = ShmPushPullRequest

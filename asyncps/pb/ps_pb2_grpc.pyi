@@ -3,206 +3,286 @@
 isort:skip_file
 The parameter-server shard service."""
 
-from asyncps.pb import ps_pb2 as _ps_pb2
-from collections import abc as _abc
-from grpc import aio as _aio
-import abc as _abc_1
-import grpc as _grpc
-import sys
-import typing as _typing
+import abc
+import asyncps.pb.ps_pb2
+import collections.abc
+import grpc
+import grpc.aio
+import typing
 
-if sys.version_info >= (3, 11):
-    from typing import Self as _Self
-else:
-    from typing_extensions import Self as _Self
+_T = typing.TypeVar("_T")
 
-_T = _typing.TypeVar("_T")
+class _MaybeAsyncIterator(collections.abc.AsyncIterator[_T], collections.abc.Iterator[_T], metaclass=abc.ABCMeta): ...
 
-class _MaybeAsyncIterator(_abc.AsyncIterator[_T], _abc.Iterator[_T], metaclass=_abc_1.ABCMeta): ...
-
-class _ServicerContext(_grpc.ServicerContext, _aio.ServicerContext):  # type: ignore[misc, type-arg]
+class _ServicerContext(grpc.ServicerContext, grpc.aio.ServicerContext):  # type: ignore[misc, type-arg]
     ...
 
-GRPC_GENERATED_VERSION: str
-GRPC_VERSION: str
-
 class ParameterServerStub:
-    @_typing.overload
-    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
-    @_typing.overload
-    def __new__(cls, channel: _aio.Channel) -> ParameterServerAsyncStub: ...
-    Initialize: _grpc.StreamUnaryMultiCallable[_ps_pb2.InitializeChunk, _ps_pb2.InitializeResponse]
+    def __init__(self, channel: typing.Union[grpc.Channel, grpc.aio.Channel]) -> None: ...
+    Initialize: grpc.StreamUnaryMultiCallable[
+        asyncps.pb.ps_pb2.InitializeChunk,
+        asyncps.pb.ps_pb2.InitializeResponse,
+    ]
     """Creates the shard's variables and its update rule. Idempotent: the first initializer wins,
     an identical re-initialization is accepted, a conflicting one is ALREADY_EXISTS.
     """
-    Pull: _grpc.UnaryStreamMultiCallable[_ps_pb2.PullRequest, _ps_pb2.PullChunk]
+
+    Pull: grpc.UnaryStreamMultiCallable[
+        asyncps.pb.ps_pb2.PullRequest,
+        asyncps.pb.ps_pb2.PullChunk,
+    ]
     """Streams the shard's values and version (or only the header when not newer than asked)."""
-    Push: _grpc.StreamUnaryMultiCallable[_ps_pb2.PushChunk, _ps_pb2.PushResult]
+
+    Push: grpc.StreamUnaryMultiCallable[
+        asyncps.pb.ps_pb2.PushChunk,
+        asyncps.pb.ps_pb2.PushResult,
+    ]
     """Streams one gradient computed from base_version; answers accepted/dropped and staleness."""
-    PushPull: _grpc.StreamStreamMultiCallable[_ps_pb2.PushChunk, _ps_pb2.PullChunk]
+
+    PushPull: grpc.StreamStreamMultiCallable[
+        asyncps.pb.ps_pb2.PushChunk,
+        asyncps.pb.ps_pb2.PullChunk,
+    ]
     """Push then pull in one round trip: the header of the reply carries the push result."""
-    GetStats: _grpc.UnaryUnaryMultiCallable[_ps_pb2.StatsRequest, _ps_pb2.ShardStats]
+
+    GetStats: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.StatsRequest,
+        asyncps.pb.ps_pb2.ShardStats,
+    ]
     """Counters and variable metadata, no values."""
-    SetLiveWorkers: _grpc.UnaryUnaryMultiCallable[_ps_pb2.LiveWorkersRequest, _ps_pb2.LiveWorkersResponse]
+
+    SetLiveWorkers: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.LiveWorkersRequest,
+        asyncps.pb.ps_pb2.LiveWorkersResponse,
+    ]
     """The chief's current set of live workers: a sync quorum shrinks/grows, SSP stops waiting for the dead."""
-    Pause: _grpc.UnaryUnaryMultiCallable[_ps_pb2.PauseRequest, _ps_pb2.PauseResponse]
+
+    Pause: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.PauseRequest,
+        asyncps.pb.ps_pb2.PauseResponse,
+    ]
     """Holds (or releases) pushes so a checkpoint across shards is one cut; auto-releases after max_hold_s."""
-    Snapshot: _grpc.UnaryStreamMultiCallable[_ps_pb2.SnapshotRequest, _ps_pb2.SnapshotChunk]
+
+    Snapshot: grpc.UnaryStreamMultiCallable[
+        asyncps.pb.ps_pb2.SnapshotRequest,
+        asyncps.pb.ps_pb2.SnapshotChunk,
+    ]
     """Streams every value and optimizer slot with the shard's version and counters (checkpoints)."""
-    Restore: _grpc.StreamUnaryMultiCallable[_ps_pb2.SnapshotChunk, _ps_pb2.InitializeResponse]
+
+    Restore: grpc.StreamUnaryMultiCallable[
+        asyncps.pb.ps_pb2.SnapshotChunk,
+        asyncps.pb.ps_pb2.InitializeResponse,
+    ]
     """Replaces the shard's whole state with a checkpoint's part (recovery, resume, resharding)."""
-    Shutdown: _grpc.UnaryUnaryMultiCallable[_ps_pb2.ShutdownRequest, _ps_pb2.ShutdownResponse]
+
+    Shutdown: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.ShutdownRequest,
+        asyncps.pb.ps_pb2.ShutdownResponse,
+    ]
     """Asks the shard process to exit cleanly (sent by the chief when training is done)."""
-    AttachShm: _grpc.UnaryUnaryMultiCallable[_ps_pb2.AttachShmRequest, _ps_pb2.AttachShmResponse]
+
+    AttachShm: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.AttachShmRequest,
+        asyncps.pb.ps_pb2.AttachShmResponse,
+    ]
     """Same-host data path: the shard maps a worker's shared-memory segment (proving it sees the
     same /dev/shm by a token the worker wrote into it) and learns where its values go in it.
     FAILED_PRECONDITION when the segment is not visible here (another host): use the frames.
     """
-    ShmPushPull: _grpc.UnaryUnaryMultiCallable[_ps_pb2.ShmPushPullRequest, _ps_pb2.PullHeader]
+
+    ShmPushPull: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.ShmPushPullRequest,
+        asyncps.pb.ps_pb2.PullHeader,
+    ]
     """PushPull (or Pull, or Push with pull_if_newer_than past the version) over an attached
     segment: the gradients are read from the segment, the values written into it; only this
     small message and the reply header travel over gRPC.
     """
 
-@_typing.type_check_only
-class ParameterServerAsyncStub(ParameterServerStub):
-    def __init__(self, channel: _aio.Channel) -> None: ...
-    Initialize: _aio.StreamUnaryMultiCallable[_ps_pb2.InitializeChunk, _ps_pb2.InitializeResponse]  # type: ignore[assignment]
+class ParameterServerAsyncStub:
+    Initialize: grpc.aio.StreamUnaryMultiCallable[
+        asyncps.pb.ps_pb2.InitializeChunk,
+        asyncps.pb.ps_pb2.InitializeResponse,
+    ]
     """Creates the shard's variables and its update rule. Idempotent: the first initializer wins,
     an identical re-initialization is accepted, a conflicting one is ALREADY_EXISTS.
     """
-    Pull: _aio.UnaryStreamMultiCallable[_ps_pb2.PullRequest, _ps_pb2.PullChunk]  # type: ignore[assignment]
+
+    Pull: grpc.aio.UnaryStreamMultiCallable[
+        asyncps.pb.ps_pb2.PullRequest,
+        asyncps.pb.ps_pb2.PullChunk,
+    ]
     """Streams the shard's values and version (or only the header when not newer than asked)."""
-    Push: _aio.StreamUnaryMultiCallable[_ps_pb2.PushChunk, _ps_pb2.PushResult]  # type: ignore[assignment]
+
+    Push: grpc.aio.StreamUnaryMultiCallable[
+        asyncps.pb.ps_pb2.PushChunk,
+        asyncps.pb.ps_pb2.PushResult,
+    ]
     """Streams one gradient computed from base_version; answers accepted/dropped and staleness."""
-    PushPull: _aio.StreamStreamMultiCallable[_ps_pb2.PushChunk, _ps_pb2.PullChunk]  # type: ignore[assignment]
+
+    PushPull: grpc.aio.StreamStreamMultiCallable[
+        asyncps.pb.ps_pb2.PushChunk,
+        asyncps.pb.ps_pb2.PullChunk,
+    ]
     """Push then pull in one round trip: the header of the reply carries the push result."""
-    GetStats: _aio.UnaryUnaryMultiCallable[_ps_pb2.StatsRequest, _ps_pb2.ShardStats]  # type: ignore[assignment]
+
+    GetStats: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.StatsRequest,
+        asyncps.pb.ps_pb2.ShardStats,
+    ]
     """Counters and variable metadata, no values."""
-    SetLiveWorkers: _aio.UnaryUnaryMultiCallable[_ps_pb2.LiveWorkersRequest, _ps_pb2.LiveWorkersResponse]  # type: ignore[assignment]
+
+    SetLiveWorkers: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.LiveWorkersRequest,
+        asyncps.pb.ps_pb2.LiveWorkersResponse,
+    ]
     """The chief's current set of live workers: a sync quorum shrinks/grows, SSP stops waiting for the dead."""
-    Pause: _aio.UnaryUnaryMultiCallable[_ps_pb2.PauseRequest, _ps_pb2.PauseResponse]  # type: ignore[assignment]
+
+    Pause: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.PauseRequest,
+        asyncps.pb.ps_pb2.PauseResponse,
+    ]
     """Holds (or releases) pushes so a checkpoint across shards is one cut; auto-releases after max_hold_s."""
-    Snapshot: _aio.UnaryStreamMultiCallable[_ps_pb2.SnapshotRequest, _ps_pb2.SnapshotChunk]  # type: ignore[assignment]
+
+    Snapshot: grpc.aio.UnaryStreamMultiCallable[
+        asyncps.pb.ps_pb2.SnapshotRequest,
+        asyncps.pb.ps_pb2.SnapshotChunk,
+    ]
     """Streams every value and optimizer slot with the shard's version and counters (checkpoints)."""
-    Restore: _aio.StreamUnaryMultiCallable[_ps_pb2.SnapshotChunk, _ps_pb2.InitializeResponse]  # type: ignore[assignment]
+
+    Restore: grpc.aio.StreamUnaryMultiCallable[
+        asyncps.pb.ps_pb2.SnapshotChunk,
+        asyncps.pb.ps_pb2.InitializeResponse,
+    ]
     """Replaces the shard's whole state with a checkpoint's part (recovery, resume, resharding)."""
-    Shutdown: _aio.UnaryUnaryMultiCallable[_ps_pb2.ShutdownRequest, _ps_pb2.ShutdownResponse]  # type: ignore[assignment]
+
+    Shutdown: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.ShutdownRequest,
+        asyncps.pb.ps_pb2.ShutdownResponse,
+    ]
     """Asks the shard process to exit cleanly (sent by the chief when training is done)."""
-    AttachShm: _aio.UnaryUnaryMultiCallable[_ps_pb2.AttachShmRequest, _ps_pb2.AttachShmResponse]  # type: ignore[assignment]
+
+    AttachShm: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.AttachShmRequest,
+        asyncps.pb.ps_pb2.AttachShmResponse,
+    ]
     """Same-host data path: the shard maps a worker's shared-memory segment (proving it sees the
     same /dev/shm by a token the worker wrote into it) and learns where its values go in it.
     FAILED_PRECONDITION when the segment is not visible here (another host): use the frames.
     """
-    ShmPushPull: _aio.UnaryUnaryMultiCallable[_ps_pb2.ShmPushPullRequest, _ps_pb2.PullHeader]  # type: ignore[assignment]
+
+    ShmPushPull: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.ShmPushPullRequest,
+        asyncps.pb.ps_pb2.PullHeader,
+    ]
     """PushPull (or Pull, or Push with pull_if_newer_than past the version) over an attached
     segment: the gradients are read from the segment, the values written into it; only this
     small message and the reply header travel over gRPC.
     """
 
-class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
-    @_abc_1.abstractmethod
+class ParameterServerServicer(metaclass=abc.ABCMeta):
+    @abc.abstractmethod
     def Initialize(
         self,
-        request_iterator: _MaybeAsyncIterator[_ps_pb2.InitializeChunk],
+        request_iterator: _MaybeAsyncIterator[asyncps.pb.ps_pb2.InitializeChunk],
         context: _ServicerContext,
-    ) -> _typing.Union[_ps_pb2.InitializeResponse, _abc.Awaitable[_ps_pb2.InitializeResponse]]:
+    ) -> typing.Union[asyncps.pb.ps_pb2.InitializeResponse, collections.abc.Awaitable[asyncps.pb.ps_pb2.InitializeResponse]]:
         """Creates the shard's variables and its update rule. Idempotent: the first initializer wins,
         an identical re-initialization is accepted, a conflicting one is ALREADY_EXISTS.
         """
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def Pull(
         self,
-        request: _ps_pb2.PullRequest,
+        request: asyncps.pb.ps_pb2.PullRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_ps_pb2.PullChunk], _abc.AsyncIterator[_ps_pb2.PullChunk]]:
+    ) -> typing.Union[collections.abc.Iterator[asyncps.pb.ps_pb2.PullChunk], collections.abc.AsyncIterator[asyncps.pb.ps_pb2.PullChunk]]:
         """Streams the shard's values and version (or only the header when not newer than asked)."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def Push(
         self,
-        request_iterator: _MaybeAsyncIterator[_ps_pb2.PushChunk],
+        request_iterator: _MaybeAsyncIterator[asyncps.pb.ps_pb2.PushChunk],
         context: _ServicerContext,
-    ) -> _typing.Union[_ps_pb2.PushResult, _abc.Awaitable[_ps_pb2.PushResult]]:
+    ) -> typing.Union[asyncps.pb.ps_pb2.PushResult, collections.abc.Awaitable[asyncps.pb.ps_pb2.PushResult]]:
         """Streams one gradient computed from base_version; answers accepted/dropped and staleness."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def PushPull(
         self,
-        request_iterator: _MaybeAsyncIterator[_ps_pb2.PushChunk],
+        request_iterator: _MaybeAsyncIterator[asyncps.pb.ps_pb2.PushChunk],
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_ps_pb2.PullChunk], _abc.AsyncIterator[_ps_pb2.PullChunk]]:
+    ) -> typing.Union[collections.abc.Iterator[asyncps.pb.ps_pb2.PullChunk], collections.abc.AsyncIterator[asyncps.pb.ps_pb2.PullChunk]]:
         """Push then pull in one round trip: the header of the reply carries the push result."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def GetStats(
         self,
-        request: _ps_pb2.StatsRequest,
+        request: asyncps.pb.ps_pb2.StatsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_ps_pb2.ShardStats, _abc.Awaitable[_ps_pb2.ShardStats]]:
+    ) -> typing.Union[asyncps.pb.ps_pb2.ShardStats, collections.abc.Awaitable[asyncps.pb.ps_pb2.ShardStats]]:
         """Counters and variable metadata, no values."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def SetLiveWorkers(
         self,
-        request: _ps_pb2.LiveWorkersRequest,
+        request: asyncps.pb.ps_pb2.LiveWorkersRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_ps_pb2.LiveWorkersResponse, _abc.Awaitable[_ps_pb2.LiveWorkersResponse]]:
+    ) -> typing.Union[asyncps.pb.ps_pb2.LiveWorkersResponse, collections.abc.Awaitable[asyncps.pb.ps_pb2.LiveWorkersResponse]]:
         """The chief's current set of live workers: a sync quorum shrinks/grows, SSP stops waiting for the dead."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def Pause(
         self,
-        request: _ps_pb2.PauseRequest,
+        request: asyncps.pb.ps_pb2.PauseRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_ps_pb2.PauseResponse, _abc.Awaitable[_ps_pb2.PauseResponse]]:
+    ) -> typing.Union[asyncps.pb.ps_pb2.PauseResponse, collections.abc.Awaitable[asyncps.pb.ps_pb2.PauseResponse]]:
         """Holds (or releases) pushes so a checkpoint across shards is one cut; auto-releases after max_hold_s."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def Snapshot(
         self,
-        request: _ps_pb2.SnapshotRequest,
+        request: asyncps.pb.ps_pb2.SnapshotRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_ps_pb2.SnapshotChunk], _abc.AsyncIterator[_ps_pb2.SnapshotChunk]]:
+    ) -> typing.Union[collections.abc.Iterator[asyncps.pb.ps_pb2.SnapshotChunk], collections.abc.AsyncIterator[asyncps.pb.ps_pb2.SnapshotChunk]]:
         """Streams every value and optimizer slot with the shard's version and counters (checkpoints)."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def Restore(
         self,
-        request_iterator: _MaybeAsyncIterator[_ps_pb2.SnapshotChunk],
+        request_iterator: _MaybeAsyncIterator[asyncps.pb.ps_pb2.SnapshotChunk],
         context: _ServicerContext,
-    ) -> _typing.Union[_ps_pb2.InitializeResponse, _abc.Awaitable[_ps_pb2.InitializeResponse]]:
+    ) -> typing.Union[asyncps.pb.ps_pb2.InitializeResponse, collections.abc.Awaitable[asyncps.pb.ps_pb2.InitializeResponse]]:
         """Replaces the shard's whole state with a checkpoint's part (recovery, resume, resharding)."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def Shutdown(
         self,
-        request: _ps_pb2.ShutdownRequest,
+        request: asyncps.pb.ps_pb2.ShutdownRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_ps_pb2.ShutdownResponse, _abc.Awaitable[_ps_pb2.ShutdownResponse]]:
+    ) -> typing.Union[asyncps.pb.ps_pb2.ShutdownResponse, collections.abc.Awaitable[asyncps.pb.ps_pb2.ShutdownResponse]]:
         """Asks the shard process to exit cleanly (sent by the chief when training is done)."""
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def AttachShm(
         self,
-        request: _ps_pb2.AttachShmRequest,
+        request: asyncps.pb.ps_pb2.AttachShmRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_ps_pb2.AttachShmResponse, _abc.Awaitable[_ps_pb2.AttachShmResponse]]:
+    ) -> typing.Union[asyncps.pb.ps_pb2.AttachShmResponse, collections.abc.Awaitable[asyncps.pb.ps_pb2.AttachShmResponse]]:
         """Same-host data path: the shard maps a worker's shared-memory segment (proving it sees the
         same /dev/shm by a token the worker wrote into it) and learns where its values go in it.
         FAILED_PRECONDITION when the segment is not visible here (another host): use the frames.
         """
 
-    @_abc_1.abstractmethod
+    @abc.abstractmethod
     def ShmPushPull(
         self,
-        request: _ps_pb2.ShmPushPullRequest,
+        request: asyncps.pb.ps_pb2.ShmPushPullRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_ps_pb2.PullHeader, _abc.Awaitable[_ps_pb2.PullHeader]]:
+    ) -> typing.Union[asyncps.pb.ps_pb2.PullHeader, collections.abc.Awaitable[asyncps.pb.ps_pb2.PullHeader]]:
         """PushPull (or Pull, or Push with pull_if_newer_than past the version) over an attached
         segment: the gradients are read from the segment, the values written into it; only this
         small message and the reply header travel over gRPC.
         """
 
-def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

@@ -3,28 +3,28 @@
 isort:skip_file
 Tensors on the wire: {dtype, shape, raw little-endian bytes}. Never pickle, never repeated float."""
 
-from collections import abc as _abc
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
-import builtins as _builtins
+import builtins
+import collections.abc
+import google.protobuf.descriptor
+import google.protobuf.internal.containers
+import google.protobuf.internal.enum_type_wrapper
+import google.protobuf.message
 import sys
-import typing as _typing
+import typing
 
-if sys.version_info >= (3, 11):
-    from typing import TypeAlias as _TypeAlias, Never as _Never
+if sys.version_info >= (3, 10):
+    import typing as typing_extensions
 else:
-    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+    import typing_extensions
 
-DESCRIPTOR: _descriptor.FileDescriptor
+DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
 class _DType:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
 
-class _DTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DType.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
+class _DTypeEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_DType.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
     DTYPE_UNSPECIFIED: _DType.ValueType  # 0
     FLOAT32: _DType.ValueType  # 1
     FLOAT64: _DType.ValueType  # 2
@@ -40,14 +40,14 @@ FLOAT64: DType.ValueType  # 2
 FLOAT16: DType.ValueType  # 3
 INT32: DType.ValueType  # 4
 INT64: DType.ValueType  # 5
-Global___DType: _TypeAlias = DType  # noqa: Y015
+global___DType = DType
 
 class _TensorRole:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
 
-class _TensorRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TensorRole.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
+class _TensorRoleEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_TensorRole.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
     DENSE: _TensorRole.ValueType  # 0
     SPARSE_INDICES: _TensorRole.ValueType  # 1
     """int64 [k]: rows of the variable that the values update"""
@@ -62,80 +62,72 @@ SPARSE_INDICES: TensorRole.ValueType  # 1
 """int64 [k]: rows of the variable that the values update"""
 SPARSE_VALUES: TensorRole.ValueType  # 2
 """[k, ...]: one row of values per index"""
-Global___TensorRole: _TypeAlias = TensorRole  # noqa: Y015
+global___TensorRole = TensorRole
 
-@_typing.final
-class Tensor(_message.Message):
+@typing.final
+class Tensor(google.protobuf.message.Message):
     """A whole tensor in one message (small control-plane payloads only)."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    DTYPE_FIELD_NUMBER: _builtins.int
-    SHAPE_FIELD_NUMBER: _builtins.int
-    DATA_FIELD_NUMBER: _builtins.int
-    dtype: Global___DType.ValueType
-    data: _builtins.bytes
-    @_builtins.property
-    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    DTYPE_FIELD_NUMBER: builtins.int
+    SHAPE_FIELD_NUMBER: builtins.int
+    DATA_FIELD_NUMBER: builtins.int
+    dtype: global___DType.ValueType
+    data: builtins.bytes
+    @property
+    def shape(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]: ...
     def __init__(
         self,
         *,
-        dtype: Global___DType.ValueType = ...,
-        shape: _abc.Iterable[_builtins.int] | None = ...,
-        data: _builtins.bytes = ...,
+        dtype: global___DType.ValueType = ...,
+        shape: collections.abc.Iterable[builtins.int] | None = ...,
+        data: builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dtype", b"dtype", "shape", b"shape"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["data", b"data", "dtype", b"dtype", "shape", b"shape"]) -> None: ...
 
-Global___Tensor: _TypeAlias = Tensor  # noqa: Y015
+global___Tensor = Tensor
 
-@_typing.final
-class TensorChunk(_message.Message):
+@typing.final
+class TensorChunk(google.protobuf.message.Message):
     """A contiguous byte range of one named tensor. Large tensors travel as several chunks
     (1 MiB by default) so no message nears gRPC's size limit and streaming stays fast.
     Every chunk repeats name, role, dtype and shape so the receiver can assemble statelessly.
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    NAME_FIELD_NUMBER: _builtins.int
-    ROLE_FIELD_NUMBER: _builtins.int
-    DTYPE_FIELD_NUMBER: _builtins.int
-    SHAPE_FIELD_NUMBER: _builtins.int
-    OFFSET_FIELD_NUMBER: _builtins.int
-    DATA_FIELD_NUMBER: _builtins.int
-    NBYTES_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
-    role: Global___TensorRole.ValueType
-    dtype: Global___DType.ValueType
-    offset: _builtins.int
+    NAME_FIELD_NUMBER: builtins.int
+    ROLE_FIELD_NUMBER: builtins.int
+    DTYPE_FIELD_NUMBER: builtins.int
+    SHAPE_FIELD_NUMBER: builtins.int
+    OFFSET_FIELD_NUMBER: builtins.int
+    DATA_FIELD_NUMBER: builtins.int
+    NBYTES_FIELD_NUMBER: builtins.int
+    name: builtins.str
+    role: global___TensorRole.ValueType
+    dtype: global___DType.ValueType
+    offset: builtins.int
     """byte offset of data inside the tensor"""
-    data: _builtins.bytes
+    data: builtins.bytes
     """the bytes, in messages that carry them (control plane, Tensor-like use)"""
-    nbytes: _builtins.int
+    nbytes: builtins.int
     """Raw frames (asyncps/frames.py): the bytes follow the message instead, nbytes of them,
     starting at the next multiple of 8 bytes from the start of the frame; data stays empty.
     """
-    @_builtins.property
-    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @property
+    def shape(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]: ...
     def __init__(
         self,
         *,
-        name: _builtins.str = ...,
-        role: Global___TensorRole.ValueType = ...,
-        dtype: Global___DType.ValueType = ...,
-        shape: _abc.Iterable[_builtins.int] | None = ...,
-        offset: _builtins.int = ...,
-        data: _builtins.bytes = ...,
-        nbytes: _builtins.int = ...,
+        name: builtins.str = ...,
+        role: global___TensorRole.ValueType = ...,
+        dtype: global___DType.ValueType = ...,
+        shape: collections.abc.Iterable[builtins.int] | None = ...,
+        offset: builtins.int = ...,
+        data: builtins.bytes = ...,
+        nbytes: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dtype", b"dtype", "name", b"name", "nbytes", b"nbytes", "offset", b"offset", "role", b"role", "shape", b"shape"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["data", b"data", "dtype", b"dtype", "name", b"name", "nbytes", b"nbytes", "offset", b"offset", "role", b"role", "shape", b"shape"]) -> None: ...
 
-Global___TensorChunk: _TypeAlias = TensorChunk  # noqa: Y015
+global___TensorChunk = TensorChunk
