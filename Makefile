@@ -16,6 +16,9 @@ BENCH_ARGS ?=
 # TensorFlow build: cpu (tensorflow-cpu, the default here) or tf (tensorflow); or empty to keep your own
 TF_EXTRA ?= cpu
 comma := ,
+# setuptools tells every editable install of a flat layout to mind same-named folders (ten lines
+# that newer pip shows even with --quiet); the layout is deliberate (README: Architecture)
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test test-e2e test-floors layers lint typecheck proto proto-check bench clean
 
@@ -24,11 +27,11 @@ $(VENV)/bin/python:
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install --quiet -e '.$(if $(TF_EXTRA),[$(TF_EXTRA)])'
+	$(QUIET_EDITABLE) $(PY) -m pip install --quiet -e '.$(if $(TF_EXTRA),[$(TF_EXTRA)])'
 	touch $@
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install --quiet -e '.[dev$(if $(TF_EXTRA),$(comma)$(TF_EXTRA))]'
+	$(QUIET_EDITABLE) $(PY) -m pip install --quiet -e '.[dev$(if $(TF_EXTRA),$(comma)$(TF_EXTRA))]'
 	touch $@ $(VENV)/.installed
 
 ## demo: train the default local cluster (2 shards, 2 workers, mlp on digits) with live progress
@@ -45,7 +48,7 @@ $(FLOORS_VENV)/.installed: pyproject.toml scripts/floors.py
 	$(PYTHON) -m venv $(FLOORS_VENV)
 	$(FLOORS_VENV)/bin/python -m pip install --quiet $$($(PYTHON) scripts/floors.py) \
 		pyyaml pytest pytest-timeout hypothesis
-	$(FLOORS_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(QUIET_EDITABLE) $(FLOORS_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
 
 ## test-floors: numpy, grpcio, grpcio-health-checking and protobuf at pyproject.toml's floors; the shard's tests
