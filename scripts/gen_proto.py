@@ -27,7 +27,11 @@ def generate(out_root: Path) -> list[Path]:
         f"--mypy_out={out_root}", f"--mypy_grpc_out={out_root}",
         *[str(p) for p in protos],
     ]
-    subprocess.run(cmd, check=True)
+    # mypy-protobuf says "Writing mypy to ..." for every stub: shown only when protoc fails
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout + result.stderr)
+        raise SystemExit(f"protoc failed with exit status {result.returncode}")
     return sorted((out_root / "asyncps" / "pb").glob("*_pb2*"))
 
 
