@@ -83,7 +83,9 @@ def assemble_policy_state(placement: Placement, snaps: list[Snapshot]) -> dict[s
 
 
 def _part_of(array: Array, part: Part) -> Array:
-    return np.ascontiguousarray(array[part.rows()] if part.sliced else array)
+    """The part's rows (or the whole array), C-contiguous and in its own shape (numpy < 2 made 0-d 1-d)."""
+    piece = array[part.rows()] if part.sliced else array
+    return np.ascontiguousarray(piece).reshape(piece.shape)
 
 
 def split(placement: Placement, ckpt: Checkpoint, rule: UpdateRuleConfig) -> list[Snapshot]:

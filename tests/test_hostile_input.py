@@ -921,7 +921,8 @@ def draw_init(draw: st.DrawFn, values: dict[str, np.ndarray], version: int, defe
             flat = arrays[name].reshape(-1)
             flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
         elif defect == "other_values":
-            arrays[name] = arrays[name] + 1
+            # in the array's dtype: numpy < 2 made a 0-d float32 plus a Python int a float64
+            arrays[name] = arrays[name] + arrays[name].dtype.type(1)
             if version > 0:  # after an update values are not compared: an identical re-init
                 applied.append("(other_values, accepted after updates)")
                 continue
