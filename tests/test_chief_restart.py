@@ -122,6 +122,9 @@ def test_killed_chief_is_restarted_and_the_run_finishes_as_if_uninterrupted(tmp_
     assert rows == {i: s.accepted + s.dropped for i, s in enumerate(summary.shards)}, (rows, summary.shards)
     assert (run_dir / PUSHES_CSV).read_text().count("wall_time") == 1  # appended, never truncated
     assert summary.pushes_recorded == sum(rows.values())
+    print(f"chief SIGKILLed after 600 updates: accuracy {summary.final_eval.accuracy:.4f} against "
+          f"{baseline.final_eval.accuracy:.4f} uninterrupted; tasks {data['tasks_done']}/{data['tasks_planned']}; "
+          f"pushes.csv rows per shard {rows}")
     assert abs(summary.final_eval.accuracy - baseline.final_eval.accuracy) <= 0.01, (
         baseline.final_eval.accuracy, summary.final_eval.accuracy)
 
@@ -172,6 +175,8 @@ def test_killed_shard_with_default_settings_is_restored_from_the_automatic_check
     assert "ps-1 died; restarted it" in out
     chief_log = (run_dir / "logs" / "chief.log").read_text()
     assert "shard 1 at" in chief_log and "restored from ckpt-" in chief_log, chief_log[-3000:]
+    print("shard SIGKILLed with default settings:", *(line.strip() for line in chief_log.splitlines()
+                                                      if "restored from ckpt-" in line))
     assert "initial values" not in chief_log
 
 
@@ -200,6 +205,7 @@ def test_with_the_chief_gone_every_shard_and_worker_exits_within_the_chief_timeo
     codes = {c.name: c.proc.returncode for c in others}
     assert all(code not in (0, None) for code in codes.values()), codes
     # detection within the timeout (plus retry backoff and the watchdog's tick), then the process's own exit
+    print(f"chief SIGKILLed, --chief-timeout {timeout_s:.0f}s: the others exited after {took:.1f}s with {codes}")
     assert took <= timeout_s + 12, took
     for child in others:
         text = (run_dir / "logs" / f"{child.name}.log").read_text()
