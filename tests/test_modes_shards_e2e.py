@@ -47,9 +47,10 @@ def accepted_sets(run_dir: Path) -> dict[tuple[int, int], set[int]]:
     return sets
 
 
-def test_sync_with_a_backup_worker_averages_the_same_workers_on_every_shard(tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", ["0", "2"], ids=["a-process-each", "logical-workers"])
+def test_sync_with_a_backup_worker_averages_the_same_workers_on_every_shard(tmp_path: Path, processes: str) -> None:
     run_dir, s = run(tmp_path, "sync", "--mode", "sync:backup=1", "--workers", "4", "--stragglers", "0:4x",
-                     "--compute-delay", "uniform:0,0.03", "--max-updates", "60")
+                     "--compute-delay", "uniform:0,0.03", "--max-updates", "60", "--worker-processes", processes)
     sets = accepted_sets(run_dir)
     versions = sorted({v for _, v in sets})
     assert len(versions) >= 60

@@ -26,7 +26,7 @@ from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rpc import Unreachable
 from asyncps.tfutil import limit_threads, quiet_tensorflow
 from asyncps.worker.chieflink import ChiefLink
-from asyncps.worker.main import HeartbeatLoop, WorkerConfig
+from asyncps.worker.main import HeartbeatLoop, WorkerConfig, connect_worker
 from asyncps.worker.outbox import ReportOutbox
 from asyncps.worker.trainer import Telemetry
 
@@ -130,20 +130,14 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
 def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, run: RunConfig, data: Any,
              model: Any, grad_fn: Any, stop: threading.Event, go: threading.Event) -> None:
     """One logical worker's life: connect, warm up, pull, wait for the release, train."""
-    from asyncps.placement import VariableSpec, place
-    from asyncps.transport import connect_model
     from asyncps.worker.start import warm_up
     from asyncps.worker.trainer import TaskBatches, Trainer
 
     client = None
     try:
         names = [v.path for v in model.trainable_variables]
-        specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
-        placement = place(specs, len(w.reg.ps_addresses), run.slice_threshold_bytes)
-        member_id = w.link.member_id
         batches = TaskBatches(w.link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
-        client = connect_model(member_id, list(w.reg.ps_addresses), placement, run.rpc_deadline_s,
-                               run.chunk_bytes, config.security, transport=run.transport, worker_index=w.reg.index)
+        client = connect_worker(w.link.member_id, w.reg, model, run, config.security)
         delay = run.step_delay(w.reg.index)
         warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size)
         if run.start_barrier:  # the values at the release: every planned worker's first gradient reads them

@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -19,6 +20,9 @@ from asyncps.tfutil import limit_threads, quiet_tensorflow
 from asyncps.worker.chieflink import ChiefLink, ChiefLost
 from asyncps.worker.outbox import ReportOutbox
 from asyncps.worker.trainer import Telemetry
+
+if TYPE_CHECKING:
+    from asyncps.transport import ModelClient
 
 log = logging.getLogger("asyncps.worker")
 
@@ -109,6 +113,20 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
         coord.close()
 
 
+def connect_worker(member_id: str, reg: cpb.RegisterResponse, model: Any, run: RunConfig,
+                   security: SecurityConfig) -> ModelClient:
+    """A worker's client to every shard, as the run says: placement, transport, its index, and for a
+    sync run over several shards shard 0 deciding each step (every worker of a process or a logical one)."""
+    from asyncps.placement import VariableSpec, place
+    from asyncps.transport import connect_model
+
+    specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
+    placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
+    return connect_model(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
+                         security, transport=run.transport, worker_index=reg.index,
+                         coordinated=run.update_rule().consistency().coordinated)
+
+
 def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run: RunConfig,
            telemetry: Telemetry, stop: threading.Event, beats: HeartbeatLoop, steps_done: list[int],
            outbox: ReportOutbox) -> int:
@@ -116,20 +134,14 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     limit_threads(run.tf_threads)
 
     from asyncps.models import make_loss
-    from asyncps.placement import VariableSpec, place
     from asyncps.runmodel import build_run_model
-    from asyncps.transport import connect_model
     from asyncps.worker.start import wait_for_start, warm_up
     from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
 
     data, model = build_run_model(run)
     names = [v.path for v in model.trainable_variables]
-    specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
-    placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
     batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
-    client = connect_model(link.member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
-                           config.security, transport=run.transport, worker_index=reg.index)
-    client.coordinated = run.update_rule().consistency().coordinated  # sync: shard 0 decides each step
+    client = connect_worker(link.member_id, reg, model, run, config.security)
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
     grad_fn = make_grad_fn(model, make_loss(run.loss))

@@ -48,11 +48,13 @@ def connect_model(
     security: SecurityConfig | None = None,
     transport: str = "grpc",
     worker_index: int | None = None,
+    coordinated: bool = False,
 ) -> ModelClient:
     """A ModelClient over transports to every shard, in shard order (see connect_shard); a worker's
-    client sends its index with every push."""
+    client sends its index with every push, and a coordinated one (a sync run's worker) has shard 0
+    decide each step for every shard."""
     return ModelClient(member_id, [connect_shard(a, deadline_s, chunk_bytes, security, transport=transport)
-                                   for a in addresses], placement, worker_index)
+                                   for a in addresses], placement, worker_index, coordinated)
 
 
 __all__ = ["MODES", "GrpcShardTransport", "InitResult", "ModelClient", "ShardPush", "ShardTransport",

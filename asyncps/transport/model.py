@@ -40,7 +40,7 @@ class ModelClient:
     """
 
     def __init__(self, member_id: str, shards: Sequence[ShardTransport], placement: Placement,
-                 worker_index: int | None = None) -> None:
+                 worker_index: int | None = None, coordinated: bool = False) -> None:
         if len(shards) != placement.num_shards:
             raise ValueError(f"{len(shards)} shard transports for a placement over {placement.num_shards}")
         self.member_id = member_id
@@ -58,7 +58,7 @@ class ModelClient:
             self._views[part.shard][part.name] = full[part.rows()] if part.sliced else full
         self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="shard")
         # sync over several shards: shard 0 decides each step for all (asyncps.rules.modes.SyncFollower)
-        self.coordinated = False
+        self.coordinated = coordinated
 
     def _on_all(self, fn: Callable[[int], T]) -> list[T]:
         if len(self.shards) == 1:
