@@ -4,6 +4,7 @@ checked from what the run recorded, and no stall after a shard restore, a worker
 from __future__ import annotations
 
 import collections
+import datetime
 import json
 import os
 import signal
@@ -59,6 +60,13 @@ def test_sync_with_a_backup_worker_averages_the_same_workers_on_every_shard(tmp_
     # not vacuous: the quorum really changed hands, and late gradients were dropped on both shards
     assert len({frozenset(sets[(0, v)]) for v in versions}) > 1
     assert s["dropped_by_reason"].get("late", 0) >= 2 and s["shards"][0]["version"] == s["shards"][1]["version"]
+    # and the run stops on time: every worker says it finished within seconds of the chief's stop, not
+    # after a --read-wait (30 s) spent waiting for a quorum of workers that had already stopped
+    log = (run_dir / "logs" / "chief.log").read_text().splitlines()
+    stamp = lambda line: datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")  # noqa: E731
+    stopped = next(stamp(line) for line in log if "stopping: " in line)
+    finished = [stamp(line) for line in log if line.endswith(" finished")]
+    assert len(finished) == 4 and max(finished) - stopped < datetime.timedelta(seconds=10), (stopped, finished)
 
 
 SSP = ("--mode", "ssp:bound=1", "--workers", "3", "--stragglers", "0:40x", "--compute-delay", "const:0.01",

@@ -100,8 +100,15 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
     data, model = build_run_model(run)
     grad_fn = make_grad_fn(model, make_loss(run.loss))
     go = threading.Event()
-    threads = [threading.Thread(target=_run_one, name=f"logical-{w.reg.index}",
-                                args=(config, coord, w, run, data, model, grad_fn, stop, go), daemon=True)
+    def run_and_report(w: LogicalWorker) -> None:
+        # Each logical worker reports its end as soon as it stops, as a worker process does: a sync
+        # quorum waiting for it shrinks at once instead of when its process's last thread is done.
+        try:
+            _run_one(config, coord, w, run, data, model, grad_fn, stop, go)
+        finally:
+            _final_report(coord, w)
+
+    threads = [threading.Thread(target=run_and_report, args=(w,), name=f"logical-{w.reg.index}", daemon=True)
                for w in workers]
     for t in threads:
         t.start()
@@ -121,8 +128,6 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
         stop.set()
     for t in threads:
         t.join()
-    for w in workers:
-        _final_report(coord, w)
     log.info("logical workers done: %s steps", ", ".join(f"{w.reg.index}: {w.steps}" for w in workers))
     return max((w.code for w in workers), default=0)
 
