@@ -68,7 +68,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy
+	$(PY) scripts/typecheck.py
 
 $(PROTO_VENV)/.installed: scripts/proto-tools.txt
 	rm -rf $(PROTO_VENV)

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncps.codec import DEFAULT_CHUNK_BYTES
 from asyncps.delays import StepDelay
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
 from asyncps.rules import MODES, POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import MODE_ALIASES, fold_mode_aliases, mode_alias_values
+from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 
 ENV_PREFIX = "ASYNCPS_"
 DEFAULT_EPOCHS = 30.0

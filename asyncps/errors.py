@@ -1,4 +1,4 @@
-"""Domain errors. Each kind maps to one gRPC status code in asyncps.rpc; no grpc import here."""
+"""Domain errors. Each kind maps to one gRPC status code in asyncps.net.rpc; no grpc import here."""
 
 from __future__ import annotations
 

@@ -180,8 +180,8 @@ def shard_transfer(megabytes: int = 40, repeats: int = 5, via: Transport | None 
     The client is asyncps.transport.connect_shard's for `via`, as a worker's would be.
     """
     from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-    from asyncps.shard import PushRequest
     from asyncps.transport import connect_shard
+    from asyncps.wire.shard import PushRequest
 
     via = via or TRANSPORTS["grpc"]
     value = np.random.default_rng(0).standard_normal(megabytes * 1_000_000 // 4).astype(np.float32)

@@ -33,8 +33,8 @@ import numpy.typing as npt
 from asyncps.procenv import process_env
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rundir import wait_port_file
-from asyncps.shard import PushRequest
 from asyncps.transport import GrpcShardTransport
+from asyncps.wire.shard import PushRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 GRADIENT_RANGE = 2  # gradient entries are integers in [-2, 2]

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from asyncps.codec import Array
 from asyncps.placement import Part, Placement
 from asyncps.rules import UpdateRuleConfig
-from asyncps.shard import Snapshot
+from asyncps.wire.codec import Array
+from asyncps.wire.shard import Snapshot
 
 _NAME = re.compile(r"^ckpt-(\d{8})$")
 

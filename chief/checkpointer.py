@@ -24,14 +24,16 @@ from asyncps.chief.cut import CutLapsed, at_cut
 from asyncps.chief.membership import Membership
 from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
-from asyncps.codec import Array
-from asyncps.userfns import user_path_from_env
+
+from asyncps.ml.userfns import user_path_from_env
+from asyncps.wire.codec import Array
 
 if TYPE_CHECKING:
     from asyncps.chief.checkpoint import Checkpoint
+
     from asyncps.placement import Placement
-    from asyncps.shard import StoreStats
     from asyncps.transport import ModelClient
+    from asyncps.wire.shard import StoreStats
 
 log = logging.getLogger("asyncps.chief")
 
@@ -123,6 +125,7 @@ class Checkpointer:
     def _start_shard(self, shard: int, ckpt: Checkpoint | None) -> None:
         """Initialize a shard from the initial values, or restore it from a checkpoint."""
         from asyncps.chief.checkpoint import split
+
         from asyncps.placement import split_for_shards
 
         client = self._client.shards[shard]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asyncps.config import RunConfig
-from asyncps.security import SecurityConfig
+from asyncps.net.security import SecurityConfig
 
 
 @dataclass(frozen=True)

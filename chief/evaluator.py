@@ -8,14 +8,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from asyncps.chief.cut import CutLapsed, pull_at_cut
 from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.recorder import EvalLog
-from asyncps.codec import Array
+
+from asyncps.wire.codec import Array
 
 if TYPE_CHECKING:
-    from asyncps.datasets import Dataset
+    from asyncps.ml.datasets import Dataset
     from asyncps.transport import ModelClient
 
 log = logging.getLogger("asyncps.chief")
@@ -33,7 +33,7 @@ class Evaluator:
         self._batch = batch_size
         self._metric_names = list(metrics or {})
         metric_fns = list((metrics or {}).values())
-        #: The extra metrics (asyncps.models.make_metrics) of the last evaluate(), by name.
+        #: The extra metrics (asyncps.ml.models.make_metrics) of the last evaluate(), by name.
         self.last_metrics: dict[str, float] = {}
 
         @tf.function(reduce_retracing=True)  # type: ignore[untyped-decorator]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from asyncps.chief.tasks import TaskLedger
+
 from asyncps.rundir import atomic_write
 
 log = logging.getLogger("asyncps.chief")

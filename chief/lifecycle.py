@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.tasks import TaskLedger
+
+from asyncps.net.rpc import create_server, serve_health
 from asyncps.pb import coordinator_pb2_grpc
-from asyncps.rpc import create_server, serve_health
 from asyncps.rundir import INTERRUPTED, RunConfigRecord, write_port_file
 
 if TYPE_CHECKING:

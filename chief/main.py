@@ -39,14 +39,15 @@ from asyncps.chief.reportlog import REPORT_LOG, ReportLog
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.startgate import StartGate
 from asyncps.chief.tasks import TaskLedger
-from asyncps.codec import Array
+
+from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
+from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
-from asyncps.rpc import Unreachable
 from asyncps.rundir import RunManifest, StalenessSummary, write_port_file
-from asyncps.tfutil import limit_threads, quiet_tensorflow
+from asyncps.wire.codec import Array
 
 if TYPE_CHECKING:
-    from asyncps.datasets import Dataset
+    from asyncps.ml.datasets import Dataset
     from asyncps.placement import Placement
     from asyncps.transport import ModelClient
 
@@ -72,9 +73,9 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     run = config.run
     quiet_tensorflow()
     limit_threads(run.tf_threads)
-    from asyncps.models import make_loss, make_metrics
+    from asyncps.ml.models import make_loss, make_metrics
+    from asyncps.ml.runmodel import build_run_model
     from asyncps.placement import VariableSpec, place
-    from asyncps.runmodel import build_run_model
     from asyncps.transport import connect_model
 
     data, model = build_run_model(run)

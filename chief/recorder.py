@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from asyncps.chief.progress import Progress
 from asyncps.chief.steady import SteadyStaleness
 from asyncps.chief.tasks import TaskLedger
+
 from asyncps.config import RunConfig
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rundir import (
@@ -31,11 +32,12 @@ from asyncps.rundir import (
     iter_rows,
 )
 from asyncps.rundir.clocklead import push_clock_lead
-from asyncps.wire import drop_from_wire
+from asyncps.wire.proto import drop_from_wire
 
 if TYPE_CHECKING:
     from asyncps.chief.evaluator import Evaluator
-    from asyncps.datasets import Dataset
+
+    from asyncps.ml.datasets import Dataset
 
 _OUTCOMES = ("applied", "dropped", "partially_applied", "not_pushed")
 

@@ -6,15 +6,15 @@ import logging
 from collections.abc import Callable, Sequence
 
 import grpc
-
 from asyncps.chief.membership import Membership
 from asyncps.chief.recorder import Recorder
 from asyncps.chief.reportlog import ReportLog
 from asyncps.chief.startgate import StartGate
 from asyncps.chief.tasks import TaskLedger
+
+from asyncps.net.rpc import handles_errors
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
-from asyncps.rpc import handles_errors
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,6 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from asyncps.codec import DEFAULT_CHUNK_BYTES
 from asyncps.ps.service import DEFAULT_MAX_WAITERS
 from asyncps.ps.servicer import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -17,10 +16,12 @@ from asyncps.ps.servicer import (
 )
 from asyncps.ps.store import ShardStore
 from asyncps.ps.watchdog import ChiefWatch
-from asyncps.rpc import create_server, serve_health
+
+from asyncps.net.rpc import create_server, serve_health
+from asyncps.net.security import SecurityConfig
+from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S, StreamLimits
 from asyncps.rundir import write_port_file
-from asyncps.security import SecurityConfig
-from asyncps.streamguard import DEFAULT_IDLE_TIMEOUT_S, StreamLimits
+from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 
 log = logging.getLogger("asyncps.ps")
 
@@ -42,7 +43,7 @@ class PsConfig:
     chief_timeout_s: float = 120.0  # exit (non-zero) after this long without a call from the chief; 0: never
     handler_threads: int = SHARD_HANDLER_THREADS
     stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
-    max_streams_per_peer: int = 0  # 0: asyncps.streamguard's default for the thread count
+    max_streams_per_peer: int = 0  # 0: asyncps.net.streamguard's default for the thread count
 
     @property
     def stream_limits(self) -> StreamLimits:

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from asyncps.codec import Array
 from asyncps.errors import InvalidArgumentError
 from asyncps.rules.policies import StalenessPolicy
+from asyncps.wire.codec import Array
 
 # In a snapshot, beside each state array KEY: KEY + ROWS_SUFFIX, int32 [rows], 1 where a row has it.
 ROWS_SUFFIX = "@rows"

@@ -11,12 +11,13 @@ import dataclasses
 import threading
 from collections.abc import Iterator, Mapping
 
-from asyncps.codec import Array
-from asyncps.errors import InvalidArgumentError
 from asyncps.ps.store import ShardStore
+
+from asyncps.errors import InvalidArgumentError
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.modes import Decisions, Held
-from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
+from asyncps.wire.codec import Array
+from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 
 # Blocking waits (sync steps, SSP gates, long polls) allowed at once; a server must have more
 # handler threads than this, so waiters can never starve other calls.

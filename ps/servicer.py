@@ -1,5 +1,5 @@
 """gRPC adapter for a shard: frames and protobuf <-> the service layer's domain calls, domain
-errors -> status codes. Tensor streams travel as raw frames (asyncps.frames); control calls are
+errors -> status codes. Tensor streams travel as raw frames (asyncps.wire.frames); control calls are
 plain protobuf."""
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ from typing import Any
 
 import grpc
 import numpy as np
-
-from asyncps.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
-from asyncps.errors import FailedPreconditionError, InvalidArgumentError
-from asyncps.frames import identity, read_frames
-from asyncps.pb import ps_pb2
 from asyncps.ps.service import DEFAULT_MAX_WAITERS, ShardService
 from asyncps.ps.shm import Attachments
 from asyncps.ps.store import ShardStore
-from asyncps.rpc import handles_errors
-from asyncps.shard import PushRequest, ShardValues
-from asyncps.wire import (
+
+from asyncps.errors import FailedPreconditionError, InvalidArgumentError
+from asyncps.net.rpc import handles_errors
+from asyncps.pb import ps_pb2
+from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
+from asyncps.wire.frames import identity, read_frames
+from asyncps.wire.proto import (
     SHARD_SERVICE,
     decisions_from_proto,
     decisions_to_proto,
@@ -39,6 +38,7 @@ from asyncps.wire import (
     stats_to_proto,
     value_frames,
 )
+from asyncps.wire.shard import PushRequest, ShardValues
 
 log = logging.getLogger(__name__)
 

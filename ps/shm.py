@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from asyncps import shmseg
-from asyncps.codec import Array, _checked_nbytes, dtype_from_proto
 from asyncps.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from asyncps.pb import tensor_pb2
+from asyncps.transport import shmseg
+from asyncps.wire.codec import Array, _checked_nbytes, dtype_from_proto
 
 DEFAULT_MAX_ATTACHMENTS = 256
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from asyncps.ps.policy_state import RowState
 
-from asyncps.codec import Array, Gradient, SparseRows, coalesce_rows
 from asyncps.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -28,12 +28,12 @@ from asyncps.errors import (
     NotFoundError,
     UnavailableError,
 )
-from asyncps.ps.policy_state import RowState
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.modes import Ballot, Consistency, Decisions, Held, Verdict
 from asyncps.rules.optimizers import Optimizer, make_optimizer
 from asyncps.rules.policies import PushContext, StalenessPolicy
-from asyncps.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
+from asyncps.wire.codec import Array, Gradient, SparseRows, coalesce_rows
+from asyncps.wire.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
 
 
 @dataclass

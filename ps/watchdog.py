@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from asyncps.wire import SHARD_SERVICE
+from asyncps.wire.proto import SHARD_SERVICE
 
 # The calls only a chief makes (GetStats is its poll, several times a second).
 CHIEF_METHODS = frozenset(f"/{SHARD_SERVICE}/{m}" for m in (

@@ -3,7 +3,8 @@
 - core: every module of `asyncps` outside the roles and the tools (wire contract, codec, rule
   types, placement, transport, rpc plumbing, cluster spec, configuration, security). It imports
   no role and no tool.
-- roles: `asyncps.ps`, `asyncps.worker`, `asyncps.chief` (the folders ps/, worker/, chief/). A
+- roles: `asyncps.ps`, `asyncps.worker`, `asyncps.chief` (the folders ps/, worker/, chief/, mapped by
+  pyproject's package-dir: scripts/pkglayout.py names every module as it is imported). A
   role imports the core and itself, never another role, never a tool.
 - tools: `asyncps.tools`, benchmarks/, scripts/ may import anything.
 
@@ -21,13 +22,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pkglayout import modules
+
 ROLES = ("asyncps.ps", "asyncps.worker", "asyncps.chief")
 TOOLS = ("asyncps.tools", "benchmarks", "scripts")
 BARE_ROLE_NAMES = ("ps", "worker", "chief")
-# Where each module name lives on disk (the role folders sit at the top of the repository).
-SOURCES = {"asyncps": "asyncps", "asyncps.ps": "ps", "asyncps.worker": "worker", "asyncps.chief": "chief",
-           "benchmarks": "benchmarks", "scripts": "scripts", "tests": "tests"}
-SKIP_DIRS = {"pb", "__pycache__"}
 
 
 @dataclass(frozen=True)
@@ -62,22 +62,6 @@ def floor_of(module: str) -> str:
     return "outside"
 
 
-def modules(root: Path) -> Iterator[tuple[str, Path]]:
-    """(module name, path) of every Python file the floors cover."""
-    for package, folder in SOURCES.items():
-        base = root / folder
-        if not base.is_dir():
-            continue
-        for path in sorted(base.rglob("*.py")):
-            rel = path.relative_to(base)
-            if SKIP_DIRS & set(rel.parts[:-1]) or (package == "asyncps" and rel.parts[0] in ("ps", "worker", "chief")):
-                continue  # generated code; the role folders are reached under their own names
-            parts = [package, *rel.with_suffix("").parts]
-            if parts[-1] == "__init__":
-                parts.pop()
-            yield ".".join(parts), path
-
-
 def imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
     """(line, imported module) of every import in the file, wherever it stands."""
     tree = ast.parse(path.read_text(), str(path))
@@ -106,7 +90,7 @@ KNOWN: frozenset[tuple[str, str]] = frozenset()
 def check(root: Path, known: frozenset[tuple[str, str]] = frozenset()) -> list[Violation]:
     """Every import in the tree that breaks the floors (but those in `known`)."""
     found: list[Violation] = []
-    for module, path in modules(root):
+    for module, path in modules(root, skip=frozenset({"asyncps.pb"})):
         importer = floor_of(module)
         rel = str(path.relative_to(root))
         for line, imported in imports(path, module):

@@ -160,7 +160,7 @@ def kill_worker_mid_run(cluster: LocalCluster, ready: Callable[[ClusterStatus], 
     import signal
     import time
 
-    from asyncps.coordclient import CoordinatorClient
+    from asyncps.transport.coordinator import CoordinatorClient
 
     cluster.start()
     coord = CoordinatorClient(cluster.chief_address, deadline_s=30)

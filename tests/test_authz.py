@@ -11,15 +11,15 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from google.protobuf.descriptor import MethodDescriptor
-
-from asyncps import rpc
-from asyncps.authz import CHIEF, METHOD_ROLES, WORKER, Authorizer, TokenRoles
-from asyncps.pb import coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
 from asyncps.ps.servicer import ParameterServerServicer, add_to_server
 from asyncps.ps.store import ShardStore
+from google.protobuf.descriptor import MethodDescriptor
+
+from asyncps.net import rpc
+from asyncps.net.authz import CHIEF, METHOD_ROLES, WORKER, Authorizer, TokenRoles
+from asyncps.net.security import SecurityConfig, secure_channel
+from asyncps.pb import coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.security import SecurityConfig, secure_channel
 from asyncps.tools.devcerts import DevCerts, generate_dev_certs
 from tests.conftest import REPO_ROOT, START_TIMEOUT_S, child_env
 from tests.test_security import METHODS, invoke, method_id

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from asyncps.members import index_of, new_member_id
 from asyncps.ps.store import ShardStore
+
+from asyncps.identity import index_of, new_member_id
+from asyncps.ml.userfns import add_user_path
 from asyncps.rules import POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.policies import PushContext
-from asyncps.userfns import add_user_path
 from tests.conftest import ShardLauncher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,7 +73,7 @@ def test_example_trains_through_the_cli(tmp_path: Path) -> None:
     assert exported.returncode == 0, exported.stdout + exported.stderr
     import keras
 
-    from asyncps.datasets import load_dataset
+    from asyncps.ml.datasets import load_dataset
 
     data = load_dataset(EXAMPLE["dataset"])
     model = keras.models.load_model(tmp_path / "export" / "model.keras")
@@ -146,8 +146,8 @@ def test_the_worker_index_pushed_with_a_gradient_reaches_the_plugin_in_a_real_sh
     import grpc
 
     from asyncps.placement import VariableSpec, place
-    from asyncps.shard import PushRequest
     from asyncps.transport import connect_model, connect_shard
+    from asyncps.wire.shard import PushRequest
 
     [shard] = shard_factory(1, args=("--user-path", str(BYO)))
     rule = UpdateRuleConfig(OptimizerConfig("sgd", 0.5), staleness_policy="byo_plugins:IgnoreWorker:worker=1",
@@ -186,15 +186,15 @@ def test_push_context_reaches_a_policy() -> None:
 
 
 def test_a_model_with_non_trainable_state_is_refused() -> None:
-    from asyncps.models import build_model
+    from asyncps.ml.models import build_model
 
     with pytest.raises(ValueError, match=r"non-trainable state .*moving_mean.*LayerNormalization"):
         build_model("shapes_model:build_with_batchnorm", 64, 3, (8, 8, 1))
 
 
 def test_user_model_and_dataset_load_like_the_built_in_ones() -> None:
-    from asyncps.datasets import load_dataset
-    from asyncps.models import build_model
+    from asyncps.ml.datasets import load_dataset
+    from asyncps.ml.models import build_model
 
     data = load_dataset("shapes_data:load")
     assert (data.x_train.shape, data.image_shape, data.num_classes) == ((2400, 64), (8, 8, 1), 3)
@@ -209,15 +209,15 @@ def test_user_model_and_dataset_load_like_the_built_in_ones() -> None:
     ("not_a_module_anywhere:build", "cannot import 'not_a_module_anywhere'.*--user-path"),
 ])
 def test_bad_model_specs_say_what_is_wrong(spec: str, message: str) -> None:
-    from asyncps.models import build_model
+    from asyncps.ml.models import build_model
 
     with pytest.raises(ValueError, match=message):
         build_model(spec, 64, 3)
 
 
 def test_bad_losses_and_datasets_say_what_is_wrong(tmp_path: Path) -> None:
-    from asyncps.datasets import load_dataset
-    from asyncps.models import make_loss, make_metrics
+    from asyncps.ml.datasets import load_dataset
+    from asyncps.ml.models import make_loss, make_metrics
 
     (tmp_path / "byo_bad_data.py").write_text("def flat():\n    return [1, 2, 3]\n")
     add_user_path([str(tmp_path)])
@@ -257,7 +257,7 @@ def test_an_installed_entry_point_is_a_policy_name(tmp_path: Path) -> None:
 
 
 def test_optimizer_and_mode_plugins_travel_on_the_wire_and_run_in_a_store() -> None:
-    from asyncps.wire import rule_from_proto, rule_to_proto
+    from asyncps.wire.proto import rule_from_proto, rule_to_proto
 
     rule = UpdateRuleConfig(OptimizerConfig("byo_plugins:SignSGD", 0.1), mode="byo_plugins:FirstWins", num_workers=2)
     assert rule.optimizer.spec == "byo_plugins:SignSGD:lr=0.1"

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from asyncps.chief.checkpoint import CheckpointDir, split
 from asyncps.chief.checkpointer import Checkpointer
 from asyncps.chief.config import ChiefConfig
@@ -23,13 +22,14 @@ from asyncps.chief.cut import CutLapsed, at_cut, pull_at_cut
 from asyncps.chief.membership import Membership
 from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
+from asyncps.ps.store import ShardStore
+
 from asyncps.config import RunConfig
 from asyncps.placement import Placement, VariableSpec, place
-from asyncps.ps.store import ShardStore
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.optimizers import make_optimizer
-from asyncps.shard import PushRequest
 from asyncps.transport import connect_model, connect_shard
+from asyncps.wire.shard import PushRequest
 
 # A push that is not held finishes in milliseconds; one held this long is held by the pause.
 HELD_S = 0.5

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from asyncps.chief.checkpoint import CheckpointDir
+
 from asyncps.config import RunConfig
-from asyncps.coordclient import CoordinatorClient
 from asyncps.rundir import PUSHES_CSV, PushRow, RunConfigRecord, RunSummary, iter_rows
 from asyncps.tools.local import LocalCluster
+from asyncps.transport.coordinator import CoordinatorClient
 from tests.conftest import REPO_ROOT, child_env
 from tests.test_local_cluster import run_cli
 

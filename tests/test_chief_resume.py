@@ -13,7 +13,6 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-
 from asyncps.chief.checkpointer import INITIALIZED, LIVE, RESTORED, Checkpointer, ShardStateError
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.ledgerlog import LedgerLog, replay
@@ -22,20 +21,21 @@ from asyncps.chief.progress import Progress
 from asyncps.chief.recorder import Recorder
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.tasks import TaskLedger
+from asyncps.ps.store import ShardStore
+from asyncps.ps.watchdog import ChiefWatch
+from asyncps.worker.chieflink import ChiefLink
+
 from asyncps.config import RunConfig
-from asyncps.coordclient import CoordinatorClient
 from asyncps.errors import AlreadyExistsError
+from asyncps.net.rpc import create_server
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
 from asyncps.placement import VariableSpec, place
-from asyncps.ps.store import ShardStore
-from asyncps.ps.watchdog import ChiefWatch
-from asyncps.rpc import create_server
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rundir import wait_port_file
-from asyncps.shard import PushRequest
 from asyncps.transport import connect_model
-from asyncps.worker.chieflink import ChiefLink
+from asyncps.transport.coordinator import CoordinatorClient
+from asyncps.wire.shard import PushRequest
 from tests.conftest import REPO_ROOT, ShardLauncher, child_env
 
 RULE = UpdateRuleConfig(OptimizerConfig("sgd", 0.1))

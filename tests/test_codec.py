@@ -1,4 +1,4 @@
-"""asyncps.codec: tensor encoding, chunking and validated reassembly."""
+"""asyncps.wire.codec: tensor encoding, chunking and validated reassembly."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from asyncps.codec import (
+from asyncps.errors import InvalidArgumentError, ResourceExhaustedError
+from asyncps.pb import tensor_pb2
+from asyncps.wire.codec import (
     SparseRows,
     TensorAssembler,
     decode_tensor,
@@ -18,8 +20,6 @@ from asyncps.codec import (
     gradient_chunks,
     iter_chunks,
 )
-from asyncps.errors import InvalidArgumentError, ResourceExhaustedError
-from asyncps.pb import tensor_pb2
 
 WIRE_DTYPES = {
     tensor_pb2.FLOAT32: np.float32,
@@ -394,7 +394,7 @@ def test_assembler_rejects_0d_sparse_values() -> None:
 
 
 def test_coalesce_rows_sums_duplicate_rows_once_per_index() -> None:
-    from asyncps.codec import coalesce_rows
+    from asyncps.wire.codec import coalesce_rows
 
     indices = np.array([5, 1, 5, 3, 1, 5], np.int32)
     values = np.arange(12, dtype=np.float32).reshape(6, 2)

@@ -6,11 +6,11 @@ import threading
 
 import numpy as np
 import pytest
-
 from asyncps.ps.store import ShardStore
+
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import SSPConsistency, SyncConsistency, make_consistency
-from asyncps.shard import DropReason
+from asyncps.wire.shard import DropReason
 
 
 def make_store(mode: str, workers: int, backup: int = 0, bound: int = 0) -> ShardStore:

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from asyncps.chief.checkpoint import CheckpointDir
+
 from asyncps.config import RunConfig
+from asyncps.ml.userfns import add_user_path
 from asyncps.rundir import RunManifest
-from asyncps.userfns import add_user_path
 
 ROOT = Path(__file__).resolve().parent.parent
 BYO = ROOT / "examples" / "byo"
@@ -42,7 +42,7 @@ def export_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def byo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """A run directory (run manifest + ckpt/ckpt-00000002) of the byo model with random values."""
     add_user_path([str(BYO)])
-    from asyncps.runmodel import build_run_model
+    from asyncps.ml.runmodel import build_run_model
 
     _, model = build_run_model(RUN)
     rng = np.random.default_rng(7)
@@ -72,8 +72,8 @@ def test_export_with_user_path_rebuilds_the_user_model_from_the_latest_checkpoin
     import keras
     import tensorflow as tf
 
-    from asyncps.datasets import load_dataset
-    from asyncps.runmodel import build_run_model
+    from asyncps.ml.datasets import load_dataset
+    from asyncps.ml.runmodel import build_run_model
 
     run_dir, values = byo_run
     out = tmp_path / "out"

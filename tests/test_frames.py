@@ -1,4 +1,4 @@
-"""Raw frames (asyncps/frames.py): round trips, zero-copy receive, alignment, and hostile bytes."""
+"""Raw frames (asyncps/wire/frames.py): round trips, zero-copy receive, alignment, and hostile bytes."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncps.codec import SparseRows, TensorAssembler
 from asyncps.errors import InvalidArgumentError, ResourceExhaustedError
-from asyncps.frames import ALIGN, decode_frame, encode_frame, frames, gradient_slices, parser, read_frames
 from asyncps.pb import ps_pb2, tensor_pb2
+from asyncps.wire.codec import SparseRows, TensorAssembler
+from asyncps.wire.frames import ALIGN, decode_frame, encode_frame, frames, gradient_slices, parser, read_frames
 
 PUSH = parser(ps_pb2.PushChunk)
 

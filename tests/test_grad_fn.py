@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from asyncps.codec import SparseRows
-from asyncps.models import build_model, loss_fn
 from asyncps.worker.trainer import make_grad_fn
+
+from asyncps.ml.models import build_model, loss_fn
+from asyncps.wire.codec import SparseRows
 
 
 @pytest.mark.parametrize("spec", ["mlp:16", "embedding"])

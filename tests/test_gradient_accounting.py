@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from asyncps.chief.recorder import Recorder
+
 from asyncps.pb import coordinator_pb2 as cpb
 from tests.test_local_cluster import run_cli
 

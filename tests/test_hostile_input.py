@@ -1,7 +1,7 @@
 """Hostile input against real shard processes: malformed requests for every RPC, made by hypothesis.
 
 Every request is built here as protobuf messages and sent through bare gRPC callables, so nothing
-is sanitized on the way: the tensor streams, raw frames on the wire (asyncps/frames.py), are
+is sanitized on the way: the tensor streams, raw frames on the wire (asyncps/wire/frames.py), are
 converted as they are, tensor bytes moved out of each chunk's `data` into the frame's payload (see
 Shard.send); frame-level defects have their own test. Each request is a
 valid request with a set of *defects* applied; every defect names the status codes it may cause. A
@@ -33,21 +33,21 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import grpc
 import numpy as np
 import pytest
+from asyncps.ps.servicer import DEFAULT_MAX_REQUEST_BYTES
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncps.codec import MAX_RANK, SparseRows, TensorAssembler, dtype_from_proto, dtype_to_proto, wire_array
-from asyncps.frames import decode_frame, encode_frame, identity, parser, read_frames
+from asyncps.net.rpc import MAX_MESSAGE_BYTES
 from asyncps.pb import ps_pb2, tensor_pb2
-from asyncps.ps.servicer import DEFAULT_MAX_REQUEST_BYTES
-from asyncps.rpc import MAX_MESSAGE_BYTES
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.shard import Snapshot
 from asyncps.transport import GrpcShardTransport
-from asyncps.wire import FRAMED_REPLIES, FRAMED_REQUESTS, SHARD_SERVICE, rule_from_proto, rule_to_proto
+from asyncps.wire.codec import MAX_RANK, SparseRows, TensorAssembler, dtype_from_proto, dtype_to_proto, wire_array
+from asyncps.wire.frames import decode_frame, encode_frame, identity, parser, read_frames
+from asyncps.wire.proto import FRAMED_REPLIES, FRAMED_REQUESTS, SHARD_SERVICE, rule_from_proto, rule_to_proto
+from asyncps.wire.shard import Snapshot
 
 if TYPE_CHECKING:
     from conftest import ShardLauncher, ShardProcess

@@ -29,7 +29,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from asyncps.security import SecurityConfig, check_health
+from asyncps.net.security import SecurityConfig, check_health
 from asyncps.tools.devcerts import generate_dev_certs
 from tests.conftest import REPO_ROOT, child_env
 

@@ -16,13 +16,15 @@ import pytest
 from tests.conftest import REPO_ROOT, ShardLauncher
 
 
+def _module(name: str) -> ModuleType:
+    """A script of scripts/ (they import their neighbours by bare name)."""
+    if str(REPO_ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    return importlib.import_module(name)
+
+
 def _checker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("check_layers", REPO_ROOT / "scripts" / "check_layers.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["check_layers"] = module
-    spec.loader.exec_module(module)
-    return module
+    return _module("check_layers")
 
 
 def test_the_tree_keeps_its_floors() -> None:
@@ -42,13 +44,24 @@ def _write(root: Path, rel: str, text: str) -> None:
     path.write_text(textwrap.dedent(text))
 
 
+_PYPROJECT = """\
+[tool.setuptools]
+packages = ["asyncps", "asyncps.tools", "asyncps.wire", "asyncps.ps", "asyncps.worker", "asyncps.chief"]
+[tool.setuptools.package-dir]
+"asyncps.ps" = "ps"
+"asyncps.worker" = "worker"
+"asyncps.chief" = "chief"
+"""
+
+
 def test_the_check_fails_on_wrong_imports_wherever_they_stand(tmp_path: Path) -> None:
+    _write(tmp_path, "pyproject.toml", _PYPROJECT)
     for rel in ("asyncps/__init__.py", "asyncps/tools/__init__.py", "ps/__init__.py", "worker/__init__.py",
                 "chief/__init__.py"):
         _write(tmp_path, rel, "")
-    _write(tmp_path, "asyncps/codec.py", "import numpy\n")
+    _write(tmp_path, "asyncps/wire/codec.py", "import numpy\n")
     _write(tmp_path, "asyncps/tools/cli.py", "from asyncps.ps import store\nimport asyncps.chief.main\n")
-    _write(tmp_path, "ps/store.py", "from asyncps.codec import x\nfrom . import servicer\n")
+    _write(tmp_path, "ps/store.py", "from asyncps.wire.codec import x\nfrom . import servicer\n")
     _write(tmp_path, "ps/servicer.py", """\
         from typing import TYPE_CHECKING
         if TYPE_CHECKING:
@@ -86,8 +99,8 @@ def test_only_the_asyncps_import_name_is_installed(tmp_path: Path) -> None:
 
 def test_a_running_shard_loads_neither_tensorflow_nor_matplotlib(shard_factory: ShardLauncher) -> None:
     from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-    from asyncps.shard import PushRequest
     from asyncps.transport import GrpcShardTransport
+    from asyncps.wire.shard import PushRequest
 
     shard = shard_factory(1, python_flags=("-X", "importtime"))[0]
     client = GrpcShardTransport(shard.address, deadline_s=30)
@@ -113,3 +126,24 @@ def test_a_running_shard_loads_neither_tensorflow_nor_matplotlib(shard_factory: 
 def test_the_role_folders_are_the_asyncps_subpackages(role: str) -> None:
     module = importlib.import_module(f"asyncps.{role}")
     assert Path(module.__file__ or "").resolve().parent == (REPO_ROOT / role).resolve()
+
+
+def test_each_file_has_one_path_no_symlink_and_every_package_is_listed() -> None:
+    links = [str(p.relative_to(REPO_ROOT)) for top in ("asyncps", "ps", "worker", "chief")
+             for p in (REPO_ROOT / top).rglob("*") if p.is_symlink()]
+    assert links == []
+    layout = _module("pkglayout")
+    assert layout.unlisted_packages(REPO_ROOT) == [], "add them to [tool.setuptools] packages in pyproject.toml"
+    names = [name for name, _ in layout.modules(REPO_ROOT)]
+    assert len(names) == len(set(names))
+    paths = [path.resolve() for _, path in layout.modules(REPO_ROOT)]
+    assert len(paths) == len(set(paths)), "a file is reached under two names"
+    assert "asyncps.ps.store" in names and "asyncps.wire.frames" in names and "tests.test_layers" in names
+
+
+def test_the_type_check_names_each_role_file_as_it_is_imported() -> None:
+    sources = {s.module: s.path for s in _module("typecheck").sources(REPO_ROOT)}
+    assert sources["asyncps.ps.store"] == "ps/store.py"
+    assert sources["asyncps.chief.main"] == "chief/main.py"
+    assert sources["asyncps.tools.cli"] == "asyncps/tools/cli.py"
+    assert not any(name.startswith(("tests", "asyncps.pb")) for name in sources)

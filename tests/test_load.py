@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import benchmarks.load as load
-from asyncps.shard import PushRequest
+from asyncps.wire.shard import PushRequest
 from benchmarks.load import LoadConfig, run_load
 
 PUSHERS = 32

@@ -1,4 +1,4 @@
-"""Fast, offline tests for asyncps.datasets and asyncps.models."""
+"""Fast, offline tests for asyncps.ml.datasets and asyncps.ml.models."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asyncps.datasets import (
+from asyncps.ml.datasets import (
     DATASET_NAMES,
     Dataset,
     binary_cross_entropy,
@@ -21,7 +21,7 @@ from asyncps.datasets import (
     logreg_optimum,
     worker_shard,
 )
-from asyncps.models import MODEL_NAMES, build_model, loss_fn
+from asyncps.ml.models import MODEL_NAMES, build_model, loss_fn
 
 ALL_SPECS = ("logreg", "mlp", "mlp:32,16", "cnn", "embedding")
 

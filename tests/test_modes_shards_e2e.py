@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asyncps.ps.main import NO_SSP_BOUND_ENV
 
 from asyncps.config import RunConfig
-from asyncps.coordclient import CoordinatorClient
-from asyncps.ps.main import NO_SSP_BOUND_ENV
 from asyncps.rundir import PushRow, StepRow, read_rows
 from asyncps.rundir.clocklead import push_clock_lead, timeline_start_lead
 from asyncps.tools.local import LocalCluster
+from asyncps.transport.coordinator import CoordinatorClient
 from tests.test_local_cluster import run_cli
 
 pytestmark = pytest.mark.slow

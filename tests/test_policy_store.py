@@ -9,15 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from asyncps.chief.checkpoint import CheckpointDir, assemble, assemble_policy_state, split
-from asyncps.codec import SparseRows
+from asyncps.ps.store import ShardStore
+
 from asyncps.errors import InvalidArgumentError
 from asyncps.placement import VariableSpec, place
-from asyncps.ps.store import ShardStore
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.shard import PushRequest, Snapshot
 from asyncps.transport import connect_shard
+from asyncps.wire.codec import SparseRows
+from asyncps.wire.shard import PushRequest, Snapshot
 
 LR = 0.5
 M = np.float32(0.95)  # DC-ASGD-a's default momentum

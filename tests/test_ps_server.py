@@ -12,16 +12,16 @@ import grpc
 import numpy as np
 import pytest
 
-from asyncps.codec import SparseRows, iter_chunks
-from asyncps.frames import decode_frame, encode_frame, identity
+from asyncps.net.rpc import Unreachable, make_channel
+from asyncps.net.security import SecurityConfig, check_health
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.placement import Placement, VariableSpec, place, split_for_shards
-from asyncps.rpc import Unreachable, make_channel
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.security import SecurityConfig, check_health
-from asyncps.shard import PushOutcome, PushRequest, StoreStats
 from asyncps.transport import GrpcShardTransport, connect_model
-from asyncps.wire import SHARD_SERVICE, parse_pull, rule_to_proto
+from asyncps.wire.codec import SparseRows, iter_chunks
+from asyncps.wire.frames import decode_frame, encode_frame, identity
+from asyncps.wire.proto import SHARD_SERVICE, parse_pull, rule_to_proto
+from asyncps.wire.shard import PushOutcome, PushRequest, StoreStats
 
 if TYPE_CHECKING:
     from conftest import ShardLauncher, ShardProcess

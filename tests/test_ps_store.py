@@ -10,17 +10,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from asyncps.ps.store import ShardStore
 
-from asyncps.codec import SparseRows
 from asyncps.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
 )
-from asyncps.ps.store import ShardStore
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.shard import DropReason, PushOutcome
+from asyncps.wire.codec import SparseRows
+from asyncps.wire.shard import DropReason, PushOutcome
 
 JOIN_TIMEOUT_S = 60.0
 

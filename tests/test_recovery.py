@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from asyncps.chief.checkpoint import CheckpointDir, assemble, split
+
 from asyncps.config import RunConfig
-from asyncps.coordclient import CoordinatorClient
 from asyncps.placement import VariableSpec, place
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.tools.local import LocalCluster
 from asyncps.transport import connect_model
+from asyncps.transport.coordinator import CoordinatorClient
 from tests.conftest import REPO_ROOT as ROOT
 from tests.conftest import child_env
 from tests.test_local_cluster import run_cli
@@ -177,7 +177,7 @@ LOADER = textwrap.dedent("""
 
 
 def test_exported_model_loads_without_asyncps_and_gives_the_recorded_accuracy(tmp_path: Path) -> None:
-    from asyncps.datasets import load_dataset
+    from asyncps.ml.datasets import load_dataset
 
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--run-dir", str(run_dir), "--epochs", "10", "--eval-every", "30", "--quiet"])

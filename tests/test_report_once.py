@@ -12,22 +12,22 @@ from typing import Any
 
 import grpc
 import pytest
-
 from asyncps.chief.ledgerlog import LEDGER_LOG, LedgerLog, replay
 from asyncps.chief.membership import Membership
 from asyncps.chief.recorder import Recorder
 from asyncps.chief.reportlog import REPORT_LOG, ReportLog, read_last_reports
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.tasks import TaskLedger
-from asyncps.config import RunConfig
-from asyncps.coordclient import CoordinatorClient
-from asyncps.pb import coordinator_pb2 as cpb
-from asyncps.pb import coordinator_pb2_grpc
-from asyncps.rpc import Unreachable, create_server
-from asyncps.rundir import PUSHES_CSV, TIMELINE_CSV, PushRow, StepRow, read_rows
 from asyncps.worker.chieflink import ChiefLink
 from asyncps.worker.outbox import ReportOutbox
 from asyncps.worker.trainer import Telemetry
+
+from asyncps.config import RunConfig
+from asyncps.net.rpc import Unreachable, create_server
+from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.pb import coordinator_pb2_grpc
+from asyncps.rundir import PUSHES_CSV, TIMELINE_CSV, PushRow, StepRow, read_rows
+from asyncps.transport.coordinator import CoordinatorClient
 
 
 @dataclass

@@ -19,14 +19,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from asyncps.ps.store import ShardStore
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from asyncps.codec import Array, Gradient, SparseRows
 from asyncps.config import RunConfig
 from asyncps.errors import InvalidArgumentError
 from asyncps.pb import ps_pb2
-from asyncps.ps.store import ShardStore
 from asyncps.rules import (
     MODES,
     OPTIMIZERS,
@@ -44,7 +43,8 @@ from asyncps.rules.optimizers import make_optimizer
 from asyncps.rules.policies import Decision, StalenessPolicy
 from asyncps.rules.registry import Param, Registry, param
 from asyncps.tools.cli import add_run_flags, run_config_from
-from asyncps.wire import rule_from_proto, rule_to_proto
+from asyncps.wire.codec import Array, Gradient, SparseRows
+from asyncps.wire.proto import rule_from_proto, rule_to_proto
 
 ROOT = Path(__file__).resolve().parent.parent
 

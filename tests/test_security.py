@@ -10,15 +10,14 @@ from typing import Any
 
 import grpc
 import pytest
+from asyncps.ps.servicer import ParameterServerServicer, add_to_server
+from asyncps.ps.store import ShardStore
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from asyncps import rpc
-from asyncps.pb import coordinator_pb2, coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
-from asyncps.ps.servicer import ParameterServerServicer, add_to_server
-from asyncps.ps.store import ShardStore
-from asyncps.security import (
+from asyncps.net import rpc
+from asyncps.net.security import (
     TOKEN_ENV,
     SecurityConfig,
     TokenAuthInterceptor,
@@ -27,6 +26,7 @@ from asyncps.security import (
     load_token,
     secure_channel,
 )
+from asyncps.pb import coordinator_pb2, coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
 from asyncps.tools.devcerts import DevCerts, generate_dev_certs, subject_alt_names
 
 TOKEN = "s3cret-token-0123456789abcdef"

@@ -15,19 +15,18 @@ from typing import TYPE_CHECKING
 import grpc
 import numpy as np
 import pytest
+from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
 
-from asyncps import shmseg
-from asyncps.datasets import load_dataset
 from asyncps.delays import NoDelay, StepDelay
-from asyncps.models import build_model, loss_fn
+from asyncps.ml.datasets import load_dataset
+from asyncps.ml.models import build_model, loss_fn
+from asyncps.net.rpc import make_channel
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.placement import VariableSpec, place, split_for_shards
-from asyncps.rpc import make_channel
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.shard import PushRequest
-from asyncps.transport import GrpcShardTransport, ModelClient, ShmShardTransport, connect_model, connect_shard
-from asyncps.wire import SHARD_SERVICE
-from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
+from asyncps.transport import GrpcShardTransport, ModelClient, ShmShardTransport, connect_model, connect_shard, shmseg
+from asyncps.wire.proto import SHARD_SERVICE
+from asyncps.wire.shard import PushRequest
 
 if TYPE_CHECKING:
     from conftest import ShardLauncher, ShardProcess
@@ -250,7 +249,7 @@ def test_no_segment_outlives_kill_9_of_a_worker_or_a_shard(shard_factory: ShardL
         setup.close()
     script = textwrap.dedent(f"""
         import sys, time, numpy as np
-        from asyncps.shard import PushRequest
+        from asyncps.wire.shard import PushRequest
         from asyncps.transport import connect_shard
         clients = [connect_shard(a, transport="shm") for a in {[s.address for s in shards]!r}]
         buffers = {{"w": np.empty((300, 40), np.float32), "b": np.empty(40, np.float32)}}

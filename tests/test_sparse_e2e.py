@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from asyncps.chief.tasks import TaskLedger
-from asyncps.datasets import epoch_order, load_dataset
-from asyncps.models import EMBEDDING_LEVELS, build_model
+
+from asyncps.ml.datasets import epoch_order, load_dataset
+from asyncps.ml.models import EMBEDDING_LEVELS, build_model
 from asyncps.placement import Placement, VariableSpec, place
 from asyncps.rundir import RunSummary
 from tests.test_local_cluster import run_cli

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import grpc
 import pytest
-
 from asyncps.chief.membership import Membership
 from asyncps.chief.recorder import Recorder
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.startgate import StartGate
 from asyncps.chief.steady import SteadyStaleness
 from asyncps.chief.tasks import TaskLedger
-from asyncps.coordclient import CoordinatorClient
+
+from asyncps.net.rpc import create_server
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
-from asyncps.rpc import create_server
+from asyncps.transport.coordinator import CoordinatorClient
 
 
 class Chief:

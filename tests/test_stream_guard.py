@@ -11,14 +11,14 @@ import grpc
 import numpy as np
 import pytest
 
-from asyncps import rpc
-from asyncps.frames import identity
+from asyncps.net import rpc
+from asyncps.net.streamguard import StreamLimits
 from asyncps.pb import ps_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.shard import PushRequest
-from asyncps.streamguard import StreamLimits
 from asyncps.transport import GrpcShardTransport
-from asyncps.wire import SHARD_SERVICE
+from asyncps.wire.frames import identity
+from asyncps.wire.proto import SHARD_SERVICE
+from asyncps.wire.shard import PushRequest
 from tests.conftest import ShardLauncher
 
 Code = grpc.StatusCode

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from asyncps.chief.checkpoint import CheckpointDir, split
 from asyncps.chief.checkpointer import Checkpointer
 from asyncps.chief.config import ChiefConfig
@@ -20,6 +19,7 @@ from asyncps.chief.cut import at_cut
 from asyncps.chief.membership import Membership
 from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
+
 from asyncps.config import RunConfig
 from asyncps.placement import Placement, VariableSpec, place
 from asyncps.transport import connect_model

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from asyncps.ps.service import ShardService
+from asyncps.ps.store import ShardStore
 
 from asyncps.errors import InvalidArgumentError, UnavailableError
 from asyncps.pb import ps_pb2
-from asyncps.ps.service import ShardService
-from asyncps.ps.store import ShardStore
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import Ballot, Decisions, SyncFollower
-from asyncps.shard import DropReason, PushRequest
-from asyncps.wire import decisions_from_proto
+from asyncps.wire.proto import decisions_from_proto
+from asyncps.wire.shard import DropReason, PushRequest
 
 WORKERS = ["w0", "w1", "w2"]
 

@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from asyncps.chief.tasks import TaskLedger
+
 from asyncps.config import RunConfig
 from asyncps.tools.local import LocalCluster
 from tests.conftest import kill_worker_mid_run

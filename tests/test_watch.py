@@ -150,9 +150,9 @@ def test_export_writes_a_keras_file_and_savedmodel_from_a_checkpoint(crashed_run
     assert result.returncode == 0, result.stdout + result.stderr
     import keras
     import tensorflow as tf
-
     from asyncps.chief.checkpoint import CheckpointDir
-    from asyncps.datasets import load_dataset
+
+    from asyncps.ml.datasets import load_dataset
 
     ckpt = CheckpointDir(crashed_run / "ckpt").latest()
     assert ckpt is not None

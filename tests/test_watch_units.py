@@ -10,8 +10,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-
 from asyncps.chief.metrics import RunCollector, RunMetrics
+
 from asyncps.config import RunConfig
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rundir import (

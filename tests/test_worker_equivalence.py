@@ -13,14 +13,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 import tensorflow as tf
+from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
 
-from asyncps.datasets import Dataset, load_dataset
 from asyncps.delays import NoDelay, StepDelay
-from asyncps.models import build_model, loss_fn
+from asyncps.ml.datasets import Dataset, load_dataset
+from asyncps.ml.models import build_model, loss_fn
 from asyncps.placement import VariableSpec, place, split_for_shards
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.transport import ModelClient, connect_model
-from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
 
 STEPS = 25
 LR = 0.1

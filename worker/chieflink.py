@@ -16,9 +16,9 @@ from typing import TypeVar
 
 import grpc
 
-from asyncps.coordclient import CoordinatorClient
+from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
-from asyncps.rpc import Unreachable
+from asyncps.transport.coordinator import CoordinatorClient
 
 log = logging.getLogger("asyncps.worker")
 

@@ -19,16 +19,17 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncps.config import RunConfig
-from asyncps.coordclient import CoordinatorClient
-from asyncps.members import new_member_id
-from asyncps.pb import coordinator_pb2 as cpb
-from asyncps.rpc import Unreachable
-from asyncps.tfutil import limit_threads, quiet_tensorflow
 from asyncps.worker.chieflink import ChiefLink
 from asyncps.worker.main import HeartbeatLoop, WorkerConfig, connect_worker
 from asyncps.worker.outbox import ReportOutbox
 from asyncps.worker.trainer import Telemetry
+
+from asyncps.config import RunConfig
+from asyncps.identity import new_member_id
+from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
+from asyncps.net.rpc import Unreachable
+from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.transport.coordinator import CoordinatorClient
 
 log = logging.getLogger("asyncps.worker")
 
@@ -93,9 +94,10 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
                stop: threading.Event) -> int:
     """Load the data and the model once, run every logical worker in its thread, report, exit code."""
     limit_threads(run.tf_threads)
-    from asyncps.models import make_loss
-    from asyncps.runmodel import build_run_model
     from asyncps.worker.trainer import make_grad_fn
+
+    from asyncps.ml.models import make_loss
+    from asyncps.ml.runmodel import build_run_model
 
     data, model = build_run_model(run)
     grad_fn = make_grad_fn(model, make_loss(run.loss))

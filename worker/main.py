@@ -9,17 +9,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import grpc
-
-from asyncps.config import RunConfig
-from asyncps.coordclient import CoordinatorClient
-from asyncps.members import new_member_id
-from asyncps.pb import coordinator_pb2 as cpb
-from asyncps.rpc import Unreachable
-from asyncps.security import SecurityConfig
-from asyncps.tfutil import limit_threads, quiet_tensorflow
 from asyncps.worker.chieflink import ChiefLink, ChiefLost
 from asyncps.worker.outbox import ReportOutbox
 from asyncps.worker.trainer import Telemetry
+
+from asyncps.config import RunConfig
+from asyncps.identity import new_member_id
+from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
+from asyncps.net.rpc import Unreachable
+from asyncps.net.security import SecurityConfig
+from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.transport.coordinator import CoordinatorClient
 
 if TYPE_CHECKING:
     from asyncps.transport import ModelClient
@@ -133,10 +133,11 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     """Build the model and data, train until stopped, send the final report; return the exit code."""
     limit_threads(run.tf_threads)
 
-    from asyncps.models import make_loss
-    from asyncps.runmodel import build_run_model
     from asyncps.worker.start import wait_for_start, warm_up
     from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
+
+    from asyncps.ml.models import make_loss
+    from asyncps.ml.runmodel import build_run_model
 
     data, model = build_run_model(run)
     names = [v.path for v in model.trainable_variables]

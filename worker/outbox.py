@@ -11,9 +11,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.worker.chieflink import ChiefLink
 from asyncps.worker.trainer import Telemetry
+
+from asyncps.pb import coordinator_pb2 as cpb
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-from asyncps.coordclient import CoordinatorClient
-from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.worker.trainer import GradFn
+
+from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.transport.coordinator import CoordinatorClient
 
 log = logging.getLogger("asyncps.worker")
 

@@ -12,11 +12,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from asyncps.codec import Array, Gradient, coalesce_rows
 from asyncps.delays import StepDelay
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.transport import ModelClient
-from asyncps.wire import push_record
+from asyncps.wire.codec import Array, Gradient, coalesce_rows
+from asyncps.wire.proto import push_record
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class TaskBatches:
 
     def __init__(self, get_task: Callable[[], cpb.TaskReply], x: Array, y: Array, batch_size: int,
                  seed: int, poll_s: float = 0.1) -> None:
-        from asyncps.datasets import epoch_order
+        from asyncps.ml.datasets import epoch_order
 
         self._get_task = get_task
         self._x, self._y = x, y

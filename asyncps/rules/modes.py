@@ -25,10 +25,10 @@ from enum import Enum
 
 import numpy as np
 
-from asyncps.codec import Array, Gradient, SparseRows
 from asyncps.errors import InvalidArgumentError
 from asyncps.rules.drops import DropReason
 from asyncps.rules.registry import Registry, param
+from asyncps.wire.codec import Array, Gradient, SparseRows
 
 
 class Verdict(Enum):

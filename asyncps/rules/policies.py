@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from asyncps.codec import Array
-from asyncps.members import index_of
+from asyncps.identity import index_of
 from asyncps.rules.drops import DropReason
 from asyncps.rules.registry import Registry, param
+from asyncps.wire.codec import Array
 
 
 @dataclass(frozen=True)

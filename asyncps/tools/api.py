@@ -19,10 +19,10 @@ from typing import Any
 
 from asyncps.chief.main import ChiefConfig, run_chief
 from asyncps.config import RunConfig, coerce_settings
+from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
 from asyncps.ps.main import PsConfig, run_ps
 from asyncps.rundir import SUMMARY_JSON, RunSummary
 from asyncps.tools.local import LocalCluster, default_run_dir, run_local
-from asyncps.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
 from asyncps.worker.main import WorkerConfig, run_worker
 
 

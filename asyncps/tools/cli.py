@@ -24,8 +24,8 @@ from asyncps.config import (
     run_options,
     settings_from_env,
 )
-from asyncps.security import SecurityConfig
-from asyncps.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
+from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
+from asyncps.net.security import SecurityConfig
 
 DEFAULT_PORT = 8470
 
@@ -266,7 +266,7 @@ def cmd_local(args: argparse.Namespace) -> int:
 
 def cmd_health(args: argparse.Namespace) -> int:
     """asyncps health ADDR."""
-    from asyncps.security import check_health
+    from asyncps.net.security import check_health
 
     if check_health(args.address, security_from(args), float(args.timeout)):
         print(f"{args.address}: SERVING")
@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, True)
     _add(p, "--index", 0, "shard index (TF_CONFIG task.index wins)", type=int)
     add_run_flags(p, only=("chunk_bytes", "chief_timeout_s"), config_file=False, title="streaming and liveness")
-    g = p.add_argument_group("limits", "stalled or slow clients cannot take the shard's threads (asyncps.streamguard)")
+    g = p.add_argument_group("limits", "stalled or slow clients cannot take the shard's threads")
     _add(g, "--handler-threads", 256, "RPC handler threads; a quarter (at least 4) are kept free of streams",
          type=int)
     _add(g, "--stream-idle-timeout", 30.0, "seconds a stream may wait on its client before it is ended",

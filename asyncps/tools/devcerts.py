@@ -29,7 +29,7 @@ from pathlib import Path
 
 DEFAULT_NAMES = ("localhost", "127.0.0.1", "::1")
 DEFAULT_DAYS = 30
-CHIEF_COMMON_NAME = "asyncps-chief"  # asyncps.authz.DEFAULT_CHIEF_IDENTITY
+CHIEF_COMMON_NAME = "asyncps-chief"  # asyncps.net.authz.DEFAULT_CHIEF_IDENTITY
 # Host names (or IP literals): the names go into an openssl config file, so nothing else.
 _HOST_NAME = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from asyncps import shmseg
 from asyncps.config import RunConfig, env_names, run_options
+from asyncps.net.security import SecurityConfig
 from asyncps.procenv import process_env
 from asyncps.rundir import SUMMARY_JSON, RunSummary, wait_port_file
-from asyncps.security import SecurityConfig
 from asyncps.tools.memwatch import MemoryWatch
 from asyncps.tools.progress import StatusPoller, display_for
+from asyncps.transport import shmseg
 
 if TYPE_CHECKING:
     from asyncps.tools.progress import StatusSink

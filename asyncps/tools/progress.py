@@ -12,8 +12,8 @@ from typing import IO, TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
+    from asyncps.net.security import SecurityConfig
     from asyncps.pb import coordinator_pb2 as cpb
-    from asyncps.security import SecurityConfig
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -141,14 +141,14 @@ class StatusPoller:
     """Reads the chief's status: a client of its Coordinator service with short deadlines."""
 
     def __init__(self, address: str, security: SecurityConfig | None = None, timeout_s: float = 2.0) -> None:
-        from asyncps.coordclient import CoordinatorClient
+        from asyncps.transport.coordinator import CoordinatorClient
 
         self._client = CoordinatorClient(address, deadline_s=timeout_s, security=security,
                                          call_timeout_s=timeout_s)
         self._timeout_s = timeout_s
 
     def poll(self) -> cpb.ClusterStatus:
-        """The status now (raises asyncps.rpc.Unreachable or grpc.RpcError when the chief does not answer)."""
+        """The status now (raises asyncps.net.rpc.Unreachable or grpc.RpcError when the chief does not answer)."""
         return self._client.status(deadline_s=self._timeout_s)
 
     def try_poll(self) -> cpb.ClusterStatus | None:

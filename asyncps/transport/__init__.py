@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from asyncps import shmseg
-from asyncps.codec import DEFAULT_CHUNK_BYTES
+from asyncps.net.security import SecurityConfig
 from asyncps.placement import Placement
-from asyncps.security import SecurityConfig
+from asyncps.transport import shmseg
 from asyncps.transport.base import InitResult, ShardTransport
 from asyncps.transport.grpc_shard import GrpcShardTransport
 from asyncps.transport.model import ModelClient, ShardPush
 from asyncps.transport.shm import MODES, ShmShardTransport
+from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 
 
 def connect_shard(

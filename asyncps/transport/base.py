@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from asyncps.codec import Array
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.modes import Decisions, Held
-from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
+from asyncps.wire.codec import Array
+from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 
 
 @dataclass(frozen=True)

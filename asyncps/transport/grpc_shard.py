@@ -9,17 +9,16 @@ from typing import TypeVar
 
 import grpc
 
-from asyncps.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
 from asyncps.errors import InvalidArgumentError
-from asyncps.frames import identity, read_frames
+from asyncps.net.rpc import call_with_retry, make_channel
+from asyncps.net.security import SecurityConfig, secure_channel
 from asyncps.pb import ps_pb2
-from asyncps.rpc import call_with_retry, make_channel
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.modes import Decisions, Held
-from asyncps.security import SecurityConfig, secure_channel
-from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 from asyncps.transport.base import InitResult
-from asyncps.wire import (
+from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
+from asyncps.wire.frames import identity, read_frames
+from asyncps.wire.proto import (
     SHARD_SERVICE,
     decisions_from_proto,
     decisions_to_proto,
@@ -35,6 +34,7 @@ from asyncps.wire import (
     snapshot_header,
     stats_from_proto,
 )
+from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 
 T = TypeVar("T")
 

@@ -12,11 +12,11 @@ from typing import TypeVar
 
 import numpy as np
 
-from asyncps.codec import Array, Gradient, SparseRows
 from asyncps.errors import InvalidArgumentError
 from asyncps.placement import Placement
-from asyncps.shard import Ballot, Decisions, PushOutcome, PushRequest, ShardValues
 from asyncps.transport.base import ShardTransport
+from asyncps.wire.codec import Array, Gradient, SparseRows
+from asyncps.wire.shard import Ballot, Decisions, PushOutcome, PushRequest, ShardValues
 
 T = TypeVar("T")
 

@@ -22,16 +22,16 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from asyncps import shmseg
-from asyncps.codec import Array, SparseRows, dtype_to_proto
 from asyncps.errors import FailedPreconditionError
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.modes import Decisions, Held
-from asyncps.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
+from asyncps.transport import shmseg
 from asyncps.transport.base import InitResult
 from asyncps.transport.grpc_shard import GrpcShardTransport
-from asyncps.wire import SHARD_SERVICE, decisions_from_proto, outcome_from_proto, push_header
+from asyncps.wire.codec import Array, SparseRows, dtype_to_proto
+from asyncps.wire.proto import SHARD_SERVICE, decisions_from_proto, outcome_from_proto, push_header
+from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 
 log = logging.getLogger(__name__)
 

@@ -149,7 +149,7 @@ def worker_mb(run_dir: Path) -> float:
 
 def optimal_test_loss(run_dir: Path) -> float:
     """The test loss of the exact optimum of the run's synthetic-logreg data (from its config.json)."""
-    from asyncps.datasets import binary_cross_entropy, load_dataset, logreg_optimum
+    from asyncps.ml.datasets import binary_cross_entropy, load_dataset, logreg_optimum
 
     record = RunConfigRecord.load_if_present(run_dir)
     if record is None or record.run.get("dataset") != "synthetic-logreg":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncps.userfns import call_with_accepted, is_function_spec, load_function
+from asyncps.ml.userfns import call_with_accepted, is_function_spec, load_function
 
 #: Named dataset specs accepted by :func:`load_dataset`; ``npz:PATH`` is accepted in addition.
 DATASET_NAMES: tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "synthetic-logreg")
@@ -150,7 +150,7 @@ def _load_digits(seed: int) -> Dataset:
 
 def _load_keras_images(name: str, seed: int) -> Dataset:
     """MNIST or Fashion-MNIST through keras.datasets (downloads on first use), scaled to [0, 1]."""
-    import keras  # lazy: keeps `import asyncps.datasets` free of TensorFlow
+    import keras  # lazy: keeps `import asyncps.ml.datasets` free of TensorFlow
 
     loader = keras.datasets.mnist if name == "mnist" else keras.datasets.fashion_mnist
     (x_train, y_train), (x_test, y_test) = loader.load_data()

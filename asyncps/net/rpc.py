@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from asyncps import errors
-from asyncps.streamguard import StreamGuard, StreamLimits
+from asyncps.net.streamguard import StreamGuard, StreamLimits
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[st
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.enable_retries", 0),  # retries are ours: only UNAVAILABLE, with backoff and jitter
         # one connection per client object, as if it were its own process: the servers bound streams
-        # per connection (asyncps.streamguard), and logical workers or load generators in one process
+        # per connection (asyncps.net.streamguard), and logical workers or load generators in one process
         # would otherwise share one connection and its limit
         ("grpc.use_local_subchannel_pool", 1),
     ]

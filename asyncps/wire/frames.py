@@ -24,9 +24,17 @@ from typing import Any, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError
 
-from asyncps.codec import DEFAULT_CHUNK_BYTES, Array, Gradient, SparseRows, TensorAssembler, dtype_to_proto, wire_array
 from asyncps.errors import InvalidArgumentError
 from asyncps.pb import tensor_pb2
+from asyncps.wire.codec import (
+    DEFAULT_CHUNK_BYTES,
+    Array,
+    Gradient,
+    SparseRows,
+    TensorAssembler,
+    dtype_to_proto,
+    wire_array,
+)
 
 ALIGN = 8
 _LENGTH = struct.Struct("<I")

@@ -3,7 +3,7 @@
 The chief and every worker load the same spec the same way (import the module, take the
 attribute, call it with the keyword arguments it accepts), so they build the same model from the
 same data. The module must be importable in every process: on the Python path, e.g. through
-PYTHONPATH or `asyncps ... --user-path DIR` (asyncps.userfns.add_user_path).
+PYTHONPATH or `asyncps ... --user-path DIR` (asyncps.ml.userfns.add_user_path).
 """
 
 from __future__ import annotations

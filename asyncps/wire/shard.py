@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from asyncps.codec import Array, Gradient
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.drops import DropReason
 from asyncps.rules.modes import Ballot, Decisions
+from asyncps.wire.codec import Array, Gradient
 
 
 @dataclass(frozen=True)

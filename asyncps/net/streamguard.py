@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from asyncps.errors import ResourceExhaustedError
-from asyncps.handlers import Handler, behavior, kind, with_behavior
+from asyncps.net.handlers import Handler, behavior, kind, with_behavior
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from asyncps.handlers import Handler, behavior, refusing, with_behavior
-from asyncps.wire import SHARD_SERVICE
+from asyncps.net.handlers import Handler, behavior, refusing, with_behavior
+from asyncps.wire.proto import SHARD_SERVICE
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from asyncps.config import RunConfig
-    from asyncps.datasets import Dataset
+    from asyncps.ml.datasets import Dataset
 
 
 def build_run_model(run: RunConfig) -> tuple[Dataset, Any]:
     """The run's dataset (`run.dataset`, seeded) and its model (`run.model`) built for that data."""
-    from asyncps.datasets import load_dataset
-    from asyncps.models import build_model
+    from asyncps.ml.datasets import load_dataset
+    from asyncps.ml.models import build_model
 
     data = load_dataset(run.dataset, run.seed)
     model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)

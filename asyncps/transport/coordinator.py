@@ -6,10 +6,10 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from asyncps.net.rpc import call_with_retry, make_channel
+from asyncps.net.security import SecurityConfig, secure_channel
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
-from asyncps.rpc import call_with_retry, make_channel
-from asyncps.security import SecurityConfig, secure_channel
 
 T = TypeVar("T")
 

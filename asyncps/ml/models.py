@@ -14,7 +14,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from asyncps.userfns import call_with_accepted, is_function_spec, load_function
+from asyncps.ml.userfns import call_with_accepted, is_function_spec, load_function
 
 #: Model specs accepted by :func:`build_model`; ``mlp:H1,H2,...`` picks hidden sizes.
 MODEL_NAMES: tuple[str, ...] = ("logreg", "mlp", "cnn", "embedding")

@@ -11,13 +11,13 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from asyncps.codec import Array, Gradient, SparseRows, dtype_from_proto, dtype_to_proto
 from asyncps.errors import InvalidArgumentError
-from asyncps.frames import frames, gradient_slices, parser, tensor_slices
 from asyncps.pb import coordinator_pb2, ps_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import SyncStep
-from asyncps.shard import Ballot, Decisions, DropReason, PushOutcome, PushRequest, Snapshot, StoreStats
+from asyncps.wire.codec import Array, Gradient, SparseRows, dtype_from_proto, dtype_to_proto
+from asyncps.wire.frames import frames, gradient_slices, parser, tensor_slices
+from asyncps.wire.shard import Ballot, Decisions, DropReason, PushOutcome, PushRequest, Snapshot, StoreStats
 
 
 def rule_to_proto(rule: UpdateRuleConfig) -> ps_pb2.UpdateRule:
@@ -222,7 +222,7 @@ def snapshot_from_wire(header: ps_pb2.SnapshotHeader, tensors: dict[str, Gradien
 
 
 # -- the shard service's streams ---------------------------------------------------------------
-# Which methods of asyncps.pb.ParameterServer carry raw frames (asyncps.frames) instead of plain
+# Which methods of asyncps.pb.ParameterServer carry raw frames (asyncps.wire.frames) instead of plain
 # protobuf messages, in each direction; the other methods are plain protobuf.
 SHARD_SERVICE = "asyncps.pb.ParameterServer"
 FRAMED_REQUESTS = frozenset({"Initialize", "Push", "PushPull", "Restore"})

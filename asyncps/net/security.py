@@ -3,7 +3,7 @@
 A server built with ``create_server(..., interceptors=security.server_interceptors(),
 credentials=security.server_credentials())`` rejects every RPC without
 ``authorization: Bearer <token>`` (the standard health service stays open for probes) and lets
-each role call only its own methods (asyncps.authz);
+each role call only its own methods (asyncps.net.authz);
 ``secure_channel(address, security)`` opens the matching client channel. Empty settings mean off,
 so the defaults keep today's plaintext, unauthenticated behaviour.
 """
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from asyncps.authz import DEFAULT_CHIEF_IDENTITY, Authorizer, TokenRoles
-from asyncps.rpc import MAX_MESSAGE_BYTES, channel_options
+from asyncps.net.authz import DEFAULT_CHIEF_IDENTITY, Authorizer, TokenRoles
+from asyncps.net.rpc import MAX_MESSAGE_BYTES, channel_options
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ class SecurityConfig:
 
     As a server: tls_cert + tls_key serve TLS; tls_ca in addition requires each client to present
     a certificate signed by it (mTLS) unless require_client_cert is False; a token makes every
-    RPC but the health service need ``authorization: Bearer <token>``. Roles (asyncps.authz):
+    RPC but the health service need ``authorization: Bearer <token>``. Roles (asyncps.net.authz):
     token is the workers' token and chief_token the chief's; shared_token lets the one token
     act as every role (compatibility, explicit only); under mTLS a client certificate naming one
     of chief_identities is the chief's, any other verified one a worker's.
@@ -362,7 +362,7 @@ class SecurityConfig:
             TokenRoles(self.token, self.chief_token, self.shared_token)
 
     def server_interceptors(self) -> list[_ServerInterceptor]:
-        """Interceptors for create_server: authentication and per-role authorization (asyncps.authz)
+        """Interceptors for create_server: authentication and per-role authorization (asyncps.net.authz)
         when a token is set or client certificates are required."""
         tokens = TokenRoles(self.token, self.chief_token, self.shared_token) if self.token else None
         if tokens is None and not self.mtls:
