@@ -209,9 +209,9 @@ class Chief:
                 self._save_manifest(force=True)
                 return
             for member in self.membership.reap():
-                requeued = self.ledger.requeue(member.member_id)
+                requeued = self.ledger.requeue(member.worker_id)
                 log.warning("worker %d (%s) missed heartbeats for %.0fs: declared dead; %d data task(s) "
-                            "re-queued", member.index, member.member_id, self.run.heartbeat_timeout_s, requeued)
+                            "re-queued", member.index, member.worker_id, self.run.heartbeat_timeout_s, requeued)
             self._requeue_orphans()
             try:
                 self.live_set.sync()
@@ -255,7 +255,7 @@ class Chief:
         if self._orphans_checked or time.monotonic() - self.started < self.run.heartbeat_timeout_s:
             return
         self._orphans_checked = True
-        for holder in sorted(self.ledger.holders() - self.membership.member_ids()):
+        for holder in sorted(self.ledger.holders() - self.membership.worker_ids()):
             requeued = self.ledger.requeue(holder)
             log.warning("%s held %d data task(s) before the chief restarted and did not come back: re-queued",
                         holder, requeued)

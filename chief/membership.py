@@ -19,7 +19,7 @@ log = logging.getLogger("asyncps.chief")
 class Member:
     """One process incarnation that registered."""
 
-    member_id: str
+    worker_id: str
     role: str
     index: int
     last_seen: float
@@ -41,19 +41,19 @@ class Membership:
         self._stop_reason: str | None = None
         self.first_registration: float | None = None
 
-    def register(self, member_id: str, role: str, requested_index: int = -1) -> int:
+    def register(self, worker_id: str, role: str, requested_index: int = -1) -> int:
         """Admit a worker and return its index: the requested one, or the lowest not held by a
         live worker. A new incarnation asking for a live worker's index takes it over (the old
         one is declared dead: a restarted pod keeps its index)."""
-        if not member_id:
-            raise InvalidArgumentError("register needs a member_id")
+        if not worker_id:
+            raise InvalidArgumentError("register needs a worker_id")
         if role != "worker":
             raise InvalidArgumentError(f"unknown role {role!r}; only workers register")
         with self._lock:
             now = self._clock()
             if self.first_registration is None:
                 self.first_registration = now
-            existing = self._members.get(member_id)
+            existing = self._members.get(worker_id)
             if existing is not None:
                 existing.last_seen, existing.alive = now, True
                 return existing.index
@@ -64,25 +64,25 @@ class Membership:
                     live[index].alive = False
             else:
                 index = next(i for i in range(len(live) + 1) if i not in live)
-            self._members[member_id] = Member(member_id, role, index, now)
+            self._members[worker_id] = Member(worker_id, role, index, now)
             return index
 
-    def heartbeat(self, member_id: str, step: int = 0) -> None:
+    def heartbeat(self, worker_id: str, step: int = 0) -> None:
         """Record that a member is alive; unknown members must register first."""
         with self._lock:
-            member = self._members.get(member_id)
+            member = self._members.get(worker_id)
             if member is None:
-                raise NotFoundError(f"unknown member {member_id!r}: register first")
+                raise NotFoundError(f"unknown member {worker_id!r}: register first")
             member.last_seen = self._clock()
             member.alive = True
             member.step = max(member.step, step)
 
-    def finish(self, member_id: str) -> None:
+    def finish(self, worker_id: str) -> None:
         """A worker sent its final report and is exiting."""
         with self._lock:
-            member = self._members.get(member_id)
+            member = self._members.get(worker_id)
             if member is None:
-                raise NotFoundError(f"unknown member {member_id!r}")
+                raise NotFoundError(f"unknown member {worker_id!r}")
             member.finished = True
 
     def reap(self) -> list[Member]:
@@ -128,17 +128,17 @@ class Membership:
         with self._lock:
             return len({m.index for m in self._members.values()})
 
-    def member_ids(self) -> set[str]:
+    def worker_ids(self) -> set[str]:
         """Every member that registered with this chief (alive or not)."""
         with self._lock:
             return set(self._members)
 
-    def index_of(self, member_id: str) -> int:
+    def index_of(self, worker_id: str) -> int:
         """The index of a registered member."""
         with self._lock:
-            member = self._members.get(member_id)
+            member = self._members.get(worker_id)
             if member is None:
-                raise NotFoundError(f"unknown member {member_id!r}")
+                raise NotFoundError(f"unknown member {worker_id!r}")
             return member.index
 
 
@@ -161,7 +161,7 @@ class LiveSet:
         """Tell the shards who is alive once every planned worker has joined, and on every change."""
         if self._membership.indices_seen() < self._membership.num_workers:
             return
-        live = sorted(m.member_id for m in self._membership.live_workers())
+        live = sorted(m.worker_id for m in self._membership.live_workers())
         if live == self._sent:
             return
         for shard in self._shards:

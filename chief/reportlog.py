@@ -1,6 +1,6 @@
 """Which worker reports the run has recorded (RUN_DIR/reports.jsonl): each report once, across chief restarts.
 
-A worker numbers its reports (ReportRequest.seq: 1, 2, ... per member id) and re-sends one, unchanged,
+A worker numbers its reports (ReportRequest.seq: 1, 2, ... per worker id) and re-sends one, unchanged,
 until the chief answers it. A chief killed after recording a report but before answering would
 otherwise record it twice when the worker re-sends it to the next chief: its rows twice in
 pushes.csv and timeline.csv, its completed tasks as duplicates. So every recorded report's number
@@ -41,8 +41,9 @@ def read_last_reports(path: Path) -> dict[str, int]:
             if "state" in event:
                 last = {str(m): int(s) for m, s in event["state"].items()}
             else:
-                member, seq = str(event["member"]), int(event["seq"])
-                last[member] = max(last.get(member, 0), seq)
+                # "member": the key before the vocabulary became worker_id
+                worker, seq = str(event["worker_id"] if "worker_id" in event else event["member"]), int(event["seq"])
+                last[worker] = max(last.get(worker, 0), seq)
         except (ValueError, KeyError, TypeError, AttributeError):
             if number != len(lines):
                 raise ValueError(f"{path}:{number}: not a report record") from None
@@ -51,7 +52,7 @@ def read_last_reports(path: Path) -> dict[str, int]:
 
 
 class ReportLog:
-    """The last recorded report number per worker member id; journaled to a file when given one."""
+    """The last recorded report number per worker id; journaled to a file when given one."""
 
     def __init__(self, path: Path | None = None, resume: bool = False) -> None:
         self._lock = threading.Lock()
@@ -61,22 +62,22 @@ class ReportLog:
             atomic_write(path, json.dumps({"state": self._last}) + "\n")
             self._file = open(path, "a")  # noqa: SIM115 - closed in close()
 
-    def last(self, member_id: str) -> int:
+    def last(self, worker_id: str) -> int:
         """The number of the member's last recorded report (0: none)."""
         with self._lock:
-            return self._last.get(member_id, 0)
+            return self._last.get(worker_id, 0)
 
     @contextmanager
-    def once(self, member_id: str, seq: int) -> Iterator[bool]:
-        """Yield whether report `seq` of `member_id` is new (record it then); mark it recorded when the
+    def once(self, worker_id: str, seq: int) -> Iterator[bool]:
+        """Yield whether report `seq` of `worker_id` is new (record it then); mark it recorded when the
         block ends without an error. One report at a time: a re-sent copy waits for the first."""
         with self._lock:
-            fresh = seq <= 0 or seq > self._last.get(member_id, 0)
+            fresh = seq <= 0 or seq > self._last.get(worker_id, 0)
             yield fresh
             if fresh and seq > 0:
-                self._last[member_id] = seq
+                self._last[worker_id] = seq
                 if self._file is not None:
-                    self._file.write(json.dumps({"member": member_id, "seq": seq}) + "\n")
+                    self._file.write(json.dumps({"worker_id": worker_id, "seq": seq}) + "\n")
                     self._file.flush()  # a kill -9 after the answer still finds it
 
     def close(self) -> None:

@@ -44,9 +44,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     @handles_errors
     def Register(self, request: cpb.RegisterRequest, context: grpc.ServicerContext) -> cpb.RegisterResponse:
         """Admit a worker and hand it the plan."""
-        index = self._membership.register(request.member_id, request.role or "worker",
+        index = self._membership.register(request.worker_id, request.role or "worker",
                                           request.requested_index)
-        log.info("registered %s as worker %d", request.member_id, index)
+        log.info("registered %s as worker %d", request.worker_id, index)
         return cpb.RegisterResponse(index=index, num_workers=self._membership.num_workers,
                                     ps_addresses=self._ps_addresses,
                                     run_config_json=self._run_config_json)
@@ -54,35 +54,35 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     @handles_errors
     def Heartbeat(self, request: cpb.HeartbeatRequest, context: grpc.ServicerContext) -> cpb.HeartbeatResponse:
         """Record liveness; answer continue or stop."""
-        self._membership.heartbeat(request.member_id, request.step)
+        self._membership.heartbeat(request.worker_id, request.step)
         command, reason = self._command()
         return cpb.HeartbeatResponse(command=command, reason=reason)  # type: ignore[arg-type]
 
     @handles_errors
     def Report(self, request: cpb.ReportRequest, context: grpc.ServicerContext) -> cpb.ReportResponse:
         """Record a worker's telemetry, once per report number; a final report marks it finished."""
-        index = self._membership.index_of(request.member_id)
-        with self._reports.once(request.member_id, request.seq) as fresh:
+        index = self._membership.index_of(request.worker_id)
+        with self._reports.once(request.worker_id, request.seq) as fresh:
             if fresh:
                 self._recorder.add(index, request.pushes, request.steps)
                 for task_id in request.completed_tasks:
-                    if not self._ledger.complete(request.member_id, task_id):
+                    if not self._ledger.complete(request.worker_id, task_id):
                         log.info("task %d completed again by worker %d (it was re-queued)", task_id, index)
             else:
                 log.info("report %d of worker %d (%s) was recorded before: not again", request.seq, index,
-                         request.member_id)
+                         request.worker_id)
         if request.final:
-            self._membership.finish(request.member_id)
-            log.info("worker %d (%s) finished", index, request.member_id)
+            self._membership.finish(request.worker_id)
+            log.info("worker %d (%s) finished", index, request.worker_id)
         return cpb.ReportResponse(command=self._command()[0])  # type: ignore[arg-type]
 
     @handles_errors
     def GetTask(self, request: cpb.TaskRequest, context: grpc.ServicerContext) -> cpb.TaskReply:
         """Hand out the next data task (none once the run is stopping or the data is done)."""
-        self._membership.index_of(request.member_id)  # registered members only
+        self._membership.index_of(request.worker_id)  # registered members only
         if self._membership.stop_reason is not None:
             return cpb.TaskReply(has_task=False, finished=True)
-        task = self._ledger.next_task(request.member_id)
+        task = self._ledger.next_task(request.worker_id)
         if task is None:
             return cpb.TaskReply(has_task=False, finished=self._ledger.finished())
         return cpb.TaskReply(has_task=True, task_id=task.task_id, epoch=task.epoch, start=task.start,
@@ -92,7 +92,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def WaitStart(self, request: cpb.StartRequest, context: grpc.ServicerContext) -> cpb.StartReply:
         """The start barrier: mark the members ready, hold the call until the run is released (at most
         MAX_START_WAIT_S, so a waiting process cannot pin a server thread for long)."""
-        self._gate.mark_ready(request.member_ids)
+        self._gate.mark_ready(request.worker_ids)
         released = self._gate.wait(min(max(request.wait_s, 0.0), MAX_START_WAIT_S))
         command, _ = self._command()
         return cpb.StartReply(released=released and command == cpb.CONTINUE, command=command,  # type: ignore[arg-type]

@@ -53,11 +53,11 @@ class StartGate:
         with self._cond:
             return len(self._ready)
 
-    def mark_ready(self, member_ids: Iterable[str]) -> None:
+    def mark_ready(self, worker_ids: Iterable[str]) -> None:
         """These registered members computed their warm-up gradient (unknown ones: NOT_FOUND)."""
-        ids = list(member_ids)
+        ids = list(worker_ids)
         if not ids:
-            raise InvalidArgumentError("WaitStart needs at least one member_id")
+            raise InvalidArgumentError("WaitStart needs at least one worker_id")
         indices = [self._index_of(m) for m in ids]
         with self._cond:
             self._ready.update(i for i in indices if i < self.planned)

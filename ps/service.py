@@ -71,8 +71,8 @@ class ShardService:
         if request.decisions is not None:
             if request.grads or request.ballot is None:
                 raise InvalidArgumentError("a sync commit carries the worker's ballot and no gradients")
-            return self.store.commit(request.member_id, request.ballot, request.decisions)
-        return self.store.push(request.member_id, request.base_version, request.grads, request.incarnation,
+            return self.store.commit(request.worker_id, request.ballot, request.decisions)
+        return self.store.push(request.worker_id, request.base_version, request.grads, request.incarnation,
                                request.step, request.ballot, request.worker_index)
 
     def push_pull(
@@ -86,20 +86,20 @@ class ShardService:
         """
         outcome = self.push(request)
         waited = 0.0
-        if request.decisions is None and not self.store.readable(request.member_id, request.base_version):
+        if request.decisions is None and not self.store.readable(request.worker_id, request.base_version):
             refused = "deadline"
             if read_wait_s > 0:
                 with self._waiter() as may_wait:
                     if may_wait:
-                        waited = self.store.wait_readable(request.member_id, request.base_version, read_wait_s)
+                        waited = self.store.wait_readable(request.worker_id, request.base_version, read_wait_s)
                     else:
                         refused = "no_slot"
-            if self.store.strict_reads() and not self.store.readable(request.member_id, request.base_version):
+            if self.store.strict_reads() and not self.store.readable(request.worker_id, request.base_version):
                 raise self.store.refuse(refused, (
-                    f"{request.member_id} leads the slowest live worker by more than the bound"
+                    f"{request.worker_id} leads the slowest live worker by more than the bound"
                     + (" and every waiting slot is taken" if refused == "no_slot" else f" after {waited:.2f}s")
                     + f" (shard {self.store.shard_index}); its push was applied once, repeat the call to read"))
-        values = self.store.pull(pull_if_newer_than, request.member_id)
+        values = self.store.pull(pull_if_newer_than, request.worker_id)
         decisions = self.store.decisions_since(request.base_version)
         return outcome, dataclasses.replace(values, waited_s=waited, decisions=decisions)
 

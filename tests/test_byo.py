@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from asyncps.ps.store import ShardStore
 
-from asyncps.identity import index_of, new_member_id
+from asyncps.identity import index_of, new_worker_id
 from asyncps.ml.userfns import add_user_path
 from asyncps.rules import POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.policies import PushContext
@@ -132,8 +132,8 @@ def test_plugin_spec_round_trips_and_the_store_applies_it_per_worker() -> None:
     assert POLICIES.normalize("byo_plugins:IgnoreWorker:worker=1") == "byo_plugins:IgnoreWorker"  # the default
     store = ShardStore()
     store.initialize(rule, {"w": np.zeros(2, np.float32)})
-    ignored, kept = new_member_id("worker", 0), new_member_id("worker", 1)
-    assert (index_of(ignored), index_of(kept), index_of(new_member_id("worker"))) == (0, 1, None)
+    ignored, kept = new_worker_id("worker", 0), new_worker_id("worker", 1)
+    assert (index_of(ignored), index_of(kept), index_of(new_worker_id("worker"))) == (0, 1, None)
     dropped = store.push(ignored, 0, {"w": np.ones(2, np.float32)}, step=7)
     applied = store.push(kept, 0, {"w": np.ones(2, np.float32)}, step=3)
     assert not dropped.accepted and "step 7" in dropped.detail
@@ -154,7 +154,7 @@ def test_the_worker_index_pushed_with_a_gradient_reaches_the_plugin_in_a_real_sh
                             num_workers=2)
     frames = connect_shard(shard.address)
     # a worker whose index the chief assigned, over shared memory as `asyncps local` runs it
-    assigned = connect_model(new_member_id("worker"), [shard.address], place([VariableSpec("w", (2,), "float32")], 1),
+    assigned = connect_model(new_worker_id("worker"), [shard.address], place([VariableSpec("w", (2,), "float32")], 1),
                              transport="shm", worker_index=1)
     try:
         frames.initialize("chief", 0, 1, rule, {"w": np.zeros(2, np.float32)})
@@ -162,12 +162,12 @@ def test_the_worker_index_pushed_with_a_gradient_reaches_the_plugin_in_a_real_sh
         [pushed] = assigned.push_pull(one, step=4, loss=0.0, base=[0])
         assert pushed.outcome is not None and not pushed.outcome.accepted
         assert "worker 1 is ignored (step 4" in pushed.outcome.detail
-        assert frames.push(PushRequest(new_member_id("worker"), 0, one, step=2, worker_index=0)).accepted
-        # no index pushed (a worker of an earlier version): the member id's index, as before, or none
-        assert not frames.push(PushRequest(new_member_id("worker", 1), 1, one, step=3)).accepted
-        assert frames.push(PushRequest(new_member_id("worker"), 1, one, step=3)).accepted
+        assert frames.push(PushRequest(new_worker_id("worker"), 0, one, step=2, worker_index=0)).accepted
+        # no index pushed (a worker of an earlier version): the worker id's index, as before, or none
+        assert not frames.push(PushRequest(new_worker_id("worker", 1), 1, one, step=3)).accepted
+        assert frames.push(PushRequest(new_worker_id("worker"), 1, one, step=3)).accepted
         with pytest.raises(grpc.RpcError) as bad:
-            frames.push(PushRequest(new_member_id("worker"), 2, one, worker_index=-2))
+            frames.push(PushRequest(new_worker_id("worker"), 2, one, worker_index=-2))
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "worker_index" in str(bad.value.details())
         stats = frames.stats()
         assert (stats.version, stats.pushes_accepted, stats.pushes_dropped) == (2, 2, 2)  # the bad push changed nothing
@@ -178,11 +178,11 @@ def test_the_worker_index_pushed_with_a_gradient_reaches_the_plugin_in_a_real_sh
 
 def test_push_context_reaches_a_policy() -> None:
     policy = POLICIES.parse("byo_plugins:IgnoreWorker:worker=3")
-    assert not policy.decide_push(PushContext(new_member_id("worker", 3), 1, 0)).accept
-    assert policy.decide_push(PushContext(new_member_id("worker", 2), 1, 0)).accept
+    assert not policy.decide_push(PushContext(new_worker_id("worker", 3), 1, 0)).accept
+    assert policy.decide_push(PushContext(new_worker_id("worker", 2), 1, 0)).accept
     assert policy.decide_push(PushContext("worker-host-1-abc", 1, 0)).accept  # index unknown: applied
     assert not policy.decide_push(PushContext("worker-host-1-abc", 1, 0, pushed_index=3)).accept  # sent with it
-    assert policy.decide_push(PushContext(new_member_id("worker", 3), 1, 0, pushed_index=2)).accept  # it wins
+    assert policy.decide_push(PushContext(new_worker_id("worker", 3), 1, 0, pushed_index=2)).accept  # it wins
 
 
 def test_a_model_with_non_trainable_state_is_refused() -> None:

@@ -180,8 +180,8 @@ def test_a_worker_resends_an_unanswered_report_unchanged_and_it_is_recorded_once
         assert outbox.unanswered is None and outbox.seq == 4
         assert rows(tmp_path) == ([(1, 0), (2, 0), (3, 0), (4, 0)], [1, 2, 3, 4])
         journal = [json.loads(line) for line in (tmp_path / REPORT_LOG).read_text().splitlines()]
-        assert journal == [{"state": {"worker#0-x": 2}}, {"member": "worker#0-x", "seq": 3},
-                           {"member": "worker#0-x", "seq": 4}]
+        assert journal == [{"state": {"worker#0-x": 2}}, {"worker_id": "worker#0-x", "seq": 3},
+                           {"worker_id": "worker#0-x", "seq": 4}]
     finally:
         link.coord.close()
         chief.stop()

@@ -90,13 +90,13 @@ def test_stopping_before_the_release_tells_waiters_to_stop(chief: Chief) -> None
     assert not reply.released and reply.command == cpb.STOP
 
 
-@pytest.mark.parametrize(("member_ids", "code"), [
+@pytest.mark.parametrize(("worker_ids", "code"), [
     ([], grpc.StatusCode.INVALID_ARGUMENT), (["nobody"], grpc.StatusCode.NOT_FOUND)])
-def test_bad_wait_start_is_refused_and_changes_nothing(chief: Chief, member_ids: list[str],
+def test_bad_wait_start_is_refused_and_changes_nothing(chief: Chief, worker_ids: list[str],
                                                        code: grpc.StatusCode) -> None:
     chief.register(1)
     with pytest.raises(grpc.RpcError) as info:
-        chief.client.wait_start(member_ids, wait_s=0)
+        chief.client.wait_start(worker_ids, wait_s=0)
     assert info.value.code() == code  # type: ignore[attr-defined]
     assert chief.gate.ready_count() == 0 and not chief.gate.released
 

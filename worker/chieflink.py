@@ -1,7 +1,7 @@
 """The worker's calls to the chief, across chief restarts.
 
 A chief that was killed and started again knows no worker: it answers NOT_FOUND until the worker
-registers again. The link then registers again under the same member id and index (so the data
+registers again. The link then registers again under the same worker id and index (so the data
 tasks this worker holds stay its own in the new chief's ledger) and repeats the call once. While
 the chief is down the calls are retried (UNAVAILABLE) up to the chief timeout; past it they raise
 Unreachable and the worker exits.
@@ -32,17 +32,17 @@ class ChiefLost(Unreachable):
 class ChiefLink:
     """Heartbeats, reports and task requests that survive a chief restart (thread-safe)."""
 
-    def __init__(self, coord: CoordinatorClient, member_id: str, index: int) -> None:
+    def __init__(self, coord: CoordinatorClient, worker_id: str, index: int) -> None:
         self.coord = coord
-        self.member_id = member_id
+        self.worker_id = worker_id
         self.index = index  # the index to ask for again: the one the first chief gave
         self._lock = threading.Lock()
         self.registrations = 0
 
     def register(self) -> cpb.RegisterResponse:
-        """Register (again) with the chief under this member id and index."""
+        """Register (again) with the chief under this worker id and index."""
         with self._lock:
-            reply = self.coord.register(self.member_id, "worker", self.index)
+            reply = self.coord.register(self.worker_id, "worker", self.index)
             self.index = reply.index
             self.registrations += 1
             return reply
@@ -66,18 +66,18 @@ class ChiefLink:
 
     def heartbeat(self, step: int, deadline_s: float | None = None) -> cpb.HeartbeatResponse:
         """Say this worker is alive; the reply says continue or stop."""
-        return self._call(lambda: self.coord.heartbeat(self.member_id, "worker", step, deadline_s))
+        return self._call(lambda: self.coord.heartbeat(self.worker_id, "worker", step, deadline_s))
 
     def report(self, pushes: Sequence[cpb.PushRecord], steps: Sequence[cpb.StepTiming], final: bool = False,
                deadline_s: float | None = None, completed_tasks: Sequence[int] = (),
                seq: int = 0) -> cpb.ReportResponse:
         """Send telemetry and completed data tasks (report number `seq`, asyncps.worker.outbox)."""
-        return self._call(lambda: self.coord.report(self.member_id, self.index, pushes, steps, final, deadline_s,
+        return self._call(lambda: self.coord.report(self.worker_id, self.index, pushes, steps, final, deadline_s,
                                                     completed_tasks, seq))
 
     def get_task(self) -> cpb.TaskReply:
         """The next data task for this worker."""
-        return self._call(lambda: self.coord.get_task(self.member_id))
+        return self._call(lambda: self.coord.get_task(self.worker_id))
 
 
 __all__ = ["ChiefLink", "ChiefLost"]

@@ -2,7 +2,7 @@
 
 Why: a worker process holds ~700 MB (TensorFlow), so a 24 GB machine runs ~30 of them, while
 staleness studies go to λ = 64..256. A logical worker is everything that makes a worker a worker
-to the rest of the cluster: its own member id and registration (so its own index, data tasks,
+to the rest of the cluster: its own worker id and registration (so its own index, data tasks,
 injected delays, stragglers and slowdowns by its index), its own shard connections (so its own
 versions, clock and staleness on the shards), its own heartbeats and telemetry. What the threads
 share is the process: the dataset arrays, the model's gradient function (a tf.function, safe to
@@ -25,7 +25,7 @@ from asyncps.worker.outbox import ReportOutbox
 from asyncps.worker.trainer import Telemetry
 
 from asyncps.config import RunConfig
-from asyncps.identity import new_member_id
+from asyncps.identity import new_worker_id
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
@@ -56,7 +56,7 @@ def _register(config: WorkerConfig, coord: CoordinatorClient) -> list[LogicalWor
     workers = []
     for k in range(config.logical):
         index = config.index + k if config.index >= 0 else -1
-        link = ChiefLink(coord, f"{new_member_id('worker', index)}-l{k}", index)
+        link = ChiefLink(coord, f"{new_worker_id('worker', index)}-l{k}", index)
         workers.append(LogicalWorker(link, link.register()))
     return workers
 
@@ -120,7 +120,7 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
     try:
         from asyncps.worker.start import wait_for_start
 
-        ready = [w.link.member_id for w in workers if w.code == 0]
+        ready = [w.link.worker_id for w in workers if w.code == 0]
         if ready and wait_for_start(coord, ready, stop, config.deadline_s):
             go.set()
         else:
@@ -144,7 +144,7 @@ def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, r
     try:
         names = [v.path for v in model.trainable_variables]
         batches = TaskBatches(w.link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
-        client = connect_worker(w.link.member_id, w.reg, model, run, config.security)
+        client = connect_worker(w.link.worker_id, w.reg, model, run, config.security)
         delay = run.step_delay(w.reg.index)
         warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size)
         if run.start_barrier:  # the values at the release: every planned worker's first gradient reads them

@@ -14,7 +14,7 @@ from asyncps.worker.outbox import ReportOutbox
 from asyncps.worker.trainer import Telemetry
 
 from asyncps.config import RunConfig
-from asyncps.identity import new_member_id
+from asyncps.identity import new_worker_id
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.net.rpc import Unreachable
 from asyncps.net.security import SecurityConfig
@@ -86,16 +86,16 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
 
         return run_logical_workers(config, interrupt)
     quiet_tensorflow()
-    member_id = new_member_id("worker", config.index)
+    worker_id = new_worker_id("worker", config.index)
     coord = CoordinatorClient(config.chief, config.deadline_s, config.security)
-    link = ChiefLink(coord, member_id, config.index)
+    link = ChiefLink(coord, worker_id, config.index)
     try:
         reg = link.register()
     except Unreachable as exc:
         log.error("%s", exc)
         return 2
     run = RunConfig.from_json(reg.run_config_json)
-    log.info("registered as worker %d of %d (%s); shards: %s", reg.index, reg.num_workers, member_id,
+    log.info("registered as worker %d of %d (%s); shards: %s", reg.index, reg.num_workers, worker_id,
              ", ".join(reg.ps_addresses))
     # Heartbeats start now: loading TensorFlow, the data and the model can take many seconds on
     # a busy machine, and a silent worker would be declared dead (and its index reused).
@@ -113,7 +113,7 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
         coord.close()
 
 
-def connect_worker(member_id: str, reg: cpb.RegisterResponse, model: Any, run: RunConfig,
+def connect_worker(worker_id: str, reg: cpb.RegisterResponse, model: Any, run: RunConfig,
                    security: SecurityConfig) -> ModelClient:
     """A worker's client to every shard, as the run says: placement, transport, its index, and for a
     sync run over several shards shard 0 deciding each step (every worker of a process or a logical one)."""
@@ -122,7 +122,7 @@ def connect_worker(member_id: str, reg: cpb.RegisterResponse, model: Any, run: R
 
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
-    return connect_model(member_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
+    return connect_model(worker_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
                          security, transport=run.transport, worker_index=reg.index,
                          coordinated=run.update_rule().consistency().coordinated)
 
@@ -142,7 +142,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     data, model = build_run_model(run)
     names = [v.path for v in model.trainable_variables]
     batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
-    client = connect_worker(link.member_id, reg, model, run, config.security)
+    client = connect_worker(link.worker_id, reg, model, run, config.security)
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
     grad_fn = make_grad_fn(model, make_loss(run.loss))
@@ -156,7 +156,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     try:
         if run.start_barrier:  # the values at the release: every planned worker's first gradient reads them
             client.pull()
-        if wait_for_start(link.coord, [link.member_id], stop, config.deadline_s):
+        if wait_for_start(link.coord, [link.worker_id], stop, config.deadline_s):
             trainer.run(stop, config.max_steps, pulled=run.start_barrier)
     except ChiefLost as exc:  # a task request gave up on the chief (said once, below)
         lost = str(exc)

@@ -1,7 +1,7 @@
 """The worker's reports to the chief: numbered, and each re-sent unchanged until the chief answers it.
 
 A report the chief recorded but never answered (it was killed in between) reaches the next chief
-again; the chief recognizes it by its number (ReportRequest.seq, per member id) and does not record
+again; the chief recognizes it by its number (ReportRequest.seq, per worker id) and does not record
 it twice (asyncps.chief.reportlog). That works only if a re-sent report is the same report: so an
 unanswered report is kept whole and sent again, first, before anything queued since is numbered.
 """

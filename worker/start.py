@@ -33,14 +33,14 @@ def warm_up(grad_fn: GradFn, model: Any, x: np.ndarray[Any, Any], y: np.ndarray[
     return time.monotonic() - started
 
 
-def wait_for_start(coord: CoordinatorClient, member_ids: Sequence[str], stop: threading.Event,
+def wait_for_start(coord: CoordinatorClient, worker_ids: Sequence[str], stop: threading.Event,
                    deadline_s: float) -> bool:
     """Tell the chief these members are ready; block until it releases the run and the moment it
     names has come (True), or the run stops first (False). Ends the wait early when `stop` is set
     (chief's STOP on a heartbeat, a signal)."""
     started = time.monotonic()
     while not stop.is_set():
-        reply = coord.wait_start(member_ids, START_POLL_S, deadline_s)
+        reply = coord.wait_start(worker_ids, START_POLL_S, deadline_s)
         if reply.released:
             stop.wait(max(0.0, reply.start_at - time.time()))
             log.info("released by the start barrier after %.1fs (%d planned workers ready)",

@@ -39,11 +39,11 @@ global___Command = Command
 class RegisterRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MEMBER_ID_FIELD_NUMBER: builtins.int
+    WORKER_ID_FIELD_NUMBER: builtins.int
     ROLE_FIELD_NUMBER: builtins.int
     REQUESTED_INDEX_FIELD_NUMBER: builtins.int
     ADDRESS_FIELD_NUMBER: builtins.int
-    member_id: builtins.str
+    worker_id: builtins.str
     """unique per process incarnation"""
     role: builtins.str
     """worker | ps"""
@@ -54,12 +54,12 @@ class RegisterRequest(google.protobuf.message.Message):
     def __init__(
         self,
         *,
-        member_id: builtins.str = ...,
+        worker_id: builtins.str = ...,
         role: builtins.str = ...,
         requested_index: builtins.int = ...,
         address: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["address", b"address", "member_id", b"member_id", "requested_index", b"requested_index", "role", b"role"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["address", b"address", "requested_index", b"requested_index", "role", b"role", "worker_id", b"worker_id"]) -> None: ...
 
 global___RegisterRequest = RegisterRequest
 
@@ -93,20 +93,20 @@ global___RegisterResponse = RegisterResponse
 class HeartbeatRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MEMBER_ID_FIELD_NUMBER: builtins.int
+    WORKER_ID_FIELD_NUMBER: builtins.int
     ROLE_FIELD_NUMBER: builtins.int
     STEP_FIELD_NUMBER: builtins.int
-    member_id: builtins.str
+    worker_id: builtins.str
     role: builtins.str
     step: builtins.int
     def __init__(
         self,
         *,
-        member_id: builtins.str = ...,
+        worker_id: builtins.str = ...,
         role: builtins.str = ...,
         step: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["member_id", b"member_id", "role", b"role", "step", b"step"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["role", b"role", "step", b"step", "worker_id", b"worker_id"]) -> None: ...
 
 global___HeartbeatRequest = HeartbeatRequest
 
@@ -214,14 +214,14 @@ global___StepTiming = StepTiming
 class ReportRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MEMBER_ID_FIELD_NUMBER: builtins.int
+    WORKER_ID_FIELD_NUMBER: builtins.int
     WORKER_INDEX_FIELD_NUMBER: builtins.int
     PUSHES_FIELD_NUMBER: builtins.int
     STEPS_FIELD_NUMBER: builtins.int
     FINAL_FIELD_NUMBER: builtins.int
     COMPLETED_TASKS_FIELD_NUMBER: builtins.int
     SEQ_FIELD_NUMBER: builtins.int
-    member_id: builtins.str
+    worker_id: builtins.str
     worker_index: builtins.int
     final: builtins.bool
     """the worker is exiting after this report"""
@@ -240,7 +240,7 @@ class ReportRequest(google.protobuf.message.Message):
     def __init__(
         self,
         *,
-        member_id: builtins.str = ...,
+        worker_id: builtins.str = ...,
         worker_index: builtins.int = ...,
         pushes: collections.abc.Iterable[global___PushRecord] | None = ...,
         steps: collections.abc.Iterable[global___StepTiming] | None = ...,
@@ -248,7 +248,7 @@ class ReportRequest(google.protobuf.message.Message):
         completed_tasks: collections.abc.Iterable[builtins.int] | None = ...,
         seq: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["completed_tasks", b"completed_tasks", "final", b"final", "member_id", b"member_id", "pushes", b"pushes", "seq", b"seq", "steps", b"steps", "worker_index", b"worker_index"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["completed_tasks", b"completed_tasks", "final", b"final", "pushes", b"pushes", "seq", b"seq", "steps", b"steps", "worker_id", b"worker_id", "worker_index", b"worker_index"]) -> None: ...
 
 global___ReportRequest = ReportRequest
 
@@ -256,14 +256,14 @@ global___ReportRequest = ReportRequest
 class TaskRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MEMBER_ID_FIELD_NUMBER: builtins.int
-    member_id: builtins.str
+    WORKER_ID_FIELD_NUMBER: builtins.int
+    worker_id: builtins.str
     def __init__(
         self,
         *,
-        member_id: builtins.str = ...,
+        worker_id: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["member_id", b"member_id"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["worker_id", b"worker_id"]) -> None: ...
 
 global___TaskRequest = TaskRequest
 
@@ -387,21 +387,21 @@ global___ClusterStatus = ClusterStatus
 class StartRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MEMBER_IDS_FIELD_NUMBER: builtins.int
+    WORKER_IDS_FIELD_NUMBER: builtins.int
     WAIT_S_FIELD_NUMBER: builtins.int
     wait_s: builtins.float
     """longest the chief holds the call before answering not yet"""
     @property
-    def member_ids(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+    def worker_ids(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """every logical worker of the calling process that is ready"""
 
     def __init__(
         self,
         *,
-        member_ids: collections.abc.Iterable[builtins.str] | None = ...,
+        worker_ids: collections.abc.Iterable[builtins.str] | None = ...,
         wait_s: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["member_ids", b"member_ids", "wait_s", b"wait_s"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["wait_s", b"wait_s", "worker_ids", b"worker_ids"]) -> None: ...
 
 global___StartRequest = StartRequest
 

@@ -221,7 +221,7 @@ class PushHeader(google.protobuf.message.Message):
     sync_incarnation: builtins.int
     worker_index: builtins.int
     """The pushing worker's index (as the chief assigned it), for staleness policies; absent: unknown
-    (a worker of an earlier version: the index its member id carries, if any).
+    (a worker of an earlier version: the index its worker id carries, if any).
     """
     @property
     def sync(self) -> global___SyncDecisions:

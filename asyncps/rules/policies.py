@@ -36,14 +36,14 @@ class Decision:
 class PushContext:
     """What a policy may know about one push: who pushed, the worker's step, its staleness."""
 
-    worker_id: str  # the worker's member id (one process incarnation)
+    worker_id: str  # the worker's worker id (one process incarnation)
     step: int  # the worker's own step counter (its clock)
     staleness: int  # shard version now - the version the gradient was computed from
     pushed_index: int | None = None  # the index the worker sent with its push (None: it sent none)
 
     @property
     def worker_index(self) -> int | None:
-        """The worker's index: the one it pushed with, else the one its member id carries (a worker
+        """The worker's index: the one it pushed with, else the one its worker id carries (a worker
         started with an index); None when neither says (a worker of an earlier version)."""
         return self.pushed_index if self.pushed_index is not None else index_of(self.worker_id)
 

@@ -40,7 +40,7 @@ def connect_shard(
 
 
 def connect_model(
-    member_id: str,
+    worker_id: str,
     addresses: Sequence[str],
     placement: Placement,
     deadline_s: float = 60.0,
@@ -53,7 +53,7 @@ def connect_model(
     """A ModelClient over transports to every shard, in shard order (see connect_shard); a worker's
     client sends its index with every push, and a coordinated one (a sync run's worker) has shard 0
     decide each step for every shard."""
-    return ModelClient(member_id, [connect_shard(a, deadline_s, chunk_bytes, security, transport=transport)
+    return ModelClient(worker_id, [connect_shard(a, deadline_s, chunk_bytes, security, transport=transport)
                                    for a in addresses], placement, worker_index, coordinated)
 
 

@@ -32,13 +32,13 @@ class ShardTransport(Protocol):
     address: str
 
     def initialize(
-        self, member_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
+        self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
         values: Mapping[str, Array], run_id: str = "",
     ) -> InitResult:
         """Send initial values and the update rule (idempotent on the shard for the same run)."""
 
     def pull(
-        self, member_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+        self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
         wait_timeout_s: float = 0.0,
     ) -> ShardValues:
         """The shard's values (received into `buffers` where they fit), or None when not newer."""

@@ -32,37 +32,37 @@ class CoordinatorClient:
         return call_with_retry(fn, f"the chief at {self.address}",
                                self._deadline_s if deadline_s is None else deadline_s, rng=self._rng)
 
-    def register(self, member_id: str, role: str = "worker", requested_index: int = -1,
+    def register(self, worker_id: str, role: str = "worker", requested_index: int = -1,
                  address: str = "") -> cpb.RegisterResponse:
         """Join the run; returns this member's index and the plan."""
-        request = cpb.RegisterRequest(member_id=member_id, role=role, requested_index=requested_index,
+        request = cpb.RegisterRequest(worker_id=worker_id, role=role, requested_index=requested_index,
                                       address=address)
         return self._retry(lambda: self._stub.Register(request, timeout=self._call_timeout_s), None)
 
-    def heartbeat(self, member_id: str, role: str, step: int, deadline_s: float | None = None) -> cpb.HeartbeatResponse:
+    def heartbeat(self, worker_id: str, role: str, step: int, deadline_s: float | None = None) -> cpb.HeartbeatResponse:
         """Say this member is alive; the reply says continue or stop."""
-        request = cpb.HeartbeatRequest(member_id=member_id, role=role, step=step)
+        request = cpb.HeartbeatRequest(worker_id=worker_id, role=role, step=step)
         return self._retry(lambda: self._stub.Heartbeat(request, timeout=self._call_timeout_s), deadline_s)
 
-    def report(self, member_id: str, worker_index: int, pushes: Sequence[cpb.PushRecord],
+    def report(self, worker_id: str, worker_index: int, pushes: Sequence[cpb.PushRecord],
                steps: Sequence[cpb.StepTiming], final: bool = False,
                deadline_s: float | None = None, completed_tasks: Sequence[int] = (),
                seq: int = 0) -> cpb.ReportResponse:
         """Send telemetry (push records, step timings, completed data tasks) as report number `seq`
         (0: unnumbered)."""
-        request = cpb.ReportRequest(member_id=member_id, worker_index=worker_index, pushes=pushes,
+        request = cpb.ReportRequest(worker_id=worker_id, worker_index=worker_index, pushes=pushes,
                                     steps=steps, final=final, completed_tasks=completed_tasks, seq=seq)
         return self._retry(lambda: self._stub.Report(request, timeout=self._call_timeout_s), deadline_s)
 
-    def get_task(self, member_id: str, deadline_s: float | None = None) -> cpb.TaskReply:
+    def get_task(self, worker_id: str, deadline_s: float | None = None) -> cpb.TaskReply:
         """The next data task for this worker."""
-        request = cpb.TaskRequest(member_id=member_id)
+        request = cpb.TaskRequest(worker_id=worker_id)
         return self._retry(lambda: self._stub.GetTask(request, timeout=self._call_timeout_s), deadline_s)
 
-    def wait_start(self, member_ids: Sequence[str], wait_s: float,
+    def wait_start(self, worker_ids: Sequence[str], wait_s: float,
                    deadline_s: float | None = None) -> cpb.StartReply:
         """Say these members are ready and wait (up to wait_s) for the chief to release the run."""
-        request = cpb.StartRequest(member_ids=list(member_ids), wait_s=wait_s)
+        request = cpb.StartRequest(worker_ids=list(worker_ids), wait_s=wait_s)
         return self._retry(lambda: self._stub.WaitStart(request, timeout=wait_s + self._call_timeout_s), deadline_s)
 
     def status(self, deadline_s: float | None = None) -> cpb.ClusterStatus:

@@ -114,22 +114,22 @@ class GrpcShardTransport:
                                rng=self._rng)
 
     def initialize(
-        self, member_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
+        self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
         values: Mapping[str, Array], run_id: str = "",
     ) -> InitResult:
         """Send initial values and the update rule (idempotent on the shard for the same run)."""
-        header = ps_pb2.InitializeHeader(worker_id=member_id, shard_index=shard_index, num_shards=num_shards,
+        header = ps_pb2.InitializeHeader(worker_id=worker_id, shard_index=shard_index, num_shards=num_shards,
                                          rule=rule_to_proto(rule), run_id=run_id)
         reply = self.retry(lambda: self._initialize(initialize_frames(header, values, self._chunk_bytes),
                                                      timeout=self.call_timeout_s))
         return InitResult(reply.created, reply.version)
 
     def pull(
-        self, member_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+        self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
         wait_timeout_s: float = 0.0,
     ) -> ShardValues:
         """The shard's values (into `buffers` where they fit), or None when not newer."""
-        request = ps_pb2.PullRequest(worker_id=member_id, if_newer_than=if_newer_than,
+        request = ps_pb2.PullRequest(worker_id=worker_id, if_newer_than=if_newer_than,
                                      wait_timeout_s=wait_timeout_s)
 
         def call() -> ShardValues:

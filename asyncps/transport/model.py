@@ -39,11 +39,11 @@ class ModelClient:
     of a C-contiguous array is contiguous), so reassembling a sliced variable costs no copy.
     """
 
-    def __init__(self, member_id: str, shards: Sequence[ShardTransport], placement: Placement,
+    def __init__(self, worker_id: str, shards: Sequence[ShardTransport], placement: Placement,
                  worker_index: int | None = None, coordinated: bool = False) -> None:
         if len(shards) != placement.num_shards:
             raise ValueError(f"{len(shards)} shard transports for a placement over {placement.num_shards}")
-        self.member_id = member_id
+        self.worker_id = worker_id
         self.worker_index = worker_index  # sent with every push when known (staleness policies see it)
         self.placement = placement
         self.shards = list(shards)
@@ -82,7 +82,7 @@ class ModelClient:
         """Refresh every variable from every shard; return the version vector."""
         def one(shard: int) -> None:
             since = self.versions[shard] if only_if_newer else -1
-            self._accept(shard, self.shards[shard].pull(self.member_id, since, self._views[shard]))
+            self._accept(shard, self.shards[shard].pull(self.worker_id, since, self._views[shard]))
 
         self._on_all(one)
         return list(self.versions)
@@ -120,10 +120,10 @@ class ModelClient:
 
         def one(shard: int) -> ShardPush:
             if not per_shard[shard]:  # nothing of this shard was touched (sparse-only models)
-                reply = self.shards[shard].pull(self.member_id, base[shard], self._views[shard])
+                reply = self.shards[shard].pull(self.worker_id, base[shard], self._views[shard])
                 self._accept(shard, reply)
                 return ShardPush(shard, None, reply.version)
-            request = PushRequest(self.member_id, base[shard], per_shard[shard], step, loss, incarnations[shard],
+            request = PushRequest(self.worker_id, base[shard], per_shard[shard], step, loss, incarnations[shard],
                                   worker_index=self.worker_index)
             outcome, reply = self.shards[shard].push_pull(request, -1, self._views[shard], read_wait_s)
             self._accept(shard, reply)
@@ -141,7 +141,7 @@ class ModelClient:
         followers = list(range(1, len(self.shards)))
 
         def request(shard: int) -> PushRequest:
-            return PushRequest(self.member_id, base[shard], per_shard[shard], step, loss, incarnations[shard], ballot,
+            return PushRequest(self.worker_id, base[shard], per_shard[shard], step, loss, incarnations[shard], ballot,
                                worker_index=self.worker_index)
 
         staged = dict(zip(followers, self._pool.map(lambda s: self.shards[s].push(request(s)), followers),
@@ -152,7 +152,7 @@ class ModelClient:
         decisions = reply.decisions or Decisions(reply.incarnation)
 
         def commit(shard: int) -> ShardPush:
-            done = PushRequest(self.member_id, base[shard], {}, step, loss, incarnations[shard], ballot, decisions,
+            done = PushRequest(self.worker_id, base[shard], {}, step, loss, incarnations[shard], ballot, decisions,
                                self.worker_index)
             verdict, values = self.shards[shard].push_pull(done, -1, self._views[shard], 0.0)
             self._accept(shard, values)

@@ -110,12 +110,12 @@ class ShmShardTransport:
         """Whether pushes currently travel through shared memory."""
         return self._mapping is not None
 
-    def _attach_segment(self, member_id: str, like: Mapping[str, Array]) -> _Mapping | None:
+    def _attach_segment(self, worker_id: str, like: Mapping[str, Array]) -> _Mapping | None:
         """A fresh segment shaped like `like`, mapped by the shard; None when the shard cannot see it."""
         layout = _Layout.of(like)
         segment = shmseg.create(layout.size)
         request = ps_pb2.AttachShmRequest(
-            worker_id=member_id, segment=segment.name, segment_bytes=segment.size, token=segment.token,
+            worker_id=worker_id, segment=segment.name, segment_bytes=segment.size, token=segment.token,
             values=[_Layout.chunk(n, w) for n, w in layout.values.items()])
         give_up = time.monotonic() + self._inner.deadline_s
         try:
@@ -142,14 +142,14 @@ class ShmShardTransport:
         log.info("shard %s: tensors through shared memory (%d bytes)", self.address, segment.size)
         return _Mapping(segment, layout, reply.attachment)
 
-    def _mapped(self, member_id: str, buffers: Mapping[str, Array], call: Callable[[_Mapping], T]) -> T | None:
+    def _mapped(self, worker_id: str, buffers: Mapping[str, Array], call: Callable[[_Mapping], T]) -> T | None:
         """call(mapping) with a segment shaped like `buffers` mapped by the shard (a fresh one after
         a restart); None when the shard cannot see our segments (use frames)."""
         with self._lock:  # one exchange at a time per segment
             for attempt in (0, 1):
                 mapping = self._mapping
                 if mapping is None or set(mapping.values) != set(buffers):
-                    mapping = self._mapping = self._attach_segment(member_id, buffers)
+                    mapping = self._mapping = self._attach_segment(worker_id, buffers)
                     if mapping is None:
                         return None
                 try:
@@ -169,7 +169,7 @@ class ShmShardTransport:
         """Push and pull through the segment (gRPC frames for sparse gradients or another host)."""
         dense = all(not isinstance(g, SparseRows) for g in request.grads.values())
         if not self._unavailable and dense and buffers is not None:
-            done = self._mapped(request.member_id, buffers,
+            done = self._mapped(request.worker_id, buffers,
                                 lambda m: self._exchange(m, request, pull_if_newer_than, buffers, read_wait_s))
             if done is not None:
                 outcome, values = done
@@ -177,16 +177,16 @@ class ShmShardTransport:
                 return outcome, values
         return self._inner.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
 
-    def pull(self, member_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+    def pull(self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
              wait_timeout_s: float = 0.0) -> ShardValues:
         """The values through the segment (into `buffers`), or over frames."""
         if not self._unavailable and buffers is not None:
-            request = PushRequest(member_id, 0, {})
-            done = self._mapped(member_id, buffers,
+            request = PushRequest(worker_id, 0, {})
+            done = self._mapped(worker_id, buffers,
                                 lambda m: self._exchange(m, request, if_newer_than, buffers, wait_timeout_s, True))
             if done is not None:
                 return done[1]
-        return self._inner.pull(member_id, if_newer_than, buffers, wait_timeout_s)
+        return self._inner.pull(worker_id, if_newer_than, buffers, wait_timeout_s)
 
     def push(self, request: PushRequest) -> PushOutcome:
         """One gradient through the segment already mapped (no values come back), else over frames."""
@@ -194,7 +194,7 @@ class ShmShardTransport:
         dense = all(not isinstance(g, SparseRows) for g in request.grads.values())
         if mapping is not None and dense and set(request.grads) <= set(mapping.grads):
             buffers = mapping.values
-            done = self._mapped(request.member_id, buffers,
+            done = self._mapped(request.worker_id, buffers,
                                 lambda m: self._exchange(m, request, _NEVER_NEWER, buffers, 0.0))
             if done is not None and done[0] is not None:
                 return done[0]
@@ -228,10 +228,10 @@ class ShmShardTransport:
         return outcome, ShardValues(reply.version, reply.incarnation, values, reply.waited_s, decisions)
 
     # everything else is the gRPC transport's
-    def initialize(self, member_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
+    def initialize(self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
                    values: Mapping[str, Array], run_id: str = "") -> InitResult:
         """See ShardTransport."""
-        return self._inner.initialize(member_id, shard_index, num_shards, rule, values, run_id)
+        return self._inner.initialize(worker_id, shard_index, num_shards, rule, values, run_id)
 
     def stats(self, deadline_s: float | None = None) -> StoreStats:
         """See ShardTransport."""

@@ -102,7 +102,7 @@ def decisions_from_proto(msg: ps_pb2.SyncDecisions) -> Decisions:
 
 def push_header(request: PushRequest, pull_if_newer_than: int = -1, read_wait_s: float = 0.0) -> ps_pb2.PushHeader:
     """The header of a push (or push-pull) of `request`; the worker index only when known."""
-    header = ps_pb2.PushHeader(worker_id=request.member_id, base_version=request.base_version, step=request.step,
+    header = ps_pb2.PushHeader(worker_id=request.worker_id, base_version=request.base_version, step=request.step,
                                loss=request.loss, pull_if_newer_than=pull_if_newer_than, read_wait_s=read_wait_s,
                                incarnation=request.incarnation, worker_index=request.worker_index)
     if request.ballot is not None:

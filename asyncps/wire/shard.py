@@ -35,7 +35,7 @@ class PushOutcome:
 class PushRequest:
     """One step's gradient for one shard, with what it was computed from."""
 
-    member_id: str
+    worker_id: str
     base_version: int
     grads: Mapping[str, Gradient]
     step: int = 0
