@@ -58,7 +58,7 @@ def test_example_trains_through_the_cli(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--user-path", str(BYO), "--run-dir", str(run_dir), "--quiet",
                       "--model", EXAMPLE["model"], "--dataset", EXAMPLE["dataset"], "--loss", EXAMPLE["loss"],
-                      "--optimizer", "adam", "--lr", "0.01", "--epochs", "4", "--workers", "2", "--ps", "1",
+                      "--optimizer", "adam", "--lr", "0.01", "--epochs", "4", "--workers", "2", "--num-ps", "1",
                       "--metrics", "sparse_categorical_accuracy,shapes_model:true_class_probability"])
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -100,7 +100,7 @@ def test_example_trains_through_asyncps_train(tmp_path: Path) -> None:
 def test_policy_plugin_is_loaded_by_name_and_applied_in_the_shard(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--user-path", str(BYO), "--run-dir", str(run_dir), "--quiet", "--model", "logreg",
-                      "--workers", "2", "--ps", "1", "--max-updates", "40",
+                      "--workers", "2", "--num-ps", "1", "--max-updates", "40",
                       "--staleness-policy", "byo_plugins:IgnoreWorker:worker=1"])
     assert result.returncode == 0, result.stdout + result.stderr
     rows = push_rows(run_dir)

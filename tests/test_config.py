@@ -218,3 +218,22 @@ def test_an_explicit_mode_flag_beats_file_and_environment_in_a_real_run(tmp_path
     assert summary["mode"] == "async" and config["run"]["mode"] == "async"
     assert summary["workers"] == 1 and summary["ps_shards"] == 1 and config["run"]["model"] == "logreg"
     assert summary["updates_applied"] >= 20
+
+
+def test_every_run_flag_is_spelled_as_its_field_with_older_spellings_as_aliases() -> None:
+    for name, option in run_options().items():
+        flags = flag_names(name)
+        if option.flags == () or option.spreads:  # no flag of its own / one flag that sets several fields
+            continue
+        assert flags[0] == "--" + name.replace("_", "-"), (name, flags)
+    assert flag_names("num_ps") == ("--num-ps",)  # --ps is the chief's address list and nothing else
+    parser = build_parser()
+    old = parser.parse_args(["local", "--lr", "0.5", "--workers", "3", "--eval-every", "4"])
+    new = parser.parse_args(["local", "--learning-rate", "0.5", "--num-workers", "3", "--eval-every-s", "4"])
+    assert vars(old) == vars(new)
+
+
+def test_local_says_what_ps_means_instead_of_taking_a_count(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["local", "--ps", "2"])
+    assert "--num-ps" in capsys.readouterr().err

@@ -66,7 +66,7 @@ def test_mean_staleness_is_workers_minus_one(tmp_path: Path, workers: int) -> No
     # Identical workers whose step time is dominated by (injected) compute take turns, so each
     # gradient sees the other lambda-1 workers' updates land in between: staleness ~ lambda-1.
     run_dir = tmp_path / f"run{workers}"
-    result = run_cli(["local", "--run-dir", str(run_dir), "--workers", str(workers), "--ps", "1",
+    result = run_cli(["local", "--run-dir", str(run_dir), "--workers", str(workers), "--num-ps", "1",
                       "--max-updates", str(60 * workers), "--compute-delay", "const:0.03",
                       "--eval-every", "30", "--quiet"])
     assert result.returncode == 0, result.stdout + result.stderr

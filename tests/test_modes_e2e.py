@@ -35,7 +35,7 @@ def test_sync_applies_only_fresh_gradients(tmp_path: Path) -> None:
 
 
 def test_backup_worker_beats_a_straggler(tmp_path: Path) -> None:
-    flags = ["--mode", "sync", "--workers", "3", "--ps", "1", "--stragglers", "0:4x",
+    flags = ["--mode", "sync", "--workers", "3", "--num-ps", "1", "--stragglers", "0:4x",
              "--compute-delay", "const:0.02", "--max-seconds", "8"]
     plain = run_summary(tmp_path, "sync", *flags)
     backup = run_summary(tmp_path, "backup", *flags, "--backup-workers", "1")
@@ -54,7 +54,7 @@ def test_ssp_clock_lead_stays_within_the_bound(tmp_path: Path, bound: int) -> No
 
 
 def test_drop_policy_never_applies_staler_gradients(tmp_path: Path) -> None:
-    s = run_summary(tmp_path, "drop", "--staleness-policy", "drop:1", "--workers", "4", "--ps", "1",
+    s = run_summary(tmp_path, "drop", "--staleness-policy", "drop:1", "--workers", "4", "--num-ps", "1",
                     "--compute-delay", "uniform:0,0.02", "--max-updates", "200")
     with open(s["run_dir"] / "pushes.csv") as f:
         rows = list(csv.DictReader(f))

@@ -31,7 +31,7 @@ def run(tmp_path: Path, name: str, *flags: str, env: dict[str, str] | None = Non
     os.environ.update(env or {})
     try:
         result = run_cli(["local", "--run-dir", str(run_dir), "--eval-every", "30", "--quiet", "--model", "logreg",
-                          "--ps", "2", *flags])
+                          "--num-ps", "2", *flags])
     finally:
         os.environ.clear()
         os.environ.update(saved)
