@@ -132,7 +132,7 @@ def test_report_numbers_are_per_member_and_a_torn_journal_line_is_ignored(tmp_pa
     assert read_last_reports(RunDir(tmp_path).reports) == {"a": 2, "b": 1}
     again = ReportLog(RunDir(tmp_path).reports, resume=True)
     again.close()
-    assert [json.loads(line) for line in (RunDir(tmp_path).reports).read_text().splitlines()] == [
+    assert [json.loads(line) for line in RunDir(tmp_path).reports.read_text().splitlines()] == [
         {"state": {"a": 2, "b": 1}}]
     assert ReportLog(tmp_path / "fresh.jsonl").last("a") == 0  # a new run remembers nothing
 
@@ -179,7 +179,7 @@ def test_a_worker_resends_an_unanswered_report_unchanged_and_it_is_recorded_once
         outbox.send()  # the new chief does not know the worker: the link registers again, then 3, then 4
         assert outbox.unanswered is None and outbox.seq == 4
         assert rows(tmp_path) == ([(1, 0), (2, 0), (3, 0), (4, 0)], [1, 2, 3, 4])
-        journal = [json.loads(line) for line in (RunDir(tmp_path).reports).read_text().splitlines()]
+        journal = [json.loads(line) for line in RunDir(tmp_path).reports.read_text().splitlines()]
         assert journal == [{"state": {"worker#0-x": 2}}, {"worker_id": "worker#0-x", "seq": 3},
                            {"worker_id": "worker#0-x", "seq": 4}]
     finally:
