@@ -27,7 +27,7 @@ METRICS: tuple[str, ...] = (
     "updates", "wall_s", "updates_per_s", "gradients_per_s", "staleness_mean", "staleness_steady_mean",
     "staleness_p95", "staleness_max", "dropped_pct", "idle_pct", "time_to_target_s", "updates_to_target",
     "final_accuracy", "final_loss", "optimality_gap", "clock_lead", "late_workers", "worker_mb", "loss_rebound",
-    "run_s",
+    "run_s", "gap_tail",
 )
 
 
@@ -90,6 +90,22 @@ def loss_rebound(evals: Sequence[EvalRow]) -> float:
         lowest = min(lowest, row.loss)
         rise = max(rise, row.loss - lowest)
     return rise
+
+
+#: The share of a run, by applied updates, over which gap_tail averages.
+TAIL_FRACTION = 0.5
+
+
+def gap_tail(evals: Sequence[EvalRow], floor: float, fraction: float = TAIL_FRACTION) -> float:
+    """The mean test loss above `floor` (the optimum's) over the evaluations in the last `fraction`
+    of the run's updates. At a learning rate large enough for staleness to matter, SGD keeps
+    wandering around the optimum, so the final gap is one sample of a fluctuating quantity; the
+    mean over the tail estimates the level the run settled at, with a smaller spread."""
+    if not evals:
+        return math.nan
+    last = max(row.updates for row in evals)
+    tail = [row.loss - floor for row in evals if row.updates >= (1.0 - fraction) * last]
+    return sum(tail) / len(tail)
 
 
 def steady_staleness(pushes: Sequence[PushRow]) -> float:
@@ -171,9 +187,11 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
         dropped_pct = 100.0 * dropped / (applied + dropped) if applied + dropped else 0.0
     reach_s, reach_updates = math.nan, math.nan
     evals = read_rows(RunDir(run_dir).evals, EvalRow) if RunDir(run_dir).evals.exists() else []
+    floor = optimal_test_loss(run_dir) if s.optimality_gap is not None and evals else math.nan
     if target:
         if target.metric == "excess_loss":
-            evals = excess(evals, optimal_test_loss(run_dir))
+            evals = excess(evals, optimal_test_loss(run_dir) if math.isnan(floor) else floor)
+            floor = 0.0
         reach_s, reach_updates = time_to_target(evals, target)
     return {
         "updates": float(s.updates_applied),
@@ -199,4 +217,5 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
         else math.nan,
         "worker_mb": worker_mb(run_dir),
         "loss_rebound": loss_rebound(evals),
+        "gap_tail": math.nan if math.isnan(floor) else gap_tail(evals, floor),
     }
