@@ -22,6 +22,7 @@ from asyncps.delays import StepDelay
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
 from asyncps.rules import MODES, POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import MODE_ALIASES, fold_mode_aliases, mode_alias_values
+from asyncps.transport.registry import TRANSPORTS
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 
 ENV_PREFIX = "ASYNCPS_"
@@ -151,9 +152,7 @@ class RunConfig:
         "gives a chief that never called at least 300 s to start)"),
         flags=("--chief-timeout-s", "--chief-timeout"))
     task_size: int = setting(0, help="examples per data task (0: 4 batches)")
-    transport: str = setting("auto", help=(
-        "how workers move tensors to shards: auto (shared memory with shards on the same host, gRPC frames "
-        "otherwise) | grpc | shm (shared memory required)"))
+    transport: str = setting("auto", help=TRANSPORTS.help())
     pipeline: bool = setting(False, help=(
         "workers compute the next gradient while the previous push is in flight: more steps/s, one more "
         "step of staleness (measured and recorded like any other)"))
@@ -187,8 +186,9 @@ class RunConfig:
             problems.append("chief_timeout_s must be >= 0 (0: never)")
         if self.task_size < 0:
             problems.append("task_size must be >= 0")
-        if self.transport not in ("auto", "grpc", "shm"):
-            problems.append(f"transport must be auto, grpc or shm, not {self.transport!r}")
+        transport_problem = TRANSPORTS.problem(self.transport)
+        if transport_problem is not None:
+            problems.append(transport_problem)
         if self.tf_threads < 0:
             problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
         if problems:

@@ -37,3 +37,13 @@ class AbortedError(AsyncpsError):
 
 class UnavailableError(AsyncpsError):
     """Not now, and nothing changed: the caller retries (SSP holds a worker that runs ahead)."""
+
+
+class PathNotVisibleError(FailedPreconditionError):
+    """The shard cannot reach this client's data path (e.g. its shared memory from another host):
+    the client falls back to the next path (FAILED_PRECONDITION, typed by asyncps.net.rpc)."""
+
+
+class AttachAgainError(FailedPreconditionError):
+    """The shard no longer holds this client's data-path attachment (a restart, a replacement): the
+    client attaches a fresh one (FAILED_PRECONDITION, typed by asyncps.net.rpc)."""

@@ -7,13 +7,9 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from asyncps.ps.service import DEFAULT_MAX_WAITERS
-from asyncps.ps.servicer import (
-    DEFAULT_MAX_REQUEST_BYTES,
-    SHARD_HANDLER_THREADS,
-    ParameterServerServicer,
-    add_to_server,
-)
+from asyncps.ps.adapter import DEFAULT_MAX_REQUEST_BYTES, ShardAdapter, ShardSide, add_handlers, load_adapter_factory
+from asyncps.ps.service import DEFAULT_MAX_WAITERS, ShardService
+from asyncps.ps.servicer import SHARD_HANDLER_THREADS
 from asyncps.ps.store import ShardStore
 from asyncps.ps.watchdog import ChiefWatch
 
@@ -21,6 +17,7 @@ from asyncps.net.rpc import create_server, serve_health
 from asyncps.net.security import SecurityConfig
 from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S, StreamLimits
 from asyncps.rundir import write_port_file
+from asyncps.transport.registry import TRANSPORTS, TransportRegistry
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 
 log = logging.getLogger("asyncps.ps")
@@ -60,6 +57,12 @@ class PsConfig:
             raise ValueError("chief_timeout_s must be >= 0 (0: never give up on the chief)")
 
 
+def shard_adapters(side: ShardSide, registry: TransportRegistry = TRANSPORTS) -> list[ShardAdapter]:
+    """The one place a shard's transports are built: every registered transport's adapter over
+    the same service, in registry order (gRPC first)."""
+    return [load_adapter_factory(transport.shard_adapter)(side) for transport in registry]
+
+
 def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     """Serve until Shutdown or interrupt (0), or until the chief is silent for too long (3)."""
     stop = interrupt or threading.Event()
@@ -71,15 +74,18 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     store = ShardStore(config.index, enforce_bounds=not unbounded)
     limits = config.stream_limits
     # long-polls are streams too: never more waiting than the guard admits
-    servicer = ParameterServerServicer(store, config.chunk_bytes, config.max_request_bytes,
-                                       on_shutdown=lambda reason: stop.set(),
-                                       max_waiters=min(DEFAULT_MAX_WAITERS, limits.max_streams))
+    service = ShardService(store, max_waiters=min(DEFAULT_MAX_WAITERS, limits.max_streams))
+    adapters = shard_adapters(ShardSide(service, config.chunk_bytes, config.max_request_bytes,
+                                        on_shutdown=lambda reason: stop.set(), host=config.host,
+                                        security=config.security))
     server, port, health = create_server(
         f"{config.host}:{config.port}",
-        [lambda s: add_to_server(servicer, s)],
+        [lambda s: add_handlers(s, adapters)],
         max_workers=config.handler_threads, stream_limits=limits,
         interceptors=[*config.security.server_interceptors(), watch.interceptor()],
         credentials=config.security.server_credentials())
+    for adapter in adapters:
+        adapter.start()
     probe = None
     if config.health_port is not None:
         probe, probe_port = serve_health(f"{config.host}:{config.health_port}", health)
@@ -98,5 +104,6 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     server.stop(grace=2.0 if code == 0 else 0.5).wait()  # no chief: nobody waits for answers worth a grace
     if probe is not None:
         probe.stop(grace=None)
-    servicer.close()
+    for adapter in reversed(adapters):
+        adapter.close()
     return code

@@ -34,6 +34,11 @@ class ShardService:
         self._bytes_pulled = 0
         self._bytes_pushed = 0
 
+    @property
+    def shard_index(self) -> int:
+        """Which shard this is (for reply headers and checkpoints)."""
+        return self.store.shard_index
+
     @contextlib.contextmanager
     def _waiter(self) -> Iterator[bool]:
         """A slot for a blocking wait; when every slot is taken the call answers at once instead,
