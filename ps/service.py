@@ -15,7 +15,7 @@ from asyncps.ps.store import ShardStore
 
 from asyncps.errors import InvalidArgumentError
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Decisions, Held
+from asyncps.rules.sync.types import Decisions, Held
 from asyncps.wire.codec import Array
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 

@@ -29,9 +29,12 @@ from asyncps.errors import (
     UnavailableError,
 )
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Ballot, Consistency, Decisions, Held, Verdict
+from asyncps.rules.consistency import Consistency, Verdict
 from asyncps.rules.optimizers import Optimizer, make_optimizer
 from asyncps.rules.policies import PushContext, StalenessPolicy
+from asyncps.rules.sync.coordinated import Coordinator
+from asyncps.rules.sync.follower import SyncFollower
+from asyncps.rules.sync.types import Ballot, Decisions, Held
 from asyncps.wire.codec import Array, Gradient, SparseRows, coalesce_rows
 from asyncps.wire.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
 
@@ -81,7 +84,6 @@ class ShardStore:
         # False only in tests that show what SSP's bound prevents (ASYNCPS_TEST_NO_SSP_GATE)
         self._enforce_bounds = enforce_bounds
         self._refused: dict[str, int] = {}  # reads refused, by why (SSP's bound)
-        self._last_push: dict[str, tuple[int, PushOutcome]] = {}  # strict reads: worker -> (step, outcome)
         self._clock = clock
         self._init_lock = threading.Lock()
         self._version_cond = threading.Condition()
@@ -212,7 +214,7 @@ class ShardStore:
 
     def decisions_since(self, step: int) -> Decisions | None:
         """The coordinator's decisions for steps >= step (None: this shard decides none)."""
-        if self._mode is None or step < 0:
+        if not isinstance(self._mode, Coordinator) or step < 0:
             return None
         with self._version_cond:
             steps = self._mode.decisions_since(step)
@@ -222,11 +224,12 @@ class ShardStore:
         """A follower applies the coordinator's decided steps (SyncFollower); what became of
         worker_id's gradient staged under `ballot` (accepted while it is still staged)."""
         self._require_initialized()
-        assert self._mode is not None and self._rule is not None
+        assert self._rule is not None
+        follower = self._follower()
         lr = self._rule.optimizer.learning_rate
         with self._unpaused_locks(sorted(self._vars)), self._version_cond:  # a cut holds commits too
-            self._apply_decisions(decisions)
-            resolution = self._mode.resolution(worker_id, ballot.step)
+            self._apply_decisions(follower, decisions)
+            resolution = follower.resolution(worker_id, ballot.step)
             if resolution is None:
                 return PushOutcome(True, 0, self._version, lr)
             if resolution.accepted:
@@ -235,17 +238,23 @@ class ShardStore:
             return PushOutcome(False, resolution.staleness, resolution.version, 0.0, resolution.drop,
                                resolution.reason)
 
-    def _apply_decisions(self, decisions: Decisions) -> None:
+    def _follower(self) -> SyncFollower:
+        """The follower state of a coordinated mode on this shard (InvalidArgumentError on others)."""
+        if not isinstance(self._mode, SyncFollower):
+            raise InvalidArgumentError("sync decisions go to a follower shard of a sync run only")
+        return self._mode
+
+    def _apply_decisions(self, follower: SyncFollower, decisions: Decisions) -> None:
         """Apply a follower's new decided steps and count what they dropped (every lock held)."""
-        assert self._mode is not None and self._rule is not None
+        assert self._rule is not None
         lr = self._rule.optimizer.learning_rate
-        for _, step in self._mode.commit(decisions, self._version):
+        for _, step in follower.commit(decisions, self._version):
             if step is not None:
                 for name, grad in sorted(step.items()):
                     self._apply(self._vars[name], grad, lr)
                 self._version += 1
                 self._accepted += 1
-        for drop in self._mode.take_drops():
+        for drop in follower.take_drops():
             self._count_drop(drop)
         self._version_cond.notify_all()
 
@@ -307,9 +316,10 @@ class ShardStore:
                     raise InvalidArgumentError(
                         f"base_version {base_version} is from the future: shard version is {version_now}"
                     )
-                remembered = self._last_push.get(worker_id)
-                if self._mode.strict_reads and step is not None and remembered and remembered[0] == step:
-                    return remembered[1]
+                retries = self._mode.retries
+                repeated = retries.repeated(worker_id, step) if retries is not None else None
+                if repeated is not None:
+                    return repeated
                 staleness = version_now - base_version
                 admission = self._mode.admit(worker_id, base_version, version_now, ballot)
                 self._mode.pushed(worker_id)
@@ -338,11 +348,10 @@ class ShardStore:
                 return self._remember(worker_id, step, PushOutcome(True, staleness, version, lr))
 
     def _remember(self, worker_id: str, step: int | None, outcome: PushOutcome) -> PushOutcome:
-        """Keep the outcome of a worker's last push for a retry of it (strict reads only; state lock held)."""
+        """Keep the outcome of a worker's push for a retry of it, in the mode's memo (state lock held)."""
         assert self._mode is not None
-        if self._mode.strict_reads and step is not None:
-            self._last_push[worker_id] = (step, outcome)
-        return outcome
+        retries = self._mode.retries
+        return retries.remember(worker_id, step, outcome) if retries is not None else outcome
 
     def _adjusted(self, name: str, grad: Gradient, read: dict[str, Array] | None) -> Gradient:
         """The gradient after the policy's correction with the values the worker read."""
@@ -433,16 +442,13 @@ class ShardStore:
         answers its decisions for steps >= decisions_since. Both with every lock held, so the
         state read after is the one answered."""
         with self._all_locks(), self._version_cond:
-            position = self._mode.sync_position() if self._mode is not None else None
             if sync is not None:
-                if position is None:
-                    raise InvalidArgumentError("sync decisions go to a follower shard of a sync run only")
-                self._apply_decisions(sync)
-                position = self._mode.sync_position() if self._mode is not None else None
+                self._apply_decisions(self._follower(), sync)
+            position = self._mode.sync_position() if isinstance(self._mode, SyncFollower) else None
             self._paused_until = self._clock() + hold_s if hold_s > 0 else 0.0
             self._version_cond.notify_all()
             decided = None
-            if decisions_since >= 0 and self._mode is not None:
+            if decisions_since >= 0 and isinstance(self._mode, Coordinator):
                 steps = self._mode.decisions_since(decisions_since)
                 decided = Decisions(self._incarnation, steps) if steps else None
             lineage, next_step = position or (0, 0)
@@ -527,7 +533,6 @@ class ShardStore:
             self._rule = snap.rule
             self._version, self._accepted, self._dropped = snap.version, snap.accepted, snap.dropped
             self._read = {}
-            self._last_push = {}
             self._incarnation = secrets.randbits(62) + 1
             self._run_id = snap.run_id
             self._version_cond.notify_all()

@@ -9,7 +9,8 @@ import pytest
 from asyncps.ps.store import ShardStore
 
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.rules.modes import SSPConsistency, SyncConsistency, make_consistency
+from asyncps.rules.modes import SSPConsistency, make_consistency
+from asyncps.rules.sync.bsp import SyncConsistency
 from asyncps.wire.shard import DropReason
 
 

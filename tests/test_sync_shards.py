@@ -11,7 +11,8 @@ from asyncps.ps.store import ShardStore
 from asyncps.errors import InvalidArgumentError, UnavailableError
 from asyncps.pb import ps_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.rules.modes import Ballot, Decisions, SyncFollower
+from asyncps.rules.sync import Ballot, Decisions
+from asyncps.rules.sync.follower import SyncFollower
 from asyncps.wire.proto import decisions_from_proto
 from asyncps.wire.shard import DropReason, PushRequest
 

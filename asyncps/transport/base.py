@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Decisions, Held
+from asyncps.rules.sync.types import Decisions, Held
 from asyncps.wire.codec import Array
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 

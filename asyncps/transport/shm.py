@@ -25,7 +25,7 @@ import numpy as np
 from asyncps.errors import FailedPreconditionError
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Decisions, Held
+from asyncps.rules.sync.types import Decisions, Held
 from asyncps.transport import shmseg
 from asyncps.transport.base import InitResult
 from asyncps.transport.grpc_shard import GrpcShardTransport
