@@ -81,7 +81,6 @@ class ParameterServerServicer:
         max_waiters: int = DEFAULT_MAX_WAITERS,
     ) -> None:
         self._service = ShardService(store, max_waiters)
-        self._store = store
         self._chunk_bytes = chunk_bytes
         self._max_request_bytes = max_request_bytes
         self._on_shutdown = on_shutdown
@@ -113,7 +112,7 @@ class ParameterServerServicer:
 
     def _header(self, reply: ShardValues, push: ps_pb2.PushResult | None) -> ps_pb2.PullHeader:
         header = ps_pb2.PullHeader(version=reply.version, not_modified=reply.values is None,
-                                   shard_index=self._store.shard_index, push=push, waited_s=reply.waited_s,
+                                   shard_index=self._service.shard_index, push=push, waited_s=reply.waited_s,
                                    incarnation=reply.incarnation)
         if reply.decisions is not None:
             header.sync.CopyFrom(decisions_to_proto(reply.decisions))
@@ -186,7 +185,7 @@ class ParameterServerServicer:
     def Snapshot(self, request: ps_pb2.SnapshotRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Stream the whole state for a checkpoint."""
         snap = self._service.snapshot()
-        yield from snapshot_frames(snapshot_header(snap, self._store.shard_index), snap, self._chunk_bytes)
+        yield from snapshot_frames(snapshot_header(snap, self._service.shard_index), snap, self._chunk_bytes)
 
     @handles_errors
     def Restore(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> ps_pb2.InitializeResponse:
@@ -203,7 +202,7 @@ class ParameterServerServicer:
         """Map a worker's shared-memory segment (same host only)."""
         stats = self._service.stats()
         if not stats.initialized:
-            raise FailedPreconditionError(f"shard {self._store.shard_index} is not initialized yet")
+            raise FailedPreconditionError(f"shard {self._service.shard_index} is not initialized yet")
         variables = {name: (np.dtype(dtype), tuple(shape)) for name, dtype, shape in stats.variables}
         attachment = self._attachments.attach(request.worker_id, request.segment, request.segment_bytes,
                                               request.token, request.values, variables)
