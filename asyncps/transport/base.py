@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Decisions, Held
+from asyncps.rules.sync.types import Decisions, Held
 from asyncps.wire.codec import Array
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 

@@ -17,7 +17,7 @@ from asyncps.net.rpc import call_with_retry, make_channel
 from asyncps.net.security import SecurityConfig, secure_channel
 from asyncps.pb import ps_pb2
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Decisions, Held
+from asyncps.rules.sync.types import Decisions, Held
 from asyncps.transport.base import ClientSetup, DataPath, InitResult, ShardClient
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
 from asyncps.wire.frames import identity, read_frames
