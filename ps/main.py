@@ -101,6 +101,9 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
             break
     log.info("shard %d stopping at version %d", config.index, store.version)
     health.enter_graceful_shutdown()
+    # blocked handlers (sync steps, SSP gates, long polls, pushes held by a cut) answer now: a
+    # handler thread still waiting after the grace would keep the process from exiting
+    service.stop()
     server.stop(grace=2.0 if code == 0 else 0.5).wait()  # no chief: nobody waits for answers worth a grace
     if probe is not None:
         probe.stop(grace=None)

@@ -127,6 +127,10 @@ class ShardService:
         return dataclasses.replace(stats, shard_index=self.shard_index, bytes_pulled=pulled, bytes_pushed=pushed,
                                    mode_stats={**stats.mode_stats, **refused})
 
+    def stop(self) -> None:
+        """The shard is stopping: every blocked call answers now, pushes are refused (UNAVAILABLE)."""
+        self.store.stop()
+
     def set_live_workers(self, worker_ids: list[str]) -> int:
         """Update the live set used by the consistency model; the version."""
         self.store.set_live_workers(worker_ids)

@@ -31,6 +31,7 @@ from asyncps.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    UnavailableError,
 )
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.consistency import Consistency, Verdict
@@ -114,6 +115,7 @@ class ShardStore:
         self._incarnation = 0
         self._run_id = ""  # the run this state belongs to (set by initialize and restore)
         self._paused_until = 0.0  # pushes wait while clock() < this (a checkpoint cut)
+        self._stopping = False  # set by stop(): every wait returns, new pushes are refused
 
     # -- initialization -------------------------------------------------------------------
     def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array], run_id: str = "") -> bool:
@@ -219,7 +221,8 @@ class ShardStore:
             if mode.readable(worker_id, base_version, self._version):
                 return ReadGate(True, 0.0, mode.strict_reads)
             readable = timeout_s > 0 and self._version_cond.wait_for(
-                lambda: mode.readable(worker_id, base_version, self._version), timeout=timeout_s)
+                lambda: self._stopping or mode.readable(worker_id, base_version, self._version), timeout=timeout_s)
+            readable = readable and not self._stopping
             strict = mode.strict_reads
         return ReadGate(readable, self._clock() - start if timeout_s > 0 else 0.0, strict)
 
@@ -285,7 +288,7 @@ class ShardStore:
     def wait_newer(self, version: int, timeout_s: float) -> int:
         """Block until the shard's version exceeds `version` or timeout; return the version."""
         with self._version_cond:
-            self._version_cond.wait_for(lambda: self._version > version, timeout=max(0.0, timeout_s))
+            self._version_cond.wait_for(lambda: self._stopping or self._version > version, timeout=max(0.0, timeout_s))
             return self._version
 
     def values(self) -> dict[str, Array]:
@@ -473,8 +476,23 @@ class ShardStore:
 
     def _wait_unpaused(self) -> None:
         with self._version_cond:
-            while self._paused():
+            while self._paused() and not self._stopping:
                 self._version_cond.wait(timeout=max(0.0, self._paused_until - self._clock()))
+
+    def stop(self) -> None:
+        """The shard is going away: wake every waiting call now and refuse pushes from here on.
+
+        A handler thread blocked in a wait (a sync step, SSP's gate, a long poll, a push held by a
+        cut) would otherwise outlive the server's grace and keep the process from exiting.
+        """
+        with self._version_cond:
+            self._stopping = True
+            self._version_cond.notify_all()
+
+    def _refuse_if_stopping(self) -> None:
+        """Call with the state lock held."""
+        if self._stopping:
+            raise UnavailableError(f"shard {self.shard_index} is stopping")
 
     @contextlib.contextmanager
     def _unpaused(self, names: list[str]) -> Iterator[None]:
@@ -489,6 +507,7 @@ class ShardStore:
                 for name in names:
                     attempt.enter_context(self._vars[name].lock)
                 attempt.enter_context(self._version_cond)
+                self._refuse_if_stopping()
                 if not self._paused():
                     held = attempt.pop_all()
                     break

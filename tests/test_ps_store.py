@@ -18,6 +18,7 @@ from asyncps.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    UnavailableError,
 )
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.wire.codec import SparseRows
@@ -584,3 +585,70 @@ def test_one_push_pull_enters_the_store_once_per_phase(mode: str, policy: str) -
     assert store.calls == ["push", "wait_readable", "pull"]  # apply, wait, read
     assert state_lock.entries == 3  # once per phase
     assert {name: lock.entries for name, lock in var_locks.items()} == {name: 2 for name in var_locks}  # apply, read
+
+
+class WaitersCondition(threading.Condition):
+    """A state lock that tells how many threads are blocked in it, so a test stops a store only once
+    its calls really wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = 0
+        self.blocked = threading.Semaphore(0)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting += 1
+        self.blocked.release()
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting -= 1
+
+
+def test_stop_wakes_every_blocked_call_and_refuses_new_pushes() -> None:
+    """A stopping shard answers its waiting handlers at once (else they outlive the server's grace and
+    the process cannot exit: seen as a shard ignoring SIGTERM for 20 s)."""
+    state = WaitersCondition()
+    store = ShardStore(shard_index=0, state_lock=state)
+    store.initialize(UpdateRuleConfig(OptimizerConfig("sgd", 0.1), mode="sync", num_workers=2), initial_values())
+    store.set_live_workers(["w0", "w1"])
+    service = ShardService(store)
+    grads = {name: np.ones_like(value) for name, value in initial_values().items()}
+    results: dict[str, Any] = {}
+
+    def sync_step() -> None:  # w1 never pushes: w0 waits for the step to complete
+        results["sync"] = service.push_pull(PushRequest("w0", 0, grads, step=0), -1, read_wait_s=600.0)
+
+    def long_poll() -> None:
+        results["poll"] = service.pull("w9", 5, wait_s=600.0)
+
+    threads = [threading.Thread(target=f) for f in (sync_step, long_poll)]
+    for thread in threads:
+        thread.start()
+    for _ in threads:
+        assert state.blocked.acquire(timeout=JOIN_TIMEOUT_S)
+    store.stop()
+    for thread in threads:
+        thread.join(JOIN_TIMEOUT_S)
+        assert not thread.is_alive()
+    assert set(results) == {"sync", "poll"}
+    with pytest.raises(UnavailableError, match="stopping"):
+        store.push("w1", 0, grads, step=0)
+
+
+def test_stop_releases_a_push_held_by_a_cut() -> None:
+    store = make_store()
+    store.pause(600.0)
+    refused: list[BaseException] = []
+
+    def held_push() -> None:
+        try:
+            store.push("w0", 0, {"b": np.ones(3, np.float32)})
+        except UnavailableError as exc:
+            refused.append(exc)
+
+    thread = threading.Thread(target=held_push)
+    thread.start()
+    store.stop()
+    thread.join(JOIN_TIMEOUT_S)
+    assert not thread.is_alive() and len(refused) == 1 and store.version == 0
