@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncps.delays import StepDelay
+from asyncps.ml.specs import spec_problems
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
 from asyncps.rules import MODES, POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import MODE_ALIASES, fold_mode_aliases, mode_alias_values
@@ -191,6 +192,7 @@ class RunConfig:
             problems.append(transport_problem)
         if self.tf_threads < 0:
             problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
+        problems += spec_problems(self.model, self.dataset)
         if problems:
             raise ValueError("invalid run configuration: " + "; ".join(problems))
         self.update_rule()  # validates optimizer, mode and staleness policy

@@ -239,3 +239,29 @@ def test_local_says_what_ps_means_instead_of_taking_a_count(capsys: pytest.Captu
     with pytest.raises(SystemExit):
         build_parser().parse_args(["local", "--ps", "2"])
     assert "--num-ps" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--model", "mlpp"], "unknown model spec 'mlpp'"),
+    (["--model", "mlp:12,x"], "bad mlp spec"),
+    (["--dataset", "synthetic:3"], "bad dataset spec 'synthetic:3'"),
+    (["--dataset", "digitz"], "unknown dataset spec 'digitz'"),
+    (["--dataset", "npz:/no/such.npz"], "no file '/no/such.npz'"),
+    (["--model", "no_such_module_here:build"], "cannot import 'no_such_module_here'"),
+    (["--loss", "tests.test_config:no_such_loss"], "has no 'no_such_loss'"),
+])
+def test_local_names_a_bad_spec_before_starting_any_process(tmp_path: Path, flags: list[str], says: str) -> None:
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "asyncps.tools.cli", "local", "--run-dir", str(run_dir), "--quiet",
+                             *flags], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and says in result.stderr, result.stderr
+    assert not run_dir.exists()  # nothing was started
+
+
+def test_every_built_in_spec_passes_the_syntax_check() -> None:
+    from asyncps.ml.specs import DATASET_NAMES, MODEL_NAMES, spec_problems
+
+    for model in (*MODEL_NAMES, "mlp:64,32", "examples.byo.model:build"):
+        assert spec_problems(model, "digits") == []
+    for dataset in (*DATASET_NAMES, "npz:data.npz", "synthetic:784x10", "examples.byo.data:load"):
+        assert spec_problems("mlp", dataset) == []

@@ -12,15 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from asyncps.ml.specs import DATASET_NAMES, NPZ_PREFIX, SYNTHETIC_PREFIX
 from asyncps.ml.userfns import call_with_accepted, is_function_spec, load_function
 
-#: Named dataset specs accepted by :func:`load_dataset`; ``npz:PATH`` is accepted in addition.
-DATASET_NAMES: tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "synthetic-logreg")
-
-#: Prefix of the spec form that loads a local ``.npz`` file.
-NPZ_PREFIX = "npz:"
-SYNTHETIC_PREFIX = "synthetic:"
-
+# the dataset specs accepted by load_dataset are checked in asyncps.ml.specs (no TensorFlow)
 _NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 # synthetic-logreg geometry: enough rows per feature that the maximum-likelihood fit exists

@@ -14,12 +14,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+# the model specs accepted by build_model (mlp:H1,H2,... picks hidden sizes) are checked there
+from asyncps.ml.specs import MODEL_NAMES, parse_hidden
 from asyncps.ml.userfns import call_with_accepted, is_function_spec, load_function
-
-#: Model specs accepted by :func:`build_model`; ``mlp:H1,H2,...`` picks hidden sizes.
-MODEL_NAMES: tuple[str, ...] = ("logreg", "mlp", "cnn", "embedding")
-
-DEFAULT_MLP_HIDDEN: tuple[int, ...] = (128, 128)
 
 #: Quantization levels per feature for the embedding model's tokenizer (features in [0, 1]).
 #: 8 rather than 16: on digits finer levels make rarer tokens and overfit (0.93 vs 0.94 test).
@@ -48,7 +45,7 @@ def build_model(
     if name == "logreg" and not arg:
         logits = _dense(num_classes, "logits", init)(inputs)
     elif name == "mlp":
-        logits = _mlp(inputs, _parse_hidden(arg, spec), num_classes, init)
+        logits = _mlp(inputs, parse_hidden(arg, spec), num_classes, init)
     elif name == "cnn" and not arg:
         logits = _cnn(inputs, num_features, num_classes, image_shape, init)
     elif name == "embedding" and not arg:
@@ -185,19 +182,6 @@ def _dense(
     return keras.layers.Dense(
         units, activation=activation, kernel_initializer=kernel, bias_initializer="zeros", name=name
     )
-
-
-def _parse_hidden(arg: str, spec: str) -> tuple[int, ...]:
-    """Hidden sizes from the ``H1,H2,...`` part of an ``mlp:`` spec (empty -> default)."""
-    if not arg:
-        return DEFAULT_MLP_HIDDEN
-    try:
-        sizes = tuple(int(part) for part in arg.split(","))
-    except ValueError:
-        raise ValueError(f"bad mlp spec {spec!r}: expected mlp:H1,H2,... with integers") from None
-    if any(size < 1 for size in sizes):
-        raise ValueError(f"bad mlp spec {spec!r}: hidden sizes must be positive")
-    return sizes
 
 
 def _mlp(inputs: Any, hidden: tuple[int, ...], num_classes: int, init: _Initializers) -> Any:

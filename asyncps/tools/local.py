@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from asyncps.config import RunConfig, env_names, run_options
+from asyncps.ml.specs import load_problems
 from asyncps.net.security import SecurityConfig
 from asyncps.procenv import process_env
 from asyncps.rundir import RunDir, RunSummary, wait_port_file
@@ -241,7 +242,12 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
               env: dict[str, str] | None = None, resume: bool = False, secure: bool = False,
               client_auth: bool = True, sink: StatusSink | None = None, metrics_port: int = -1) -> int:
     """Run a whole local cluster to completion; return the chief's exit code. The run's status goes
-    to `sink`, else (with `progress`) to a progress bar or status lines on stdout."""
+    to `sink`, else (with `progress`) to a progress bar or status lines on stdout. ValueError, before
+    any process starts, for a spec that does not load (a user function that does not import, a
+    missing npz file), instead of a process that exits before publishing its port."""
+    problems = load_problems(run.model, run.dataset, run.loss, run.metrics)
+    if problems:
+        raise ValueError("; ".join(problems))
     run_dir.mkdir(parents=True, exist_ok=True)
     cluster = LocalCluster(run, run_dir, env, resume=resume, secure=secure, client_auth=client_auth,
                            metrics_port=metrics_port)
