@@ -85,7 +85,7 @@ FROM base AS wheel
 # the build backend's wheels come from the wheelhouse when there is one (pyproject.toml always
 # matches, so the COPY never fails without a wheelhouse).
 COPY pyproject.toml .wheelhouse/setuptools-*.whl .wheelhouse/wheel-*.whl .wheelhouse/packaging-*.whl /src/.wheelhouse/
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml README.md LICENSE /src/
 COPY asyncps /src/asyncps
 COPY ps /src/ps
 COPY worker /src/worker
