@@ -150,7 +150,8 @@ class RunConfig:
     task_size: int = setting(0, help="examples per data task (0: 4 batches)")
     transport: str = setting("auto", help=(
         "how workers move tensors to shards: auto (shared memory with shards on the same host, gRPC frames "
-        "otherwise) | grpc | shm (shared memory required)"))
+        "otherwise) | grpc | shm (shared memory required) | tcp (a TCP data connection per shard, gRPC frames "
+        "when its data port cannot be reached)"))
     pipeline: bool = setting(False, help=(
         "workers compute the next gradient while the previous push is in flight: more steps/s, one more "
         "step of staleness (measured and recorded like any other)"))
@@ -184,8 +185,8 @@ class RunConfig:
             problems.append("chief_timeout_s must be >= 0 (0: never)")
         if self.task_size < 0:
             problems.append("task_size must be >= 0")
-        if self.transport not in ("auto", "grpc", "shm"):
-            problems.append(f"transport must be auto, grpc or shm, not {self.transport!r}")
+        if self.transport not in ("auto", "grpc", "shm", "tcp"):
+            problems.append(f"transport must be auto, grpc, shm or tcp, not {self.transport!r}")
         if self.tf_threads < 0:
             problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
         if problems:

@@ -7,7 +7,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from asyncps.ps.service import DEFAULT_MAX_WAITERS
+from asyncps.ps.service import DEFAULT_MAX_WAITERS, ShardService
 from asyncps.ps.servicer import (
     DEFAULT_MAX_REQUEST_BYTES,
     SHARD_HANDLER_THREADS,
@@ -15,6 +15,7 @@ from asyncps.ps.servicer import (
     add_to_server,
 )
 from asyncps.ps.store import ShardStore
+from asyncps.ps.tcp import TcpLimits, TcpShardServer, add_data_port
 from asyncps.ps.watchdog import ChiefWatch
 
 from asyncps.net.rpc import create_server, serve_health
@@ -44,6 +45,8 @@ class PsConfig:
     handler_threads: int = SHARD_HANDLER_THREADS
     stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_streams_per_peer: int = 0  # 0: asyncps.net.streamguard's default for the thread count
+    data_port: int = 0  # the lean TCP data path's port (0: any free port; -1: no TCP data path)
+    max_data_connections: int = TcpLimits.max_connections
 
     @property
     def stream_limits(self) -> StreamLimits:
@@ -52,6 +55,8 @@ class PsConfig:
 
     def __post_init__(self) -> None:
         self.stream_limits  # noqa: B018 - validates the three settings together
+        if not -1 <= self.data_port < 65536:
+            raise ValueError(f"data port {self.data_port} out of range (-1: off)")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port {self.port} out of range")
         if self.index < 0:
@@ -74,9 +79,16 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     servicer = ParameterServerServicer(store, config.chunk_bytes, config.max_request_bytes,
                                        on_shutdown=lambda reason: stop.set(),
                                        max_waiters=min(DEFAULT_MAX_WAITERS, limits.max_streams))
+    data = None
+    if config.data_port >= 0:  # its own service object over the same store: the same decisions
+        data = TcpShardServer(ShardService(store, min(DEFAULT_MAX_WAITERS, config.max_data_connections)),
+                              config.security, config.host, config.data_port,
+                              TcpLimits(config.max_data_connections, config.stream_idle_timeout_s,
+                                        max_request_bytes=min(config.max_request_bytes, TcpLimits.max_request_bytes)))
+    data_port = data.port if data is not None else 0
     server, port, health = create_server(
         f"{config.host}:{config.port}",
-        [lambda s: add_to_server(servicer, s)],
+        [lambda s: add_to_server(servicer, s), lambda s: add_data_port(s, lambda: data_port)],
         max_workers=config.handler_threads, stream_limits=limits,
         interceptors=[*config.security.server_interceptors(), watch.interceptor()],
         credentials=config.security.server_credentials())
@@ -84,6 +96,8 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     if config.health_port is not None:
         probe, probe_port = serve_health(f"{config.host}:{config.health_port}", health)
         log.info("shard %d: health service in plaintext on port %d", config.index, probe_port)
+    if data is not None:
+        data.start()
     write_port_file(config.port_file, port)
     log.info("shard %d serving on port %d (%s)", config.index, port, config.security.describe())
     code = 0
@@ -98,5 +112,7 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     server.stop(grace=2.0 if code == 0 else 0.5).wait()  # no chief: nobody waits for answers worth a grace
     if probe is not None:
         probe.stop(grace=None)
+    if data is not None:
+        data.stop()
     servicer.close()
     return code

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from asyncps.ps.servicer import ParameterServerServicer, add_to_server
 from asyncps.ps.store import ShardStore
+from asyncps.ps.tcp import add_data_port
 from google.protobuf.descriptor import MethodDescriptor
 
 from asyncps.net import rpc
@@ -50,6 +51,7 @@ class Served:
 
         def register(server: grpc.Server) -> None:
             add_to_server(servicer, server)
+            add_data_port(server, lambda: 0)
             coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
                 coordinator_pb2_grpc.CoordinatorServicer(), server)  # type: ignore[abstract]
 

@@ -14,8 +14,12 @@ from asyncps.transport import shmseg
 from asyncps.transport.base import InitResult, ShardTransport
 from asyncps.transport.grpc_shard import GrpcShardTransport
 from asyncps.transport.model import ModelClient, ShardPush
-from asyncps.transport.shm import MODES, ShmShardTransport
+from asyncps.transport.shm import MODES as _SHM_MODES
+from asyncps.transport.shm import ShmShardTransport
+from asyncps.transport.tcp import TcpShardTransport
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
+
+MODES = (*_SHM_MODES, "tcp")
 
 
 def connect_shard(
@@ -28,10 +32,13 @@ def connect_shard(
 ) -> ShardTransport:
     """A transport to the shard at `address` (host:port): gRPC frames ("grpc"), shared memory
     for the tensors when the shard can map this process's segments ("auto", else frames), or
-    shared memory required ("shm": an error when the shard is on another host)."""
+    shared memory required ("shm": an error when the shard is on another host), or a TCP data
+    connection ("tcp", gRPC frames when the shard's data port cannot be reached)."""
     if transport not in MODES:
         raise ValueError(f"transport {transport!r}: one of {', '.join(MODES)}")
     inner = GrpcShardTransport(address, deadline_s, chunk_bytes, security, call_timeout_s)
+    if transport == "tcp":
+        return TcpShardTransport(inner, security)
     if transport == "grpc" or (transport == "auto" and not shmseg.available()):
         return inner
     if not shmseg.available():
@@ -58,4 +65,4 @@ def connect_model(
 
 
 __all__ = ["MODES", "GrpcShardTransport", "InitResult", "ModelClient", "ShardPush", "ShardTransport",
-           "ShmShardTransport", "connect_model", "connect_shard"]
+           "ShmShardTransport", "TcpShardTransport", "connect_model", "connect_shard"]
