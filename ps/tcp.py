@@ -49,6 +49,7 @@ from asyncps.wire.frames import Slice, tensor_slices
 from asyncps.wire.proto import SHARD_SERVICE, decisions_to_proto, outcome_to_proto, push_request
 from asyncps.wire.shard import ShardValues
 from asyncps.wire.stream import (
+    BROKEN_FRAME,
     MAX_FRAME_BYTES,
     FrameError,
     StreamClosed,
@@ -228,7 +229,7 @@ class TcpShardServer:
             if request.WhichOneof("kind") != "hello" or places:
                 raise FrameError("the first request on a data connection is a hello without tensors")
             roles = self._roles(request.hello.token, sock)
-        except (FrameError, UnauthenticatedError, TimeoutError) as exc:
+        except (*BROKEN_FRAME, UnauthenticatedError, TimeoutError) as exc:
             self._reply_error(sock, exc if not isinstance(exc, TimeoutError)
                               else UnauthenticatedError("no hello in time"))
             log.warning("data connection %s refused: %s", connection.peer, exc)
@@ -268,11 +269,11 @@ class TcpShardServer:
                 assembler = TensorAssembler(limits.max_request_bytes)
                 arrays = read_payload(sock, places, lambda chunk: self._destination(connection, chunk),
                                       payload_deadline)
-            except (FrameError, TimeoutError) as exc:
+            except (*BROKEN_FRAME, TimeoutError) as exc:
                 if isinstance(exc, TimeoutError) and connection.waiting_since is not None:
                     log.info("data connection %s idle for %.0fs: closed", connection.peer, limits.idle_timeout_s)
                     return
-                self._reply_error(sock, exc if isinstance(exc, FrameError) else InvalidArgumentError(
+                self._reply_error(sock, exc if not isinstance(exc, TimeoutError) else InvalidArgumentError(
                     f"the request's bytes did not arrive within {limits.idle_timeout_s:g}s"))
                 log.warning("data connection %s: %s; closed", connection.peer, exc)
                 return

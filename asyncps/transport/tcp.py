@@ -40,6 +40,7 @@ from asyncps.wire.frames import Slice, gradient_slices
 from asyncps.wire.proto import SHARD_SERVICE, decisions_from_proto, outcome_from_proto, push_header
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 from asyncps.wire.stream import (
+    BROKEN_FRAME,
     MAX_FRAME_BYTES,
     FrameError,
     StreamClosed,
@@ -145,7 +146,7 @@ class TcpDataPath:
                     return self._once(worker_id, request, tensors, buffers, wait_s)
             except DataPortUnavailable:
                 raise
-            except (OSError, StreamClosed, FrameError) as exc:  # a broken connection or a shard restart
+            except (OSError, StreamClosed, *BROKEN_FRAME) as exc:  # a broken connection or a shard restart
                 problem: BaseException = exc
             except (UnavailableError, FailedPreconditionError) as exc:
                 if isinstance(exc, FailedPreconditionError) and not training:

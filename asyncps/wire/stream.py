@@ -42,8 +42,12 @@ class FrameError(InvalidArgumentError):
     """A frame that breaks the format or the limits; the stream is out of step after it."""
 
 
-class FrameTooLarge(FrameError, ResourceExhaustedError):
-    """A frame or header longer than the reader's limit (nothing of it was read)."""
+class FrameTooLarge(ResourceExhaustedError):
+    """A frame or header longer than the reader's limit (nothing of it was read; the stream is
+    out of step after it too)."""
+
+
+BROKEN_FRAME = (FrameError, FrameTooLarge)  # what leaves a stream out of step
 
 
 class StreamClosed(ConnectionError):
@@ -203,5 +207,5 @@ def send_frame(sock: socket.socket, message: Any, tensors: Sequence[Slice] = ())
     send_parts(sock, frame_parts(message, tensors))
 
 
-__all__ = ["DEFAULT_MAX_HEADER_BYTES", "MAX_FRAME_BYTES", "FrameError", "FrameTooLarge", "Place", "StreamClosed",
+__all__ = ["BROKEN_FRAME", "DEFAULT_MAX_HEADER_BYTES", "MAX_FRAME_BYTES", "FrameError", "FrameTooLarge", "Place", "StreamClosed",
            "byte_view", "frame_parts", "read_head", "read_payload", "recv_exactly", "send_frame", "send_parts"]

@@ -1,0 +1,316 @@
+"""The lean TCP data path against real shard processes: the same results as gRPC frames, sync
+waits, hostile input on the data port, stalled connections, and the fall back to frames."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from asyncps.errors import AsyncpsError, InvalidArgumentError, ResourceExhaustedError, UnauthenticatedError
+from asyncps.net.rpc import error_of
+from asyncps.net.security import SecurityConfig
+from asyncps.pb import ps_pb2
+from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.transport import GrpcShardTransport, TcpShardTransport, connect_shard
+from asyncps.transport.tcp import TcpDataPath
+from asyncps.wire.codec import SparseRows
+from asyncps.wire.proto import SHARD_SERVICE
+from asyncps.wire.shard import PushRequest
+
+if TYPE_CHECKING:
+    from conftest import ShardLauncher
+
+TOKEN = "worker-token-0123456789abcdef"
+RULE = UpdateRuleConfig(OptimizerConfig("sgd", 0.5))
+
+
+def initial() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    return {"w": rng.standard_normal((64, 33)).astype(np.float32),
+            "b": rng.standard_normal(33).astype(np.float32),
+            "embed": rng.standard_normal((50, 8)).astype(np.float32)}
+
+
+def pushes(count: int) -> Iterator[dict[str, np.ndarray | SparseRows]]:
+    rng = np.random.default_rng(11)
+    for _ in range(count):
+        rows = np.unique(rng.integers(0, 50, 7)).astype(np.int64)
+        yield {"w": rng.standard_normal((64, 33)).astype(np.float32),
+               "b": rng.standard_normal(33).astype(np.float32),
+               "embed": SparseRows(rows, rng.standard_normal((rows.size, 8)).astype(np.float32))}
+
+
+def data_port(address: str, security: SecurityConfig | None = None) -> int:
+    client = GrpcShardTransport(address, deadline_s=10, security=security)
+    ask = client.channel.unary_unary(f"/{SHARD_SERVICE}/DataPort",
+                                     request_serializer=ps_pb2.DataPortRequest.SerializeToString,
+                                     response_deserializer=ps_pb2.DataPortResponse.FromString)
+    try:
+        return int(ask(ps_pb2.DataPortRequest(), timeout=10).port)
+    finally:
+        client.close()
+
+
+def frame(message: ps_pb2.TcpRequest, payload: bytes = b"") -> bytes:
+    head = message.SerializeToString()
+    body = struct.pack("<I", len(head)) + head
+    body += bytes(-len(body) % 8) + payload if payload else b""
+    return struct.pack("<I", len(body)) + body
+
+
+def read_reply(sock: socket.socket) -> ps_pb2.TcpReply | None:
+    """One reply frame (without tensors), or None when the shard closed the connection."""
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack_from("<I", data)[0]:
+        got = sock.recv(65536)
+        if not got:
+            return None
+        data += got
+    (length,) = struct.unpack_from("<I", data, 4)
+    return ps_pb2.TcpReply.FromString(data[8:8 + length])
+
+
+def raw(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return sock
+
+
+def hello(sock: socket.socket, token: str = TOKEN) -> ps_pb2.TcpReply | None:
+    sock.sendall(frame(ps_pb2.TcpRequest(hello=ps_pb2.TcpHello(token=token, worker_id="raw"))))
+    return read_reply(sock)
+
+
+def closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.fixture(scope="module")
+def secured(module_shard_factory: ShardLauncher, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[tuple[str, SecurityConfig]]:
+    """One initialized shard with the workers' token (shared), two data connections at most."""
+    token_file = Path(tmp_path_factory.mktemp("token")) / "token"
+    token_file.write_text(TOKEN)
+    shard = module_shard_factory(1, args=("--token-file", str(token_file), "--shared-token",
+                                          "--max-data-connections", "2", "--stream-idle-timeout", "20"))[0]
+    security = SecurityConfig(token=TOKEN, shared_token=True)
+    client = connect_shard(shard.address, deadline_s=20, security=security, transport="tcp")
+    client.initialize("chief", 0, 1, RULE, initial())
+    client.close()
+    yield shard.address, security
+
+
+def state(address: str, security: SecurityConfig) -> tuple[int, dict[str, bytes]]:
+    client = GrpcShardTransport(address, deadline_s=10, security=security)
+    try:
+        values = client.pull("probe")
+        assert values.values is not None
+        return values.version, {k: v.tobytes() for k, v in values.values.items()}
+    finally:
+        client.close()
+
+
+def honest_step(address: str, security: SecurityConfig) -> int:
+    """A push-pull over TCP by an honest worker; its new version."""
+    client = connect_shard(address, deadline_s=20, security=security, transport="tcp")
+    try:
+        values = client.pull("honest")
+        grads = {"b": np.full(33, 0.25, np.float32)}
+        outcome, after = client.push_pull(PushRequest("honest", values.version, grads, incarnation=values.incarnation))
+        assert isinstance(client, TcpShardTransport) and client.uses_tcp
+        assert outcome.accepted
+        return after.version
+    finally:
+        client.close()
+
+
+# -- equivalence --------------------------------------------------------------------------------
+def test_tcp_and_grpc_frames_give_bit_identical_values_and_versions(shard_factory: ShardLauncher) -> None:
+    over_grpc, over_tcp = shard_factory(2)
+    clients = [connect_shard(over_grpc.address, deadline_s=20, transport="grpc"),
+               connect_shard(over_tcp.address, deadline_s=20, transport="tcp")]
+    results = []
+    for client in clients:
+        client.initialize("w0", 0, 1, RULE, initial())
+        buffers = {name: np.zeros_like(value) for name, value in initial().items()}
+        version, history = 0, []
+        for i, grads in enumerate(pushes(12)):
+            if i % 3 == 2:  # a plain push now and then, then a pull into the buffers
+                outcome = client.push(PushRequest("w0", version, grads, step=i))
+                values = client.pull("w0", buffers=buffers)
+            else:
+                outcome, values = client.push_pull(PushRequest("w0", version, grads, step=i), buffers=buffers)
+            assert values.values is not None
+            version = values.version
+            history.append((outcome, version, {k: v.tobytes() for k, v in values.values.items()}))
+        stats = client.stats()
+        results.append((history, stats.version, stats.pushes_accepted))
+        client.close()
+    assert isinstance(clients[1], TcpShardTransport) and clients[1].uses_tcp
+    assert results[0] == results[1]
+    assert results[1][1] == 12
+
+
+def test_pull_lands_in_the_callers_buffers_and_not_modified_sends_nothing(shard_factory: ShardLauncher) -> None:
+    address = shard_factory(1)[0].address
+    client = connect_shard(address, deadline_s=20, transport="tcp")
+    client.initialize("w0", 0, 1, RULE, initial())
+    buffers = {name: np.zeros_like(value) for name, value in initial().items()}
+    values = client.pull("w0", buffers=buffers)
+    assert values.values is not None and all(values.values[n] is buffers[n] for n in buffers)
+    assert all(np.array_equal(buffers[n], v) for n, v in initial().items())
+    assert client.pull("w0", if_newer_than=values.version).values is None
+    client.close()
+
+
+def test_sync_waits_work_over_tcp(shard_factory: ShardLauncher) -> None:
+    address = shard_factory(1)[0].address
+    rule = UpdateRuleConfig(OptimizerConfig("sgd", 0.5), mode="sync", num_workers=2)
+    first = connect_shard(address, deadline_s=20, transport="tcp")
+    first.initialize("w0", 0, 1, rule, initial())
+    results: dict[str, int] = {}
+
+    def worker(name: str) -> None:
+        client = connect_shard(address, deadline_s=20, transport="tcp")
+        outcome, values = client.push_pull(PushRequest(name, 0, {"b": np.ones(33, np.float32)}, step=0),
+                                           read_wait_s=20.0)
+        results[name] = values.version
+        client.close()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in ("w0", "w1")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert results == {"w0": 1, "w1": 1}  # each waited for the other: both read the synchronous step
+    first.close()
+
+
+def test_domain_errors_are_the_same_typed_errors(shard_factory: ShardLauncher) -> None:
+    address = shard_factory(1)[0].address
+    client = connect_shard(address, deadline_s=20, transport="tcp")
+    client.initialize("w0", 0, 1, RULE, initial())
+    with pytest.raises(InvalidArgumentError, match="w"):
+        client.push(PushRequest("w0", 0, {"w": np.ones((3, 3), np.float32)}))
+    with pytest.raises(InvalidArgumentError):
+        client.push(PushRequest("w0", 0, {"b": np.full(33, np.nan, np.float32)}))
+    assert client.push(PushRequest("w0", 0, {"b": np.ones(33, np.float32)})).accepted  # still serving
+    assert isinstance(error_of(16, "x"), UnauthenticatedError)
+    client.close()
+
+
+# -- hostile input ------------------------------------------------------------------------------
+def test_wrong_or_missing_token_is_refused(secured: tuple[str, SecurityConfig]) -> None:
+    address, security = secured
+    port = data_port(address, security)
+    before = state(address, security)
+    for token in ("wrong-token", ""):
+        with raw(port) as sock:
+            reply = hello(sock, token)
+            assert reply is not None and reply.WhichOneof("kind") == "error"
+            assert isinstance(error_of(reply.error.code, reply.error.message), UnauthenticatedError)
+            assert closed(sock)
+    bad = TcpDataPath(address, lambda: port, SecurityConfig(token="not-it", shared_token=True), deadline_s=5)
+    with pytest.raises(UnauthenticatedError):  # the typed error at once, no retry
+        bad.pull("w")
+    assert state(address, security) == before
+    assert honest_step(address, security) == before[0] + 1
+
+
+@pytest.mark.parametrize("attack", ["oversized", "truncated", "garbage-header", "header-too-long",
+                                    "tensor-past-the-end", "no-hello"])
+def test_hostile_frames_get_an_error_and_change_nothing(secured: tuple[str, SecurityConfig], attack: str) -> None:
+    address, security = secured
+    port = data_port(address, security)
+    before = state(address, security)
+    push = ps_pb2.TcpRequest(push=ps_pb2.PushHeader(worker_id="evil", base_version=before[0]))
+    with raw(port) as sock:
+        if attack != "no-hello":
+            reply = hello(sock)
+            assert reply is not None and reply.hello
+        if attack == "oversized":
+            sock.sendall(struct.pack("<I", 0xFFFFFFF0) + b"\0" * 64)
+            expected: type[AsyncpsError] | None = ResourceExhaustedError
+        elif attack == "truncated":
+            chunk = ps_pb2.TcpRequest(push=push.push)
+            chunk.tensors.add(name="b", dtype=1, shape=[33], nbytes=132)
+            whole = frame(chunk, np.ones(33, np.float32).tobytes())
+            sock.sendall(whole[:len(whole) - 40])
+            sock.shutdown(socket.SHUT_WR)  # the rest never comes
+            expected = None
+        elif attack == "garbage-header":
+            sock.sendall(struct.pack("<II", 12, 8) + b"\xff" * 8)
+            expected = InvalidArgumentError
+        elif attack == "header-too-long":
+            sock.sendall(struct.pack("<II", 64, 1 << 30) + b"\0" * 60)
+            expected = ResourceExhaustedError
+        elif attack == "tensor-past-the-end":
+            chunk = ps_pb2.TcpRequest(push=push.push)
+            chunk.tensors.add(name="b", dtype=1, shape=[33], nbytes=132)
+            sock.sendall(frame(chunk, b"\0" * 16))  # announces 132 bytes, the frame holds 16
+            expected = InvalidArgumentError
+        else:  # a push as the first message
+            sock.sendall(frame(push))
+            expected = InvalidArgumentError
+        reply = read_reply(sock)
+        if expected is None:
+            assert reply is None or reply.WhichOneof("kind") == "error"
+        else:
+            assert reply is not None and reply.WhichOneof("kind") == "error", reply
+            assert isinstance(error_of(reply.error.code, reply.error.message), expected), reply.error
+            assert closed(sock)
+    assert state(address, security) == before
+    version = honest_step(address, security)
+    assert version == before[0] + 1
+
+
+def test_silent_connections_do_not_block_others(secured: tuple[str, SecurityConfig]) -> None:
+    """Two connections that never say a word fill the data port (max 2); honest workers still get in."""
+    address, security = secured
+    port = data_port(address, security)
+    silent = [raw(port), raw(port)]
+    try:
+        before = state(address, security)[0]
+        assert honest_step(address, security) == before + 1
+        assert honest_step(address, security) == before + 2
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+# -- the fall back -------------------------------------------------------------------------------
+def test_no_data_port_falls_back_to_grpc_frames(shard_factory: ShardLauncher) -> None:
+    address = shard_factory(1, args=("--data-port", "-1"))[0].address
+    assert data_port(address) == 0
+    client = connect_shard(address, deadline_s=20, transport="tcp")
+    assert isinstance(client, TcpShardTransport)
+    client.initialize("w0", 0, 1, RULE, initial())
+    outcome, values = client.push_pull(PushRequest("w0", 0, {"b": np.ones(33, np.float32)}))
+    assert outcome.accepted and values.version == 1
+    assert not client.uses_tcp
+    client.close()
+
+
+def test_an_unreachable_data_port_falls_back_to_grpc_frames(shard_factory: ShardLauncher) -> None:
+    address = shard_factory(1)[0].address
+    inner = GrpcShardTransport(address, deadline_s=20)
+    client = TcpShardTransport(inner)
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    path = client._path
+    assert path is not None
+    path._data_port = lambda: dead_port  # the shard announces a port this client cannot reach
+    client.initialize("w0", 0, 1, RULE, initial())
+    assert client.pull("w0").version == 0
+    assert not client.uses_tcp
+    client.close()
