@@ -181,8 +181,8 @@ def test_sync_waits_work_over_tcp(shard_factory: ShardLauncher) -> None:
 
     def worker(name: str) -> None:
         client = connect_shard(address, deadline_s=20, transport="tcp")
-        outcome, values = client.push_pull(PushRequest(name, 0, {"b": np.ones(33, np.float32)}, step=0),
-                                           read_wait_s=20.0)
+        _, values = client.push_pull(PushRequest(name, 0, {"b": np.ones(33, np.float32)}, step=0),
+                                     read_wait_s=20.0)
         results[name] = values.version
         client.close()
 

@@ -207,5 +207,6 @@ def send_frame(sock: socket.socket, message: Any, tensors: Sequence[Slice] = ())
     send_parts(sock, frame_parts(message, tensors))
 
 
-__all__ = ["BROKEN_FRAME", "DEFAULT_MAX_HEADER_BYTES", "MAX_FRAME_BYTES", "FrameError", "FrameTooLarge", "Place", "StreamClosed",
-           "byte_view", "frame_parts", "read_head", "read_payload", "recv_exactly", "send_frame", "send_parts"]
+__all__ = ["BROKEN_FRAME", "DEFAULT_MAX_HEADER_BYTES", "MAX_FRAME_BYTES", "FrameError", "FrameTooLarge", "Place",
+           "StreamClosed", "byte_view", "frame_parts", "read_head", "read_payload", "recv_exactly", "send_frame",
+           "send_parts"]
