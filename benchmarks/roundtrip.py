@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "--port", "0", "--port-file", str(port_file), "--log-level", "WARNING",
                                      "--chief-timeout", "0"], cwd=ROOT, env=child_env())
             try:
-                address = f"127.0.0.1:{wait_port_file(port_file, 60, lambda: proc.poll() is None)}"
+                address = f"127.0.0.1:{wait_port_file(port_file, 60, lambda p=proc: p.poll() is None)}"
                 times: dict[str, list[float]] = {t: [] for t in transports}
                 for _block in range(args.blocks):
                     for name in transports:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from asyncps.errors import AsyncpsError, InvalidArgumentError, ResourceExhaustedError, UnauthenticatedError
-from asyncps.net.rpc import error_of
+from asyncps.net.rpc import Unreachable, error_of
 from asyncps.net.security import SecurityConfig
 from asyncps.pb import ps_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
@@ -287,6 +287,26 @@ def test_silent_connections_do_not_block_others(secured: tuple[str, SecurityConf
             sock.close()
 
 
+def test_an_evicted_connection_is_reopened_and_the_request_served(secured: tuple[str, SecurityConfig]) -> None:
+    """The data port is full of newer connections: the worker's idle one was evicted (closed
+    before its next request was read), so the worker reconnects and its request is served once."""
+    address, security = secured
+    port = data_port(address, security)
+    client = connect_shard(address, deadline_s=20, security=security, transport="tcp")
+    before = client.pull("evicted").version
+    newer = [raw(port), raw(port)]  # at most 2: the worker's connection, idle longest, makes room
+    try:
+        for sock in newer:
+            assert hello(sock) is not None
+        outcome, values = client.push_pull(PushRequest("evicted", before, {"b": np.ones(33, np.float32)}))
+        assert outcome.accepted and values.version == before + 1
+        assert isinstance(client, TcpShardTransport) and client.uses_tcp
+    finally:
+        for sock in newer:
+            sock.close()
+        client.close()
+
+
 # -- the fall back -------------------------------------------------------------------------------
 def test_no_data_port_falls_back_to_grpc_frames(shard_factory: ShardLauncher) -> None:
     address = shard_factory(1, args=("--data-port", "-1"))[0].address
@@ -314,3 +334,38 @@ def test_an_unreachable_data_port_falls_back_to_grpc_frames(shard_factory: Shard
     assert client.pull("w0").version == 0
     assert not client.uses_tcp
     client.close()
+
+
+# -- TLS ------------------------------------------------------------------------------------------
+def test_mutual_tls_and_a_token_over_tcp(shard_factory: ShardLauncher, tmp_path: Path) -> None:
+    """Under mTLS the data connection is TLS with the same certificates; a client without a
+    certificate gets no data connection (and no gRPC either)."""
+    from asyncps.tools.devcerts import generate_dev_certs
+
+    certs = generate_dev_certs(tmp_path / "certs")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    address = shard_factory(1, args=("--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+                                     "--tls-ca", str(certs.ca_cert), "--token-file", str(token_file),
+                                     "--shared-token"))[0].address
+    worker = SecurityConfig(token=TOKEN, shared_token=True, tls_cert=str(certs.client_cert),
+                            tls_key=str(certs.client_key), tls_ca=str(certs.ca_cert))
+    chief = SecurityConfig(token=TOKEN, shared_token=True, tls_cert=str(certs.chief_cert),
+                           tls_key=str(certs.chief_key), tls_ca=str(certs.ca_cert))
+    GrpcShardTransport(address, deadline_s=20, security=chief).initialize("chief", 0, 1, RULE, initial())
+    client = connect_shard(address, deadline_s=20, security=worker, transport="tcp")
+    buffers = {name: np.zeros_like(value) for name, value in initial().items()}
+    outcome, values = client.push_pull(PushRequest("w0", 0, {"b": np.ones(33, np.float32)}), buffers=buffers)
+    assert outcome.accepted and values.version == 1 and values.values is not None
+    assert isinstance(client, TcpShardTransport) and client.uses_tcp
+    assert np.array_equal(buffers["b"], initial()["b"] - 0.5)
+    client.close()
+    port = data_port(address, worker)
+    no_cert = TcpDataPath(address, lambda: port, SecurityConfig(token=TOKEN, shared_token=True,
+                                                                tls_ca=str(certs.ca_cert)), deadline_s=2)
+    with pytest.raises(Unreachable, match="SSL"):  # the TLS handshake fails: no certificate
+        no_cert.pull("w0")
+    with raw(port) as sock:  # plaintext to a TLS port: refused, the shard keeps serving
+        sock.sendall(frame(ps_pb2.TcpRequest(hello=ps_pb2.TcpHello(token=TOKEN))))
+        assert closed(sock)
+    assert state(address, worker)[0] == 1
