@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,8 +17,9 @@ from asyncps.errors import AsyncpsError, InvalidArgumentError, ResourceExhausted
 from asyncps.net.rpc import Unreachable, error_of
 from asyncps.net.security import SecurityConfig
 from asyncps.pb import ps_pb2
+from asyncps.placement import VariableSpec, place, split_for_shards
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.transport import GrpcShardTransport, TcpShardTransport, connect_shard
+from asyncps.transport import GrpcShardTransport, TcpShardTransport, connect_model, connect_shard
 from asyncps.transport.tcp import TcpDataPath
 from asyncps.wire.codec import SparseRows
 from asyncps.wire.proto import SHARD_SERVICE
@@ -206,6 +207,40 @@ def test_domain_errors_are_the_same_typed_errors(shard_factory: ShardLauncher) -
     assert client.push(PushRequest("w0", 0, {"b": np.ones(33, np.float32)})).accepted  # still serving
     assert isinstance(error_of(16, "x"), UnauthenticatedError)
     client.close()
+
+
+def test_a_seeded_worker_trains_bit_identically_over_tcp_and_grpc_frames(
+        start_shards: Callable[[int], list[str]]) -> None:
+    """One seeded worker, N steps of a Keras MLP with sliced variables on 2 shards, per transport."""
+    from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
+
+    from asyncps.delays import NoDelay, StepDelay
+    from asyncps.ml.datasets import load_dataset
+    from asyncps.ml.models import build_model, loss_fn
+
+    data = load_dataset("digits", 0)
+    x, y = data.x_train[:400], data.y_train[:400]
+    rule = UpdateRuleConfig(OptimizerConfig("adam", 0.01))
+    results = {}
+    for transport in ("grpc", "tcp"):
+        addresses = start_shards(2)
+        model = build_model("mlp", data.num_features, data.num_classes, seed=3)
+        names = [v.path for v in model.trainable_variables]
+        specs = [VariableSpec(v.path, tuple(v.shape), "float32") for v in model.trainable_variables]
+        placement = place(specs, 2, slice_threshold_bytes=16 * 1024)  # sliced parts travel too
+        start = {v.path: np.array(v.numpy()) for v in model.trainable_variables}
+        client = connect_model("worker-0", addresses, placement, deadline_s=20, transport=transport)
+        for shard, values in enumerate(split_for_shards(placement, start)):
+            client.shards[shard].initialize("test", shard, 2, rule, values)
+        trainer = Trainer(client, names, make_grad_fn(model, loss_fn), BatchStream(x, y, 32, seed=5),
+                          StepDelay(NoDelay()), Telemetry())
+        trainer.run(threading.Event(), max_steps=12)
+        assert [isinstance(s, TcpShardTransport) and s.uses_tcp for s in client.shards] == [transport == "tcp"] * 2
+        assert client.versions == [12, 12]
+        client.pull()
+        results[transport] = {n: v.copy() for n, v in client.values.items()}
+        client.close()
+    assert {n: v.tobytes() for n, v in results["grpc"].items()} == {n: v.tobytes() for n, v in results["tcp"].items()}
 
 
 # -- hostile input ------------------------------------------------------------------------------
