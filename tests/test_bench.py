@@ -136,7 +136,8 @@ def test_options() -> None:
     assert bench.parse_args(["--models", "small,64x32"])[0].models == ((512, 512), (64, 32))
     assert not cfg.scaling_all_transports
     assert [c.name for c in bench.training_contenders(cfg)] == ["keras-local", "tf-ps-strategy", "asyncps-grpc",
-                                                                 "asyncps-shm"]
-    assert [c.name for c in bench.transfer_contenders(cfg)] == ["raw-grpc", "asyncps-grpc", "asyncps-shm"]
+                                                                 "asyncps-shm", "asyncps-tcp"]
+    assert [c.name for c in bench.transfer_contenders(cfg)] == ["raw-grpc", "asyncps-grpc", "asyncps-shm",
+                                                                "asyncps-tcp"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--transports", "pigeon"])
