@@ -1,6 +1,6 @@
 # One image for every asyncps role: parameter server, chief and worker.
 #   asyncps ps --port 8470 --chief chief:8470
-#   asyncps chief --port 8470 --ps ps-0:8470,ps-1:8470 --workers 2 --run-dir /runs/NAME
+#   asyncps chief --port 8470 --ps ps-0:8470,ps-1:8470 --num-workers 2 --run-dir /runs/NAME
 #   asyncps worker --chief chief:8470
 #
 # Build (our machines have no image registry, so make the base and the wheels first):

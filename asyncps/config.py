@@ -22,6 +22,7 @@ from asyncps.delays import StepDelay
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
 from asyncps.rules import MODES, POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import MODE_ALIASES, fold_mode_aliases, mode_alias_values
+from asyncps.transport.registry import TRANSPORTS
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 
 ENV_PREFIX = "ASYNCPS_"
@@ -33,7 +34,9 @@ class Option:
     """How one RunConfig field is set from outside the program (flags, environment, help)."""
 
     help: str
-    flags: tuple[str, ...] | None = None  # None: --field-name; (): no flag of its own
+    # None: --field-name; (): no flag of its own; else the field spelled as a flag first (checked by
+    # tests/test_config.py), then older spellings kept as aliases (README: CLI reference)
+    flags: tuple[str, ...] | None = None
     env: tuple[str, ...] | None = None  # None: ASYNCPS_<FIELD>, then ASYNCPS_<FLAG> of every flag
     parse: Callable[[str], Any] | None = None  # text -> value; None: by the field's type
     spreads: bool = False  # parse returns several fields' values as a mapping
@@ -87,10 +90,10 @@ class RunConfig:
                                     "metric function names | package.module:function (accuracy always)")
     batch_size: int = setting(32, help="examples per worker step")
     optimizer: str = setting("sgd", help="sgd | momentum | nesterov | adam | adagrad")
-    learning_rate: float = setting(0.1, help="learning rate", flags=("--lr", "--learning-rate"))
+    learning_rate: float = setting(0.1, help="learning rate", flags=("--learning-rate", "--lr"))
     optimizer_params: dict[str, float] = setting(  # noqa: RUF009 - a dataclasses.field with a default_factory
         factory=dict, help="optimizer hyperparameter KEY=VALUE (repeatable), e.g. beta_1=0.9",
-        flags=("--opt-param",), parse=parse_opt_params, repeat=True)
+        flags=("--optimizer-params", "--opt-param"), parse=parse_opt_params, repeat=True)
     # The mode and the policy are specs (sync:backup=1, drop:bound=4), kept canonical; the table of
     # every mode and policy with its parameters is in the README (scripts/rules_table.py).
     mode: str = setting("async", help="consistency mode spec: async | sync[:backup=B] | ssp[:bound=S]")
@@ -101,9 +104,9 @@ class RunConfig:
     # an error); afterwards both mirror the mode (0 for another mode's parameter).
     backup_workers: int = setting(0, help="same as --mode sync:backup=B")
     staleness_bound: int = setting(0, help="same as --mode ssp:bound=S")
-    num_workers: int = setting(2, flags=("--workers",),
+    num_workers: int = setting(2, flags=("--num-workers", "--workers"),
                           help="number of workers (chief: else TF_CONFIG's, when it has one)")
-    num_ps: int = setting(2, help="number of parameter-server shards", flags=("--ps",))
+    num_ps: int = setting(2, help="number of parameter-server shards")
     worker_processes: int = setting(0, help=(
         "run the workers as logical workers (threads) in this many processes (0: one process each); "
         "see the README on what logical workers share"))
@@ -115,24 +118,25 @@ class RunConfig:
         f"stop after this many passes over the training data (0: no limit; {DEFAULT_EPOCHS:g} unless "
         "max_updates or max_seconds is set, then 0)"))
     max_seconds: float = setting(0.0, help="stop after this much training time (0: no limit)")
-    eval_every_s: float = setting(2.0, help="seconds between evaluations", flags=("--eval-every",))
+    eval_every_s: float = setting(2.0, help="seconds between evaluations", flags=("--eval-every-s", "--eval-every"))
     seed: int = setting(0, help="seed of model init, data order and injected delays")
     compute_delay: str = setting("none", help="injected delay per step: none | const:S | uniform:A,B | exp:MEAN")
     stragglers: str = setting("", help="permanent slow workers, e.g. 0:4x,3:2x (seeded experiments)")
     slowdown: str = setting("", help="random slowdowns P:F: with probability P a step is F times slower")
     rpc_latency_s: float = setting(0.0, help="seconds added before every worker round trip",
-                                   flags=("--rpc-latency",))
-    slice_threshold_bytes: int = setting(DEFAULT_SLICE_THRESHOLD_BYTES, flags=("--slice-threshold",),
+                                   flags=("--rpc-latency-s", "--rpc-latency"))
+    slice_threshold_bytes: int = setting(DEFAULT_SLICE_THRESHOLD_BYTES,
+                                         flags=("--slice-threshold-bytes", "--slice-threshold"),
                                          help="variables larger than this many bytes are sliced over shards")
     chunk_bytes: int = setting(DEFAULT_CHUNK_BYTES, help="bytes per streamed tensor chunk")
     heartbeat_interval_s: float = setting(0.5, help="seconds between worker heartbeats",
-                                          flags=("--heartbeat-interval",))
+                                          flags=("--heartbeat-interval-s", "--heartbeat-interval"))
     heartbeat_timeout_s: float = setting(10.0, help="silence after which a worker is dead",
-                                         flags=("--heartbeat-timeout",))
+                                         flags=("--heartbeat-timeout-s", "--heartbeat-timeout"))
     rpc_deadline_s: float = setting(60.0, help="seconds to keep retrying an unreachable peer",
-                                    flags=("--rpc-deadline",))
+                                    flags=("--rpc-deadline-s", "--rpc-deadline"))
     read_wait_s: float = setting(30.0, help="longest a shard holds a sync/ssp worker before answering",
-                                 flags=("--read-wait",))
+                                 flags=("--read-wait-s", "--read-wait"))
     tf_threads: int = setting(1, help="TensorFlow intra/inter-op threads per process (0: TF default)")
     checkpoint_every_updates: int = setting(
         0, help="checkpoint every N updates, or every Ns seconds with a trailing s (0: off; default 30s)",
@@ -146,12 +150,9 @@ class RunConfig:
     chief_timeout_s: float = setting(120.0, help=(
         "shards and workers exit (non-zero) after the chief is unreachable this long (0: never; a shard "
         "gives a chief that never called at least 300 s to start)"),
-        flags=("--chief-timeout",))
+        flags=("--chief-timeout-s", "--chief-timeout"))
     task_size: int = setting(0, help="examples per data task (0: 4 batches)")
-    transport: str = setting("auto", help=(
-        "how workers move tensors to shards: auto (shared memory with shards on the same host, gRPC frames "
-        "otherwise) | grpc | shm (shared memory required) | tcp (a TCP data connection per shard, gRPC frames "
-        "when its data port cannot be reached)"))
+    transport: str = setting("auto", help=TRANSPORTS.help())
     pipeline: bool = setting(False, help=(
         "workers compute the next gradient while the previous push is in flight: more steps/s, one more "
         "step of staleness (measured and recorded like any other)"))
@@ -185,8 +186,9 @@ class RunConfig:
             problems.append("chief_timeout_s must be >= 0 (0: never)")
         if self.task_size < 0:
             problems.append("task_size must be >= 0")
-        if self.transport not in ("auto", "grpc", "shm", "tcp"):
-            problems.append(f"transport must be auto, grpc, shm or tcp, not {self.transport!r}")
+        transport_problem = TRANSPORTS.problem(self.transport)
+        if transport_problem is not None:
+            problems.append(transport_problem)
         if self.tf_threads < 0:
             problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
         if problems:

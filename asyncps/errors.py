@@ -45,3 +45,13 @@ class UnavailableError(AsyncpsError):
 
 class InternalError(AsyncpsError):
     """The server failed unexpectedly (its log has the detail)."""
+
+
+class PathNotVisibleError(FailedPreconditionError):
+    """The shard cannot reach this client's data path (e.g. its shared memory from another host):
+    the client falls back to the next path (FAILED_PRECONDITION, typed by asyncps.net.rpc)."""
+
+
+class AttachAgainError(FailedPreconditionError):
+    """The shard no longer holds this client's data-path attachment (a restart, a replacement): the
+    client attaches a fresh one (FAILED_PRECONDITION, typed by asyncps.net.rpc)."""

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from asyncps.config import RunConfig
-from asyncps.rundir import TIMELINE_CSV, StepRow, read_rows, wait_port_file
+from asyncps.rundir import RunDir, StepRow, read_rows, wait_port_file
 from asyncps.tools.local import LocalCluster, child_env
 from benchmarks.baselines import Samples, compute_threads
 
@@ -148,9 +148,9 @@ def run_cluster(run: RunConfig, window_s: float = 3.0) -> tuple[TimelineStats, d
             cluster.stop()
         codes = cluster.exit_codes()
         if codes.get("chief") != 0:
-            log = (run_dir / "logs" / "chief.log").read_text(errors="replace")[-2000:]
+            log = RunDir(run_dir).log("chief").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"asyncps chief exited with {codes.get('chief')}; chief log tail:\n{log}")
-        return timeline_stats(run_dir / TIMELINE_CSV, window_s=window_s), peaks
+        return timeline_stats(RunDir(run_dir).timeline, window_s=window_s), peaks
 
 
 @dataclass(frozen=True)

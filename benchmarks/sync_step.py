@@ -1,4 +1,4 @@
-"""Per-step cost of sync decided once for all shards (asyncps.rules.modes.SyncFollower).
+"""Per-step cost of sync decided once for all shards (asyncps.rules.sync).
 
 One worker, two real shard processes over gRPC: the median time of a push-pull step in `async`
 mode (both shards in parallel, one round trip) and in `sync` (followers, then shard 0, then the

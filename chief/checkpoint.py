@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +19,9 @@ import numpy as np
 
 from asyncps.placement import Part, Placement
 from asyncps.rules import UpdateRuleConfig
+from asyncps.rundir import CheckpointNames
 from asyncps.wire.codec import Array
 from asyncps.wire.shard import Snapshot
-
-_NAME = re.compile(r"^ckpt-(\d{8})$")
 
 
 @dataclass(frozen=True)
@@ -124,18 +122,21 @@ class CheckpointDir:
             raise ValueError("keep must be >= 1")
         self.root = root
         self.keep = keep
+        self.names = CheckpointNames(root)
 
     def complete(self) -> list[Path]:
         """Complete checkpoints, oldest first (a `.tmp` one is an interrupted write)."""
         if not self.root.exists():
             return []
-        found = [p for p in self.root.iterdir() if _NAME.match(p.name) and (p / "manifest.json").exists()]
+        found = [p for p in self.root.iterdir()
+                 if CheckpointNames.number_of(p) is not None and CheckpointNames.manifest(p).exists()]
         return sorted(found, key=lambda p: p.name)
 
     def last_number(self) -> int:
         """The number of the newest complete checkpoint (0: none): new ones continue after it."""
         paths = self.complete()
-        return int(paths[-1].name.split("-")[1]) if paths else 0
+        number = CheckpointNames.number_of(paths[-1]) if paths else None
+        return number or 0
 
     def latest(self) -> Checkpoint | None:
         """The newest complete checkpoint, loaded, or None."""
@@ -145,11 +146,11 @@ class CheckpointDir:
     @staticmethod
     def load(path: Path) -> Checkpoint:
         """Load one checkpoint directory."""
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest = json.loads(CheckpointNames.manifest(path).read_text())
         values: dict[str, Array] = {}
         slots: dict[str, dict[str, Array]] = {}
         policy_state: dict[str, dict[str, Array]] = {}
-        with np.load(path / "model.npz", allow_pickle=False) as data:
+        with np.load(CheckpointNames.arrays(path), allow_pickle=False) as data:
             for key in data.files:
                 kind, _, rest = key.partition("/")
                 if kind == "value":
@@ -163,18 +164,18 @@ class CheckpointDir:
              manifest: dict[str, Any], policy_state: dict[str, dict[str, Array]] | None = None) -> Path:
         """Write checkpoint `number` atomically and prune old ones; return its path."""
         self.root.mkdir(parents=True, exist_ok=True)
-        final = self.root / f"ckpt-{number:08d}"
-        tmp = self.root / f"ckpt-{number:08d}.tmp"
+        final = self.names.final(number)
+        tmp = self.names.staging(number)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         arrays = {f"value/{n}": a for n, a in values.items()}
         arrays.update({f"slot/{s}/{n}": a for n, by_slot in slots.items() for s, a in by_slot.items()})
         arrays.update({f"policy/{k}/{n}": a for n, by_key in (policy_state or {}).items() for k, a in by_key.items()})
-        with open(tmp / "model.npz", "wb") as f:
+        with open(CheckpointNames.arrays(tmp), "wb") as f:
             np.savez(f, **arrays)  # type: ignore[arg-type]
             f.flush()
             os.fsync(f.fileno())
-        with open(tmp / "manifest.json", "w") as f:
+        with open(CheckpointNames.manifest(tmp), "w") as f:
             json.dump({**manifest, "number": number}, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())

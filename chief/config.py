@@ -8,6 +8,7 @@ from pathlib import Path
 
 from asyncps.config import RunConfig
 from asyncps.net.security import SecurityConfig
+from asyncps.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class ChiefConfig:
     @property
     def checkpoints(self) -> Path:
         """Where checkpoints go."""
-        return self.checkpoint_dir or self.run_dir / "ckpt"
+        return self.checkpoint_dir or RunDir(self.run_dir).checkpoints
 
     def __post_init__(self) -> None:
         if not self.ps:

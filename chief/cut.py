@@ -11,11 +11,9 @@ others. That gradient is "in flight" at the cut: the values read do not contain 
 where it was held, and the version vector says exactly which updates each shard's values hold.
 
 Sync over several shards is the exception, since a step must be on every shard or none: shard 0
-decides a step before the followers commit it (SyncFollower), so a cut can find shard 0 at
-version v+1 and a follower still at v. While every shard is held, the cut therefore reads shard
-0's decisions since the oldest step a follower has not committed and has each follower commit
-them (both through Pause, a chief-only call); every follower then stands at shard 0's step, and
-the values read are one model.
+decides a step before the followers commit it, so while every shard is held the cut brings
+each follower to shard 0's step (asyncps.rules.sync.cut.catch_up, through Pause, a chief-only
+call) and the values read are one model.
 """
 
 from __future__ import annotations
@@ -26,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from asyncps.rules.sync.cut import catch_up
+
 if TYPE_CHECKING:
-    from asyncps.rules.modes import Held
     from asyncps.transport import ModelClient, ShardTransport
 
 Read = TypeVar("Read")
@@ -61,8 +60,8 @@ def at_cut(shards: Sequence[ShardTransport], read: Callable[[int, ShardTransport
     started = time.monotonic()  # before any pause is sent: every shard's hold ends after started + hold_s
     with ThreadPoolExecutor(max_workers=max(1, len(shards)), thread_name_prefix="cut") as pool:
         try:
-            paused, sync_steps = _caught_up(shards, list(pool.map(lambda shard: shard.hold(hold_s), shards)),
-                                            hold_s, pool)
+            paused, sync_steps = catch_up(shards, list(pool.map(lambda shard: shard.hold(hold_s), shards)),
+                                          hold_s, pool.map)
             reads = list(pool.map(read, range(len(shards)), shards))
             recorded = record()
             took = time.monotonic() - started
@@ -71,25 +70,6 @@ def at_cut(shards: Sequence[ShardTransport], read: Callable[[int, ShardTransport
     if took >= hold_s:
         raise CutLapsed(f"the cut took {took:.1f}s, not less than the {hold_s:.1f}s hold: pushes may have resumed")
     return Cut(reads, paused, recorded, sync_steps)
-
-
-def _caught_up(shards: Sequence[ShardTransport], held: list[Held], hold_s: float,
-               pool: ThreadPoolExecutor) -> tuple[list[int], list[int] | None]:
-    """Bring every held sync follower to shard 0's step; the versions then and each shard's step.
-
-    Not sync over several shards: the versions as paused, no steps."""
-    followers = [i for i, h in enumerate(held) if h.follower]
-    if not followers:
-        return [h.version for h in held], None
-    since = min(held[i].next_step for i in followers)
-    decided = shards[0].hold(hold_s, since).decided
-    if decided is not None and any(held[i].lineage != decided.incarnation for i in followers) and since > 0:
-        decided = shards[0].hold(hold_s, 0).decided  # a follower still follows an older incarnation
-    if decided is not None:
-        caught = dict(zip(followers, pool.map(lambda i: shards[i].hold(hold_s, sync=decided), followers),
-                          strict=True))
-        held = [caught.get(i, h) for i, h in enumerate(held)]
-    return [h.version for h in held], [held[0].version, *(h.next_step for h in held[1:])]
 
 
 def pull_at_cut(client: ModelClient, hold_s: float = DEFAULT_HOLD_S) -> list[int]:

@@ -24,11 +24,8 @@ from asyncps.rundir import atomic_write
 
 log = logging.getLogger("asyncps.chief")
 
-LEDGER_LOG = "ledger.jsonl"
-
-
 def replay(path: Path, ledger: TaskLedger) -> bool:
-    """Load the journal at `path` into `ledger`; False when there is none."""
+    """Load the journal at `path` (RunDir.ledger) into `ledger`; False when there is none."""
     if not path.exists():
         return False
     lines = path.read_text().splitlines()
@@ -72,4 +69,4 @@ class LedgerLog:
                 self._file = None
 
 
-__all__ = ["LEDGER_LOG", "LedgerLog", "replay"]
+__all__ = ["LedgerLog", "replay"]

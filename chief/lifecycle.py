@@ -15,7 +15,7 @@ from asyncps.chief.tasks import TaskLedger
 
 from asyncps.net.rpc import create_server, serve_health
 from asyncps.pb import coordinator_pb2_grpc
-from asyncps.rundir import INTERRUPTED, RunConfigRecord, write_port_file
+from asyncps.rundir import INTERRUPTED, RunConfigRecord, RunDir, write_port_file
 
 if TYPE_CHECKING:
     import grpc
@@ -36,7 +36,7 @@ FINAL_EXIT_CODES = frozenset({EXIT_DONE, EXIT_UNREACHABLE, EXIT_SHARD_STATE})
 def prepare_run_dir(config: ChiefConfig) -> None:
     """The run directory with its config.json and the TensorBoard folder."""
     run_dir = config.run_dir
-    (run_dir / "tb").mkdir(parents=True, exist_ok=True)
+    RunDir(run_dir).tensorboard.mkdir(parents=True, exist_ok=True)
     RunConfigRecord.of(config.run, config.ps, run_dir).save(run_dir)
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from asyncps.chief.checkpointer import LIVE, Checkpointer, ShardStateError
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.evaluator import Evaluation, Evaluator
-from asyncps.chief.ledgerlog import LEDGER_LOG, LedgerLog, replay
+from asyncps.chief.ledgerlog import LedgerLog, replay
 from asyncps.chief.lifecycle import (
     EXIT_HANDED_OVER,
     EXIT_SHARD_STATE,
@@ -35,7 +35,7 @@ from asyncps.chief.membership import LiveSet, Membership
 from asyncps.chief.metrics import MetricsServer, RunMetrics
 from asyncps.chief.progress import Progress, ShardPoller, TrainClock
 from asyncps.chief.recorder import EvalLog, Recorder, write_summary
-from asyncps.chief.reportlog import REPORT_LOG, ReportLog
+from asyncps.chief.reportlog import ReportLog
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.startgate import StartGate
 from asyncps.chief.tasks import TaskLedger
@@ -43,7 +43,7 @@ from asyncps.chief.tasks import TaskLedger
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
-from asyncps.rundir import RunManifest, StalenessSummary, write_port_file
+from asyncps.rundir import RunDir, RunManifest, StalenessSummary, write_port_file
 from asyncps.wire.codec import Array
 
 if TYPE_CHECKING:
@@ -305,16 +305,17 @@ def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None,
     except ShardStateError as exc:
         log.error("%s", exc)
         return EXIT_SHARD_STATE
-    if how == LIVE and replay(config.run_dir / LEDGER_LOG, ledger):
-        log.info("data ledger continues from %s: %s", LEDGER_LOG, ledger.summary())
-    ledger_log = LedgerLog(config.run_dir / LEDGER_LOG, ledger)
+    files = RunDir(config.run_dir)
+    if how == LIVE and replay(files.ledger, ledger):
+        log.info("data ledger continues from %s: %s", files.ledger.name, ledger.summary())
+    ledger_log = LedgerLog(files.ledger, ledger)
     manifest.save(config.run_dir)
     append = resuming or config.resume
     recorder = Recorder(config.run_dir, append=append, planned_workers=run.num_workers)
     if append:
         checkpointer.examples_offset = 0  # the recorder counts the examples of the files it continues
     eval_log = EvalLog(config.run_dir, recorder, append=append, run=run)
-    reports = ReportLog(config.run_dir / REPORT_LOG, resume=append)  # follows the rows the recorder continues
+    reports = ReportLog(files.reports, resume=append)  # follows the rows the recorder continues
     chief = Chief(config, interrupt or threading.Event(), model, progress, membership, ledger, checkpointer,
                   recorder, eval_log, manifest, reports, handover)
     try:

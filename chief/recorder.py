@@ -18,13 +18,11 @@ from asyncps.chief.tasks import TaskLedger
 from asyncps.config import RunConfig
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rundir import (
-    EVAL_CSV,
-    PUSHES_CSV,
-    TIMELINE_CSV,
     EvalRow,
     FinalEval,
     PushRow,
     RowWriter,
+    RunDir,
     RunSummary,
     ShardCounters,
     StalenessSummary,
@@ -76,18 +74,18 @@ class Recorder:
         self.examples_by_outcome: collections.Counter[str] = collections.Counter()
         if append:
             self._reload(run_dir)
-        self._pushes = RowWriter(run_dir / PUSHES_CSV, PushRow, append=append)
-        self._steps = RowWriter(run_dir / TIMELINE_CSV, StepRow, append=append)
+        self._pushes = RowWriter(RunDir(run_dir).pushes, PushRow, append=append)
+        self._steps = RowWriter(RunDir(run_dir).timeline, StepRow, append=append)
 
     def _reload(self, run_dir: Path) -> None:
         """The statistics of the rows earlier chiefs of this run wrote."""
         accepted: collections.defaultdict[tuple[int, int], list[bool]] = collections.defaultdict(list)
-        for p in iter_rows(run_dir / PUSHES_CSV, PushRow):
+        for p in iter_rows(RunDir(run_dir).pushes, PushRow):
             self._count_push(p.staleness, p.drop_reason, p.loss)
             accepted[(p.worker, p.step)].append(p.accepted)
             if p.accepted:
                 self._applied.append(p)
-        for s in iter_rows(run_dir / TIMELINE_CSV, StepRow):
+        for s in iter_rows(RunDir(run_dir).timeline, StepRow):
             self.examples_by_outcome[_outcome(accepted.get((s.worker, s.step), []))] += s.examples
             self._count_step(s.worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
 
@@ -171,8 +169,8 @@ class EvalLog:
         import tensorflow as tf
 
         self._recorder = recorder
-        self._writer = tf.summary.create_file_writer(str(run_dir / "tb"))
-        self._file = RowWriter(run_dir / EVAL_CSV, EvalRow, append=append)
+        self._writer = tf.summary.create_file_writer(str(RunDir(run_dir).tensorboard))
+        self._file = RowWriter(RunDir(run_dir).evals, EvalRow, append=append)
         self.history: list[tuple[float, int, float, float]] = []
         if run is not None:
             write_hparams(self._writer, run)

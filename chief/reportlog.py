@@ -26,9 +26,6 @@ from asyncps.rundir import atomic_write
 
 log = logging.getLogger("asyncps.chief")
 
-REPORT_LOG = "reports.jsonl"
-
-
 def read_last_reports(path: Path) -> dict[str, int]:
     """The last recorded report number of every member in the journal at `path` (empty: no file)."""
     if not path.exists():
@@ -88,4 +85,4 @@ class ReportLog:
                 self._file = None
 
 
-__all__ = ["REPORT_LOG", "ReportLog", "read_last_reports"]
+__all__ = ["ReportLog", "read_last_reports"]

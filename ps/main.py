@@ -7,21 +7,24 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from asyncps.ps.service import DEFAULT_MAX_WAITERS, ShardService
-from asyncps.ps.servicer import (
+from asyncps.ps.adapter import (
+    DEFAULT_MAX_DATA_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
-    SHARD_HANDLER_THREADS,
-    ParameterServerServicer,
-    add_to_server,
+    ShardAdapter,
+    ShardSide,
+    add_handlers,
+    load_adapter_factory,
 )
+from asyncps.ps.service import DEFAULT_MAX_WAITERS, ShardService
+from asyncps.ps.servicer import SHARD_HANDLER_THREADS
 from asyncps.ps.store import ShardStore
-from asyncps.ps.tcp import TcpLimits, TcpShardServer, add_data_port
 from asyncps.ps.watchdog import ChiefWatch
 
 from asyncps.net.rpc import create_server, serve_health
 from asyncps.net.security import SecurityConfig
 from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S, StreamLimits
 from asyncps.rundir import write_port_file
+from asyncps.transport.registry import TRANSPORTS, TransportRegistry
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 
 log = logging.getLogger("asyncps.ps")
@@ -45,8 +48,8 @@ class PsConfig:
     handler_threads: int = SHARD_HANDLER_THREADS
     stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_streams_per_peer: int = 0  # 0: asyncps.net.streamguard's default for the thread count
-    data_port: int = 0  # the lean TCP data path's port (0: any free port; -1: no TCP data path)
-    max_data_connections: int = TcpLimits.max_connections
+    data_port: int = 0  # a transport's own listener (the "tcp" data port; 0: any free port; -1: none)
+    max_data_connections: int = DEFAULT_MAX_DATA_CONNECTIONS
 
     @property
     def stream_limits(self) -> StreamLimits:
@@ -55,14 +58,18 @@ class PsConfig:
 
     def __post_init__(self) -> None:
         self.stream_limits  # noqa: B018 - validates the three settings together
-        if not -1 <= self.data_port < 65536:
-            raise ValueError(f"data port {self.data_port} out of range (-1: off)")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port {self.port} out of range")
         if self.index < 0:
             raise ValueError("index must be >= 0")
         if self.chief_timeout_s < 0:
             raise ValueError("chief_timeout_s must be >= 0 (0: never give up on the chief)")
+
+
+def shard_adapters(side: ShardSide, registry: TransportRegistry = TRANSPORTS) -> list[ShardAdapter]:
+    """The one place a shard's transports are built: every registered transport's adapter over
+    the same service, in registry order (gRPC first)."""
+    return [load_adapter_factory(transport.shard_adapter)(side) for transport in registry]
 
 
 def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
@@ -76,28 +83,24 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     store = ShardStore(config.index, enforce_bounds=not unbounded)
     limits = config.stream_limits
     # long-polls are streams too: never more waiting than the guard admits
-    servicer = ParameterServerServicer(store, config.chunk_bytes, config.max_request_bytes,
-                                       on_shutdown=lambda reason: stop.set(),
-                                       max_waiters=min(DEFAULT_MAX_WAITERS, limits.max_streams))
-    data = None
-    if config.data_port >= 0:  # its own service object over the same store: the same decisions
-        data = TcpShardServer(ShardService(store, min(DEFAULT_MAX_WAITERS, config.max_data_connections)),
-                              config.security, config.host, config.data_port,
-                              TcpLimits(config.max_data_connections, config.stream_idle_timeout_s,
-                                        max_request_bytes=min(config.max_request_bytes, TcpLimits.max_request_bytes)))
-    data_port = data.port if data is not None else 0
+    service = ShardService(store, max_waiters=min(DEFAULT_MAX_WAITERS, limits.max_streams))
+    adapters = shard_adapters(ShardSide(service, config.chunk_bytes, config.max_request_bytes,
+                                        on_shutdown=lambda reason: stop.set(), host=config.host,
+                                        security=config.security, data_port=config.data_port,
+                                        max_data_connections=config.max_data_connections,
+                                        idle_timeout_s=config.stream_idle_timeout_s))
     server, port, health = create_server(
         f"{config.host}:{config.port}",
-        [lambda s: add_to_server(servicer, s), lambda s: add_data_port(s, lambda: data_port)],
+        [lambda s: add_handlers(s, adapters)],
         max_workers=config.handler_threads, stream_limits=limits,
         interceptors=[*config.security.server_interceptors(), watch.interceptor()],
         credentials=config.security.server_credentials())
+    for adapter in adapters:
+        adapter.start()
     probe = None
     if config.health_port is not None:
         probe, probe_port = serve_health(f"{config.host}:{config.health_port}", health)
         log.info("shard %d: health service in plaintext on port %d", config.index, probe_port)
-    if data is not None:
-        data.start()
     write_port_file(config.port_file, port)
     log.info("shard %d serving on port %d (%s)", config.index, port, config.security.describe())
     code = 0
@@ -112,7 +115,6 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     server.stop(grace=2.0 if code == 0 else 0.5).wait()  # no chief: nobody waits for answers worth a grace
     if probe is not None:
         probe.stop(grace=None)
-    if data is not None:
-        data.stop()
-    servicer.close()
+    for adapter in reversed(adapters):
+        adapter.close()
     return code

@@ -1,4 +1,4 @@
-"""A staleness policy's state for one variable, kept row by row.
+"""A staleness policy's state: per variable, row by row, and the values each worker last read.
 
 DC-ASGD-a keeps a running mean square and gap-aware a previous value and a step estimate, each
 element by element. With sparse gradients a push touches some rows only: each row's state must
@@ -7,7 +7,8 @@ sees exactly the rows it corrects. A row the policy never saw has no state: the 
 call" rule applies to it, whatever other rows have. Rows are grouped by which state keys they
 have, and the policy is called once per group (one group, and no copy, in the usual dense case).
 
-Not thread-safe: the store calls it with the variable's lock held.
+Not thread-safe: the store calls RowState with the variable's lock held, ReadValues with the
+state lock held.
 """
 
 from __future__ import annotations
@@ -109,9 +110,25 @@ class RowState:
         return state
 
 
+class ReadValues:
+    """The values each worker last pulled, kept for policies that correct a gradient with the values
+    it was computed from (DC-ASGD, gap-aware). The arrays are the shard's read-only shared ones."""
+
+    def __init__(self) -> None:
+        self._by_worker: dict[str, dict[str, Array]] = {}
+
+    def keep(self, worker_id: str, values: dict[str, Array]) -> None:
+        """Remember what worker_id just read."""
+        self._by_worker[worker_id] = values
+
+    def get(self, worker_id: str) -> dict[str, Array] | None:
+        """What worker_id last read (None: nothing yet)."""
+        return self._by_worker.get(worker_id)
+
+
 def _finite_float(array: Array) -> bool:
     dtype: np.dtype[Any] = array.dtype
     return bool(np.issubdtype(dtype, np.floating) and np.isfinite(array).all())
 
 
-__all__ = ["ROWS_SUFFIX", "RowState"]
+__all__ = ["ROWS_SUFFIX", "ReadValues", "RowState"]

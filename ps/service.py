@@ -1,7 +1,8 @@
-"""The shard's service layer: push -> wait -> pull, waiter slots and byte counters.
+"""The shard's service layer: push -> wait -> pull, waiter slots, refusals and byte counters.
 
 Transport adapters (the gRPC servicer) translate their messages to these calls and back; what a
 call means, how long it may block and what it counts is decided here, once for every transport.
+A worker's step enters the store once per phase (apply, wait, read; see ps/store.py).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from collections.abc import Iterator, Mapping
 
 from asyncps.ps.store import ShardStore
 
-from asyncps.errors import InvalidArgumentError
+from asyncps.errors import InvalidArgumentError, UnavailableError
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Decisions, Held
+from asyncps.rules.sync.types import Decisions, Held
 from asyncps.wire.codec import Array
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 
@@ -33,6 +34,12 @@ class ShardService:
         self._counter_lock = threading.Lock()
         self._bytes_pulled = 0
         self._bytes_pushed = 0
+        self._refused: dict[str, int] = {}  # reads refused, by why (SSP's bound): deadline, no_slot
+
+    @property
+    def shard_index(self) -> int:
+        """Which shard this is (for reply headers and checkpoints)."""
+        return self.store.shard_index
 
     @contextlib.contextmanager
     def _waiter(self) -> Iterator[bool]:
@@ -63,8 +70,7 @@ class ShardService:
             with self._waiter() as may_wait:
                 if may_wait:
                     self.store.wait_newer(if_newer_than, wait_s)
-        values = self.store.pull(if_newer_than, worker_id)
-        return dataclasses.replace(values, decisions=self.store.decisions_since(if_newer_than))
+        return self.store.pull(if_newer_than, worker_id, decisions_since=if_newer_than)
 
     def push(self, request: PushRequest) -> PushOutcome:
         """Apply, accumulate or drop one gradient (a sync commit when it carries decisions)."""
@@ -84,31 +90,42 @@ class ShardService:
         (UNAVAILABLE, counted as refused for lack of a waiting slot or at the deadline) and the
         worker repeats it; the shard recognizes the repeated push and does not apply it twice.
         """
-        outcome = self.push(request)
+        outcome = self.push(request)  # apply: one store entry
         waited = 0.0
-        if request.decisions is None and not self.store.readable(request.worker_id, request.base_version):
-            refused = "deadline"
-            if read_wait_s > 0:
-                with self._waiter() as may_wait:
-                    if may_wait:
-                        waited = self.store.wait_readable(request.worker_id, request.base_version, read_wait_s)
-                    else:
-                        refused = "no_slot"
-            if self.store.strict_reads() and not self.store.readable(request.worker_id, request.base_version):
-                raise self.store.refuse(refused, (
-                    f"{request.worker_id} leads the slowest live worker by more than the bound"
-                    + (" and every waiting slot is taken" if refused == "no_slot" else f" after {waited:.2f}s")
-                    + f" (shard {self.store.shard_index}); its push was applied once, repeat the call to read"))
-        values = self.store.pull(pull_if_newer_than, request.worker_id)
-        decisions = self.store.decisions_since(request.base_version)
-        return outcome, dataclasses.replace(values, waited_s=waited, decisions=decisions)
+        if request.decisions is None:  # a sync commit never waits
+            waited = self._wait_readable(request, read_wait_s)  # wait: one store entry
+        # read: one store entry, the values and the sync coordinator's decisions of one instant
+        values = self.store.pull(pull_if_newer_than, request.worker_id, decisions_since=request.base_version)
+        return outcome, dataclasses.replace(values, waited_s=waited)
+
+    def _wait_readable(self, request: PushRequest, read_wait_s: float) -> float:
+        """Wait (with a waiting slot, up to read_wait_s) until the worker may read; the seconds
+        waited. A worker that still may not read with strict reads is refused (counted here)."""
+        refused = "deadline"
+        if read_wait_s > 0:
+            with self._waiter() as may_wait:
+                gate = self.store.wait_readable(request.worker_id, request.base_version,
+                                                read_wait_s if may_wait else 0.0)
+            refused = "deadline" if may_wait else "no_slot"
+        else:
+            gate = self.store.wait_readable(request.worker_id, request.base_version, 0.0)
+        if gate.readable or not gate.strict:
+            return gate.waited_s
+        with self._counter_lock:
+            self._refused[refused] = self._refused.get(refused, 0) + 1
+        raise UnavailableError(
+            f"{request.worker_id} leads the slowest live worker by more than the bound"
+            + (" and every waiting slot is taken" if refused == "no_slot" else f" after {gate.waited_s:.2f}s")
+            + f" (shard {self.shard_index}); its push was applied once, repeat the call to read")
 
     def stats(self) -> StoreStats:
-        """Counters, variable metadata and the bytes moved."""
+        """Counters, variable metadata, the bytes moved and the reads refused (in mode_stats)."""
         with self._counter_lock:
             pulled, pushed = self._bytes_pulled, self._bytes_pushed
-        return dataclasses.replace(self.store.stats(), shard_index=self.store.shard_index,
-                                   bytes_pulled=pulled, bytes_pushed=pushed)
+            refused = {f"refused_{why}": float(n) for why, n in self._refused.items()}
+        stats = self.store.stats()
+        return dataclasses.replace(stats, shard_index=self.shard_index, bytes_pulled=pulled, bytes_pushed=pushed,
+                                   mode_stats={**stats.mode_stats, **refused})
 
     def set_live_workers(self, worker_ids: list[str]) -> int:
         """Update the live set used by the consistency model; the version."""

@@ -1,28 +1,25 @@
-"""gRPC adapter for a shard: frames and protobuf <-> the service layer's domain calls, domain
-errors -> status codes. Tensor streams travel as raw frames (asyncps.wire.frames); control calls are
-plain protobuf."""
+"""The gRPC adapter of a shard: the control face and the "grpc" data path (frames) over the
+ShardService. Frames and protobuf <-> the service's domain calls, domain errors -> status codes.
+Tensor streams travel as raw frames (asyncps.wire.frames); control calls are plain protobuf."""
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import grpc
-import numpy as np
-from asyncps.ps.service import DEFAULT_MAX_WAITERS, ShardService
-from asyncps.ps.shm import Attachments
-from asyncps.ps.store import ShardStore
+from asyncps.ps.adapter import DEFAULT_MAX_REQUEST_BYTES, ShardSide, reply_header, wait_limit
+from asyncps.ps.service import ShardService
 
-from asyncps.errors import FailedPreconditionError, InvalidArgumentError
+from asyncps.errors import InvalidArgumentError
+from asyncps.net.handlers import Handler
 from asyncps.net.rpc import handles_errors
 from asyncps.pb import ps_pb2
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
 from asyncps.wire.frames import identity, read_frames
 from asyncps.wire.proto import (
-    SHARD_SERVICE,
     decisions_from_proto,
     decisions_to_proto,
     outcome_to_proto,
@@ -42,8 +39,6 @@ from asyncps.wire.shard import PushRequest, ShardValues
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_REQUEST_BYTES = 2 << 30
-MAX_WAIT_S = 300.0  # longest a long-poll blocks, whatever the caller asks
 # The server has more handler threads than the service lets wait at once (DEFAULT_MAX_WAITERS).
 SHARD_HANDLER_THREADS = 256
 
@@ -70,23 +65,20 @@ class _ReplyCache:
 
 
 class ParameterServerServicer:
-    """Serves one shard over gRPC (registered by add_to_server)."""
+    """Serves one shard's control calls and framed tensors over gRPC (a ShardAdapter)."""
 
     def __init__(
         self,
-        store: ShardStore,
+        service: ShardService,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         on_shutdown: Callable[[str], None] | None = None,
-        max_waiters: int = DEFAULT_MAX_WAITERS,
     ) -> None:
-        self._service = ShardService(store, max_waiters)
-        self._store = store
+        self._service = service
         self._chunk_bytes = chunk_bytes
         self._max_request_bytes = max_request_bytes
         self._on_shutdown = on_shutdown
         self._cache = _ReplyCache(chunk_bytes)
-        self._attachments = Attachments()
 
     @handles_errors
     def Initialize(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> ps_pb2.InitializeResponse:
@@ -105,32 +97,16 @@ class ParameterServerServicer:
         return ps_pb2.InitializeResponse(created=created, version=version)
 
     def _reply(self, reply: ShardValues, push: ps_pb2.PushResult | None = None) -> Iterator[bytes]:
-        yield pull_header_frame(self._header(reply, push))
+        yield pull_header_frame(reply_header(reply, push, self._service.shard_index))
         if reply.values is not None:
             frames, nbytes = self._cache.frames(reply.incarnation, reply.version, reply.values)
             yield from frames
             self._service.count(pulled=nbytes)
 
-    def _header(self, reply: ShardValues, push: ps_pb2.PushResult | None) -> ps_pb2.PullHeader:
-        header = ps_pb2.PullHeader(version=reply.version, not_modified=reply.values is None,
-                                   shard_index=self._store.shard_index, push=push, waited_s=reply.waited_s,
-                                   incarnation=reply.incarnation)
-        if reply.decisions is not None:
-            header.sync.CopyFrom(decisions_to_proto(reply.decisions))
-        return header
-
-    def _wait_limit(self, what: str, asked_s: float, context: grpc.ServicerContext, margin_s: float = 0.0) -> float:
-        """How long a long-poll may block: what the caller asked, within its deadline and our cap."""
-        if not math.isfinite(asked_s) or asked_s < 0:
-            raise InvalidArgumentError(f"{what} must be a finite number of seconds >= 0, got {asked_s}")
-        remaining = context.time_remaining()
-        limit = min(asked_s, MAX_WAIT_S)
-        return limit if remaining is None else min(limit, max(0.0, remaining - margin_s))
-
     @handles_errors
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Stream the values (optionally after a long-poll for a newer version)."""
-        limit = self._wait_limit("wait_timeout_s", request.wait_timeout_s, context)
+        limit = wait_limit("wait_timeout_s", request.wait_timeout_s, context)
         yield from self._reply(self._service.pull(request.worker_id, request.if_newer_than, limit))
 
     def _read_push(
@@ -153,7 +129,7 @@ class ParameterServerServicer:
         """Push, then stream the values back in the same call."""
         header, request = self._read_push(request_iterator, "PushPull")
         # the whole request is validated before the store changes
-        limit = self._wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
+        limit = wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
         outcome, reply = self._service.push_pull(request, header.pull_if_newer_than, limit)
         yield from self._reply(reply, outcome_to_proto(outcome))
 
@@ -186,7 +162,7 @@ class ParameterServerServicer:
     def Snapshot(self, request: ps_pb2.SnapshotRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Stream the whole state for a checkpoint."""
         snap = self._service.snapshot()
-        yield from snapshot_frames(snapshot_header(snap, self._store.shard_index), snap, self._chunk_bytes)
+        yield from snapshot_frames(snapshot_header(snap, self._service.shard_index), snap, self._chunk_bytes)
 
     @handles_errors
     def Restore(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> ps_pb2.InitializeResponse:
@@ -199,50 +175,6 @@ class ParameterServerServicer:
         return ps_pb2.InitializeResponse(created=True, version=version)
 
     @handles_errors
-    def AttachShm(self, request: ps_pb2.AttachShmRequest, context: grpc.ServicerContext) -> ps_pb2.AttachShmResponse:
-        """Map a worker's shared-memory segment (same host only)."""
-        stats = self._service.stats()
-        if not stats.initialized:
-            raise FailedPreconditionError(f"shard {self._store.shard_index} is not initialized yet")
-        variables = {name: (np.dtype(dtype), tuple(shape)) for name, dtype, shape in stats.variables}
-        attachment = self._attachments.attach(request.worker_id, request.segment, request.segment_bytes,
-                                              request.token, request.values, variables)
-        log.info("attached the shared memory of %s (%d bytes)", request.worker_id, request.segment_bytes)
-        return ps_pb2.AttachShmResponse(attachment=attachment)
-
-    @handles_errors
-    def ShmPushPull(self, request: ps_pb2.ShmPushPullRequest, context: grpc.ServicerContext) -> ps_pb2.PullHeader:
-        """PushPull with the tensors in an attached segment; only the headers travel here."""
-        header = request.header
-        attachment = self._attachments.get(request.attachment, header.worker_id)
-        limit = self._wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
-        push_result: ps_pb2.PushResult | None = None
-        if request.pull_only:
-            if request.grads:
-                raise InvalidArgumentError("a pull_only request carries no gradients")
-            reply = self._service.pull(header.worker_id, header.pull_if_newer_than, limit)
-        else:
-            with attachment.lock:
-                if attachment.closed:
-                    raise FailedPreconditionError("the shared-memory attachment was replaced: attach again")
-                grads = attachment.read_grads(request.grads)
-            self._service.count(pushed=sum(g.nbytes for g in grads.values()))
-            push = push_request(header, grads)
-            outcome, reply = self._service.push_pull(push, header.pull_if_newer_than, limit)
-            push_result = outcome_to_proto(outcome)
-        if reply.values is not None:
-            with attachment.lock:
-                if attachment.closed:
-                    raise FailedPreconditionError("the shared-memory attachment was replaced: attach again")
-                attachment.write_values(reply.values)
-            self._service.count(pulled=sum(v.nbytes for v in reply.values.values()))
-        return self._header(reply, push_result)
-
-    def close(self) -> None:
-        """Unmap every attached segment."""
-        self._attachments.close()
-
-    @handles_errors
     def Shutdown(self, request: ps_pb2.ShutdownRequest, context: grpc.ServicerContext) -> ps_pb2.ShutdownResponse:
         """Ask the hosting process to exit cleanly."""
         log.info("shutdown requested: %s", request.reason or "(no reason)")
@@ -251,33 +183,44 @@ class ParameterServerServicer:
         return ps_pb2.ShutdownResponse()
 
 
-def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
-    """Register the shard service: frame methods with pass-through (de)serializers, the rest with
-    protobuf's (the method names and paths are those of ps.proto's ParameterServer)."""
-    def unary(fn: Callable[..., Any], request: type, reply: type) -> grpc.RpcMethodHandler[Any, Any]:
-        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request.FromString,  # type: ignore[attr-defined]
-                                                   response_serializer=reply.SerializeToString)  # type: ignore[attr-defined]
+    def rpc_handlers(self) -> dict[str, Handler]:
+        """The shard service's control and frame methods: frame methods with pass-through
+        (de)serializers, the rest with protobuf's (the names of ps.proto's ParameterServer)."""
+        def unary(fn: Callable[..., Any], request: type, reply: type) -> Handler:
+            return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request.FromString,  # type: ignore[attr-defined]
+                                                       response_serializer=reply.SerializeToString)  # type: ignore[attr-defined]
 
-    handlers = {
-        "Initialize": grpc.stream_unary_rpc_method_handler(
-            servicer.Initialize, request_deserializer=identity,
-            response_serializer=ps_pb2.InitializeResponse.SerializeToString),
-        "Pull": grpc.unary_stream_rpc_method_handler(
-            servicer.Pull, request_deserializer=ps_pb2.PullRequest.FromString, response_serializer=identity),
-        "Push": grpc.stream_unary_rpc_method_handler(
-            servicer.Push, request_deserializer=identity, response_serializer=ps_pb2.PushResult.SerializeToString),
-        "PushPull": grpc.stream_stream_rpc_method_handler(
-            servicer.PushPull, request_deserializer=identity, response_serializer=identity),
-        "GetStats": unary(servicer.GetStats, ps_pb2.StatsRequest, ps_pb2.ShardStats),
-        "SetLiveWorkers": unary(servicer.SetLiveWorkers, ps_pb2.LiveWorkersRequest, ps_pb2.LiveWorkersResponse),
-        "Pause": unary(servicer.Pause, ps_pb2.PauseRequest, ps_pb2.PauseResponse),
-        "Snapshot": grpc.unary_stream_rpc_method_handler(
-            servicer.Snapshot, request_deserializer=ps_pb2.SnapshotRequest.FromString, response_serializer=identity),
-        "Restore": grpc.stream_unary_rpc_method_handler(
-            servicer.Restore, request_deserializer=identity,
-            response_serializer=ps_pb2.InitializeResponse.SerializeToString),
-        "Shutdown": unary(servicer.Shutdown, ps_pb2.ShutdownRequest, ps_pb2.ShutdownResponse),
-        "AttachShm": unary(servicer.AttachShm, ps_pb2.AttachShmRequest, ps_pb2.AttachShmResponse),
-        "ShmPushPull": unary(servicer.ShmPushPull, ps_pb2.ShmPushPullRequest, ps_pb2.PullHeader),
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SHARD_SERVICE, handlers),))
+        return {
+            "Initialize": grpc.stream_unary_rpc_method_handler(
+                self.Initialize, request_deserializer=identity,
+                response_serializer=ps_pb2.InitializeResponse.SerializeToString),
+            "Pull": grpc.unary_stream_rpc_method_handler(
+                self.Pull, request_deserializer=ps_pb2.PullRequest.FromString, response_serializer=identity),
+            "Push": grpc.stream_unary_rpc_method_handler(
+                self.Push, request_deserializer=identity, response_serializer=ps_pb2.PushResult.SerializeToString),
+            "PushPull": grpc.stream_stream_rpc_method_handler(
+                self.PushPull, request_deserializer=identity, response_serializer=identity),
+            "GetStats": unary(self.GetStats, ps_pb2.StatsRequest, ps_pb2.ShardStats),
+            "SetLiveWorkers": unary(self.SetLiveWorkers, ps_pb2.LiveWorkersRequest, ps_pb2.LiveWorkersResponse),
+            "Pause": unary(self.Pause, ps_pb2.PauseRequest, ps_pb2.PauseResponse),
+            "Snapshot": grpc.unary_stream_rpc_method_handler(
+                self.Snapshot, request_deserializer=ps_pb2.SnapshotRequest.FromString, response_serializer=identity),
+            "Restore": grpc.stream_unary_rpc_method_handler(
+                self.Restore, request_deserializer=identity,
+                response_serializer=ps_pb2.InitializeResponse.SerializeToString),
+            "Shutdown": unary(self.Shutdown, ps_pb2.ShutdownRequest, ps_pb2.ShutdownResponse),
+        }
+
+    def start(self) -> None:
+        """Nothing beyond the gRPC server, which the shard's main starts."""
+
+    def close(self) -> None:
+        """Nothing of its own to release."""
+
+
+def grpc_adapter(side: ShardSide) -> ParameterServerServicer:
+    """The registry's shard adapter for "grpc": the servicer over the shard's service."""
+    return ParameterServerServicer(side.service, side.chunk_bytes, side.max_request_bytes, side.on_shutdown)
+
+
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "SHARD_HANDLER_THREADS", "ParameterServerServicer", "grpc_adapter"]

@@ -1,28 +1,46 @@
-"""The shard's side of the same-host data path: mapped worker segments ("attachments").
+"""The shard adapter of the "shm" transport: mapped worker segments ("attachments") served over
+the shard's gRPC server (AttachShm, ShmPushPull) on the shard's one ShardService.
 
 A worker's segment holds its full model values and a region per gradient part. The shard maps
 it once (AttachShm), then for every ShmPushPull copies the gradients out of it (so a client
 writing while the shard validates cannot slip a NaN past the checks), hands them to the
 service exactly as a framed push would, and writes the reply's values into the worker's
-regions. Every offset and length is checked against the segment before any view is made.
+regions. Every offset and length is checked against the segment before any view is made. A
+segment the shard cannot map answers errors.PathNotVisibleError (the client falls back); an
+attachment gone or replaced answers errors.AttachAgainError (the client maps a fresh one).
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import mmap
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import numpy as np
+from asyncps.ps.adapter import ShardSide, reply_header, wait_limit
+from asyncps.ps.service import ShardService
 
-from asyncps.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from asyncps.pb import tensor_pb2
+from asyncps.errors import (
+    AttachAgainError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PathNotVisibleError,
+)
+from asyncps.net.handlers import Handler
+from asyncps.net.rpc import handles_errors
+from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.transport import shmseg
 from asyncps.wire.codec import Array, _checked_nbytes, dtype_from_proto
+from asyncps.wire.proto import outcome_to_proto, push_request
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ATTACHMENTS = 256
 
@@ -93,11 +111,11 @@ class Attachment:
         """Write the reply's values into the worker's regions (caller holds the lock)."""
         missing = sorted(set(values) - set(self.values))
         if missing:
-            raise FailedPreconditionError(f"attachment has no region for {missing}: attach again")
+            raise AttachAgainError(f"attachment has no region for {missing}: attach again")
         for name, value in values.items():
             region = self.values[name]
             if value.shape != region.shape or value.dtype != region.dtype:
-                raise FailedPreconditionError(f"{name}: the shard holds {value.dtype}{list(value.shape)}, the "
+                raise AttachAgainError(f"{name}: the shard holds {value.dtype}{list(value.shape)}, the "
                                               f"attachment {region.dtype}{list(region.shape)}: attach again")
             np.copyto(region.view(self.buffer), value)
 
@@ -138,7 +156,7 @@ class Attachments:
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         except (FileNotFoundError, PermissionError) as exc:
-            raise FailedPreconditionError(f"segment {segment!r} is not visible from this shard (another host?): "
+            raise PathNotVisibleError(f"segment {segment!r} is not visible from this shard (another host?): "
                                           f"{type(exc).__name__}") from None
         attachment = Attachment(next(self._ids), worker_id, buffer, values)
         evicted = []
@@ -153,11 +171,11 @@ class Attachments:
         return attachment.id
 
     def get(self, attachment_id: int, worker_id: str) -> Attachment:
-        """The attachment of this worker; FAILED_PRECONDITION when gone (attach again)."""
+        """The attachment of this worker; AttachAgainError when gone."""
         with self._lock:
             attachment = self._by_id.get(attachment_id)
         if attachment is None or attachment.worker_id != worker_id:
-            raise FailedPreconditionError(f"no shared-memory attachment {attachment_id} of {worker_id!r}: attach again")
+            raise AttachAgainError(f"no shared-memory attachment {attachment_id} of {worker_id!r}: attach again")
         return attachment
 
     def close(self) -> None:
@@ -168,4 +186,70 @@ class Attachments:
             attachment.close()
 
 
-__all__ = ["Attachment", "Attachments", "Region", "region_of"]
+class ShmAdapter:
+    """The shard side of "shm": AttachShm and ShmPushPull over the service (a ShardAdapter)."""
+
+    def __init__(self, side: ShardSide, max_attachments: int = DEFAULT_MAX_ATTACHMENTS) -> None:
+        self._service: ShardService = side.service
+        self._attachments = Attachments(max_attachments)
+
+    @handles_errors
+    def AttachShm(self, request: ps_pb2.AttachShmRequest, context: grpc.ServicerContext) -> ps_pb2.AttachShmResponse:
+        """Map a worker's shared-memory segment (same host only)."""
+        stats = self._service.stats()
+        if not stats.initialized:
+            raise FailedPreconditionError(f"shard {self._service.shard_index} is not initialized yet")
+        variables = {name: (np.dtype(dtype), tuple(shape)) for name, dtype, shape in stats.variables}
+        attachment = self._attachments.attach(request.worker_id, request.segment, request.segment_bytes,
+                                              request.token, request.values, variables)
+        log.info("attached the shared memory of %s (%d bytes)", request.worker_id, request.segment_bytes)
+        return ps_pb2.AttachShmResponse(attachment=attachment)
+
+    @handles_errors
+    def ShmPushPull(self, request: ps_pb2.ShmPushPullRequest, context: grpc.ServicerContext) -> ps_pb2.PullHeader:
+        """PushPull with the tensors in an attached segment; only the headers travel here."""
+        header = request.header
+        attachment = self._attachments.get(request.attachment, header.worker_id)
+        limit = wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
+        push_result: ps_pb2.PushResult | None = None
+        if request.pull_only:
+            if request.grads:
+                raise InvalidArgumentError("a pull_only request carries no gradients")
+            reply = self._service.pull(header.worker_id, header.pull_if_newer_than, limit)
+        else:
+            with attachment.lock:
+                if attachment.closed:
+                    raise AttachAgainError("the shared-memory attachment was replaced: attach again")
+                grads = attachment.read_grads(request.grads)
+            self._service.count(pushed=sum(g.nbytes for g in grads.values()))
+            push = push_request(header, grads)
+            outcome, reply = self._service.push_pull(push, header.pull_if_newer_than, limit)
+            push_result = outcome_to_proto(outcome)
+        if reply.values is not None:
+            with attachment.lock:
+                if attachment.closed:
+                    raise AttachAgainError("the shared-memory attachment was replaced: attach again")
+                attachment.write_values(reply.values)
+            self._service.count(pulled=sum(v.nbytes for v in reply.values.values()))
+        return reply_header(reply, push_result, self._service.shard_index)
+
+    def rpc_handlers(self) -> dict[str, Handler]:
+        """AttachShm and ShmPushPull, protobuf both ways."""
+        return {
+            "AttachShm": grpc.unary_unary_rpc_method_handler(
+                self.AttachShm, request_deserializer=ps_pb2.AttachShmRequest.FromString,
+                response_serializer=ps_pb2.AttachShmResponse.SerializeToString),
+            "ShmPushPull": grpc.unary_unary_rpc_method_handler(
+                self.ShmPushPull, request_deserializer=ps_pb2.ShmPushPullRequest.FromString,
+                response_serializer=ps_pb2.PullHeader.SerializeToString),
+        }
+
+    def start(self) -> None:
+        """Nothing beyond the gRPC server: segments are mapped as workers attach them."""
+
+    def close(self) -> None:
+        """Unmap every attached segment."""
+        self._attachments.close()
+
+
+__all__ = ["Attachment", "Attachments", "Region", "ShmAdapter", "region_of"]

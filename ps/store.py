@@ -2,10 +2,15 @@
 
 No grpc here: the servicer adapts the wire to this object, and tests drive it directly.
 
-Locking: every variable has its own lock; a push takes the locks of the variables it touches
-(in name order, so two pushes never deadlock) and then the version lock, so applying a push and
-bumping the version is atomic and no concurrent update is lost. A pull takes every variable lock,
-so the values it returns are a model that existed at the version it reports.
+Locking: every variable has its own lock, and one state lock (the version condition) guards the
+version, the counters and the mode. A worker's step enters the store once per phase, each taking
+its locks once (ShardService.push_pull drives them):
+- apply (`push`, or `commit` on a sync follower): the locks of the variables it touches (in name
+  order, so two pushes never deadlock), then the state lock, held for admission, the update and
+  the version bump, so applying a push and bumping the version is atomic and no update is lost;
+- wait (`wait_readable`): the state lock only, released while waiting on it;
+- read (`pull`): every variable lock, then the state lock, so the values it returns are a model
+  that existed at the version it reports (and the sync decisions are those of the same instant).
 """
 
 from __future__ import annotations
@@ -19,19 +24,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from asyncps.ps.policy_state import RowState
+from asyncps.ps.policy_state import ReadValues, RowState
 
 from asyncps.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
-    UnavailableError,
 )
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Ballot, Consistency, Decisions, Held, Verdict
+from asyncps.rules.consistency import Consistency, Verdict
 from asyncps.rules.optimizers import Optimizer, make_optimizer
 from asyncps.rules.policies import PushContext, StalenessPolicy
+from asyncps.rules.sync.coordinated import Coordinator
+from asyncps.rules.sync.follower import SyncFollower
+from asyncps.rules.sync.types import Ballot, Decisions, Held
 from asyncps.wire.codec import Array, Gradient, SparseRows, coalesce_rows
 from asyncps.wire.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
 
@@ -72,25 +79,34 @@ def _all_finite(a: Array) -> bool:
     return bool(np.isfinite(a).all())
 
 
+@dataclass(frozen=True)
+class ReadGate:
+    """The wait phase's answer: may the worker read, how long it waited, and whether a worker that
+    may not read must get no values (the mode's strict reads)."""
+
+    readable: bool
+    waited_s: float
+    strict: bool
+
+
 class ShardStore:
     """Variables of one shard with their optimizer state and a monotonically increasing version."""
 
     def __init__(self, shard_index: int = 0, clock: Callable[[], float] = time.monotonic,
-                 enforce_bounds: bool = True) -> None:
+                 enforce_bounds: bool = True, state_lock: threading.Condition | None = None) -> None:
         self.shard_index = shard_index
         # False only in tests that show what SSP's bound prevents (ASYNCPS_TEST_NO_SSP_GATE)
         self._enforce_bounds = enforce_bounds
-        self._refused: dict[str, int] = {}  # reads refused, by why (SSP's bound)
-        self._last_push: dict[str, tuple[int, PushOutcome]] = {}  # strict reads: worker -> (step, outcome)
         self._clock = clock
         self._init_lock = threading.Lock()
-        self._version_cond = threading.Condition()
+        # the state lock (tests inject an instrumented one to count how often a step takes it)
+        self._version_cond = state_lock if state_lock is not None else threading.Condition()
         self._vars: dict[str, _Variable] = {}
         self._rule: UpdateRuleConfig | None = None
         self._optimizer: Optimizer | None = None
         self._policy: StalenessPolicy | None = None
         self._mode: Consistency | None = None  # the consistency mode's state, accumulation included
-        self._read: dict[str, dict[str, Array]] = {}  # worker -> values it last pulled (policies)
+        self._reads = ReadValues()  # the values each worker last pulled (staleness policies)
         self._version = 0
         self._accepted = 0
         self._dropped = 0
@@ -158,20 +174,29 @@ class ShardStore:
                     raise AlreadyExistsError(f"{name}: already initialized with different values")
 
     # -- pull -----------------------------------------------------------------------------
-    def pull(self, if_newer_than: int = -1, worker_id: str = "") -> ShardValues:
-        """The values at the current version (one consistent model), or None when not newer.
+    def pull(self, if_newer_than: int = -1, worker_id: str = "", decisions_since: int = -1) -> ShardValues:
+        """The read phase: the values at the current version (one consistent model), or None when
+        not newer than `if_newer_than`, with the sync coordinator's decisions for steps >=
+        `decisions_since` (none when negative, or on a shard that decides none).
 
         Costs no copy: the returned arrays are marked read-only and shared, and the next update
         of a shared variable copies it first (copy-on-write), so a reply can be encoded and sent
         with no lock held while pushes go on. When the staleness policy corrects gradients with
-        the values a worker read, the same shared arrays are kept for it.
+        the values a worker read, the same shared arrays are kept for it. Takes every variable
+        lock and the state lock once; a pull that asks only for newer values first checks the
+        version with the state lock alone, so a long poll's "not modified" never waits for pushes.
         """
         self._require_initialized()
         assert self._policy is not None
-        with self._version_cond:
-            if self._version <= if_newer_than:
-                return ShardValues(self._version, self._incarnation, None)
+        if if_newer_than >= 0:
+            with self._version_cond:
+                if self._version <= if_newer_than:
+                    return ShardValues(self._version, self._incarnation, None,
+                                       decisions=self._decisions(decisions_since))
         with self._all_locks(), self._version_cond:
+            decisions = self._decisions(decisions_since)
+            if self._version <= if_newer_than:
+                return ShardValues(self._version, self._incarnation, None, decisions=decisions)
             values: dict[str, Array] = {}
             for name, var in self._vars.items():
                 if not var.shared:
@@ -179,54 +204,47 @@ class ShardStore:
                     var.shared = True
                 values[name] = var.value
             if self._policy.needs_read_values and worker_id:
-                self._read[worker_id] = values
-            return ShardValues(self._version, self._incarnation, values)
+                self._reads.keep(worker_id, values)
+            return ShardValues(self._version, self._incarnation, values, decisions=decisions)
 
-    def wait_readable(self, worker_id: str, base_version: int, timeout_s: float) -> float:
-        """Block until the consistency model lets worker_id read (or timeout); return seconds waited."""
+    def wait_readable(self, worker_id: str, base_version: int, timeout_s: float) -> ReadGate:
+        """The wait phase: block until the consistency model lets worker_id read, or up to
+        timeout_s (0: only check); whether it may read, the seconds waited and whether a worker
+        that may not read must get no values (strict reads, SSP's bound). One state-lock entry."""
         self._require_initialized()
         assert self._mode is not None
         mode = self._mode
         start = self._clock()
         with self._version_cond:
-            self._version_cond.wait_for(lambda: mode.readable(worker_id, base_version, self._version),
-                                        timeout=max(0.0, timeout_s))
-        return self._clock() - start
-
-    def strict_reads(self) -> bool:
-        """Whether a worker that may not read yet must get no values (SSP's bound)."""
-        return self._mode is not None and self._mode.strict_reads
-
-    def readable(self, worker_id: str, base_version: int) -> bool:
-        """Whether the consistency model lets worker_id read now."""
-        self._require_initialized()
-        with self._version_cond:
-            assert self._mode is not None
-            return self._mode.readable(worker_id, base_version, self._version)
-
-    def refuse(self, why: str, message: str) -> UnavailableError:
-        """Count a read refused because it could not wait (`why`: deadline or no_slot); the error to raise."""
-        with self._version_cond:
-            self._refused[why] = self._refused.get(why, 0) + 1
-        return UnavailableError(message)
+            if mode.readable(worker_id, base_version, self._version):
+                return ReadGate(True, 0.0, mode.strict_reads)
+            readable = timeout_s > 0 and self._version_cond.wait_for(
+                lambda: mode.readable(worker_id, base_version, self._version), timeout=timeout_s)
+            strict = mode.strict_reads
+        return ReadGate(readable, self._clock() - start if timeout_s > 0 else 0.0, strict)
 
     def decisions_since(self, step: int) -> Decisions | None:
         """The coordinator's decisions for steps >= step (None: this shard decides none)."""
-        if self._mode is None or step < 0:
-            return None
         with self._version_cond:
-            steps = self._mode.decisions_since(step)
-            return Decisions(self._incarnation, steps) if steps else None
+            return self._decisions(step)
+
+    def _decisions(self, step: int) -> Decisions | None:
+        """decisions_since with the state lock held."""
+        if not isinstance(self._mode, Coordinator) or step < 0:
+            return None
+        steps = self._mode.decisions_since(step)
+        return Decisions(self._incarnation, steps) if steps else None
 
     def commit(self, worker_id: str, ballot: Ballot, decisions: Decisions) -> PushOutcome:
         """A follower applies the coordinator's decided steps (SyncFollower); what became of
         worker_id's gradient staged under `ballot` (accepted while it is still staged)."""
         self._require_initialized()
-        assert self._mode is not None and self._rule is not None
+        assert self._rule is not None
+        follower = self._follower()
         lr = self._rule.optimizer.learning_rate
-        with self._unpaused_locks(sorted(self._vars)), self._version_cond:  # a cut holds commits too
-            self._apply_decisions(decisions)
-            resolution = self._mode.resolution(worker_id, ballot.step)
+        with self._unpaused(sorted(self._vars)):  # a cut holds commits too
+            self._apply_decisions(follower, decisions)
+            resolution = follower.resolution(worker_id, ballot.step)
             if resolution is None:
                 return PushOutcome(True, 0, self._version, lr)
             if resolution.accepted:
@@ -235,17 +253,23 @@ class ShardStore:
             return PushOutcome(False, resolution.staleness, resolution.version, 0.0, resolution.drop,
                                resolution.reason)
 
-    def _apply_decisions(self, decisions: Decisions) -> None:
+    def _follower(self) -> SyncFollower:
+        """The follower state of a coordinated mode on this shard (InvalidArgumentError on others)."""
+        if not isinstance(self._mode, SyncFollower):
+            raise InvalidArgumentError("sync decisions go to a follower shard of a sync run only")
+        return self._mode
+
+    def _apply_decisions(self, follower: SyncFollower, decisions: Decisions) -> None:
         """Apply a follower's new decided steps and count what they dropped (every lock held)."""
-        assert self._mode is not None and self._rule is not None
+        assert self._rule is not None
         lr = self._rule.optimizer.learning_rate
-        for _, step in self._mode.commit(decisions, self._version):
+        for _, step in follower.commit(decisions, self._version):
             if step is not None:
                 for name, grad in sorted(step.items()):
                     self._apply(self._vars[name], grad, lr)
                 self._version += 1
                 self._accepted += 1
-        for drop in self._mode.take_drops():
+        for drop in follower.take_drops():
             self._count_drop(drop)
         self._version_cond.notify_all()
 
@@ -293,56 +317,54 @@ class ShardStore:
         assert self._optimizer is not None and self._policy is not None and self._rule is not None
         assert self._mode is not None
         names = sorted(self._vars) if self._mode.exclusive else sorted(grads)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(self._unpaused_locks(names))
-            with self._version_cond:
-                version_now = self._version
-                if incarnation and incarnation != self._incarnation:
-                    # computed from values this shard no longer has (it was restored): drop, the
-                    # worker gets the current values with the reply
-                    self._count_drop(DropReason.RESTORED)
-                    return PushOutcome(False, 0, version_now, 0.0, DropReason.RESTORED,
-                                       "gradient from a previous incarnation of the shard (it was restored)")
-                if base_version > version_now:
-                    raise InvalidArgumentError(
-                        f"base_version {base_version} is from the future: shard version is {version_now}"
-                    )
-                remembered = self._last_push.get(worker_id)
-                if self._mode.strict_reads and step is not None and remembered and remembered[0] == step:
-                    return remembered[1]
-                staleness = version_now - base_version
-                admission = self._mode.admit(worker_id, base_version, version_now, ballot)
-                self._mode.pushed(worker_id)
-                if admission.verdict is Verdict.ACCUMULATE:
-                    self._mode.accumulate(worker_id, grads, ballot)
-                    self._maybe_complete_step()
-                    self._version_cond.notify_all()
-                    return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
-                decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness, worker_index))
-                if admission.verdict is Verdict.DROP or not decision.accept:
-                    drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
-                    assert drop is not None, "a drop verdict names its reason"
-                    self._count_drop(drop)
-                    self._version_cond.notify_all()
-                    return self._remember(worker_id, step, PushOutcome(False, staleness, version_now, 0.0, drop,
-                                                                       admission.reason or decision.reason))
+        # one state-lock entry for admission, update and version bump: the variable locks already
+        # order pushes to the same variables, and a pull takes every variable lock anyway
+        with self._unpaused(names):
+            version_now = self._version
+            if incarnation and incarnation != self._incarnation:
+                # computed from values this shard no longer has (it was restored): drop, the
+                # worker gets the current values with the reply
+                self._count_drop(DropReason.RESTORED)
+                return PushOutcome(False, 0, version_now, 0.0, DropReason.RESTORED,
+                                   "gradient from a previous incarnation of the shard (it was restored)")
+            if base_version > version_now:
+                raise InvalidArgumentError(
+                    f"base_version {base_version} is from the future: shard version is {version_now}"
+                )
+            retries = self._mode.retries
+            repeated = retries.repeated(worker_id, step) if retries is not None else None
+            if repeated is not None:
+                return repeated
+            staleness = version_now - base_version
+            admission = self._mode.admit(worker_id, base_version, version_now, ballot)
+            self._mode.pushed(worker_id)
+            if admission.verdict is Verdict.ACCUMULATE:
+                self._mode.accumulate(worker_id, grads, ballot)
+                self._maybe_complete_step()
+                self._version_cond.notify_all()
+                return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
+            decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness, worker_index))
+            if admission.verdict is Verdict.DROP or not decision.accept:
+                drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
+                assert drop is not None, "a drop verdict names its reason"
+                self._count_drop(drop)
+                self._version_cond.notify_all()
+                return self._remember(worker_id, step, PushOutcome(False, staleness, version_now, 0.0, drop,
+                                                                   admission.reason or decision.reason))
             lr = self._rule.optimizer.learning_rate * decision.lr_scale
-            read = self._read.get(worker_id) if self._policy.needs_read_values else None
+            read = self._reads.get(worker_id) if self._policy.needs_read_values else None
             for name in sorted(grads):
                 self._apply(self._vars[name], self._adjusted(name, grads[name], read), lr)
-            with self._version_cond:
-                self._version += 1
-                self._accepted += 1
-                version = self._version
-                self._version_cond.notify_all()
-                return self._remember(worker_id, step, PushOutcome(True, staleness, version, lr))
+            self._version += 1
+            self._accepted += 1
+            self._version_cond.notify_all()
+            return self._remember(worker_id, step, PushOutcome(True, staleness, self._version, lr))
 
     def _remember(self, worker_id: str, step: int | None, outcome: PushOutcome) -> PushOutcome:
-        """Keep the outcome of a worker's last push for a retry of it (strict reads only; state lock held)."""
+        """Keep the outcome of a worker's push for a retry of it, in the mode's memo (state lock held)."""
         assert self._mode is not None
-        if self._mode.strict_reads and step is not None:
-            self._last_push[worker_id] = (step, outcome)
-        return outcome
+        retries = self._mode.retries
+        return retries.remember(worker_id, step, outcome) if retries is not None else outcome
 
     def _adjusted(self, name: str, grad: Gradient, read: dict[str, Array] | None) -> Gradient:
         """The gradient after the policy's correction with the values the worker read."""
@@ -433,16 +455,13 @@ class ShardStore:
         answers its decisions for steps >= decisions_since. Both with every lock held, so the
         state read after is the one answered."""
         with self._all_locks(), self._version_cond:
-            position = self._mode.sync_position() if self._mode is not None else None
             if sync is not None:
-                if position is None:
-                    raise InvalidArgumentError("sync decisions go to a follower shard of a sync run only")
-                self._apply_decisions(sync)
-                position = self._mode.sync_position() if self._mode is not None else None
+                self._apply_decisions(self._follower(), sync)
+            position = self._mode.sync_position() if isinstance(self._mode, SyncFollower) else None
             self._paused_until = self._clock() + hold_s if hold_s > 0 else 0.0
             self._version_cond.notify_all()
             decided = None
-            if decisions_since >= 0 and self._mode is not None:
+            if decisions_since >= 0 and isinstance(self._mode, Coordinator):
                 steps = self._mode.decisions_since(decisions_since)
                 decided = Decisions(self._incarnation, steps) if steps else None
             lineage, next_step = position or (0, 0)
@@ -458,23 +477,22 @@ class ShardStore:
                 self._version_cond.wait(timeout=max(0.0, self._paused_until - self._clock()))
 
     @contextlib.contextmanager
-    def _unpaused_locks(self, names: list[str]) -> Iterator[None]:
-        """The locks of `names`, taken while no pause holds pushes.
+    def _unpaused(self, names: list[str]) -> Iterator[None]:
+        """The locks of `names`, then the state lock, taken while no pause holds pushes.
 
-        The pause is checked again with the locks held: a pause sets its flag holding every lock,
-        so a pause that lands after the first check and before the locks are taken is seen here,
-        and the push lets go of its locks and waits instead of slipping past the cut.
+        The pause is checked with every lock held: a pause sets its flag holding every lock, so a
+        push either sees it here, lets go of its locks and waits, or is applied before the pause
+        returns (it never slips past a cut). Unpaused, the state lock is taken once.
         """
         while True:
-            self._wait_unpaused()
             with contextlib.ExitStack() as attempt:
                 for name in names:
                     attempt.enter_context(self._vars[name].lock)
-                with self._version_cond:
-                    paused = self._paused()
-                if not paused:
+                attempt.enter_context(self._version_cond)
+                if not self._paused():
                     held = attempt.pop_all()
                     break
+            self._wait_unpaused()
         with held:
             yield
 
@@ -526,8 +544,7 @@ class ShardStore:
             self._mode = self._start_mode(snap.rule)
             self._rule = snap.rule
             self._version, self._accepted, self._dropped = snap.version, snap.accepted, snap.dropped
-            self._read = {}
-            self._last_push = {}
+            self._reads = ReadValues()
             self._incarnation = secrets.randbits(62) + 1
             self._run_id = snap.run_id
             self._version_cond.notify_all()
@@ -556,7 +573,6 @@ class ShardStore:
             version, accepted, dropped = self._version, self._accepted, self._dropped
             by_reason = dict(self._dropped_by_reason)
             mode_stats = self._mode.stats() if self._mode else {}
-            mode_stats.update({f"refused_{why}": float(n) for why, n in self._refused.items()})
             run_id = self._run_id
         return StoreStats(
             initialized=self._rule is not None,

@@ -1,7 +1,10 @@
-"""The shard's side of the lean TCP data path: a data port, persistent worker connections.
+"""The shard adapter of the "tcp" transport: a data port with persistent worker connections,
+announced over the shard's gRPC server (DataPort), on the shard's one ShardService.
 
-A worker opens one connection per shard to the port the shard announces over gRPC (DataPort)
-and speaks first: a hello with its bearer token, checked in constant time against the same
+TcpAdapter (the registry's factory, built from ShardSide by asyncps.ps.main) answers DataPort
+and runs the listener (start, close); ShardSide.data_port picks its port (0: any free port; -1:
+none, DataPort answers 0 and workers fall back to gRPC frames). A worker opens one connection
+per shard to that port and speaks first: a hello with its bearer token, checked in constant time against the same
 token table as the gRPC path (asyncps.net.authz), intersected with its certificate's roles
 under mutual TLS. Then request, reply, in turn, each one prefixed frame (asyncps.wire.stream):
 pull, push or push-pull, answered with the values, the outcome, or a typed error (a grpc
@@ -26,12 +29,19 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import numpy as np
+from asyncps.ps.adapter import (
+    DEFAULT_MAX_DATA_CONNECTIONS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    MAX_WAIT_S,
+    ShardSide,
+    reply_header,
+)
 from asyncps.ps.service import ShardService
 
 from asyncps.errors import (
@@ -40,13 +50,14 @@ from asyncps.errors import (
     UnauthenticatedError,
 )
 from asyncps.net.authz import ALL_ROLES, AUTH_METADATA_KEY, BEARER_SCHEME, METHOD_ROLES, WORKER, TokenRoles
+from asyncps.net.handlers import Handler
 from asyncps.net.rpc import status_of
 from asyncps.net.security import SecurityConfig
 from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.wire.codec import Array, TensorAssembler, _checked_nbytes, dtype_from_proto
 from asyncps.wire.frames import Slice, tensor_slices
-from asyncps.wire.proto import SHARD_SERVICE, decisions_to_proto, outcome_to_proto, push_request
+from asyncps.wire.proto import SHARD_SERVICE, outcome_to_proto, push_request
 from asyncps.wire.shard import ShardValues
 from asyncps.wire.stream import (
     BROKEN_FRAME,
@@ -61,10 +72,8 @@ from asyncps.wire.stream import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_MAX_CONNECTIONS = DEFAULT_MAX_DATA_CONNECTIONS
 DEFAULT_HANDSHAKE_TIMEOUT_S = 5.0
-DEFAULT_MAX_REQUEST_BYTES = 2 << 30
-MAX_WAIT_S = 300.0  # longest a request blocks in a sync/ssp wait or long-poll, whatever it asks
 _WHOLE = 1 << 62  # tensor_slices chunk size: every tensor travels whole
 _METHODS = {"pull": "Pull", "push": "Push", "push_pull": "PushPull"}
 
@@ -338,11 +347,7 @@ class TcpShardServer:
 
     def _values(self, reply: ShardValues,
                 push: ps_pb2.PushResult | None) -> tuple[ps_pb2.TcpReply, list[Slice]]:
-        header = ps_pb2.PullHeader(version=reply.version, not_modified=reply.values is None,
-                                   shard_index=self._service.store.shard_index, push=push, waited_s=reply.waited_s,
-                                   incarnation=reply.incarnation)
-        if reply.decisions is not None:
-            header.sync.CopyFrom(decisions_to_proto(reply.decisions))
+        header = reply_header(reply, push, self._service.shard_index)
         tensors: list[Slice] = []
         if reply.values is not None:
             for name, value in reply.values.items():
@@ -371,14 +376,55 @@ def _wait_limit(what: str, asked_s: float) -> float:
     return min(asked_s, MAX_WAIT_S)
 
 
-def add_data_port(server: grpc.Server, port: Callable[[], int]) -> None:
-    """Register DataPort on the shard's gRPC server: where its TCP data path listens (0: none)."""
-    def data_port(request: ps_pb2.DataPortRequest, context: grpc.ServicerContext) -> ps_pb2.DataPortResponse:
-        return ps_pb2.DataPortResponse(port=port())
+class TcpAdapter:
+    """The shard side of "tcp" (a ShardAdapter): DataPort over gRPC, and the data port's listener
+    over the shard's one ShardService (its decisions, byte counters and waiter slots)."""
 
-    handler = grpc.unary_unary_rpc_method_handler(data_port, request_deserializer=ps_pb2.DataPortRequest.FromString,
-                                                  response_serializer=ps_pb2.DataPortResponse.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SHARD_SERVICE, {"DataPort": handler}),))
+    def __init__(self, side: ShardSide) -> None:
+        self._side = side
+        self._lock = threading.Lock()
+        self._server: TcpShardServer | None = None
+
+    @property
+    def port(self) -> int:
+        """Where the data port listens; 0 before start, after close or with none (data_port -1)."""
+        with self._lock:
+            return self._server.port if self._server is not None else 0
+
+    @property
+    def server(self) -> TcpShardServer | None:
+        """The listener while it runs."""
+        with self._lock:
+            return self._server
+
+    def DataPort(self, request: ps_pb2.DataPortRequest, context: grpc.ServicerContext) -> ps_pb2.DataPortResponse:
+        """Where this shard's TCP data path listens (0: none; the worker uses gRPC frames)."""
+        return ps_pb2.DataPortResponse(port=self.port)
+
+    def rpc_handlers(self) -> dict[str, Handler]:
+        """DataPort, protobuf both ways."""
+        return {"DataPort": grpc.unary_unary_rpc_method_handler(
+            self.DataPort, request_deserializer=ps_pb2.DataPortRequest.FromString,
+            response_serializer=ps_pb2.DataPortResponse.SerializeToString)}
+
+    def start(self) -> None:
+        """Bind and serve the data port (nothing with data_port -1)."""
+        side = self._side
+        if side.data_port < 0:
+            log.info("shard %d: no TCP data port (--data-port -1): workers use gRPC frames", side.service.shard_index)
+            return
+        limits = TcpLimits(side.max_data_connections, side.idle_timeout_s,
+                           max_request_bytes=min(side.max_request_bytes, TcpLimits.max_request_bytes))
+        server = TcpShardServer(side.service, side.security, side.host, side.data_port, limits).start()
+        with self._lock:
+            self._server = server
+
+    def close(self) -> None:
+        """Stop the listener and end every data connection."""
+        with self._lock:
+            server, self._server = self._server, None
+        if server is not None:
+            server.stop()
 
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "TcpLimits", "TcpShardServer", "add_data_port", "certificate_roles"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "TcpAdapter", "TcpLimits", "TcpShardServer", "certificate_roles"]

@@ -11,9 +11,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from asyncps.ps.servicer import ParameterServerServicer, add_to_server
+from asyncps.ps.adapter import ShardSide, add_handlers
+from asyncps.ps.main import shard_adapters
+from asyncps.ps.service import ShardService
 from asyncps.ps.store import ShardStore
-from asyncps.ps.tcp import add_data_port
 from google.protobuf.descriptor import MethodDescriptor
 
 from asyncps.net import rpc
@@ -47,11 +48,10 @@ class Served:
         self.store.initialize(UpdateRuleConfig(OptimizerConfig("sgd", 0.5)),
                               {"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
         self.shutdowns: list[str] = []
-        servicer = ParameterServerServicer(self.store, on_shutdown=self.shutdowns.append)
+        adapters = shard_adapters(ShardSide(ShardService(self.store), on_shutdown=self.shutdowns.append))
 
         def register(server: grpc.Server) -> None:
-            add_to_server(servicer, server)
-            add_data_port(server, lambda: 0)
+            add_handlers(server, adapters)
             coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
                 coordinator_pb2_grpc.CoordinatorServicer(), server)  # type: ignore[abstract]
 

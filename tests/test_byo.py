@@ -23,6 +23,7 @@ from asyncps.identity import index_of, new_worker_id
 from asyncps.ml.userfns import add_user_path
 from asyncps.rules import POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.policies import PushContext
+from asyncps.rundir import RunDir
 from tests.conftest import ShardLauncher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +47,7 @@ def run_cli(args: list[str], timeout: float = 300) -> subprocess.CompletedProces
 
 
 def push_rows(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "pushes.csv", newline="") as f:
+    with open(RunDir(run_dir).pushes, newline="") as f:
         return list(csv.DictReader(f))
 
 
@@ -58,10 +59,10 @@ def test_example_trains_through_the_cli(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--user-path", str(BYO), "--run-dir", str(run_dir), "--quiet",
                       "--model", EXAMPLE["model"], "--dataset", EXAMPLE["dataset"], "--loss", EXAMPLE["loss"],
-                      "--optimizer", "adam", "--lr", "0.01", "--epochs", "4", "--workers", "2", "--ps", "1",
+                      "--optimizer", "adam", "--lr", "0.01", "--epochs", "4", "--workers", "2", "--num-ps", "1",
                       "--metrics", "sparse_categorical_accuracy,shapes_model:true_class_probability"])
     assert result.returncode == 0, result.stdout + result.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     assert summary["model"] == "shapes_model:build" and summary["dataset"] == "shapes_data:load"
     assert summary["final_eval"]["accuracy"] >= STATED_ACCURACY, summary["final_eval"]
     # the Keras metric measures what the chief's own accuracy does; the user's metric is a probability
@@ -100,7 +101,7 @@ def test_example_trains_through_asyncps_train(tmp_path: Path) -> None:
 def test_policy_plugin_is_loaded_by_name_and_applied_in_the_shard(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--user-path", str(BYO), "--run-dir", str(run_dir), "--quiet", "--model", "logreg",
-                      "--workers", "2", "--ps", "1", "--max-updates", "40",
+                      "--workers", "2", "--num-ps", "1", "--max-updates", "40",
                       "--staleness-policy", "byo_plugins:IgnoreWorker:worker=1"])
     assert result.returncode == 0, result.stdout + result.stderr
     rows = push_rows(run_dir)
@@ -109,7 +110,7 @@ def test_policy_plugin_is_loaded_by_name_and_applied_in_the_shard(tmp_path: Path
     assert all(r["accepted"] == "1" for r in by_worker["0"])
     assert all(r["accepted"] == "0" and r["drop_reason"] == "stale" and "worker 1 is ignored" in r["drop_detail"]
                for r in by_worker["1"])
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     assert summary["staleness_policy"] == "byo_plugins:IgnoreWorker"  # canonical: worker=1 is the default
     assert summary["dropped_by_reason"].get("stale", 0) >= len(by_worker["1"]) > 0
 

@@ -5,8 +5,10 @@ with a data ledger taken at the same cut."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -122,10 +124,15 @@ def test_pause_holds_pushes_on_a_shard_process(shard_server: str) -> None:
         request = PushRequest("w0", 0, {"w": np.ones(3, np.float32)}, 1, 0.0)
         with ThreadPoolExecutor(1) as pool:
             pushed = pool.submit(shard.push, request)
-            with pytest.raises(FutureTimeout):
-                pushed.result(timeout=HELD_S)
+            # wait for the shard to have received the push (a fixed wait failed on a loaded machine)
+            deadline = time.monotonic() + JOIN_S
+            while shard.stats().bytes_pushed < 12 and time.monotonic() < deadline:
+                with contextlib.suppress(FutureTimeout):
+                    pushed.result(timeout=0.05)
             stats = shard.stats()
             assert stats.bytes_pushed == 12 and stats.version == 0  # received, not applied
+            with pytest.raises(FutureTimeout):  # and still held
+                pushed.result(timeout=HELD_S)
             assert shard.pause(0.0) == 0
             assert pushed.result(timeout=JOIN_S).accepted
         assert shard.stats().version == 1

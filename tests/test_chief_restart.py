@@ -18,7 +18,7 @@ import pytest
 from asyncps.chief.checkpoint import CheckpointDir
 
 from asyncps.config import RunConfig
-from asyncps.rundir import PUSHES_CSV, PushRow, RunConfigRecord, RunSummary, iter_rows
+from asyncps.rundir import PUSHES_CSV, PushRow, RunConfigRecord, RunDir, RunSummary, iter_rows
 from asyncps.tools.local import LocalCluster
 from asyncps.transport.coordinator import CoordinatorClient
 from tests.conftest import REPO_ROOT, child_env
@@ -50,7 +50,7 @@ def role_pid(run_dir: Path, role: str, index: str | None = None) -> int:
         if role == "chief" and str(run_dir) in argv:
             return int(proc.name)
         if role == "ps" and index is not None:
-            first = str(run_dir / "logs" / f"ps-{index}.port") in argv  # started on port 0
+            first = str(RunDir(run_dir).port_file(f"ps-{index}")) in argv  # started on port 0
             restarted = argv[argv.index("--port") + 1] == _ps_addresses(run_dir)[int(index)].rsplit(":", 1)[-1]
             if first or restarted:
                 return int(proc.name)
@@ -63,7 +63,7 @@ def _ps_addresses(run_dir: Path) -> tuple[str, ...]:
 
 def wait_for_updates(run_dir: Path, updates: int, proc: subprocess.Popen[str], timeout_s: float = 180) -> None:
     """Wait until the chief reports at least `updates` applied updates."""
-    port_file = run_dir / "logs" / "chief.port"
+    port_file = RunDir(run_dir).port_file("chief")
     deadline = time.monotonic() + timeout_s
     while not port_file.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "the cluster did not start"
@@ -109,9 +109,9 @@ def test_killed_chief_is_restarted_and_the_run_finishes_as_if_uninterrupted(tmp_
         if proc.poll() is None:
             proc.kill()
     assert "the chief died; restarted it" in out
-    chief_log = (run_dir / "logs" / "chief.log").read_text()
+    chief_log = RunDir(run_dir).log("chief").read_text()
     assert "resuming run" in chief_log and "resuming on the live shards" in chief_log, chief_log[-3000:]
-    assert json.loads((run_dir / "manifest.json").read_text())["chief_starts"] == 2
+    assert json.loads(RunDir(run_dir).manifest.read_text())["chief_starts"] == 2
 
     summary = RunSummary.load(run_dir)
     data = summary.data
@@ -143,13 +143,13 @@ def test_chief_sigtermed_with_handover_leaves_the_shards_to_its_replacement(tmp_
         if proc.poll() is None:
             proc.kill()
     assert "the chief died; restarted it" in out and "ps-0 died" not in out and "ps-1 died" not in out, out
-    chief_log = (run_dir / "logs" / "chief.log").read_text()
+    chief_log = RunDir(run_dir).log("chief").read_text()
     assert "SIGTERM (--on-sigterm handover)" in chief_log and "exiting 143" in chief_log, chief_log[-3000:]
     assert "resuming on the live shards" in chief_log and "restored from" not in chief_log, chief_log[-3000:]
     for i in range(2):  # the same shard processes, asked to shut down once: at the run's end
-        shard_log = (run_dir / "logs" / f"ps-{i}.log").read_text()
+        shard_log = RunDir(run_dir).log(f"ps-{i}").read_text()
         assert shard_log.count("shutdown requested") == 1, shard_log[-2000:]
-    assert json.loads((run_dir / "manifest.json").read_text())["chief_starts"] == 2
+    assert json.loads(RunDir(run_dir).manifest.read_text())["chief_starts"] == 2
     # the run went on under the new chief to its own end (no duplicate-free ledger asserted: a worker
     # that comes back after the heartbeat timeout on a loaded machine rightly has its tasks re-queued)
     resumed_at = re.search(r"resuming on the live shards at versions \[(\d+), (\d+)\]", chief_log)
@@ -164,7 +164,7 @@ def test_killed_shard_with_default_settings_is_restored_from_the_automatic_check
     proc = start_local(run_dir, "--max-seconds", "45", "--eval-every", "30")
     try:
         deadline = time.monotonic() + 180
-        while not CheckpointDir(run_dir / "ckpt").complete():  # the first time-based checkpoint (30 s)
+        while not CheckpointDir(RunDir(run_dir).checkpoints).complete():  # the first time-based checkpoint (30 s)
             assert proc.poll() is None and time.monotonic() < deadline, "no automatic checkpoint"
             time.sleep(0.5)
         os.kill(role_pid(run_dir, "ps", "1"), signal.SIGKILL)
@@ -173,7 +173,7 @@ def test_killed_shard_with_default_settings_is_restored_from_the_automatic_check
         if proc.poll() is None:
             proc.kill()
     assert "ps-1 died; restarted it" in out
-    chief_log = (run_dir / "logs" / "chief.log").read_text()
+    chief_log = RunDir(run_dir).log("chief").read_text()
     assert "shard 1 at" in chief_log and "restored from ckpt-" in chief_log, chief_log[-3000:]
     print("shard SIGKILLed with default settings:", *(line.strip() for line in chief_log.splitlines()
                                                       if "restored from ckpt-" in line))
@@ -208,6 +208,6 @@ def test_with_the_chief_gone_every_shard_and_worker_exits_within_the_chief_timeo
     print(f"chief SIGKILLed, --chief-timeout {timeout_s:.0f}s: the others exited after {took:.1f}s with {codes}")
     assert took <= timeout_s + 12, took
     for child in others:
-        text = (run_dir / "logs" / f"{child.name}.log").read_text()
+        text = RunDir(run_dir).log(child.name).read_text()
         line = "no call from the chief for" if child.name.startswith("ps-") else "the chief is gone"
         assert text.count(line) == 1, text[-2000:]

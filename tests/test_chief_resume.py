@@ -32,7 +32,7 @@ from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
 from asyncps.placement import VariableSpec, place
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.rundir import wait_port_file
+from asyncps.rundir import RunDir, wait_port_file
 from asyncps.transport import connect_model
 from asyncps.transport.coordinator import CoordinatorClient
 from asyncps.wire.shard import PushRequest
@@ -122,7 +122,7 @@ def test_state_lost_with_no_checkpoint_stops_unless_reinit_is_allowed(shard_fact
 
 # -- the ledger's journal -----------------------------------------------------------------------
 def test_the_ledger_journal_replays_to_the_same_state_with_tasks_in_flight(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.jsonl"
+    path = RunDir(tmp_path).ledger
     ledger = TaskLedger(100, 10, 2)
     journal = LedgerLog(path, ledger)
     tasks = [ledger.next_task(w) for w in ("w1", "w2", "w1", "w2", "w3")]

@@ -67,6 +67,9 @@ def test_every_run_setting_reaches_the_chief_in_compose() -> None:
     assert isinstance(environment, dict)
     # how `asyncps local` packs workers into processes; in compose every worker container is one process
     launcher_only = {"worker_processes"}
+    # the chief counts its shards from ASYNCPS_PS, the address list (num_ps is for `asyncps local`)
+    assert "ASYNCPS_PS" in environment
+    launcher_only.add("num_ps")
     missing = [name for name in run_options()
                if env_names(name) and name not in launcher_only and not set(env_names(name)) & set(environment)]
     assert missing == [], f"run settings docker-compose.yml does not forward to the chief: {missing}"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from asyncps.config import RunConfig, env_names, flag_names, read_settings_file, run_options
+from asyncps.rundir import RunDir
 from asyncps.tools.cli import build_parser, main, run_config_from
 from asyncps.tools.local import child_env
 
@@ -133,10 +134,11 @@ def test_json_yaml_and_toml_files(tmp_path: Path) -> None:
 def test_a_runs_config_json_is_a_run_config_file(tmp_path: Path) -> None:
     run = RunConfig(mode="sync", num_workers=3, num_ps=1, max_updates=50, epochs=0.0, optimizer="adam",
                     optimizer_params={"beta_1": 0.8})
-    path = tmp_path / "run-config.json"  # what `asyncps local` hands its chief
+    path = RunDir(tmp_path).launch_config  # what `asyncps local` hands its chief
+    path.parent.mkdir()
     path.write_text(run.to_json())
     assert resolve(["--run-config", str(path)]) == run
-    path = tmp_path / "config.json"  # what the chief writes into the run directory
+    path = RunDir(tmp_path).config  # what the chief writes into the run directory
     path.write_text(json.dumps({"run": dataclasses.asdict(run), "ps": ["127.0.0.1:1"], "run_dir": "runs/x"}))
     assert resolve(["--run-config", str(path)]) == run
 
@@ -213,8 +215,27 @@ def test_an_explicit_mode_flag_beats_file_and_environment_in_a_real_run(tmp_path
                              "--mode", "async", "--run-dir", str(run_dir), "--quiet"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
-    config = json.loads((run_dir / "config.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    config = json.loads(RunDir(run_dir).config.read_text())
     assert summary["mode"] == "async" and config["run"]["mode"] == "async"
     assert summary["workers"] == 1 and summary["ps_shards"] == 1 and config["run"]["model"] == "logreg"
     assert summary["updates_applied"] >= 20
+
+
+def test_every_run_flag_is_spelled_as_its_field_with_older_spellings_as_aliases() -> None:
+    for name, option in run_options().items():
+        flags = flag_names(name)
+        if option.flags == () or option.spreads:  # no flag of its own / one flag that sets several fields
+            continue
+        assert flags[0] == "--" + name.replace("_", "-"), (name, flags)
+    assert flag_names("num_ps") == ("--num-ps",)  # --ps is the chief's address list and nothing else
+    parser = build_parser()
+    old = parser.parse_args(["local", "--lr", "0.5", "--workers", "3", "--eval-every", "4"])
+    new = parser.parse_args(["local", "--learning-rate", "0.5", "--num-workers", "3", "--eval-every-s", "4"])
+    assert vars(old) == vars(new)
+
+
+def test_local_says_what_ps_means_instead_of_taking_a_count(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["local", "--ps", "2"])
+    assert "--num-ps" in capsys.readouterr().err

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncps.rundir import PUSHES_CSV, SUMMARY_JSON, RunDir
 from tests.dockerutil import BUILD_TIMEOUT_S, ROOT, TEST_IMAGE, TEST_SHARD_IMAGE, probe, require_engine, unavailable
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -269,10 +270,10 @@ def test_up_exit_code_from_chief_trains_digits(compose: Compose) -> None:
     workers = compose.containers("worker")
     assert len(workers) == 2, f"expected 2 worker containers (deploy.replicas), got {len(workers)}"
 
-    summary = json.loads(compose.run_file("summary.json"))
+    summary = json.loads(compose.run_file(SUMMARY_JSON))
     assert summary["final_eval"]["accuracy"] >= 0.90, summary
     assert summary["workers"] == 2 and summary["ps_shards"] == 2, summary
-    assert set(pushes_by_worker(compose.run_file("pushes.csv"))) == {0, 1}
+    assert set(pushes_by_worker(compose.run_file(PUSHES_CSV))) == {0, 1}
 
     compose.down()
     assert compose.leftovers() == {}, f"`down -v --remove-orphans` left {compose.leftovers()}"
@@ -320,10 +321,10 @@ def test_killed_shard_restarts_and_is_restored_from_a_checkpoint(compose: Compos
     assert "shard 0 at ps-0:8470: restored" not in chief_log, "ps-0 was restored too"
     assert compose.restart_count(ps0) == 0, "ps-0 restarted"
 
-    summary = json.loads(compose.run_file("summary.json"))
+    summary = json.loads(compose.run_file(SUMMARY_JSON))
     assert summary["final_eval"]["accuracy"] >= 0.90, summary
     assert summary["shards"][1]["version"] > version, summary  # shard 1 trained on after the restore
-    assert set(pushes_by_worker(compose.run_file("pushes.csv"))) == {0, 1}
+    assert set(pushes_by_worker(compose.run_file(PUSHES_CSV))) == {0, 1}
 
     compose.down()
     assert compose.leftovers() == {}, f"`down -v --remove-orphans` left {compose.leftovers()}"
@@ -346,10 +347,10 @@ def test_scaled_up_worker_joins_a_running_cluster(compose: Compose) -> None:
     print(f"scenario C: training ran after {running_at:.1f}s, chief exited {code} after {took:.1f}s")
     assert code == 0, compose.logs()
 
-    pushes = pushes_by_worker(compose.run_file("pushes.csv"))
+    pushes = pushes_by_worker(compose.run_file(PUSHES_CSV))
     assert set(pushes) == {0, 1, 2}, pushes
     assert pushes[2] > 0
-    summary = json.loads(compose.run_file("summary.json"))
+    summary = json.loads(compose.run_file(SUMMARY_JSON))
     assert summary["final_eval"]["accuracy"] >= 0.90, summary
 
 
@@ -395,9 +396,9 @@ def test_compose_run_survives_docker_kill(compose: Compose, tmp_path: Path, vict
     assert compose.state(chief) == ("exited", 0)
 
     run_dir = runs / compose.run_name  # on the host, through the bind mount
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     assert summary["final_eval"]["accuracy"] >= 0.90, summary
-    assert set(pushes_by_worker((run_dir / "pushes.csv").read_text())) == {0, 1}
+    assert set(pushes_by_worker(RunDir(run_dir).pushes.read_text())) == {0, 1}
 
 
 # -- E: tokens and certificates as mounted files ---------------------------------------------------
@@ -430,5 +431,5 @@ def test_compose_run_over_mtls_with_per_role_tokens(compose: Compose, tmp_path: 
     for service in ("ps-0", "ps-1", "chief"):
         (container,) = compose.containers(service)
         assert "(mTLS, per-role tokens auth)" in compose.docker_logs(container), service
-    summary = json.loads((runs / compose.run_name / "summary.json").read_text())
+    summary = json.loads(RunDir(runs / compose.run_name).summary.read_text())
     assert summary["final_eval"]["accuracy"] >= 0.90, summary

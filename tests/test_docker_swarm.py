@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncps.rundir import PUSHES_CSV, SUMMARY_JSON
 from asyncps.tools.devcerts import generate_dev_certs
 from tests.dockerutil import BUILD_TIMEOUT_S, ROOT, require_engine, unavailable
 
@@ -241,9 +242,9 @@ def test_stack_trains_survives_a_killed_shard_and_scales_workers(stack: Stack) -
     line = re.search(rf"checkpoint {ckpt} at versions \[(\d+), (\d+)\]", chief_log)
     assert line is not None and version == int(line.group(2)) > 0, (version, line)
 
-    summary = json.loads(stack.run_file("summary.json"))
+    summary = json.loads(stack.run_file(SUMMARY_JSON))
     pushes: dict[int, int] = {}
-    for row in csv.DictReader(io.StringIO(stack.run_file("pushes.csv"))):
+    for row in csv.DictReader(io.StringIO(stack.run_file(PUSHES_CSV))):
         pushes[int(row["worker"])] = pushes.get(int(row["worker"]), 0) + 1
     accuracy = summary["final_eval"]["accuracy"]
     print(f"swarm: chief task {state}, exit code {code} after {took:.1f}s; accuracy {accuracy:.4f}, "

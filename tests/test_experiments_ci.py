@@ -108,6 +108,18 @@ def test_loss_rebound_is_the_largest_climb_above_the_lowest_loss_so_far() -> Non
     assert loss_rebound(evals(0.9, 0.7, 0.6, 0.5)) == 0.0  # monotone descent never rebounds
     assert math.isnan(loss_rebound(evals(0.9)))
 
+
+def test_gap_tail_averages_the_excess_loss_over_the_last_half_of_the_updates() -> None:
+    from asyncps.rundir import EvalRow
+    from asyncps.tools.experiment.metrics import gap_tail
+
+    rows = [EvalRow(0.0, float(u), u, (u,), loss, 0.5) for u, loss in
+            [(0, 0.9), (100, 0.7), (200, 0.6), (300, 0.55), (400, 0.65), (500, 0.5), (600, 0.6)]]
+    # updates >= 300: losses 0.55, 0.65, 0.5, 0.6 above the optimum's 0.5
+    assert gap_tail(rows, floor=0.5) == pytest.approx((0.05 + 0.15 + 0.0 + 0.1) / 4)
+    assert gap_tail(rows, floor=0.5, fraction=0.0) == pytest.approx(0.1)  # the last evaluation only
+    assert math.isnan(gap_tail([], floor=0.5))
+
 def test_seed_table_shows_mean_and_spread_per_setting() -> None:
     metrics = [dict.fromkeys(METRICS, math.nan) for _ in range(3)]
     for m, value in zip(metrics, (1.0, 2.0, 3.0), strict=True):

@@ -22,7 +22,7 @@ from asyncps.chief.checkpoint import CheckpointDir
 
 from asyncps.config import RunConfig
 from asyncps.ml.userfns import add_user_path
-from asyncps.rundir import RunManifest
+from asyncps.rundir import RunDir, RunManifest
 
 ROOT = Path(__file__).resolve().parent.parent
 BYO = ROOT / "examples" / "byo"
@@ -50,7 +50,7 @@ def byo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, A
     run_dir = tmp_path_factory.mktemp("byo-export") / "run"
     run_dir.mkdir()
     RunManifest.new().save(run_dir)  # a run directory has a manifest.json of its own
-    ckpts = CheckpointDir(run_dir / "ckpt")
+    ckpts = CheckpointDir(RunDir(run_dir).checkpoints)
     for number in (1, 2):  # export takes the newest
         ckpts.save(number, values if number == 2 else {k: np.zeros_like(v) for k, v in values.items()}, {},
                    {"run": dataclasses.asdict(RUN), "user_path": []})

@@ -12,6 +12,7 @@ import pytest
 from asyncps.chief.recorder import Recorder
 
 from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.rundir import RunDir
 from tests.test_local_cluster import run_cli
 
 
@@ -32,16 +33,16 @@ def test_recorder_counts_examples_by_what_became_of_their_gradient(tmp_path: Pat
 @pytest.mark.slow
 def test_summary_counts_applied_dropped_and_partial_examples_as_the_run_records_show(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    result = run_cli(["local", "--run-dir", str(run_dir), "--workers", "3", "--ps", "2", "--epochs", "3",
+    result = run_cli(["local", "--run-dir", str(run_dir), "--workers", "3", "--num-ps", "2", "--epochs", "3",
                       "--staleness-policy", "drop:bound=0", "--eval-every", "30", "--quiet"])
     assert result.returncode == 0, result.stdout + result.stderr
-    data = json.loads((run_dir / "summary.json").read_text())["data"]
-    with open(run_dir / "pushes.csv") as f:
+    data = json.loads(RunDir(run_dir).summary.read_text())["data"]
+    with open(RunDir(run_dir).pushes) as f:
         accepted = collections.defaultdict(list)
         for row in csv.DictReader(f):
             accepted[(row["worker"], row["step"])].append(row["accepted"] == "1")
     expected: collections.Counter[str] = collections.Counter()
-    with open(run_dir / "timeline.csv") as f:
+    with open(RunDir(run_dir).timeline) as f:
         for row in csv.DictReader(f):
             outcome = accepted[(row["worker"], row["step"])]
             kind = ("applied" if all(outcome) else "partially_applied" if any(outcome) else "dropped")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncps.rundir import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = {"updates_applied", "updates_dropped", "staleness", "throughput_updates_per_s",
                 "final_eval", "wall_s", "mode", "workers", "ps_shards"}
@@ -23,7 +25,7 @@ def run_cli(args: list[str], timeout: float = 240) -> subprocess.CompletedProces
 
 def cluster_processes(run_dir: Path) -> list[str]:
     """Command lines of live processes that belong to the run (they all name its dir or chief)."""
-    chief_port = (run_dir / "logs" / "chief.port").read_text().strip()
+    chief_port = RunDir(run_dir).port_file("chief").read_text().strip()
     marks = (str(run_dir), f"127.0.0.1:{chief_port}")
     found = []
     for proc in Path("/proc").iterdir():
@@ -42,18 +44,19 @@ def test_default_cluster_trains_and_leaves_a_complete_run_dir(tmp_path: Path) ->
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--run-dir", str(run_dir), "--epochs", "15", "--quiet"])
     assert result.returncode == 0, result.stdout + result.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     assert set(summary) >= SUMMARY_KEYS
     assert {"mean", "p50", "p95", "max", "histogram"} <= set(summary["staleness"])
     assert summary["final_eval"]["accuracy"] >= 0.90
     assert summary["mode"] == "async" and summary["workers"] == 2 and summary["ps_shards"] == 2
     assert summary["updates_applied"] > 0 and summary["throughput_updates_per_s"] > 0
-    for name in ("config.json", "pushes.csv", "eval.csv", "timeline.csv"):
-        assert (run_dir / name).stat().st_size > 0, name
-    assert any((run_dir / "tb").iterdir()), "no TensorBoard event files"
-    assert {p.name for p in (run_dir / "logs").glob("*.log")} == {
+    files = RunDir(run_dir)
+    for path in (files.config, files.pushes, files.evals, files.timeline):
+        assert path.stat().st_size > 0, path.name
+    assert any(RunDir(run_dir).tensorboard.iterdir()), "no TensorBoard event files"
+    assert {p.name for p in RunDir(run_dir).logs.glob("*.log")} == {
         "ps-0.log", "ps-1.log", "chief.log", "worker-0.log", "worker-1.log"}
-    pushes = (run_dir / "pushes.csv").read_text().splitlines()
+    pushes = RunDir(run_dir).pushes.read_text().splitlines()
     assert pushes[0].split(",")[:3] == ["wall_time", "worker", "shard"]
     # one row per (step, shard): every applied update is recorded on both shards
     assert len(pushes) - 1 >= 2 * summary["updates_applied"] * 0.95
@@ -66,11 +69,11 @@ def test_mean_staleness_is_workers_minus_one(tmp_path: Path, workers: int) -> No
     # Identical workers whose step time is dominated by (injected) compute take turns, so each
     # gradient sees the other lambda-1 workers' updates land in between: staleness ~ lambda-1.
     run_dir = tmp_path / f"run{workers}"
-    result = run_cli(["local", "--run-dir", str(run_dir), "--workers", str(workers), "--ps", "1",
+    result = run_cli(["local", "--run-dir", str(run_dir), "--workers", str(workers), "--num-ps", "1",
                       "--max-updates", str(60 * workers), "--compute-delay", "const:0.03",
                       "--eval-every", "30", "--quiet"])
     assert result.returncode == 0, result.stdout + result.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     mean = summary["staleness"]["mean"]
     expected = workers - 1
     assert abs(mean - expected) <= 0.1 * expected + 0.2, summary["staleness"]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from asyncps.config import RunConfig
+from asyncps.rundir import RunDir
 from asyncps.tools.local import LocalCluster
 from tests.conftest import kill_worker_mid_run
 from tests.test_local_cluster import run_cli
@@ -21,21 +22,21 @@ def run_summary(tmp_path: Path, name: str, *flags: str) -> dict[str, Any]:
     run_dir = tmp_path / name
     result = run_cli(["local", "--run-dir", str(run_dir), "--eval-every", "30", "--quiet", *flags])
     assert result.returncode == 0, result.stdout + result.stderr
-    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+    summary: dict[str, Any] = json.loads(RunDir(run_dir).summary.read_text())
     summary["run_dir"] = run_dir
     return summary
 
 
 def test_sync_applies_only_fresh_gradients(tmp_path: Path) -> None:
     s = run_summary(tmp_path, "sync", "--mode", "sync", "--max-updates", "60")
-    with open(s["run_dir"] / "pushes.csv") as f:
+    with open(RunDir(s["run_dir"]).pushes) as f:
         applied = [r for r in csv.DictReader(f) if r["accepted"] == "1"]
     assert applied and all(r["staleness"] == "0" for r in applied)
     assert s["updates_applied"] >= 60
 
 
 def test_backup_worker_beats_a_straggler(tmp_path: Path) -> None:
-    flags = ["--mode", "sync", "--workers", "3", "--ps", "1", "--stragglers", "0:4x",
+    flags = ["--mode", "sync", "--workers", "3", "--num-ps", "1", "--stragglers", "0:4x",
              "--compute-delay", "const:0.02", "--max-seconds", "8"]
     plain = run_summary(tmp_path, "sync", *flags)
     backup = run_summary(tmp_path, "backup", *flags, "--backup-workers", "1")
@@ -54,9 +55,9 @@ def test_ssp_clock_lead_stays_within_the_bound(tmp_path: Path, bound: int) -> No
 
 
 def test_drop_policy_never_applies_staler_gradients(tmp_path: Path) -> None:
-    s = run_summary(tmp_path, "drop", "--staleness-policy", "drop:1", "--workers", "4", "--ps", "1",
+    s = run_summary(tmp_path, "drop", "--staleness-policy", "drop:1", "--workers", "4", "--num-ps", "1",
                     "--compute-delay", "uniform:0,0.02", "--max-updates", "200")
-    with open(s["run_dir"] / "pushes.csv") as f:
+    with open(RunDir(s["run_dir"]).pushes) as f:
         rows = list(csv.DictReader(f))
     assert all(int(r["staleness"]) <= 1 for r in rows if r["accepted"] == "1")
     dropped = [r for r in rows if r["accepted"] == "0"]
@@ -74,6 +75,6 @@ def test_killing_a_worker_in_sync_mode_does_not_stall_training(tmp_path: Path) -
         cluster.chief.proc.wait(timeout=120)  # finishes the run: the quorum shrank
     finally:
         cluster.stop()
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads(RunDir(tmp_path / "run").summary.read_text())
     assert summary["updates_applied"] >= 150 > at_kill
     assert cluster.exit_codes()["chief"] == 0

@@ -16,7 +16,7 @@ import pytest
 from asyncps.ps.main import NO_SSP_BOUND_ENV
 
 from asyncps.config import RunConfig
-from asyncps.rundir import PushRow, StepRow, read_rows
+from asyncps.rundir import PushRow, RunDir, StepRow, read_rows
 from asyncps.rundir.clocklead import push_clock_lead, timeline_start_lead
 from asyncps.tools.local import LocalCluster
 from asyncps.transport.coordinator import CoordinatorClient
@@ -31,18 +31,18 @@ def run(tmp_path: Path, name: str, *flags: str, env: dict[str, str] | None = Non
     os.environ.update(env or {})
     try:
         result = run_cli(["local", "--run-dir", str(run_dir), "--eval-every", "30", "--quiet", "--model", "logreg",
-                          "--ps", "2", *flags])
+                          "--num-ps", "2", *flags])
     finally:
         os.environ.clear()
         os.environ.update(saved)
     assert result.returncode == 0, result.stdout + result.stderr
-    return run_dir, json.loads((run_dir / "summary.json").read_text())
+    return run_dir, json.loads(RunDir(run_dir).summary.read_text())
 
 
 def accepted_sets(run_dir: Path) -> dict[tuple[int, int], set[int]]:
     """(shard, version computed from) -> the workers whose gradient that step applied."""
     sets: dict[tuple[int, int], set[int]] = collections.defaultdict(set)
-    for row in read_rows(run_dir / "pushes.csv", PushRow):
+    for row in read_rows(RunDir(run_dir).pushes, PushRow):
         if row.accepted:
             sets[(row.shard, row.base_version)].add(row.worker)
     return sets
@@ -62,7 +62,7 @@ def test_sync_with_a_backup_worker_averages_the_same_workers_on_every_shard(tmp_
     assert s["dropped_by_reason"].get("late", 0) >= 2 and s["shards"][0]["version"] == s["shards"][1]["version"]
     # and the run stops on time: every worker says it finished within seconds of the chief's stop, not
     # after a --read-wait (30 s) spent waiting for a quorum of workers that had already stopped
-    log = (run_dir / "logs" / "chief.log").read_text().splitlines()
+    log = RunDir(run_dir).log("chief").read_text().splitlines()
     stamp = lambda line: datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")  # noqa: E731
     stopped = next(stamp(line) for line in log if "stopping: " in line)
     finished = [stamp(line) for line in log if line.endswith(" finished")]
@@ -76,8 +76,8 @@ SSP = ("--mode", "ssp:bound=1", "--workers", "3", "--stragglers", "0:40x", "--co
 def test_ssp_bound_holds_on_two_shards_with_a_40x_straggler(tmp_path: Path) -> None:
     run_dir, s = run(tmp_path, "ssp", *SSP)
     assert s["measured_clock_lead"] <= 1 and s["max_clock_lead"] <= 1
-    assert push_clock_lead(read_rows(run_dir / "pushes.csv", PushRow)) == s["measured_clock_lead"]
-    assert timeline_start_lead(read_rows(run_dir / "timeline.csv", StepRow)) <= 1
+    assert push_clock_lead(read_rows(RunDir(run_dir).pushes, PushRow)) == s["measured_clock_lead"]
+    assert timeline_start_lead(read_rows(RunDir(run_dir).timeline, StepRow)) <= 1
     assert s["reads_refused"].get("deadline", 0) > 0  # the short read wait ran out: refused, retried
     assert s["updates_applied"] >= 40
 
@@ -86,7 +86,7 @@ def test_without_the_bound_the_measurement_sees_the_lead(tmp_path: Path) -> None
     # more updates: unbounded, the fast workers must not finish before the straggler's first push
     run_dir, s = run(tmp_path, "unbounded", *SSP[:-1], "300", env={NO_SSP_BOUND_ENV: "1"})
     assert s["measured_clock_lead"] > 1
-    assert timeline_start_lead(read_rows(run_dir / "timeline.csv", StepRow)) > 1
+    assert timeline_start_lead(read_rows(RunDir(run_dir).timeline, StepRow)) > 1
     assert not s["reads_refused"]
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from asyncps.ps.service import ShardService
 from asyncps.ps.store import ShardStore
 
 from asyncps.errors import (
@@ -20,7 +21,7 @@ from asyncps.errors import (
 )
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.wire.codec import SparseRows
-from asyncps.wire.shard import DropReason, PushOutcome
+from asyncps.wire.shard import DropReason, PushOutcome, PushRequest
 
 JOIN_TIMEOUT_S = 60.0
 
@@ -514,3 +515,72 @@ def test_finite_gradients_whose_sum_overflows_are_accepted_and_nan_beside_them_i
     with pytest.raises(InvalidArgumentError, match="NaN or Inf"):
         store.push("w0", 1, {"b": np.array([3e38, 3e38, np.nan], np.float32)})
     assert store.version == 1
+
+
+# -- one step enters the store once per phase ---------------------------------------------------
+class CountingCondition(threading.Condition):
+    """A state lock that counts how often it is taken (waits inside wait_for do not count)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entries = 0
+
+    def __enter__(self) -> bool:
+        self.entries += 1
+        return super().__enter__()
+
+
+class CountingLock:
+    """A variable lock that counts its acquisitions."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.entries = 0
+
+    def __enter__(self) -> bool:
+        self.entries += 1
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.__exit__(*exc)
+
+
+class RecordingStore(ShardStore):
+    """A store that records which of its public methods a caller uses."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.calls: list[str] = []
+        super().__init__(*args, **kwargs)
+
+    def __getattribute__(self, name: str) -> Any:
+        attr = super().__getattribute__(name)
+        if not name.startswith("_") and name != "calls" and callable(attr):
+            object.__getattribute__(self, "calls").append(name)
+        return attr
+
+
+@pytest.mark.parametrize(("mode", "policy"), [("async", "none"), ("ssp:bound=4", "none"), ("sync", "none"),
+                                              ("async", "dc-asgd-a")])
+def test_one_push_pull_enters_the_store_once_per_phase(mode: str, policy: str) -> None:
+    """ShardService.push_pull: apply, wait, read; each one store call taking each lock once."""
+    state_lock = CountingCondition()
+    store = RecordingStore(shard_index=0, state_lock=state_lock)
+    store.initialize(UpdateRuleConfig(OptimizerConfig("sgd", 0.1), mode=mode, staleness_policy=policy,
+                                      num_workers=1), initial_values())
+    store.set_live_workers(["w0"])
+    service = ShardService(store)
+    var_locks = {name: CountingLock() for name in initial_values()}
+    for name, lock in var_locks.items():
+        store._vars[name].lock = lock  # type: ignore[assignment]  # instrumented, same semantics
+    grads = {name: np.ones_like(value) for name, value in initial_values().items()}
+    service.pull("w0", -1)  # a policy that corrects with read values has them
+    store.calls, state_lock.entries = [], 0
+    for lock in var_locks.values():
+        lock.entries = 0
+
+    outcome, values = service.push_pull(PushRequest("w0", 0, grads, step=0), -1, read_wait_s=5.0)
+
+    assert outcome.accepted and values.version == 1 and values.values is not None
+    assert store.calls == ["push", "wait_readable", "pull"]  # apply, wait, read
+    assert state_lock.entries == 3  # once per phase
+    assert {name: lock.entries for name, lock in var_locks.items()} == {name: 2 for name in var_locks}  # apply, read

@@ -18,6 +18,7 @@ from asyncps.chief.checkpoint import CheckpointDir, assemble, split
 from asyncps.config import RunConfig
 from asyncps.placement import VariableSpec, place
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.rundir import RunDir
 from asyncps.tools.local import LocalCluster
 from asyncps.transport import connect_model
 from asyncps.transport.coordinator import CoordinatorClient
@@ -56,7 +57,7 @@ def run_cluster(run: RunConfig, run_dir: Path, on_progress: Callable[[LocalClust
     finally:
         cluster.stop()
     assert cluster.exit_codes()["chief"] == 0
-    summary: dict[str, object] = json.loads((run_dir / "summary.json").read_text())
+    summary: dict[str, object] = json.loads(RunDir(run_dir).summary.read_text())
     return summary
 
 
@@ -74,7 +75,7 @@ def test_killed_shard_is_restored_and_the_run_matches_an_uninterrupted_one(tmp_p
             cluster._done_progress = True  # type: ignore[attr-defined]
 
     crashed = run_cluster(RUN, tmp_path / "crashed", kill_once)
-    chief_log = (tmp_path / "crashed" / "logs" / "chief.log").read_text()
+    chief_log = RunDir(tmp_path / "crashed").log("chief").read_text()
     assert "shard 1" in chief_log and "restored from ckpt-" in chief_log, chief_log[-2000:]
     base_acc = baseline["final_eval"]["accuracy"]  # type: ignore[index]
     crash_acc = crashed["final_eval"]["accuracy"]  # type: ignore[index]
@@ -86,16 +87,16 @@ def test_stop_then_resume_continues_from_the_last_checkpoint(tmp_path: Path) -> 
     first = RunConfig(num_workers=2, num_ps=2, epochs=0.0, max_updates=300, checkpoint_every_updates=100,
                       eval_every_s=30.0, optimizer="momentum", learning_rate=0.05)
     s1 = run_cluster(first, run_dir)
-    ckpts = CheckpointDir(run_dir / "ckpt")
+    ckpts = CheckpointDir(RunDir(run_dir).checkpoints)
     last = ckpts.latest()
     assert last is not None and min(last.manifest["shard_versions"]) >= 300
     resumed = RunConfig(**{**first.__dict__, "max_updates": 600})
     s2 = run_cluster(resumed, run_dir, resume=True)
     assert int(s2["updates_applied"]) >= 600 > int(s1["updates_applied"])  # type: ignore[call-overload]
-    log = (run_dir / "logs" / "chief.log").read_text()
+    log = RunDir(run_dir).log("chief").read_text()
     assert f"restored from {last.path.name}" in log
-    assert len((run_dir / "eval.csv").read_text().splitlines()) > 2  # appended, header once
-    assert (run_dir / "eval.csv").read_text().count("wall_time") == 1
+    assert len(RunDir(run_dir).evals.read_text().splitlines()) > 2  # appended, header once
+    assert RunDir(run_dir).evals.read_text().count("wall_time") == 1
 
 
 def test_two_shard_checkpoint_restores_into_three_shards_exactly(
@@ -106,7 +107,7 @@ def test_two_shard_checkpoint_restores_into_three_shards_exactly(
                       "--optimizer", "adam", "--lr", "0.001", "--model", "mlp:256,128", "--slice-threshold",
                       "65536", "--eval-every", "30", "--quiet"])
     assert result.returncode == 0, result.stderr
-    ckpt = CheckpointDir(run_dir / "ckpt").latest()
+    ckpt = CheckpointDir(RunDir(run_dir).checkpoints).latest()
     assert ckpt is not None and ckpt.manifest["run"]["num_ps"] == 2
     specs = [VariableSpec(n, tuple(v.shape), str(v.dtype)) for n, v in ckpt.values.items()]
     placement = place(specs, 3, slice_threshold_bytes=65536)
@@ -142,7 +143,7 @@ WRITER = textwrap.dedent("""
 
 
 def test_kill_during_checkpoint_write_leaves_the_latest_complete(tmp_path: Path) -> None:
-    root = tmp_path / "ckpt"
+    root = RunDir(tmp_path).checkpoints
     rng = np.random.default_rng(0)
     for _ in range(5):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], cwd=ROOT, env=child_env(),
@@ -182,7 +183,7 @@ def test_exported_model_loads_without_asyncps_and_gives_the_recorded_accuracy(tm
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--run-dir", str(run_dir), "--epochs", "10", "--eval-every", "30", "--quiet"])
     assert result.returncode == 0, result.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     data = load_dataset("digits", 0)
     np.savez(tmp_path / "test.npz", x=data.x_test, y=data.y_test)
     env = {k: v for k, v in child_env().items() if k != "PYTHONPATH"}

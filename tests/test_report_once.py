@@ -12,10 +12,10 @@ from typing import Any
 
 import grpc
 import pytest
-from asyncps.chief.ledgerlog import LEDGER_LOG, LedgerLog, replay
+from asyncps.chief.ledgerlog import LedgerLog, replay
 from asyncps.chief.membership import Membership
 from asyncps.chief.recorder import Recorder
-from asyncps.chief.reportlog import REPORT_LOG, ReportLog, read_last_reports
+from asyncps.chief.reportlog import ReportLog, read_last_reports
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.tasks import TaskLedger
 from asyncps.worker.chieflink import ChiefLink
@@ -26,7 +26,7 @@ from asyncps.config import RunConfig
 from asyncps.net.rpc import Unreachable, create_server
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
-from asyncps.rundir import PUSHES_CSV, TIMELINE_CSV, PushRow, StepRow, read_rows
+from asyncps.rundir import PUSHES_CSV, TIMELINE_CSV, PushRow, RunDir, StepRow, read_rows
 from asyncps.transport.coordinator import CoordinatorClient
 
 
@@ -54,10 +54,10 @@ def start_chief(run_dir: Path, port: int = 0, resume: bool = False,
     """A chief on `run_dir`; `resume`: continue its files as a restarted chief does (chief/main.py)."""
     ledger = TaskLedger(100, 10, 1)
     if resume:
-        assert replay(run_dir / LEDGER_LOG, ledger)
-    ledger_log = LedgerLog(run_dir / LEDGER_LOG, ledger)
+        assert replay(RunDir(run_dir).ledger, ledger)
+    ledger_log = LedgerLog(RunDir(run_dir).ledger, ledger)
     recorder = Recorder(run_dir, append=resume)
-    reports = ReportLog(run_dir / REPORT_LOG, resume=resume)
+    reports = ReportLog(RunDir(run_dir).reports, resume=resume)
     servicer = servicer_type(Membership(2, 10), recorder, ["127.0.0.1:1"], RunConfig().to_json(),
                              lambda: cpb.ClusterStatus(), ledger, reports=reports)
     server, bound, _ = create_server(f"127.0.0.1:{port}",
@@ -95,7 +95,7 @@ def test_the_same_report_is_recorded_once_before_and_after_a_chief_restart(tmp_p
 
         chief.stop()  # killed after recording report 1, before the worker heard the answer
         chief = start_chief(tmp_path, chief.port, resume=True)
-        assert read_last_reports(tmp_path / REPORT_LOG) == {"worker-a": 1}  # the new chief's file starts from it
+        assert read_last_reports(RunDir(tmp_path).reports) == {"worker-a": 1}  # the new chief's file starts from it
         assert client.register("worker-a", "worker", 0).index == 0  # the link registers again (NOT_FOUND)
         client.report("worker-a", 0, seq=1, **report)  # ... and sends the unanswered report again
         assert rows(tmp_path) == ([(1, 0), (1, 1)], [1])
@@ -116,7 +116,7 @@ def test_the_same_report_is_recorded_once_before_and_after_a_chief_restart(tmp_p
 
 
 def test_report_numbers_are_per_member_and_a_torn_journal_line_is_ignored(tmp_path: Path) -> None:
-    log = ReportLog(tmp_path / REPORT_LOG)
+    log = ReportLog(RunDir(tmp_path).reports)
     for member, seq in (("a", 1), ("b", 1), ("a", 2)):
         with log.once(member, seq) as fresh:
             assert fresh
@@ -127,12 +127,12 @@ def test_report_numbers_are_per_member_and_a_torn_journal_line_is_ignored(tmp_pa
         raise RuntimeError("disk full")
     assert log.last("b") == 1
     log.close()
-    with open(tmp_path / REPORT_LOG, "a") as f:
+    with open(RunDir(tmp_path).reports, "a") as f:
         f.write('{"member": "a", "se')  # a line torn by a kill: its report was never answered
-    assert read_last_reports(tmp_path / REPORT_LOG) == {"a": 2, "b": 1}
-    again = ReportLog(tmp_path / REPORT_LOG, resume=True)
+    assert read_last_reports(RunDir(tmp_path).reports) == {"a": 2, "b": 1}
+    again = ReportLog(RunDir(tmp_path).reports, resume=True)
     again.close()
-    assert [json.loads(line) for line in (tmp_path / REPORT_LOG).read_text().splitlines()] == [
+    assert [json.loads(line) for line in RunDir(tmp_path).reports.read_text().splitlines()] == [
         {"state": {"a": 2, "b": 1}}]
     assert ReportLog(tmp_path / "fresh.jsonl").last("a") == 0  # a new run remembers nothing
 
@@ -179,7 +179,7 @@ def test_a_worker_resends_an_unanswered_report_unchanged_and_it_is_recorded_once
         outbox.send()  # the new chief does not know the worker: the link registers again, then 3, then 4
         assert outbox.unanswered is None and outbox.seq == 4
         assert rows(tmp_path) == ([(1, 0), (2, 0), (3, 0), (4, 0)], [1, 2, 3, 4])
-        journal = [json.loads(line) for line in (tmp_path / REPORT_LOG).read_text().splitlines()]
+        journal = [json.loads(line) for line in RunDir(tmp_path).reports.read_text().splitlines()]
         assert journal == [{"state": {"worker#0-x": 2}}, {"worker_id": "worker#0-x", "seq": 3},
                            {"worker_id": "worker#0-x", "seq": 4}]
     finally:

@@ -38,10 +38,11 @@ from asyncps.rules import (
     rules_markdown,
 )
 from asyncps.rules.drops import DropReason
-from asyncps.rules.modes import SyncConsistency, fold_mode_aliases
+from asyncps.rules.modes import fold_mode_aliases
 from asyncps.rules.optimizers import make_optimizer
 from asyncps.rules.policies import Decision, StalenessPolicy
 from asyncps.rules.registry import Param, Registry, param
+from asyncps.rules.sync.bsp import SyncConsistency
 from asyncps.tools.cli import add_run_flags, run_config_from
 from asyncps.wire.codec import Array, Gradient, SparseRows
 from asyncps.wire.proto import rule_from_proto, rule_to_proto

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from asyncps.config import RunConfig
+from asyncps.rundir import RunDir
 from asyncps.tools.local import LocalCluster, worker_groups
 from tests.conftest import kill_worker_mid_run
 from tests.test_local_cluster import run_cli
@@ -24,7 +25,7 @@ def test_worker_groups_split_indices_into_contiguous_blocks() -> None:
 def local_run(run_dir: Path, *flags: str) -> dict[str, object]:
     result = run_cli(["local", "--run-dir", str(run_dir), "--quiet", *flags], timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr
-    summary: dict[str, object] = json.loads((run_dir / "summary.json").read_text())
+    summary: dict[str, object] = json.loads(RunDir(run_dir).summary.read_text())
     return summary
 
 
@@ -32,7 +33,7 @@ def local_run(run_dir: Path, *flags: str) -> dict[str, object]:
 def test_with_the_barrier_eight_workers_are_seven_updates_stale(tmp_path: Path) -> None:
     """No injected delay: 8 workers on 1 shard, 1,600 updates; every planned worker starts together,
     so the whole-run mean staleness is λ - 1 = 7 (within 10% + 0.2)."""
-    s = local_run(tmp_path / "run", "--model", "logreg", "--dataset", "synthetic-logreg", "--ps", "1",
+    s = local_run(tmp_path / "run", "--model", "logreg", "--dataset", "synthetic-logreg", "--num-ps", "1",
                   "--workers", "8", "--worker-processes", "2", "--max-updates", "1600")
     staleness, steady, start = s["staleness"], s["staleness_steady"], s["start"]
     assert isinstance(staleness, dict) and isinstance(steady, dict) and isinstance(start, dict)
@@ -46,14 +47,14 @@ def test_logical_workers_at_lambda_32(tmp_path: Path) -> None:
     """32 logical workers in 2 processes with a constant 0.5 s step: staleness within 10% of 31, and
     the memory report says what a logical worker costs."""
     run_dir = tmp_path / "run"
-    s = local_run(run_dir, "--model", "logreg", "--dataset", "synthetic-logreg", "--ps", "1",
+    s = local_run(run_dir, "--model", "logreg", "--dataset", "synthetic-logreg", "--num-ps", "1",
                   "--workers", "32", "--worker-processes", "2", "--compute-delay", "const:0.5",
                   "--max-updates", "640", "--heartbeat-interval", "1")
     staleness, start = s["staleness"], s["start"]
     assert isinstance(staleness, dict) and isinstance(start, dict)
     assert abs(staleness["mean"] - 31) <= 0.1 * 31, staleness["mean"]
     assert start["late_workers"] == []
-    memory = json.loads((run_dir / "memory.json").read_text())
+    memory = json.loads(RunDir(run_dir).memory.read_text())
     assert set(memory["peak_rss_mb"]) == {"chief", "ps-0", "workers-0", "workers-1"}
     # two TensorFlow processes for 32 workers: far below 32 processes' worth
     assert 0 < memory["per_worker_mb"] < memory["peak_rss_mb"]["workers-0"] / 4
@@ -75,12 +76,12 @@ def test_killing_a_worker_process_loses_exactly_its_logical_workers(tmp_path: Pa
     finally:
         cluster.stop()
     dead = set()
-    for line in (run_dir / "logs" / "chief.log").read_text().splitlines():
+    for line in RunDir(run_dir).log("chief").read_text().splitlines():
         # deaths after the kill (a busy machine may delay heartbeats while TensorFlow loads, earlier)
         found = re.match(r"(\S+ \S+) chief WARNING .*worker (\d+) \(\S+\) missed heartbeats", line)
         if found and datetime.datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S,%f") >= killed_at:
             dead.add(int(found[2]))
     assert dead == {2, 3}  # workers-1 held indices 2 and 3
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     assert summary["updates_applied"] >= 400 > at_kill
     assert cluster.exit_codes()["chief"] == 0 and cluster.exit_codes()["workers-0"] == 0

@@ -10,9 +10,10 @@ from typing import Any
 
 import grpc
 import pytest
-from asyncps.ps.servicer import ParameterServerServicer, add_to_server
+from asyncps.ps.adapter import ShardSide, add_handlers
+from asyncps.ps.main import shard_adapters
+from asyncps.ps.service import ShardService
 from asyncps.ps.store import ShardStore
-from asyncps.ps.tcp import add_data_port
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -47,8 +48,7 @@ HANDSHAKE_DETAIL = re.compile(r"handshake|certificate|ssl|tls", re.IGNORECASE)
 
 # -- helpers -------------------------------------------------------------------------------------
 def register_services(server: grpc.Server) -> None:
-    add_to_server(ParameterServerServicer(ShardStore(shard_index=SHARD_INDEX)), server)
-    add_data_port(server, lambda: 0)
+    add_handlers(server, shard_adapters(ShardSide(ShardService(ShardStore(shard_index=SHARD_INDEX)))))
     # The generated base servicer answers UNIMPLEMENTED: enough to show that a call got past the
     # interceptor, and it keeps these tests independent of the chief's constructor.
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(

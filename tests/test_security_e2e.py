@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncps.rundir import RunDir
 from tests.conftest import REPO_ROOT, child_env
 from tests.test_local_cluster import run_cli
 
@@ -22,12 +23,12 @@ def test_secure_local_cluster_trains_over_tls_with_a_token(tmp_path: Path, trans
     tls_only = ["--tls-no-client-auth"] if transport == "TLS" else []
     result = run_cli(["local", "--secure", *tls_only, "--run-dir", str(run_dir), "--epochs", "15", "--quiet"])
     assert result.returncode == 0, result.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     assert summary["final_eval"]["accuracy"] >= 0.90
     for log in ("ps-0.log", "ps-1.log", "chief.log"):
-        assert f"({transport}, per-role tokens auth)" in (run_dir / "logs" / log).read_text()
+        assert f"({transport}, per-role tokens auth)" in (RunDir(run_dir).logs / log).read_text()
     token = (run_dir / "secrets" / "token").read_text().strip()
-    for log in (run_dir / "logs").glob("*.log"):
+    for log in RunDir(run_dir).logs.glob("*.log"):
         assert token not in log.read_text()
 
 

@@ -24,7 +24,15 @@ from asyncps.net.rpc import make_channel
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.placement import VariableSpec, place, split_for_shards
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.transport import GrpcShardTransport, ModelClient, ShmShardTransport, connect_model, connect_shard, shmseg
+from asyncps.transport import (
+    GrpcShardTransport,
+    ModelClient,
+    ShardClient,
+    ShmDataPath,
+    connect_model,
+    connect_shard,
+    shmseg,
+)
 from asyncps.wire.proto import SHARD_SERVICE
 from asyncps.wire.shard import PushRequest
 
@@ -40,6 +48,11 @@ Code = grpc.StatusCode
 
 def segments() -> set[str]:
     return {p.name for p in shmseg.SHM_DIR.glob(f"{shmseg.PREFIX}*")}
+
+
+def shm_in_use(client: object) -> bool:
+    """Whether a shard client's data path is shared memory with a segment mapped now."""
+    return isinstance(client, ShardClient) and isinstance(client.data, ShmDataPath) and client.data.uses_shared_memory
 
 
 def initial_values() -> dict[str, np.ndarray]:
@@ -75,7 +88,7 @@ def test_shared_memory_and_grpc_give_bit_identical_training(start_shards: Callab
         trainer = Trainer(client, names, make_grad_fn(model, loss_fn), BatchStream(x, y, 32, seed=5),
                           StepDelay(NoDelay()), Telemetry())
         trainer.run(threading.Event(), max_steps=12)
-        uses = [isinstance(s, ShmShardTransport) and s.uses_shared_memory for s in client.shards]
+        uses = [shm_in_use(s) for s in client.shards]
         assert uses == ([False, False] if transport == "grpc" else [True, True])
         assert client.versions == [12, 12]
         client.pull()  # what the shards hold, over frames
@@ -97,11 +110,11 @@ def test_auto_falls_back_to_frames_when_the_shard_cannot_see_the_segment(
     setup = GrpcShardTransport(process.address, deadline_s=CALL_TIMEOUT_S)
     setup.initialize("test", 0, 1, RULE, initial_values())
     auto = connect_shard(process.address, deadline_s=CALL_TIMEOUT_S, transport="auto")
-    assert isinstance(auto, ShmShardTransport)
+    assert isinstance(auto.data, ShmDataPath)
     buffers = {n: np.empty_like(v) for n, v in initial_values().items()}
     grads = {"w": np.ones((300, 40), np.float32), "b": np.ones(40, np.float32)}
     outcome, reply = auto.push_pull(PushRequest("w0", 0, grads), -1, buffers)
-    assert outcome.accepted and reply.version == 1 and not auto.uses_shared_memory
+    assert outcome.accepted and reply.version == 1 and not shm_in_use(auto)
     assert reply.values is not None
     np.testing.assert_array_equal(reply.values["b"], setup.pull("probe").values["b"])  # type: ignore[index]
     forced = connect_shard(process.address, deadline_s=CALL_TIMEOUT_S, transport="shm")
@@ -119,16 +132,16 @@ def test_a_restarted_shard_gets_a_fresh_segment(shard_factory: ShardLauncher) ->
     setup = GrpcShardTransport(process.address, deadline_s=CALL_TIMEOUT_S)
     setup.initialize("test", 0, 1, RULE, initial_values())
     client = connect_shard(process.address, deadline_s=CALL_TIMEOUT_S, transport="shm")
-    assert isinstance(client, ShmShardTransport)
+    assert isinstance(client.data, ShmDataPath)
     buffers = {n: np.empty_like(v) for n, v in initial_values().items()}
     grads = {"w": np.ones((300, 40), np.float32), "b": np.ones(40, np.float32)}
     client.push_pull(PushRequest("w0", 0, grads), -1, buffers)
-    first = client._mapping
+    first = client.data._mapping
     # a second transport of the same worker replaces the shard's mapping of the first
     other = connect_shard(process.address, deadline_s=CALL_TIMEOUT_S, transport="shm")
     other.push_pull(PushRequest("w0", 1, grads), -1, buffers)
     outcome, reply = client.push_pull(PushRequest("w0", 2, grads), -1, buffers)
-    assert outcome.accepted and reply.version == 3 and client._mapping is not first
+    assert outcome.accepted and reply.version == 3 and client.data._mapping is not first
     for c in (setup, client, other):
         c.close()
 
@@ -256,7 +269,7 @@ def test_no_segment_outlives_kill_9_of_a_worker_or_a_shard(shard_factory: ShardL
         grads = {{"w": np.ones((300, 40), np.float32), "b": np.ones(40, np.float32)}}
         for c in clients:
             c.push_pull(PushRequest("w0", 0, grads), -1, buffers)
-            assert c.uses_shared_memory
+            assert c.data.uses_shared_memory
         print("mapped", flush=True)
         time.sleep(600)
     """)
@@ -284,7 +297,7 @@ def test_the_model_client_over_shared_memory_is_a_model_client(start_shards: Cal
     client.pull()
     results = client.push_pull({"w": np.ones((300, 40), np.float32), "b": np.ones(40, np.float32)}, 0, 0.0)
     assert results[0].outcome is not None and results[0].outcome.accepted
-    assert isinstance(client.shards[0], ShmShardTransport) and client.shards[0].uses_shared_memory
+    assert shm_in_use(client.shards[0])
     client.close()
 
 
@@ -292,10 +305,10 @@ def test_pull_and_push_travel_through_the_segment_too(shard: ShardProcess) -> No
     """Pull (with if_newer_than) and Push over a mapped segment mean what they mean over frames."""
     frames = GrpcShardTransport(shard.address, deadline_s=CALL_TIMEOUT_S)
     client = connect_shard(shard.address, deadline_s=CALL_TIMEOUT_S, transport="shm")
-    assert isinstance(client, ShmShardTransport)
+    assert isinstance(client.data, ShmDataPath)
     buffers = {n: np.empty_like(v) for n, v in initial_values().items()}
     reply = client.pull("w0", -1, buffers)
-    assert client.uses_shared_memory and reply.version == 0 and reply.values is not None
+    assert shm_in_use(client) and reply.version == 0 and reply.values is not None
     assert all(reply.values[n] is buffers[n] for n in buffers)
     np.testing.assert_array_equal(buffers["w"], initial_values()["w"])
     outcome = client.push(PushRequest("w0", 0, {"b": np.ones(40, np.float32)}))  # a subset of the variables
@@ -307,7 +320,7 @@ def test_pull_and_push_travel_through_the_segment_too(shard: ShardProcess) -> No
     for name, value in expected.items():
         assert buffers[name].tobytes() == value.tobytes(), name
     raw = Raw(shard.address)
-    mapping = client._mapping
+    mapping = client.data._mapping
     assert mapping is not None
     code, details = raw.code(lambda: raw.push_pull(ps_pb2.ShmPushPullRequest(
         header=ps_pb2.PushHeader(worker_id="w0"), attachment=mapping.attachment, pull_only=True,

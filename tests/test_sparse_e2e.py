@@ -14,7 +14,7 @@ from asyncps.chief.tasks import TaskLedger
 from asyncps.ml.datasets import epoch_order, load_dataset
 from asyncps.ml.models import EMBEDDING_LEVELS, build_model
 from asyncps.placement import Placement, VariableSpec, place
-from asyncps.rundir import RunSummary
+from asyncps.rundir import RunDir, RunSummary
 from tests.test_local_cluster import run_cli
 
 pytestmark = pytest.mark.slow
@@ -65,10 +65,10 @@ def _expected_push_bytes(placement: Placement, table: str) -> list[int]:
 def test_embedding_model_trains_on_the_cluster_pushing_only_touched_rows(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--run-dir", str(run_dir), "--model", "embedding", "--dataset", "digits",
-                      "--workers", "2", "--ps", "2", "--epochs", str(EPOCHS), "--batch-size", str(BATCH),
+                      "--workers", "2", "--num-ps", "2", "--epochs", str(EPOCHS), "--batch-size", str(BATCH),
                       "--seed", str(SEED), "--eval-every", "30", "--quiet"])
     assert result.returncode == 0, result.stdout + result.stderr
-    summary = RunSummary.from_json((run_dir / "summary.json").read_text())
+    summary = RunSummary.from_json(RunDir(run_dir).summary.read_text())
     assert summary.final_eval.accuracy >= MIN_ACCURACY, summary.final_eval
     assert summary.data["tasks_requeued"] == 0 and summary.data["duplicate_completions"] == 0
     assert summary.data["tasks_done"] == summary.data["tasks_planned"]

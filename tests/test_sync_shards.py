@@ -11,7 +11,8 @@ from asyncps.ps.store import ShardStore
 from asyncps.errors import InvalidArgumentError, UnavailableError
 from asyncps.pb import ps_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.rules.modes import Ballot, Decisions, SyncFollower
+from asyncps.rules.sync import Ballot, Decisions
+from asyncps.rules.sync.follower import SyncFollower
 from asyncps.wire.proto import decisions_from_proto
 from asyncps.wire.shard import DropReason, PushRequest
 
@@ -111,7 +112,7 @@ def test_ssp_refuses_a_read_beyond_the_bound_and_applies_the_repeated_push_once(
         with pytest.raises(UnavailableError, match="leads the slowest live worker by more than the bound"):
             service.push_pull(fast, -1, read_wait_s=0.05)
         assert store.version == 1
-    assert store.stats().mode_stats["refused_deadline"] == 2
+    assert service.stats().mode_stats["refused_deadline"] == 2  # the service decides and counts refusals
     service.push_pull(PushRequest("w1", 0, {"a": g(1.0)}, step=0), -1, 0.05)  # the slow one catches up
     outcome, values = service.push_pull(fast, -1, read_wait_s=0.05)
     assert outcome.accepted and outcome.version == 1 and values.values is not None and store.version == 2
@@ -124,7 +125,7 @@ def test_ssp_refuses_at_once_when_no_waiting_slot_is_free() -> None:
     # the only slot is taken
     with service._waiter(), pytest.raises(UnavailableError, match="every waiting slot is taken"):
         service.push_pull(PushRequest("w0", 0, {"a": g(1.0)}, step=0), -1, read_wait_s=5.0)
-    assert store.stats().mode_stats["refused_no_slot"] == 1
+    assert service.stats().mode_stats["refused_no_slot"] == 1
 
 
 def test_without_the_bound_ssp_lets_a_worker_run_ahead() -> None:

@@ -10,6 +10,7 @@ import pytest
 from asyncps.chief.tasks import TaskLedger
 
 from asyncps.config import RunConfig
+from asyncps.rundir import RunDir
 from asyncps.tools.local import LocalCluster
 from tests.conftest import kill_worker_mid_run
 
@@ -102,7 +103,7 @@ def test_killing_a_worker_loses_no_data(tmp_path: Path) -> None:
         cluster.chief.proc.wait(timeout=180)
     finally:
         cluster.stop()
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads(RunDir(tmp_path / "run").summary.read_text())
     data = summary["data"]
     assert data["tasks_not_done"] == 0 and data["tasks_done"] == data["tasks_planned"]
     assert data["examples_done"] == 20 * 1438
@@ -110,4 +111,4 @@ def test_killing_a_worker_loses_no_data(tmp_path: Path) -> None:
     # the killed worker never finished its tasks: every re-queued one was re-run by another worker
     assert data["tasks_rerun"] == data["tasks_requeued"] >= 1 and data["examples_rerun"] >= 1
     assert data["examples_dropped"] == 0 and data["examples_applied"] > 0  # async, no drop policy
-    assert "re-queued" in (tmp_path / "run" / "logs" / "chief.log").read_text()
+    assert "re-queued" in RunDir(tmp_path / "run").log("chief").read_text()

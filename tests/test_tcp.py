@@ -3,6 +3,7 @@ waits, hostile input on the data port, stalled connections, and the fall back to
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import struct
 import threading
@@ -19,10 +20,19 @@ from asyncps.net.security import SecurityConfig
 from asyncps.pb import ps_pb2
 from asyncps.placement import VariableSpec, place, split_for_shards
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.transport import GrpcShardTransport, TcpShardTransport, connect_model, connect_shard
-from asyncps.transport.tcp import TcpDataPath
+from asyncps.transport import (
+    TRANSPORTS,
+    GrpcShardTransport,
+    ShardClient,
+    ShmDataPath,
+    TransportRegistry,
+    connect_model,
+    connect_shard,
+    shmseg,
+)
+from asyncps.transport.grpc_shard import FramesDataPath, ShardLink
+from asyncps.transport.tcp import TcpConnection, TcpDataPath
 from asyncps.wire.codec import SparseRows
-from asyncps.wire.proto import SHARD_SERVICE
 from asyncps.wire.shard import PushRequest
 
 if TYPE_CHECKING:
@@ -48,9 +58,14 @@ def pushes(count: int) -> Iterator[dict[str, np.ndarray | SparseRows]]:
                "embed": SparseRows(rows, rng.standard_normal((rows.size, 8)).astype(np.float32))}
 
 
+def tcp_in_use(client: object) -> bool:
+    """Whether a shard client's tensors travel over its TCP data connection now."""
+    return isinstance(client, ShardClient) and isinstance(client.data, TcpDataPath) and client.data.uses_tcp
+
+
 def data_port(address: str, security: SecurityConfig | None = None) -> int:
-    client = GrpcShardTransport(address, deadline_s=10, security=security)
-    ask = client.channel.unary_unary(f"/{SHARD_SERVICE}/DataPort",
+    client = ShardLink(address, deadline_s=10, security=security)
+    ask = client.channel.unary_unary(client.path("DataPort"),
                                      request_serializer=ps_pb2.DataPortRequest.SerializeToString,
                                      response_deserializer=ps_pb2.DataPortResponse.FromString)
     try:
@@ -127,7 +142,7 @@ def honest_step(address: str, security: SecurityConfig) -> int:
         values = client.pull("honest")
         grads = {"b": np.full(33, 0.25, np.float32)}
         outcome, after = client.push_pull(PushRequest("honest", values.version, grads, incarnation=values.incarnation))
-        assert isinstance(client, TcpShardTransport) and client.uses_tcp
+        assert tcp_in_use(client)
         assert outcome.accepted
         return after.version
     finally:
@@ -156,7 +171,7 @@ def test_tcp_and_grpc_frames_give_bit_identical_values_and_versions(shard_factor
         stats = client.stats()
         results.append((history, stats.version, stats.pushes_accepted))
         client.close()
-    assert isinstance(clients[1], TcpShardTransport) and clients[1].uses_tcp
+    assert tcp_in_use(clients[1])
     assert results[0] == results[1]
     assert results[1][1] == 12
 
@@ -235,7 +250,7 @@ def test_a_seeded_worker_trains_bit_identically_over_tcp_and_grpc_frames(
         trainer = Trainer(client, names, make_grad_fn(model, loss_fn), BatchStream(x, y, 32, seed=5),
                           StepDelay(NoDelay()), Telemetry())
         trainer.run(threading.Event(), max_steps=12)
-        assert [isinstance(s, TcpShardTransport) and s.uses_tcp for s in client.shards] == [transport == "tcp"] * 2
+        assert [tcp_in_use(s) for s in client.shards] == [transport == "tcp"] * 2
         assert client.versions == [12, 12]
         client.pull()
         results[transport] = {n: v.copy() for n, v in client.values.items()}
@@ -254,7 +269,7 @@ def test_wrong_or_missing_token_is_refused(secured: tuple[str, SecurityConfig]) 
             assert reply is not None and reply.WhichOneof("kind") == "error"
             assert isinstance(error_of(reply.error.code, reply.error.message), UnauthenticatedError)
             assert closed(sock)
-    bad = TcpDataPath(address, lambda: port, SecurityConfig(token="not-it", shared_token=True), deadline_s=5)
+    bad = TcpConnection(address, lambda: port, SecurityConfig(token="not-it", shared_token=True), deadline_s=5)
     with pytest.raises(UnauthenticatedError):  # the typed error at once, no retry
         bad.pull("w")
     assert state(address, security) == before
@@ -335,11 +350,45 @@ def test_an_evicted_connection_is_reopened_and_the_request_served(secured: tuple
             assert hello(sock) is not None
         outcome, values = client.push_pull(PushRequest("evicted", before, {"b": np.ones(33, np.float32)}))
         assert outcome.accepted and values.version == before + 1
-        assert isinstance(client, TcpShardTransport) and client.uses_tcp
+        assert tcp_in_use(client)
     finally:
         for sock in newer:
             sock.close()
         client.close()
+
+
+# -- the seam: one registry entry, the shard's one service ----------------------------------------
+def test_auto_takes_tcp_where_shared_memory_cannot_run(shard_factory: ShardLauncher) -> None:
+    """auto is shm > tcp > grpc: without shared memory the worker's tensors travel over TCP; with
+    it, TCP is the shared-memory path's fallback (a shard on another host, sparse gradients)."""
+    address = shard_factory(1)[0].address
+    registry = TransportRegistry()
+    for entry in TRANSPORTS:
+        registry.register(entry if entry.name != "shm" else dataclasses.replace(entry, unavailable=lambda: "none"))
+    client = connect_shard(address, deadline_s=20, transport="auto", registry=registry)
+    client.initialize("w0", 0, 1, RULE, initial())
+    outcome, values = client.push_pull(PushRequest("w0", 0, {"b": np.ones(33, np.float32)}))
+    assert outcome.accepted and values.version == 1 and tcp_in_use(client)
+    client.close()
+    if shmseg.available():
+        auto = connect_shard(address, deadline_s=20, transport="auto")
+        assert isinstance(auto.data, ShmDataPath) and isinstance(auto.data._fallback, TcpDataPath)
+        auto.close()
+
+
+def test_tcp_traffic_is_counted_by_the_shards_one_service(shard_factory: ShardLauncher) -> None:
+    """GetStats over gRPC counts the bytes that travelled over the data port: one ShardService."""
+    address = shard_factory(1)[0].address
+    client = connect_shard(address, deadline_s=20, transport="tcp")
+    client.initialize("w0", 0, 1, RULE, initial())
+    before = client.stats()
+    grads = {"b": np.ones(33, np.float32), "w": np.ones((64, 33), np.float32)}
+    _, values = client.push_pull(PushRequest("w0", 0, grads))
+    after = client.stats()
+    assert tcp_in_use(client) and values.values is not None
+    assert after.bytes_pushed - before.bytes_pushed == sum(g.nbytes for g in grads.values())
+    assert after.bytes_pulled - before.bytes_pulled == sum(v.nbytes for v in values.values.values())
+    client.close()
 
 
 # -- the fall back -------------------------------------------------------------------------------
@@ -347,28 +396,31 @@ def test_no_data_port_falls_back_to_grpc_frames(shard_factory: ShardLauncher) ->
     address = shard_factory(1, args=("--data-port", "-1"))[0].address
     assert data_port(address) == 0
     client = connect_shard(address, deadline_s=20, transport="tcp")
-    assert isinstance(client, TcpShardTransport)
+    assert isinstance(client, ShardClient) and isinstance(client.data, TcpDataPath)
     client.initialize("w0", 0, 1, RULE, initial())
     outcome, values = client.push_pull(PushRequest("w0", 0, {"b": np.ones(33, np.float32)}))
     assert outcome.accepted and values.version == 1
-    assert not client.uses_tcp
+    assert not client.data.uses_tcp
     client.close()
 
 
 def test_an_unreachable_data_port_falls_back_to_grpc_frames(shard_factory: ShardLauncher) -> None:
     address = shard_factory(1)[0].address
-    inner = GrpcShardTransport(address, deadline_s=20)
-    client = TcpShardTransport(inner)
+    control = GrpcShardTransport(address, deadline_s=20)
+    link = ShardLink(address, deadline_s=20)
+    path = TcpDataPath(link, FramesDataPath(link))
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         dead_port = probe.getsockname()[1]
-    path = client._path
-    assert path is not None
-    path._data_port = lambda: dead_port  # the shard announces a port this client cannot reach
-    client.initialize("w0", 0, 1, RULE, initial())
-    assert client.pull("w0").version == 0
-    assert not client.uses_tcp
-    client.close()
+    connection = path._connection
+    assert connection is not None
+    connection._data_port = lambda: dead_port  # the shard announces a port this client cannot reach
+    control.initialize("w0", 0, 1, RULE, initial())
+    assert path.pull("w0").version == 0
+    assert not path.uses_tcp
+    path.close()
+    link.close()
+    control.close()
 
 
 # -- TLS ------------------------------------------------------------------------------------------
@@ -392,11 +444,11 @@ def test_mutual_tls_and_a_token_over_tcp(shard_factory: ShardLauncher, tmp_path:
     buffers = {name: np.zeros_like(value) for name, value in initial().items()}
     outcome, values = client.push_pull(PushRequest("w0", 0, {"b": np.ones(33, np.float32)}), buffers=buffers)
     assert outcome.accepted and values.version == 1 and values.values is not None
-    assert isinstance(client, TcpShardTransport) and client.uses_tcp
+    assert tcp_in_use(client)
     assert np.array_equal(buffers["b"], initial()["b"] - 0.5)
     client.close()
     port = data_port(address, worker)
-    no_cert = TcpDataPath(address, lambda: port, SecurityConfig(token=TOKEN, shared_token=True,
+    no_cert = TcpConnection(address, lambda: port, SecurityConfig(token=TOKEN, shared_token=True,
                                                                 tls_ca=str(certs.ca_cert)), deadline_s=2)
     with pytest.raises(Unreachable, match="SSL"):  # the TLS handshake fails: no certificate
         no_cert.pull("w0")

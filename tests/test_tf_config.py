@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from asyncps.cluster import ClusterConfigError, parse_tf_config
+from asyncps.rundir import RunDir
 from tests.conftest import REPO_ROOT, child_env
 
 CLUSTER = {"chief": ["c:1"], "worker": ["w0:2", "w1:3"], "ps": ["p0:4", "p1:5"]}
@@ -73,6 +74,6 @@ def test_a_cluster_configured_only_by_tf_config_trains(tmp_path: Path) -> None:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads(RunDir(tmp_path / "run").summary.read_text())
     assert summary["updates_applied"] >= 50 and summary["workers"] == 1 and summary["ps_shards"] == 1
-    assert os.path.exists(tmp_path / "run" / "pushes.csv")
+    assert os.path.exists(RunDir(tmp_path / "run").pushes)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from asyncps.chief.checkpoint import CheckpointDir
 
 from asyncps.config import RunConfig
-from asyncps.rundir import SUMMARY_JSON, wait_port_file
+from asyncps.rundir import SUMMARY_JSON, RunDir, wait_port_file
 from asyncps.tools.local import LocalCluster
 from asyncps.tools.progress import StatusPoller
 
@@ -47,7 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         deadline = time.monotonic() + 180
         while True:
             status = poller.try_poll()
-            ckpts = list((cluster.run_dir / "ckpt").glob("ckpt-*[0-9]/manifest.json"))
+            ckpts = CheckpointDir(RunDir(cluster.run_dir).checkpoints).complete()
             if status is not None and status.eval_version > 0 and status.workers_alive == 2 and ckpts:
                 break
             assert time.monotonic() < deadline and cluster.chief.alive(), "the run did not get going"
@@ -84,7 +85,7 @@ def test_status_of_no_chief_is_a_clear_error() -> None:
 def test_metrics_endpoint_parses_with_prometheus_client(cluster: LocalCluster) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    port = wait_port_file(cluster.logs / "chief.metrics.port", 30)
+    port = wait_port_file(cluster.files.port_file("chief.metrics"), 30)
     poller = StatusPoller(cluster.chief_address)
     before = poller.poll()
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
@@ -115,7 +116,7 @@ def test_tensorboard_has_worker_loss_idle_fraction_drops_and_hparams(cluster: Lo
 
     tags: set[str] = set()
     plugins: set[str] = set()
-    for path in (cluster.run_dir / "tb").glob("events.out.tfevents.*"):
+    for path in RunDir(cluster.run_dir).tensorboard.glob("events.out.tfevents.*"):
         for event in EventFileLoader(str(path)).Load():
             for v in event.summary.value:
                 tags.add(v.tag)
@@ -150,11 +151,10 @@ def test_export_writes_a_keras_file_and_savedmodel_from_a_checkpoint(crashed_run
     assert result.returncode == 0, result.stdout + result.stderr
     import keras
     import tensorflow as tf
-    from asyncps.chief.checkpoint import CheckpointDir
 
     from asyncps.ml.datasets import load_dataset
 
-    ckpt = CheckpointDir(crashed_run / "ckpt").latest()
+    ckpt = CheckpointDir(RunDir(crashed_run).checkpoints).latest()
     assert ckpt is not None
     model = keras.models.load_model(out / "model.keras")
     for variable in model.trainable_variables:

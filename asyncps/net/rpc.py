@@ -36,6 +36,27 @@ _STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
 )
 
 
+# Outcomes that steer a client, typed beside the status code as trailing metadata: the client reads
+# the kind back with outcome_of, never from the message text (which is for people).
+OUTCOME_KEY = "asyncps-outcome"
+_OUTCOME_OF: tuple[tuple[type[errors.AsyncpsError], str], ...] = (
+    (errors.PathNotVisibleError, "path-not-visible"),
+    (errors.AttachAgainError, "attach-again"),
+)
+
+
+def outcome_of(exc: BaseException) -> type[errors.AsyncpsError] | None:
+    """The typed outcome a failed call carries (e.g. errors.PathNotVisibleError), None when it has none."""
+    if not isinstance(exc, grpc.Call):
+        return None
+    for key, value in exc.trailing_metadata() or ():
+        if key == OUTCOME_KEY:
+            for kind, name in _OUTCOME_OF:
+                if value == name:
+                    return kind
+    return None
+
+
 def status_of(exc: Exception) -> grpc.StatusCode:
     """The status code a domain error maps to; anything unexpected is INTERNAL."""
     for kind, code in _STATUS_OF:
@@ -69,6 +90,10 @@ def _abort(context: grpc.ServicerContext, method: str, exc: Exception) -> None:
             escaped = escaped[:MAX_STATUS_MESSAGE_BYTES] + f"... ({len(escaped)} characters, truncated)"
         message = escaped
     log.info("%s -> %s: %s", method, code.name, message)
+    for kind, name in _OUTCOME_OF:
+        if isinstance(exc, kind):
+            context.set_trailing_metadata(((OUTCOME_KEY, name),))
+            break
     context.abort(code, message)
 
 

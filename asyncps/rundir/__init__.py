@@ -8,6 +8,15 @@
 | `timeline.csv` | StepRow | the chief's recorder |
 | `eval.csv` | EvalRow | the chief, every evaluation |
 | `manifest.json` | RunManifest | the chief, at start and while it runs |
+| `ledger.jsonl` | asyncps.chief.ledgerlog | the chief, at every data-task change |
+| `reports.jsonl` | asyncps.chief.reportlog | the chief, at every worker report recorded |
+| `memory.json` | PeakMemory | the local launcher, at the end |
+| `tb/` | TensorBoard events | the chief, every evaluation |
+| `ckpt/ckpt-NNNNNNNN/` | asyncps.chief.checkpoint (its own `manifest.json`, `model.npz`) | the chief, at a cut |
+| `logs/` | role logs and port files | the local launcher |
+
+`RunDir(root)` names every one of these paths (and `CheckpointNames` those inside a checkpoints
+directory): no file name is written outside this package (tests/test_rundir_names.py checks it).
 
 Also the atomic writes and port files every role uses. Nothing outside this package reads these
 files by key or column name.
@@ -15,6 +24,7 @@ files by key or column name.
 
 from asyncps.rundir.atomic import atomic_write, wait_port_file, write_json, write_port_file
 from asyncps.rundir.manifest import RunManifest
+from asyncps.rundir.memory import PeakMemory
 from asyncps.rundir.names import (
     CONFIG_JSON,
     EVAL_CSV,
@@ -22,6 +32,8 @@ from asyncps.rundir.names import (
     PUSHES_CSV,
     SUMMARY_JSON,
     TIMELINE_CSV,
+    CheckpointNames,
+    RunDir,
     RunDirError,
 )
 from asyncps.rundir.partial import UNFINISHED, is_run_dir, load_summary, summary_from_tables
@@ -44,12 +56,15 @@ __all__ = [
     "SUMMARY_JSON",
     "TIMELINE_CSV",
     "UNFINISHED",
+    "CheckpointNames",
     "CsvRow",
     "EvalRow",
     "FinalEval",
+    "PeakMemory",
     "PushRow",
     "RowWriter",
     "RunConfigRecord",
+    "RunDir",
     "RunDirError",
     "RunManifest",
     "RunSummary",

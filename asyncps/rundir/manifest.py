@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asyncps.rundir.atomic import write_json
-from asyncps.rundir.names import MANIFEST_JSON, RunDirError
+from asyncps.rundir.names import RunDir, RunDirError
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class RunManifest:
     @staticmethod
     def load(run_dir: Path) -> RunManifest | None:
         """The manifest of a run directory, or None when it has none (a new run)."""
-        path = run_dir / MANIFEST_JSON
+        path = RunDir(run_dir).manifest
         if not path.exists():
             return None
         try:
@@ -45,5 +45,5 @@ class RunManifest:
 
     def save(self, run_dir: Path) -> None:
         """Write atomically (a reader sees the old or the new manifest)."""
-        write_json(run_dir / MANIFEST_JSON, {"run_id": self.run_id, "chief_starts": self.chief_starts,
+        write_json(RunDir(run_dir).manifest, {"run_id": self.run_id, "chief_starts": self.chief_starts,
                                              "elapsed_s": round(self.elapsed_s, 3)})

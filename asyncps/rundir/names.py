@@ -1,6 +1,11 @@
-"""The files of a run directory, by name, and the error raised when one cannot be read."""
+"""The files of a run directory, by name; `RunDir`, the one place their paths are joined; and the error
+raised when one cannot be read."""
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
 
 CONFIG_JSON = "config.json"  # the run's settings, written by the chief when it starts
 SUMMARY_JSON = "summary.json"  # the run's outcome, written by the chief when it finishes
@@ -8,7 +13,144 @@ PUSHES_CSV = "pushes.csv"  # one row per push a worker reported
 TIMELINE_CSV = "timeline.csv"  # one row per worker step (pull, compute, push, wait)
 EVAL_CSV = "eval.csv"  # one row per evaluation of the model on the test set
 MANIFEST_JSON = "manifest.json"  # the run's id and training time so far: a restarted chief resumes
+LEDGER_JSONL = "ledger.jsonl"  # the data-task ledger's journal: a restarted chief continues its tasks
+REPORTS_JSONL = "reports.jsonl"  # the worker reports recorded: none is recorded twice across chiefs
+MEMORY_JSON = "memory.json"  # the local launcher's peak memory per process
+TENSORBOARD_DIR = "tb"  # the chief's TensorBoard event files
+CHECKPOINTS_DIR = "ckpt"  # the checkpoints, unless the chief was given another directory
+LOGS_DIR = "logs"  # the local launcher's per-role logs and port files
+LAUNCHER_LOG = "launcher.log"  # a sweep's point: the launcher's own lines
+SECRETS_DIR = "secrets"  # the local launcher's development certificates and tokens
+LAUNCH_CONFIG_JSON = "run-config.json"  # (in logs/) the settings the launcher hands the chief
+
+# One checkpoint is a directory ckpt-NNNNNNNN/ under the checkpoints directory, written as
+# ckpt-NNNNNNNN.tmp/ first; it holds its arrays and its own manifest, a different format from the
+# run's MANIFEST_JSON (same file name: run directories written so far must still resume).
+CHECKPOINT_MANIFEST_JSON = "manifest.json"  # the checkpoint's number, shard versions, counters and settings
+CHECKPOINT_ARRAYS_NPZ = "model.npz"  # whole variables, optimizer slots and policy state
+_CHECKPOINT = re.compile(r"^ckpt-(\d{8})$")
 
 
 class RunDirError(ValueError):
     """A run-directory file that is not in the format this version writes (names the file and the field)."""
+
+
+@dataclass(frozen=True)
+class CheckpointNames:
+    """The paths of the checkpoints under one checkpoints directory (a run's ckpt/ or --checkpoint-dir)."""
+
+    root: Path
+
+    def final(self, number: int) -> Path:
+        """The directory of complete checkpoint `number`."""
+        return self.root / f"ckpt-{number:08d}"
+
+    def staging(self, number: int) -> Path:
+        """Where checkpoint `number` is written before it is renamed to `final(number)`."""
+        return self.root / f"ckpt-{number:08d}.tmp"
+
+    @staticmethod
+    def number_of(path: Path) -> int | None:
+        """The number of a complete checkpoint's directory; None for any other name (a `.tmp` one too)."""
+        match = _CHECKPOINT.match(path.name)
+        return int(match.group(1)) if match else None
+
+    @staticmethod
+    def manifest(checkpoint: Path) -> Path:
+        """A checkpoint directory's own manifest."""
+        return checkpoint / CHECKPOINT_MANIFEST_JSON
+
+    @staticmethod
+    def arrays(checkpoint: Path) -> Path:
+        """A checkpoint directory's arrays."""
+        return checkpoint / CHECKPOINT_ARRAYS_NPZ
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory's paths: every writer and reader names its files through one of these."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        """config.json (RunConfigRecord)."""
+        return self.root / CONFIG_JSON
+
+    @property
+    def summary(self) -> Path:
+        """summary.json (RunSummary)."""
+        return self.root / SUMMARY_JSON
+
+    @property
+    def manifest(self) -> Path:
+        """manifest.json (RunManifest): the run's identity; its presence makes a run to resume."""
+        return self.root / MANIFEST_JSON
+
+    @property
+    def pushes(self) -> Path:
+        """pushes.csv (PushRow)."""
+        return self.root / PUSHES_CSV
+
+    @property
+    def timeline(self) -> Path:
+        """timeline.csv (StepRow)."""
+        return self.root / TIMELINE_CSV
+
+    @property
+    def evals(self) -> Path:
+        """eval.csv (EvalRow)."""
+        return self.root / EVAL_CSV
+
+    @property
+    def ledger(self) -> Path:
+        """ledger.jsonl: the data-task ledger's journal (asyncps.chief.ledgerlog)."""
+        return self.root / LEDGER_JSONL
+
+    @property
+    def reports(self) -> Path:
+        """reports.jsonl: the worker reports recorded (asyncps.chief.reportlog)."""
+        return self.root / REPORTS_JSONL
+
+    @property
+    def memory(self) -> Path:
+        """memory.json (PeakMemory)."""
+        return self.root / MEMORY_JSON
+
+    @property
+    def tensorboard(self) -> Path:
+        """The TensorBoard event files' directory."""
+        return self.root / TENSORBOARD_DIR
+
+    @property
+    def checkpoints(self) -> Path:
+        """The default checkpoints directory (CheckpointNames names what is inside)."""
+        return self.root / CHECKPOINTS_DIR
+
+    @property
+    def logs(self) -> Path:
+        """The local launcher's directory of role logs and port files."""
+        return self.root / LOGS_DIR
+
+    def log(self, role: str) -> Path:
+        """The log of one role the launcher started (`chief`, `ps-0`, `workers-0`, ...)."""
+        return self.logs / f"{role}.log"
+
+    def port_file(self, role: str) -> Path:
+        """Where a role the launcher started on port 0 writes its port (`chief.metrics` for the chief's metrics)."""
+        return self.logs / f"{role}.port"
+
+    @property
+    def launch_config(self) -> Path:
+        """The settings file the launcher hands the chief (--run-config)."""
+        return self.logs / LAUNCH_CONFIG_JSON
+
+    @property
+    def launcher_log(self) -> Path:
+        """launcher.log: a sweep point's launcher output."""
+        return self.root / LAUNCHER_LOG
+
+    @property
+    def secrets(self) -> Path:
+        """The launcher's development certificates and tokens (--secure)."""
+        return self.root / SECRETS_DIR

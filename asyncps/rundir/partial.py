@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from asyncps.rundir.names import CONFIG_JSON, EVAL_CSV, PUSHES_CSV, SUMMARY_JSON, TIMELINE_CSV, RunDirError
+from asyncps.rundir.names import CONFIG_JSON, PUSHES_CSV, SUMMARY_JSON, RunDir, RunDirError
 from asyncps.rundir.summary import FinalEval, RunConfigRecord, RunSummary, ShardCounters, StalenessSummary
 from asyncps.rundir.tables import EvalRow, PushRow, StepRow, read_rows
 
@@ -26,12 +26,13 @@ def _setting(run: dict[str, Any], name: str, default: Any) -> Any:
 def summary_from_tables(run_dir: Path) -> RunSummary:
     """What config.json, pushes.csv, timeline.csv and eval.csv say of the run so far."""
     record = RunConfigRecord.load_if_present(run_dir)
-    pushes = read_rows(run_dir / PUSHES_CSV, PushRow)
+    files = RunDir(run_dir)
+    pushes = read_rows(files.pushes, PushRow)
     if record is None and not pushes:
-        raise RunDirError(f"{run_dir}: not a run directory (no {SUMMARY_JSON}, config.json or {PUSHES_CSV})")
+        raise RunDirError(f"{run_dir}: not a run directory (no {SUMMARY_JSON}, {CONFIG_JSON} or {PUSHES_CSV})")
     run = dict(record.run) if record is not None else {}
-    steps = read_rows(run_dir / TIMELINE_CSV, StepRow)
-    evals = read_rows(run_dir / EVAL_CSV, EvalRow)
+    steps = read_rows(files.timeline, StepRow)
+    evals = read_rows(files.evals, EvalRow)
     histogram = collections.Counter(p.staleness for p in pushes)
     by_shard: dict[int, list[PushRow]] = collections.defaultdict(list)
     for p in pushes:
@@ -75,11 +76,11 @@ def summary_from_tables(run_dir: Path) -> RunSummary:
 
 def load_summary(run_dir: Path) -> RunSummary:
     """summary.json when the run wrote it, else the summary of its CSVs (stop reason UNFINISHED)."""
-    if (run_dir / SUMMARY_JSON).exists():
+    if RunDir(run_dir).summary.exists():
         return RunSummary.load(run_dir)
     return summary_from_tables(run_dir)
 
 
 def is_run_dir(path: Path) -> bool:
     """True for a directory a chief wrote: it has summary.json or at least config.json."""
-    return (path / SUMMARY_JSON).exists() or (path / CONFIG_JSON).exists()
+    return RunDir(path).summary.exists() or RunDir(path).config.exists()

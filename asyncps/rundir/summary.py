@@ -7,7 +7,8 @@ Keys this version does not know are ignored, so a newer chief's files still read
 Older run directories: no field has been renamed. The fields the chief has written since the first
 version are required; the three added later (`data`, `idle_fraction`, `max_clock_lead`) read as
 empty / 0 when absent, so run directories of earlier chiefs read; so do `start` and
-`staleness_steady` (the start barrier and the steady-state staleness). `final_train_loss` and
+`staleness_steady` (the start barrier and the steady-state staleness), and `measured_clock_lead`
+reads as None (not measured: the tools measure it from timeline.csv then). `final_train_loss` and
 `optimality_gap` exist only for datasets with a known optimum and are left out of the file
 otherwise (None here).
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 from asyncps.config import RunConfig
 from asyncps.rundir.atomic import write_json
-from asyncps.rundir.names import CONFIG_JSON, SUMMARY_JSON, RunDirError
+from asyncps.rundir.names import CONFIG_JSON, SUMMARY_JSON, RunDir, RunDirError
 
 #: The stop reason of a run stopped by a signal (Ctrl-C, SIGTERM): not a finished run.
 INTERRUPTED = "interrupted"
@@ -254,7 +255,7 @@ class RunSummary:
     staleness_steady: StalenessSummary | None = None
     # the largest clock lead measured by the chief from pushes.csv (asyncps.rundir.clocklead), and
     # SSP reads the shards refused (the worker repeated the call), by why: deadline, no_slot
-    measured_clock_lead: int = 0
+    measured_clock_lead: int | None = None  # None: written by a chief before it measured it
     reads_refused: dict[str, int] = field(default_factory=dict)
     # datasets with a known optimum only
     final_train_loss: float | None = None
@@ -286,7 +287,7 @@ class RunSummary:
         data["staleness_steady"] = None if self.staleness_steady is None else self.staleness_steady.to_dict()
         data["reads_refused"] = dict(self.reads_refused)
         data["metrics"] = dict(self.metrics)
-        for name in ("final_train_loss", "optimality_gap", "staleness_steady"):
+        for name in ("final_train_loss", "optimality_gap", "staleness_steady", "measured_clock_lead"):
             if data[name] is None:
                 del data[name]
         return data
@@ -315,7 +316,9 @@ class RunSummary:
                          for s in f.objects("shards")),
             data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
             max_clock_lead=f.number("max_clock_lead", 0.0), start=f.mapping("start", {}),
-            measured_clock_lead=f.integer("measured_clock_lead", 0), reads_refused=f.counts("reads_refused", {}),
+            measured_clock_lead=(f.integer("measured_clock_lead")
+                                 if f.get("measured_clock_lead", None) is not None else None),
+            reads_refused=f.counts("reads_refused", {}),
             staleness_steady=(StalenessSummary.read(f.obj("staleness_steady"))
                               if f.get("staleness_steady", None) is not None else None),
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
@@ -333,14 +336,14 @@ class RunSummary:
 
     def save(self, run_dir: Path) -> Path:
         """Write run_dir/summary.json atomically."""
-        path = run_dir / SUMMARY_JSON
+        path = RunDir(run_dir).summary
         write_json(path, self.to_dict())
         return path
 
     @classmethod
     def load(cls, run_dir: Path) -> RunSummary:
         """Read and validate run_dir/summary.json."""
-        path = run_dir / SUMMARY_JSON
+        path = RunDir(run_dir).summary
         return cls.from_dict(_load_object(path), str(path))
 
     def mean_idle_fraction(self) -> float:
@@ -369,7 +372,7 @@ class RunConfigRecord:
 
     def save(self, run_dir: Path) -> Path:
         """Write run_dir/config.json atomically."""
-        path = run_dir / CONFIG_JSON
+        path = RunDir(run_dir).config
         write_json(path, self.to_dict())
         return path
 
@@ -388,10 +391,10 @@ class RunConfigRecord:
     @classmethod
     def load(cls, run_dir: Path) -> RunConfigRecord:
         """Read and validate run_dir/config.json."""
-        path = run_dir / CONFIG_JSON
+        path = RunDir(run_dir).config
         return cls.from_dict(_load_object(path), str(path))
 
     @classmethod
     def load_if_present(cls, run_dir: Path) -> RunConfigRecord | None:
         """run_dir/config.json, or None when the directory has none."""
-        return cls.load(run_dir) if (run_dir / CONFIG_JSON).exists() else None
+        return cls.load(run_dir) if RunDir(run_dir).config.exists() else None

@@ -21,7 +21,7 @@ from asyncps.chief.main import ChiefConfig, run_chief
 from asyncps.config import RunConfig, coerce_settings
 from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
 from asyncps.ps.main import PsConfig, run_ps
-from asyncps.rundir import SUMMARY_JSON, RunSummary
+from asyncps.rundir import RunDir, RunSummary
 from asyncps.tools.local import LocalCluster, default_run_dir, run_local
 from asyncps.worker.main import WorkerConfig, run_worker
 
@@ -64,9 +64,10 @@ def train(model: str | Callable[..., Any] = "mlp", dataset: str | Callable[..., 
     where = Path(run_dir) if run_dir is not None else default_run_dir()
     env = {USER_PATH_ENV: os.pathsep.join(dict.fromkeys(dirs))} if dirs else None
     code = run_local(run, where, progress=progress, env=env, secure=secure)
-    if code != 0 or not (where / SUMMARY_JSON).exists():
-        raise TrainingFailed(f"asyncps.train: the chief exited with {code}; logs in {where / 'logs'}"
-                             + _last_error(where / "logs" / "chief.log"))
+    files = RunDir(where)
+    if code != 0 or not files.summary.exists():
+        raise TrainingFailed(f"asyncps.train: the chief exited with {code}; logs in {files.logs}"
+                             + _last_error(files.log("chief")))
     return RunSummary.load(where)
 
 

@@ -47,6 +47,15 @@ def _add(parser: argparse._ActionsContainer, flag: str, default: Any, help: str,
                         help=f"{help} (env {env}; default: %(default)s)", **kwargs)
 
 
+class _NotHere(argparse.Action):
+    """A flag that means something else here: a clear error instead of a silent other meaning."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} lists shard addresses (asyncps chief --ps HOST:PORT,...); "
+                     "the number of shards is --num-ps N")
+
+
 def add_run_flags(p: argparse.ArgumentParser, skip: Sequence[str] = (), only: Sequence[str] | None = None,
                   config_file: bool = True, title: str = "training run") -> None:
     """The flags of the RunConfig fields (all, or `only` these, less `skip`), generated from the fields'
@@ -384,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --secure: servers do not require client certificates (TLS instead of mTLS)")
     _add_metrics_port(p)
     add_run_flags(p)
+    # --ps lists shard addresses (asyncps chief); before 0.2 `local --ps N` was the count
+    p.add_argument("--ps", action=_NotHere, nargs="?", help=argparse.SUPPRESS,
+                   default=argparse.SUPPRESS)
     p.set_defaults(fn=cmd_local)
 
     p = sub.add_parser("health", help="check a server through the standard gRPC health service")

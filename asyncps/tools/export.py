@@ -15,14 +15,15 @@ from asyncps.chief.checkpoint import Checkpoint, CheckpointDir
 from asyncps.chief.lifecycle import save_model
 from asyncps.config import RunConfig, coerce_settings, read_settings_file
 from asyncps.ml.userfns import add_user_path, user_path_from_env
+from asyncps.rundir import CheckpointNames, RunDir
 
 
 def find_checkpoint(path: Path) -> Path:
     """The checkpoint at `path`: a ckpt-NNNNNNNN directory, or the newest one in a checkpoint root or in
     a run directory's ckpt/ (a run directory has a manifest.json of its own, but no model.npz)."""
-    if (path / "manifest.json").exists() and (path / "model.npz").exists():
+    if CheckpointNames.manifest(path).exists() and CheckpointNames.arrays(path).exists():
         return path
-    for root in (path, path / "ckpt"):
+    for root in (path, RunDir(path).checkpoints):
         complete = CheckpointDir(root).complete()
         if complete:
             return complete[-1]
@@ -35,8 +36,8 @@ def checkpoint_run_config(ckpt: Checkpoint, run_config: Path | None = None) -> R
         return RunConfig.from_layers(read_settings_file(run_config))
     recorded = ckpt.manifest.get("run")
     if not isinstance(recorded, dict):
-        raise ValueError(f"{ckpt.path}/manifest.json records no run settings: give --run-config")
-    return RunConfig.from_layers(coerce_settings(recorded, f"{ckpt.path}/manifest.json"))
+        raise ValueError(f"{CheckpointNames.manifest(ckpt.path)} records no run settings: give --run-config")
+    return RunConfig.from_layers(coerce_settings(recorded, str(CheckpointNames.manifest(ckpt.path))))
 
 
 def use_recorded_user_path(ckpt: Checkpoint) -> list[str]:

@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING
 from asyncps.config import RunConfig, env_names, run_options
 from asyncps.net.security import SecurityConfig
 from asyncps.procenv import process_env
-from asyncps.rundir import SUMMARY_JSON, RunSummary, wait_port_file
+from asyncps.rundir import RunDir, RunSummary, wait_port_file
 from asyncps.tools.memwatch import MemoryWatch
 from asyncps.tools.progress import StatusPoller, display_for
 from asyncps.transport import shmseg
@@ -85,7 +85,8 @@ class LocalCluster:
         self.max_restarts = max_restarts
         self.restarts: dict[str, int] = {}
         self.run_dir = run_dir
-        self.logs = run_dir / "logs"
+        self.files = RunDir(run_dir)
+        self.logs = self.files.logs
         # segments of this run are named asyncps-<tag>-..., so stop() can sweep any a worker killed
         # between creating and mapping one left behind
         self.shm_tag = f"run{os.getpid()}x{secrets.token_hex(3)}"
@@ -98,7 +99,7 @@ class LocalCluster:
         self._timeout_args = ["--chief-timeout", f"{run.chief_timeout_s:g}"]
 
     def _spawn(self, name: str, args: list[str]) -> Child:
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop(); appended on restarts
+        log = open(self.files.log(name), "ab")  # noqa: SIM115 - closed in stop(); appended on restarts
         proc = subprocess.Popen(
             [sys.executable, "-m", "asyncps.tools.cli", *args, *self._security_args.get(args[0], [])],
             stdout=log, stderr=subprocess.STDOUT,
@@ -113,11 +114,11 @@ class LocalCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         if self.secure:
             self._make_secrets()
-        config_file = self.logs / "run-config.json"
+        config_file = self.files.launch_config
         config_file.write_text(self.run.to_json())
         shards = []
         for i in range(self.run.num_ps):
-            port_file = self.logs / f"ps-{i}.port"
+            port_file = self.files.port_file(f"ps-{i}")
             port_file.unlink(missing_ok=True)
             shards.append((self._spawn(f"ps-{i}", ["ps", "--host", "127.0.0.1", "--port", "0", "--index", str(i),
                                                   "--chunk-bytes", str(self.run.chunk_bytes), *self._timeout_args,
@@ -128,13 +129,14 @@ class LocalCluster:
             self._ps_args[child.name] = ["ps", "--host", "127.0.0.1", "--port", str(port),
                                          "--index", child.name.split("-")[1],
                                          "--chunk-bytes", str(self.run.chunk_bytes), *self._timeout_args]
-        port_file = self.logs / "chief.port"
+        port_file = self.files.port_file("chief")
         port_file.unlink(missing_ok=True)
         args = ["chief", "--host", "127.0.0.1", "--ps", ",".join(self.ps_addresses),
                 "--workers", str(self.run.num_workers), "--run-dir", str(self.run_dir),
                 "--run-config", str(config_file), *(["--resume"] if self.resume else []),
                 *(["--metrics-port", str(self.metrics_port),
-                   "--metrics-port-file", str(self.logs / "chief.metrics.port")] if self.metrics_port >= 0 else [])]
+                   "--metrics-port-file", str(self.files.port_file("chief.metrics"))]
+                  if self.metrics_port >= 0 else [])]
         chief = self._spawn("chief", [*args, "--port", "0", "--port-file", str(port_file)])
         port = wait_port_file(port_file, port_timeout_s, chief.alive)
         self.chief_address = f"127.0.0.1:{port}"
@@ -148,7 +150,7 @@ class LocalCluster:
         a worker's credentials cannot call the shards' chief-only methods."""
         from asyncps.tools.devcerts import cert_paths, generate_dev_certs
 
-        secrets_dir = self.run_dir / "secrets"
+        secrets_dir = self.files.secrets
         secrets_dir.mkdir(mode=0o700, exist_ok=True)
         certs = cert_paths(secrets_dir) if (secrets_dir / "chief.pem").exists() else \
             generate_dev_certs(secrets_dir, overwrite=True)
@@ -298,12 +300,12 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     failed = {n: c for n, c in codes.items() if c != 0}
     if failed:
         print(f"asyncps local: non-zero exits {failed}; logs in {cluster.logs}", file=sys.stderr)
-    if (run_dir / SUMMARY_JSON).exists():
+    if RunDir(run_dir).summary.exists():
         s = RunSummary.load(run_dir)
         print(f"done: {s.updates_applied} updates in {s.wall_s:.1f}s ({s.throughput_updates_per_s:.1f}/s), "
               f"final test accuracy {s.final_eval.accuracy:.4f}, mean staleness {s.staleness.mean:.2f}")
-    print(f"peak memory: workers {mem['workers_total_mb']:.0f} MB ({mem['per_worker_mb']:.1f} MB per worker), "
-          f"all processes {mem['total_mb']:.0f} MB")
+    print(f"peak memory: workers {mem.workers_total_mb:.0f} MB ({mem.per_worker_mb:.1f} MB per worker), "
+          f"all processes {mem.total_mb:.0f} MB")
     print(f"run directory: {run_dir}")
     chief_code = codes.get("chief")
     return 1 if chief_code is None else chief_code

@@ -2,16 +2,16 @@
 
 Why: logical workers exist to fit many workers into one machine's memory, so a run must say what
 it used. The launcher samples every child while it runs (VmHWM only grows, so the last sample
-before a process exits is its peak) and writes memory.json into the run directory.
+before a process exits is its peak) and writes memory.json (asyncps.rundir.PeakMemory) into the run
+directory.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
-MEMORY_JSON = "memory.json"
+from asyncps.rundir import PeakMemory
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -36,16 +36,16 @@ class MemoryWatch:
         for name, pid in processes:
             self.peaks[name] = max(self.peaks.get(name, 0.0), peak_rss_mb(pid))
 
-    def summary(self, num_workers: int) -> dict[str, object]:
-        """memory.json: the peaks, the workers' total and the share of one (logical) worker."""
+    def summary(self, num_workers: int) -> PeakMemory:
+        """The peaks, the workers' total and the share of one (logical) worker."""
         workers = sum(mb for name, mb in self.peaks.items() if name.startswith("worker"))
-        return {"peak_rss_mb": {k: round(v, 1) for k, v in sorted(self.peaks.items())},
-                "workers_total_mb": round(workers, 1),
-                "total_mb": round(sum(self.peaks.values()), 1),
-                "per_worker_mb": round(workers / max(1, num_workers), 1)}
+        return PeakMemory(peak_rss_mb={k: round(v, 1) for k, v in sorted(self.peaks.items())},
+                          workers_total_mb=round(workers, 1),
+                          total_mb=round(sum(self.peaks.values()), 1),
+                          per_worker_mb=round(workers / max(1, num_workers), 1))
 
-    def write(self, run_dir: Path, num_workers: int) -> dict[str, object]:
+    def write(self, run_dir: Path, num_workers: int) -> PeakMemory:
         """Write run_dir/memory.json; return its content."""
         data = self.summary(num_workers)
-        (run_dir / MEMORY_JSON).write_text(json.dumps(data, indent=2) + "\n")
+        data.save(run_dir)
         return data

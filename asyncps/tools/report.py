@@ -27,13 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from asyncps.rundir import (
-    EVAL_CSV,
-    PUSHES_CSV,
-    TIMELINE_CSV,
     UNFINISHED,
     EvalRow,
     PushRow,
     RunConfigRecord,
+    RunDir,
     RunDirError,
     RunSummary,
     StepRow,
@@ -77,17 +75,17 @@ class RunData:
     @cached_property
     def evals(self) -> list[EvalRow]:
         """eval.csv."""
-        return read_rows(self.path / EVAL_CSV, EvalRow)
+        return read_rows(RunDir(self.path).evals, EvalRow)
 
     @cached_property
     def steps(self) -> list[StepRow]:
         """timeline.csv."""
-        return read_rows(self.path / TIMELINE_CSV, StepRow)
+        return read_rows(RunDir(self.path).timeline, StepRow)
 
     @cached_property
     def dropped_steps(self) -> set[tuple[int, int]]:
         """(worker, step) of every step whose gradient some shard dropped."""
-        return {(r.worker, r.step) for r in read_rows(self.path / PUSHES_CSV, PushRow) if not r.accepted}
+        return {(r.worker, r.step) for r in read_rows(RunDir(self.path).pushes, PushRow) if not r.accepted}
 
     @cached_property
     def metrics(self) -> dict[str, float]:

@@ -1,7 +1,23 @@
 """Transports between clients (workers, the chief, tools) and the parameter-server shards.
 
-`ShardTransport` (base.py) is the seam: domain types in and out. `connect_shard` picks the
-implementation for an address; `ModelClient` runs a whole model over any of them.
+The seam has two faces (base.py): a per-step `DataPath` (pull, push, push-pull) and the
+`ShardControl` face (initialize, stats, pause/hold, snapshot, restore, live workers, shutdown),
+always gRPC. `ShardClient` pairs them per shard; `connect_shard` builds one from the registry of
+transports (registry.py), which configuration and `--transport` read too; `ModelClient` runs a
+whole model over any of them.
+
+Adding a transport (say "tcp"), three files and nothing else:
+1. the client: `asyncps/transport/tcp.py` with a `DataPath` and its factory
+   `tcp_data_path(setup: ClientSetup, fallback: DataPath | None, required: bool) -> DataPath`
+   (`setup.link` is the shard's gRPC link, e.g. to ask for a data port; hand calls it cannot
+   carry to `fallback`; raise where `required` and the path cannot be set up);
+2. the shard adapter: `ps/tcp.py` with a factory `(ShardSide) -> ShardAdapter` over the shard's
+   one `ShardService` (asyncps.ps.adapter): the gRPC methods it answers, start and close;
+3. one entry in registry.py: `Transport("tcp", "<one-line help>", tcp_data_path,
+   "asyncps.ps.tcp:TcpAdapter", unavailable=..., auto_rank=...)`.
+connect_shard, RunConfig.transport's validation, `--transport`'s help, "auto" and the shard's
+start (asyncps.ps.main) then pick it up. Outcomes that steer a client (fall back, attach again)
+are asyncps.errors classes carried typed by asyncps.net.rpc (outcome_of), never message text.
 """
 
 from __future__ import annotations
@@ -11,15 +27,12 @@ from collections.abc import Sequence
 from asyncps.net.security import SecurityConfig
 from asyncps.placement import Placement
 from asyncps.transport import shmseg
-from asyncps.transport.base import InitResult, ShardTransport
-from asyncps.transport.grpc_shard import GrpcShardTransport
+from asyncps.transport.base import ClientSetup, DataPath, InitResult, ShardClient, ShardControl, ShardTransport
+from asyncps.transport.grpc_shard import FramesDataPath, GrpcShardControl, GrpcShardTransport, ShardLink
 from asyncps.transport.model import ModelClient, ShardPush
-from asyncps.transport.shm import MODES as _SHM_MODES
-from asyncps.transport.shm import ShmShardTransport
-from asyncps.transport.tcp import TcpShardTransport
+from asyncps.transport.registry import AUTO, TRANSPORTS, Transport, TransportRegistry
+from asyncps.transport.shm import ShmDataPath
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
-
-MODES = (*_SHM_MODES, "tcp")
 
 
 def connect_shard(
@@ -29,21 +42,18 @@ def connect_shard(
     security: SecurityConfig | None = None,
     call_timeout_s: float = 30.0,
     transport: str = "grpc",
-) -> ShardTransport:
-    """A transport to the shard at `address` (host:port): gRPC frames ("grpc"), shared memory
-    for the tensors when the shard can map this process's segments ("auto", else frames), or
-    shared memory required ("shm": an error when the shard is on another host), or a TCP data
-    connection ("tcp", gRPC frames when the shard's data port cannot be reached)."""
-    if transport not in MODES:
-        raise ValueError(f"transport {transport!r}: one of {', '.join(MODES)}")
-    inner = GrpcShardTransport(address, deadline_s, chunk_bytes, security, call_timeout_s)
-    if transport == "tcp":
-        return TcpShardTransport(inner, security)
-    if transport == "grpc" or (transport == "auto" and not shmseg.available()):
-        return inner
-    if not shmseg.available():
-        raise ValueError(f"transport shm: no writable {shmseg.SHM_DIR} on this host")
-    return ShmShardTransport(inner, transport)
+    registry: TransportRegistry = TRANSPORTS,
+) -> ShardClient:
+    """A client to the shard at `address` (host:port): the gRPC control face paired with the data
+    path the `transport` setting names in the registry ("auto": the best available path, each
+    falling back to the next; a name: that path required, e.g. "shm" is an error on another host)."""
+    link = ShardLink(address, deadline_s, security, call_timeout_s)
+    try:
+        data = registry.data_path(transport, ClientSetup(link, chunk_bytes, security))
+    except BaseException:
+        link.close()
+        raise
+    return ShardClient(GrpcShardControl(link, chunk_bytes), data)
 
 
 def connect_model(
@@ -64,5 +74,7 @@ def connect_model(
                                    for a in addresses], placement, worker_index, coordinated)
 
 
-__all__ = ["MODES", "GrpcShardTransport", "InitResult", "ModelClient", "ShardPush", "ShardTransport",
-           "ShmShardTransport", "TcpShardTransport", "connect_model", "connect_shard"]
+__all__ = ["AUTO", "TRANSPORTS", "ClientSetup", "DataPath", "FramesDataPath", "GrpcShardControl",
+           "GrpcShardTransport", "InitResult", "ModelClient", "ShardClient", "ShardControl", "ShardLink",
+           "ShardPush", "ShardTransport", "ShmDataPath", "Transport", "TransportRegistry", "connect_model",
+           "connect_shard", "shmseg"]

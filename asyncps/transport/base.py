@@ -1,20 +1,26 @@
-"""The transport seam: what the worker and the chief need from one shard, in domain types.
+"""The transport seam, in domain types: a per-step data path and a control face, paired per shard.
 
-A transport moves tensors and control messages between a client and one shard; the shard's
-decisions (versions, staleness, policies, modes, incarnations, validation) never depend on it.
-gRPC (asyncps.transport.grpc) is one implementation; protobuf stays inside it.
+A worker's step needs only the `DataPath` (pull, push, push-pull); the chief's calls (initialize,
+stats, pause/hold, snapshot, restore, live workers, shutdown) are the `ShardControl` face, always
+gRPC. `ShardClient` pairs one of each for one shard and is what callers hold (`ShardTransport` is
+its protocol). The shard's decisions (versions, staleness, policies, modes, incarnations,
+validation) never depend on the path a tensor took; protobuf stays inside the implementations.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Decisions, Held
+from asyncps.rules.sync.types import Decisions, Held
 from asyncps.wire.codec import Array
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
+
+if TYPE_CHECKING:
+    from asyncps.net.security import SecurityConfig
+    from asyncps.transport.grpc_shard import ShardLink
 
 
 @dataclass(frozen=True)
@@ -25,17 +31,20 @@ class InitResult:
     version: int
 
 
-class ShardTransport(Protocol):
-    """Typed calls to one shard. Errors are asyncps.errors exceptions or the transport's own
-    status errors; retries of transient failures happen inside."""
+@dataclass(frozen=True)
+class ClientSetup:
+    """What a transport's data-path factory is given for one shard: the shard's gRPC link (shared
+    with the control face: its channel, deadlines and retry policy), the frame size and the
+    cluster's security (a path of its own authenticates and encrypts as gRPC does)."""
 
-    address: str
+    link: ShardLink
+    chunk_bytes: int
+    security: SecurityConfig | None = None
 
-    def initialize(
-        self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
-        values: Mapping[str, Array], run_id: str = "",
-    ) -> InitResult:
-        """Send initial values and the update rule (idempotent on the shard for the same run)."""
+
+class DataPath(Protocol):
+    """What a worker does with one shard per step. Errors are asyncps.errors exceptions or the
+    path's own status errors; retries of transient failures happen inside."""
 
     def pull(
         self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
@@ -51,6 +60,21 @@ class ShardTransport(Protocol):
         read_wait_s: float = 0.0,
     ) -> tuple[PushOutcome, ShardValues]:
         """Push, then receive the values in the same round trip (held up to read_wait_s by sync/ssp)."""
+
+    def close(self) -> None:
+        """Release what the path holds (not the shared gRPC channel: the control face owns it)."""
+
+
+class ShardControl(Protocol):
+    """The chief's (and tools') calls to one shard: always gRPC, whatever the data path."""
+
+    address: str
+
+    def initialize(
+        self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
+        values: Mapping[str, Array], run_id: str = "",
+    ) -> InitResult:
+        """Send initial values and the update rule (idempotent on the shard for the same run)."""
 
     def stats(self, deadline_s: float | None = None) -> StoreStats:
         """The shard's counters and variable metadata."""
@@ -78,4 +102,81 @@ class ShardTransport(Protocol):
         """Release the connection."""
 
 
-__all__ = ["InitResult", "PushRequest", "ShardTransport"]
+class ShardTransport(DataPath, ShardControl, Protocol):
+    """Both faces to one shard (what ShardClient implements): a worker uses the data path, the
+    chief the control face."""
+
+
+class ShardClient:
+    """One shard's client: a control face and a data path paired (the data path may share the
+    control face's gRPC channel; closing the client closes the path first, then the control)."""
+
+    def __init__(self, control: ShardControl, data: DataPath) -> None:
+        self.control = control
+        self.data = data
+        self.address = control.address
+
+    # the data path: a worker's per-step calls
+    def pull(
+        self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+        wait_timeout_s: float = 0.0,
+    ) -> ShardValues:
+        """See DataPath.pull."""
+        return self.data.pull(worker_id, if_newer_than, buffers, wait_timeout_s)
+
+    def push(self, request: PushRequest) -> PushOutcome:
+        """See DataPath.push."""
+        return self.data.push(request)
+
+    def push_pull(
+        self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+        read_wait_s: float = 0.0,
+    ) -> tuple[PushOutcome, ShardValues]:
+        """See DataPath.push_pull."""
+        return self.data.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
+
+    # the control face: the chief's calls
+    def initialize(
+        self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
+        values: Mapping[str, Array], run_id: str = "",
+    ) -> InitResult:
+        """See ShardControl.initialize."""
+        return self.control.initialize(worker_id, shard_index, num_shards, rule, values, run_id)
+
+    def stats(self, deadline_s: float | None = None) -> StoreStats:
+        """See ShardControl.stats."""
+        return self.control.stats(deadline_s)
+
+    def pause(self, hold_s: float) -> int:
+        """See ShardControl.pause."""
+        return self.control.pause(hold_s)
+
+    def hold(self, hold_s: float, decisions_since: int = -1, sync: Decisions | None = None) -> Held:
+        """See ShardControl.hold."""
+        return self.control.hold(hold_s, decisions_since, sync)
+
+    def snapshot(self) -> Snapshot:
+        """See ShardControl.snapshot."""
+        return self.control.snapshot()
+
+    def restore(self, snap: Snapshot, shard_index: int) -> InitResult:
+        """See ShardControl.restore."""
+        return self.control.restore(snap, shard_index)
+
+    def set_live_workers(self, worker_ids: Sequence[str]) -> None:
+        """See ShardControl.set_live_workers."""
+        self.control.set_live_workers(worker_ids)
+
+    def shutdown(self, reason: str, deadline_s: float = 5.0) -> None:
+        """See ShardControl.shutdown."""
+        self.control.shutdown(reason, deadline_s)
+
+    def close(self) -> None:
+        """Close the data path, then the control face (and with it the shared channel)."""
+        try:
+            self.data.close()
+        finally:
+            self.control.close()
+
+
+__all__ = ["ClientSetup", "DataPath", "InitResult", "PushRequest", "ShardClient", "ShardControl", "ShardTransport"]

@@ -1,5 +1,8 @@
 """The gRPC transport to one shard: raw frames for tensor streams, protobuf for control calls,
-deadlines, and retries of transient failures only. Protobuf does not leave this module."""
+deadlines, and retries of transient failures only. Protobuf does not leave this module.
+
+`ShardLink` is the channel and its retry policy; `GrpcShardControl` is the control face over it and
+`FramesDataPath` the reference data path ("grpc" in asyncps.transport.registry)."""
 
 from __future__ import annotations
 
@@ -14,8 +17,8 @@ from asyncps.net.rpc import call_with_retry, make_channel
 from asyncps.net.security import SecurityConfig, secure_channel
 from asyncps.pb import ps_pb2
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Decisions, Held
-from asyncps.transport.base import InitResult
+from asyncps.rules.sync.types import Decisions, Held
+from asyncps.transport.base import ClientSetup, DataPath, InitResult, ShardClient
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
 from asyncps.wire.frames import identity, read_frames
 from asyncps.wire.proto import (
@@ -61,37 +64,112 @@ def _read_values(
     return header, ShardValues(header.version, header.incarnation, values, header.waited_s, decisions)
 
 
-class GrpcShardTransport:
-    """Typed calls to one shard over gRPC, with deadlines and retries of UNAVAILABLE only."""
+class ShardLink:
+    """One gRPC channel to one shard with its deadlines and retry policy: the control face and
+    every data path over gRPC share it, each building the method stubs it calls."""
 
     def __init__(
         self,
         address: str,
         deadline_s: float = 60.0,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         security: SecurityConfig | None = None,
         call_timeout_s: float = 30.0,
         seed: int | None = None,
     ) -> None:
         self.address = address
-        self.deadline_s = deadline_s
-        self.call_timeout_s = call_timeout_s
-        self._chunk_bytes = chunk_bytes
-        self._channel = secure_channel(address, security) if security else make_channel(address)
+        self.deadline_s = deadline_s  # how long a call keeps retrying UNAVAILABLE
+        self.call_timeout_s = call_timeout_s  # the deadline of one attempt
+        self.channel = secure_channel(address, security) if security else make_channel(address)
         self._rng = random.Random(seed)
-        ch = self.channel = self._channel
 
-        def path(method: str) -> str:
-            return f"/{SHARD_SERVICE}/{method}"
+    @staticmethod
+    def path(method: str) -> str:
+        """The full path of one of the shard service's methods."""
+        return f"/{SHARD_SERVICE}/{method}"
 
+    def retry(self, fn: Callable[[], T], deadline_s: float | None = None, training: bool = False) -> T:
+        """Call fn, retrying UNAVAILABLE (and, for training calls, a shard waiting to be restored)."""
+        codes = _TRAINING_RETRY if training else _RETRY
+        return call_with_retry(fn, f"parameter server {self.address}",
+                               self.deadline_s if deadline_s is None else deadline_s, retry_codes=codes,
+                               rng=self._rng)
+
+    def close(self) -> None:
+        """Close the channel."""
+        self.channel.close()
+
+
+class FramesDataPath:
+    """The reference data path: tensors as raw frames over the link's gRPC streams."""
+
+    def __init__(self, link: ShardLink, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        self.address = link.address
+        self._link = link
+        self._chunk_bytes = chunk_bytes
+        ch = link.channel
+        self._pull = ch.unary_stream(link.path("Pull"), request_serializer=ps_pb2.PullRequest.SerializeToString,
+                                     response_deserializer=identity)
+        self._push = ch.stream_unary(link.path("Push"), request_serializer=identity,
+                                     response_deserializer=ps_pb2.PushResult.FromString)
+        self._push_pull = ch.stream_stream(link.path("PushPull"), request_serializer=identity,
+                                           response_deserializer=identity)
+
+    def pull(
+        self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+        wait_timeout_s: float = 0.0,
+    ) -> ShardValues:
+        """The shard's values (into `buffers` where they fit), or None when not newer."""
+        request = ps_pb2.PullRequest(worker_id=worker_id, if_newer_than=if_newer_than,
+                                     wait_timeout_s=wait_timeout_s)
+
+        def call() -> ShardValues:
+            stream = self._pull(request, timeout=self._link.call_timeout_s + wait_timeout_s)
+            return _read_values(stream, buffers, "pull reply")[1]
+
+        return self._link.retry(call, training=True)
+
+    def push(self, request: PushRequest) -> PushOutcome:
+        """Apply or drop one gradient."""
+        header = push_header(request)
+        return outcome_from_proto(self._link.retry(
+            lambda: self._push(push_frames(header, request.grads, self._chunk_bytes),
+                               timeout=self._link.call_timeout_s)))
+
+    def push_pull(
+        self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+        read_wait_s: float = 0.0,
+    ) -> tuple[PushOutcome, ShardValues]:
+        """Push, then receive the values in one round trip (held up to read_wait_s by sync/ssp)."""
+        header = push_header(request, pull_if_newer_than, read_wait_s)
+
+        def call() -> tuple[PushOutcome, ShardValues]:
+            stream = self._push_pull(push_frames(header, request.grads, self._chunk_bytes),
+                                     timeout=self._link.call_timeout_s + read_wait_s)
+            reply_header, values = _read_values(stream, buffers, "push-pull reply")
+            return outcome_from_proto(reply_header.push), values
+
+        return self._link.retry(call, training=True)
+
+    def close(self) -> None:
+        """Nothing of its own: the channel is the link's (closed by the control face)."""
+
+
+def frames_data_path(setup: ClientSetup, fallback: DataPath | None, required: bool) -> DataPath:
+    """The registry's factory for "grpc": frames over the shard's gRPC link (needs no fallback)."""
+    return FramesDataPath(setup.link, setup.chunk_bytes)
+
+
+class GrpcShardControl:
+    """The control face of one shard over its gRPC link: protobuf calls, frames for whole states."""
+
+    def __init__(self, link: ShardLink, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        self.address = link.address
+        self.link = link
+        self._chunk_bytes = chunk_bytes
+        ch = link.channel
+        path = link.path
         self._initialize = ch.stream_unary(path("Initialize"), request_serializer=identity,
                                            response_deserializer=ps_pb2.InitializeResponse.FromString)
-        self._pull = ch.unary_stream(path("Pull"), request_serializer=ps_pb2.PullRequest.SerializeToString,
-                                     response_deserializer=identity)
-        self._push = ch.stream_unary(path("Push"), request_serializer=identity,
-                                     response_deserializer=ps_pb2.PushResult.FromString)
-        self._push_pull = ch.stream_stream(path("PushPull"), request_serializer=identity,
-                                           response_deserializer=identity)
         self._snapshot = ch.unary_stream(path("Snapshot"), request_serializer=ps_pb2.SnapshotRequest.SerializeToString,
                                          response_deserializer=identity)
         self._restore = ch.stream_unary(path("Restore"), request_serializer=identity,
@@ -106,13 +184,6 @@ class GrpcShardTransport:
         self._shutdown = ch.unary_unary(path("Shutdown"), request_serializer=ps_pb2.ShutdownRequest.SerializeToString,
                                         response_deserializer=ps_pb2.ShutdownResponse.FromString)
 
-    def retry(self, fn: Callable[[], T], deadline_s: float | None = None, training: bool = False) -> T:
-        """Call fn, retrying UNAVAILABLE (and, for training calls, a shard waiting to be restored)."""
-        codes = _TRAINING_RETRY if training else _RETRY
-        return call_with_retry(fn, f"parameter server {self.address}",
-                               self.deadline_s if deadline_s is None else deadline_s, retry_codes=codes,
-                               rng=self._rng)
-
     def initialize(
         self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
         values: Mapping[str, Array], run_id: str = "",
@@ -120,61 +191,26 @@ class GrpcShardTransport:
         """Send initial values and the update rule (idempotent on the shard for the same run)."""
         header = ps_pb2.InitializeHeader(worker_id=worker_id, shard_index=shard_index, num_shards=num_shards,
                                          rule=rule_to_proto(rule), run_id=run_id)
-        reply = self.retry(lambda: self._initialize(initialize_frames(header, values, self._chunk_bytes),
-                                                     timeout=self.call_timeout_s))
+        reply = self.link.retry(lambda: self._initialize(initialize_frames(header, values, self._chunk_bytes),
+                                                     timeout=self.link.call_timeout_s))
         return InitResult(reply.created, reply.version)
-
-    def pull(
-        self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-        wait_timeout_s: float = 0.0,
-    ) -> ShardValues:
-        """The shard's values (into `buffers` where they fit), or None when not newer."""
-        request = ps_pb2.PullRequest(worker_id=worker_id, if_newer_than=if_newer_than,
-                                     wait_timeout_s=wait_timeout_s)
-
-        def call() -> ShardValues:
-            stream = self._pull(request, timeout=self.call_timeout_s + wait_timeout_s)
-            return _read_values(stream, buffers, "pull reply")[1]
-
-        return self.retry(call, training=True)
-
-    def push(self, request: PushRequest) -> PushOutcome:
-        """Apply or drop one gradient."""
-        header = push_header(request)
-        return outcome_from_proto(self.retry(
-            lambda: self._push(push_frames(header, request.grads, self._chunk_bytes), timeout=self.call_timeout_s)))
-
-    def push_pull(
-        self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-        read_wait_s: float = 0.0,
-    ) -> tuple[PushOutcome, ShardValues]:
-        """Push, then receive the values in one round trip (held up to read_wait_s by sync/ssp)."""
-        header = push_header(request, pull_if_newer_than, read_wait_s)
-
-        def call() -> tuple[PushOutcome, ShardValues]:
-            stream = self._push_pull(push_frames(header, request.grads, self._chunk_bytes),
-                                     timeout=self.call_timeout_s + read_wait_s)
-            reply_header, values = _read_values(stream, buffers, "push-pull reply")
-            return outcome_from_proto(reply_header.push), values
-
-        return self.retry(call, training=True)
 
     def stats(self, deadline_s: float | None = None) -> StoreStats:
         """The shard's counters and variable metadata."""
-        return stats_from_proto(self.retry(
-            lambda: self._stats(ps_pb2.StatsRequest(), timeout=self.call_timeout_s), deadline_s))
+        return stats_from_proto(self.link.retry(
+            lambda: self._stats(ps_pb2.StatsRequest(), timeout=self.link.call_timeout_s), deadline_s))
 
     def pause(self, hold_s: float) -> int:
         """Hold pushes for up to hold_s seconds (0: release); returns the shard's version."""
         request = ps_pb2.PauseRequest(pause=hold_s > 0, max_hold_s=hold_s)
-        return int(self.retry(lambda: self._pause(request, timeout=self.call_timeout_s)).version)
+        return int(self.link.retry(lambda: self._pause(request, timeout=self.link.call_timeout_s)).version)
 
     def hold(self, hold_s: float, decisions_since: int = -1, sync: Decisions | None = None) -> Held:
         """A pause that also reads the coordinator's decisions or commits them on a follower."""
         request = ps_pb2.PauseRequest(pause=hold_s > 0, max_hold_s=hold_s, decisions_since=decisions_since)
         if sync is not None:
             request.sync.CopyFrom(decisions_to_proto(sync))
-        reply = self.retry(lambda: self._pause(request, timeout=self.call_timeout_s))
+        reply = self.link.retry(lambda: self._pause(request, timeout=self.link.call_timeout_s))
         decided = decisions_from_proto(reply.decided) if reply.HasField("decided") else None
         return Held(int(reply.version), reply.sync_follower, int(reply.sync_lineage), int(reply.sync_next_step),
                     decided)
@@ -183,31 +219,47 @@ class GrpcShardTransport:
         """The shard's whole state (values, slots, counters)."""
         def call() -> Snapshot:
             assembler = TensorAssembler()
-            stream = self._snapshot(ps_pb2.SnapshotRequest(), timeout=self.call_timeout_s * 4)
+            stream = self._snapshot(ps_pb2.SnapshotRequest(), timeout=self.link.call_timeout_s * 4)
             header = read_frames(stream, parse_snapshot, assembler, "snapshot")
             return snapshot_from_wire(header, assembler.finish())
 
-        return self.retry(call)
+        return self.link.retry(call)
 
     def restore(self, snap: Snapshot, shard_index: int) -> InitResult:
         """Replace the shard's state with a checkpoint's part."""
         header = snapshot_header(snap, shard_index)
-        reply = self.retry(lambda: self._restore(snapshot_frames(header, snap, self._chunk_bytes),
-                                                  timeout=self.call_timeout_s * 4))
+        reply = self.link.retry(lambda: self._restore(snapshot_frames(header, snap, self._chunk_bytes),
+                                                  timeout=self.link.call_timeout_s * 4))
         return InitResult(reply.created, reply.version)
 
     def set_live_workers(self, worker_ids: Sequence[str]) -> None:
         """Tell the shard which workers are alive."""
         request = ps_pb2.LiveWorkersRequest(worker_ids=worker_ids)
-        self.retry(lambda: self._live(request, timeout=self.call_timeout_s))
+        self.link.retry(lambda: self._live(request, timeout=self.link.call_timeout_s))
 
     def shutdown(self, reason: str, deadline_s: float = 5.0) -> None:
         """Ask the shard process to exit."""
-        self.retry(lambda: self._shutdown(ps_pb2.ShutdownRequest(reason=reason), timeout=deadline_s), deadline_s)
+        self.link.retry(lambda: self._shutdown(ps_pb2.ShutdownRequest(reason=reason), timeout=deadline_s), deadline_s)
 
     def close(self) -> None:
-        """Close the channel."""
-        self._channel.close()
+        """Close the link's channel (every data path over it stops too)."""
+        self.link.close()
 
 
-__all__ = ["GrpcShardTransport"]
+class GrpcShardTransport(ShardClient):
+    """Both faces to one shard over gRPC alone (control calls and frames): the reference client."""
+
+    def __init__(
+        self,
+        address: str,
+        deadline_s: float = 60.0,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        security: SecurityConfig | None = None,
+        call_timeout_s: float = 30.0,
+        seed: int | None = None,
+    ) -> None:
+        link = ShardLink(address, deadline_s, security, call_timeout_s, seed)
+        super().__init__(GrpcShardControl(link, chunk_bytes), FramesDataPath(link, chunk_bytes))
+
+
+__all__ = ["FramesDataPath", "GrpcShardControl", "GrpcShardTransport", "ShardLink", "frames_data_path"]

@@ -14,9 +14,10 @@ import numpy as np
 
 from asyncps.errors import InvalidArgumentError
 from asyncps.placement import Placement
+from asyncps.rules.sync.client import WorkerStep, coordinated_step
 from asyncps.transport.base import ShardTransport
 from asyncps.wire.codec import Array, Gradient, SparseRows
-from asyncps.wire.shard import Ballot, Decisions, PushOutcome, PushRequest, ShardValues
+from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
 
 T = TypeVar("T")
 
@@ -57,7 +58,7 @@ class ModelClient:
             full = self.values[part.variable]
             self._views[part.shard][part.name] = full[part.rows()] if part.sliced else full
         self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="shard")
-        # sync over several shards: shard 0 decides each step for all (asyncps.rules.modes.SyncFollower)
+        # sync over several shards: shard 0 decides each step for all (asyncps.rules.sync)
         self.coordinated = coordinated
 
     def _on_all(self, fn: Callable[[int], T]) -> list[T]:
@@ -135,31 +136,10 @@ class ModelClient:
         self, per_shard: list[dict[str, Gradient]], step: int, loss: float, read_wait_s: float,
         base: list[int], incarnations: list[int],
     ) -> list[ShardPush]:
-        """One sync step decided by shard 0 for every shard: stage on the followers, vote at
-        shard 0 (held until the step is decided), commit and pull on the followers."""
-        ballot = Ballot(base[0], incarnations[0])
-        followers = list(range(1, len(self.shards)))
-
-        def request(shard: int) -> PushRequest:
-            return PushRequest(self.worker_id, base[shard], per_shard[shard], step, loss, incarnations[shard], ballot,
-                               worker_index=self.worker_index)
-
-        staged = dict(zip(followers, self._pool.map(lambda s: self.shards[s].push(request(s)), followers),
-                          strict=True))
-        outcome, reply = self.shards[0].push_pull(request(0), -1, self._views[0], read_wait_s)
-        self._accept(0, reply)
-        results = [ShardPush(0, outcome, reply.version, reply.waited_s)]
-        decisions = reply.decisions or Decisions(reply.incarnation)
-
-        def commit(shard: int) -> ShardPush:
-            done = PushRequest(self.worker_id, base[shard], {}, step, loss, incarnations[shard], ballot, decisions,
-                               self.worker_index)
-            verdict, values = self.shards[shard].push_pull(done, -1, self._views[shard], 0.0)
-            self._accept(shard, values)
-            # a gradient dropped when staged is dropped; otherwise the commit says what became of it
-            return ShardPush(shard, staged[shard] if not staged[shard].accepted else verdict, values.version)
-
-        return results + list(self._pool.map(commit, followers))
+        """One step decided by shard 0 for every shard (asyncps.rules.sync.client)."""
+        work = WorkerStep(self.worker_id, per_shard, step, loss, base, incarnations, self.worker_index)
+        done = coordinated_step(work, self.shards, self._views, read_wait_s, self._accept, self._pool.map)
+        return [ShardPush(d.shard, d.outcome, d.version, d.waited_s) for d in done]
 
     def close(self) -> None:
         """Close every transport and the thread pool."""

@@ -5,9 +5,11 @@ dense gradient part, asks the shard to map it (AttachShm, proven by a token), an
 name right after: nothing is left in /dev/shm whatever happens to either process later. A push
 then writes the gradients into the segment and sends only a small ShmPushPull; the shard copies
 them out, decides exactly as for a framed push, and writes the new values back into the
-segment. When the segment cannot be seen (another host) the shard says so and this transport
-uses gRPC frames instead; when a restarted shard has forgotten the mapping, a fresh segment is
-attached. Sparse gradients always travel as frames.
+segment. When the segment cannot be seen (another host) the shard says so with a typed outcome
+(errors.PathNotVisibleError) and this path hands every call to its fallback (the next path of
+"auto"; an error when shm was asked for by name); when a restarted shard has forgotten the mapping
+(errors.AttachAgainError), a fresh segment is attached. Sparse gradients always travel through
+the fallback (gRPC frames). The control calls are not this path's: see ShardClient.
 """
 
 from __future__ import annotations
@@ -15,27 +17,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 
-from asyncps.errors import FailedPreconditionError
+from asyncps.errors import AttachAgainError, FailedPreconditionError, PathNotVisibleError
+from asyncps.net.rpc import outcome_of
 from asyncps.pb import ps_pb2, tensor_pb2
-from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Decisions, Held
 from asyncps.transport import shmseg
-from asyncps.transport.base import InitResult
-from asyncps.transport.grpc_shard import GrpcShardTransport
+from asyncps.transport.base import ClientSetup, DataPath
+from asyncps.transport.grpc_shard import FramesDataPath, ShardLink
 from asyncps.wire.codec import Array, SparseRows, dtype_to_proto
-from asyncps.wire.proto import SHARD_SERVICE, decisions_from_proto, outcome_from_proto, push_header
-from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
+from asyncps.wire.proto import decisions_from_proto, outcome_from_proto, push_header
+from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "grpc", "shm")
 T = TypeVar("T")
 _NEVER_NEWER = (1 << 63) - 1  # pull_if_newer_than of a push: no values come back
 
@@ -85,25 +85,25 @@ class _Mapping:
         self.grad_chunks = {name: _Layout.chunk(name, w) for name, w in layout.grads.items()}
 
 
-class ShmShardTransport:
-    """A shard on the same host: ShardTransport over gRPC headers and shared-memory tensors."""
+class ShmDataPath:
+    """A shard on the same host: a DataPath with gRPC headers over the shard's link and the
+    tensors in shared memory; `fallback` carries what the segment cannot (sparse gradients, a
+    shard on another host)."""
 
-    def __init__(self, inner: GrpcShardTransport, mode: str = "auto") -> None:
-        if mode not in ("auto", "shm"):
-            raise ValueError(f"shared-memory transport mode {mode!r}: auto or shm")
-        self.address = inner.address
-        self._inner = inner
-        self._mode = mode
+    def __init__(self, link: ShardLink, fallback: DataPath, required: bool = False) -> None:
+        self.address = link.address
+        self._link = link
+        self._fallback = fallback
+        self._required = required  # asked for by name: a shard that cannot see the segment is an error
         self._lock = threading.Lock()
         self._mapping: _Mapping | None = None
-        self._unavailable = False  # the shard cannot see our segments: frames from now on
-        channel = inner.channel
-        self._attach = channel.unary_unary(f"/{SHARD_SERVICE}/AttachShm",
-                                           request_serializer=ps_pb2.AttachShmRequest.SerializeToString,
-                                           response_deserializer=ps_pb2.AttachShmResponse.FromString)
-        self._push_pull = channel.unary_unary(f"/{SHARD_SERVICE}/ShmPushPull",
-                                              request_serializer=ps_pb2.ShmPushPullRequest.SerializeToString,
-                                              response_deserializer=ps_pb2.PullHeader.FromString)
+        self._unavailable = False  # the shard cannot see our segments: the fallback from now on
+        self._attach = link.channel.unary_unary(link.path("AttachShm"),
+                                                request_serializer=ps_pb2.AttachShmRequest.SerializeToString,
+                                                response_deserializer=ps_pb2.AttachShmResponse.FromString)
+        self._push_pull = link.channel.unary_unary(link.path("ShmPushPull"),
+                                                   request_serializer=ps_pb2.ShmPushPullRequest.SerializeToString,
+                                                   response_deserializer=ps_pb2.PullHeader.FromString)
 
     @property
     def uses_shared_memory(self) -> bool:
@@ -117,23 +117,23 @@ class ShmShardTransport:
         request = ps_pb2.AttachShmRequest(
             worker_id=worker_id, segment=segment.name, segment_bytes=segment.size, token=segment.token,
             values=[_Layout.chunk(n, w) for n, w in layout.values.items()])
-        give_up = time.monotonic() + self._inner.deadline_s
+        give_up = time.monotonic() + self._link.deadline_s
         try:
             while True:
                 try:
-                    reply = self._inner.retry(lambda: self._attach(request, timeout=self._inner.call_timeout_s))
+                    reply = self._link.retry(lambda: self._attach(request, timeout=self._link.call_timeout_s))
                     break
                 except grpc.RpcError as exc:
-                    code, details = exc.code(), exc.details() or ""  # type: ignore[attr-defined]
-                    if code != grpc.StatusCode.FAILED_PRECONDITION:
-                        raise
-                    if "not visible" in details:
-                        if self._mode != "auto":
+                    outcome = outcome_of(exc)
+                    if outcome is PathNotVisibleError:
+                        if self._required:
                             raise
-                        log.info("shard %s cannot map this worker's shared memory (%s): using gRPC frames",
-                                 self.address, details)
+                        log.info("shard %s cannot map this worker's shared memory (%s): using the fallback",
+                                 self.address, exc.details())  # type: ignore[attr-defined]
                         self._unavailable = True
                         return None
+                    if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
+                        raise
                     if time.monotonic() > give_up:  # e.g. a restarted shard never restored
                         raise
                     time.sleep(0.05)  # a restarted shard waiting for the chief to restore it
@@ -155,9 +155,7 @@ class ShmShardTransport:
                 try:
                     return call(mapping)
                 except grpc.RpcError as exc:
-                    forgotten = (exc.code() == grpc.StatusCode.FAILED_PRECONDITION  # type: ignore[attr-defined]
-                                 and "attach again" in (exc.details() or ""))  # type: ignore[attr-defined]
-                    if not forgotten or attempt:
+                    if outcome_of(exc) is not AttachAgainError or attempt:
                         raise
                     self._mapping = None  # a restarted shard: map a fresh segment
             raise AssertionError("unreachable")
@@ -175,7 +173,7 @@ class ShmShardTransport:
                 outcome, values = done
                 assert outcome is not None
                 return outcome, values
-        return self._inner.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
+        return self._fallback.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
 
     def pull(self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
              wait_timeout_s: float = 0.0) -> ShardValues:
@@ -186,7 +184,7 @@ class ShmShardTransport:
                                 lambda m: self._exchange(m, request, if_newer_than, buffers, wait_timeout_s, True))
             if done is not None:
                 return done[1]
-        return self._inner.pull(worker_id, if_newer_than, buffers, wait_timeout_s)
+        return self._fallback.pull(worker_id, if_newer_than, buffers, wait_timeout_s)
 
     def push(self, request: PushRequest) -> PushOutcome:
         """One gradient through the segment already mapped (no values come back), else over frames."""
@@ -198,7 +196,7 @@ class ShmShardTransport:
                                 lambda m: self._exchange(m, request, _NEVER_NEWER, buffers, 0.0))
             if done is not None and done[0] is not None:
                 return done[0]
-        return self._inner.push(request)
+        return self._fallback.push(request)
 
     def _exchange(
         self, mapping: _Mapping, request: PushRequest, pull_if_newer_than: int, buffers: Mapping[str, Array],
@@ -215,8 +213,8 @@ class ShmShardTransport:
         header = push_header(request, pull_if_newer_than, read_wait_s)
         message = ps_pb2.ShmPushPullRequest(header=header, attachment=mapping.attachment, grads=chunks,
                                             pull_only=pull_only)
-        # UNAVAILABLE only: a restarted shard answers FAILED_PRECONDITION "attach again" at once
-        reply = self._inner.retry(lambda: self._push_pull(message, timeout=self._inner.call_timeout_s + read_wait_s))
+        # UNAVAILABLE only: a restarted shard answers AttachAgainError (FAILED_PRECONDITION) at once
+        reply = self._link.retry(lambda: self._push_pull(message, timeout=self._link.call_timeout_s + read_wait_s))
         values: dict[str, Array] | None = None
         if not reply.not_modified:
             for name, value in mapping.values.items():
@@ -227,43 +225,9 @@ class ShmShardTransport:
         decisions = decisions_from_proto(reply.sync) if reply.HasField("sync") else None
         return outcome, ShardValues(reply.version, reply.incarnation, values, reply.waited_s, decisions)
 
-    # everything else is the gRPC transport's
-    def initialize(self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
-                   values: Mapping[str, Array], run_id: str = "") -> InitResult:
-        """See ShardTransport."""
-        return self._inner.initialize(worker_id, shard_index, num_shards, rule, values, run_id)
-
-    def stats(self, deadline_s: float | None = None) -> StoreStats:
-        """See ShardTransport."""
-        return self._inner.stats(deadline_s)
-
-    def pause(self, hold_s: float) -> int:
-        """See ShardTransport."""
-        return self._inner.pause(hold_s)
-
-    def hold(self, hold_s: float, decisions_since: int = -1, sync: Decisions | None = None) -> Held:
-        """See ShardTransport."""
-        return self._inner.hold(hold_s, decisions_since, sync)
-
-    def snapshot(self) -> Snapshot:
-        """See ShardTransport."""
-        return self._inner.snapshot()
-
-    def restore(self, snap: Snapshot, shard_index: int) -> InitResult:
-        """See ShardTransport."""
-        return self._inner.restore(snap, shard_index)
-
-    def set_live_workers(self, worker_ids: Sequence[str]) -> None:
-        """See ShardTransport."""
-        self._inner.set_live_workers(worker_ids)
-
-    def shutdown(self, reason: str, deadline_s: float = 5.0) -> None:
-        """See ShardTransport."""
-        self._inner.shutdown(reason, deadline_s)
-
     def close(self) -> None:
-        """Close the channel and unmap the segment."""
-        self._inner.close()
+        """Unmap the segment and close the fallback (the channel is the link's, closed by the control)."""
+        self._fallback.close()
         with self._lock:
             if self._mapping is not None:
                 self._mapping.values.clear()
@@ -271,4 +235,10 @@ class ShmShardTransport:
                 self._mapping = None
 
 
-__all__ = ["MODES", "ShmShardTransport"]
+def shm_data_path(setup: ClientSetup, fallback: DataPath | None, required: bool) -> DataPath:
+    """The registry's factory for "shm": shared memory over the link, with the next path of "auto"
+    (or gRPC frames) as the fallback; `required` when shm was asked for by name."""
+    return ShmDataPath(setup.link, fallback or FramesDataPath(setup.link, setup.chunk_bytes), required)
+
+
+__all__ = ["ShmDataPath", "shm_data_path"]

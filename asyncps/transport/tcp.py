@@ -1,4 +1,5 @@
-"""The lean TCP data path to one shard: pull, push and push-pull over one persistent connection.
+"""The client of the "tcp" transport: pull, push and push-pull to one shard over one persistent
+TCP connection (TcpDataPath, built by the registry's factory tcp_data_path).
 
 gRPC stays the control plane: it tells this client where the shard's data port is (DataPort)
 and carries everything else. Per step, a request and its reply are each one prefixed frame
@@ -9,7 +10,8 @@ token, runs over TLS when the cluster does, and is re-opened with backoff when i
 shard restart: the new shard's port is asked again). Errors are asyncps.errors exceptions of the
 same kinds as the gRPC path's status codes; UNAVAILABLE (and, for training calls, a shard not
 yet restored) is retried until deadline_s, then Unreachable, as over gRPC. When the shard has
-no data port, or it cannot be reached, DataPortUnavailable says so (the caller uses gRPC frames).
+no data port, or it cannot be reached, DataPortUnavailable says so and TcpDataPath hands this and
+every later call to its fallback (gRPC frames).
 """
 
 from __future__ import annotations
@@ -31,14 +33,12 @@ from asyncps.errors import FailedPreconditionError, InvalidArgumentError, Unavai
 from asyncps.net.rpc import Unreachable, error_of
 from asyncps.net.security import SecurityConfig
 from asyncps.pb import ps_pb2, tensor_pb2
-from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.modes import Decisions, Held
-from asyncps.transport.base import InitResult
-from asyncps.transport.grpc_shard import GrpcShardTransport
+from asyncps.transport.base import ClientSetup, DataPath
+from asyncps.transport.grpc_shard import FramesDataPath, ShardLink
 from asyncps.wire.codec import Array, _checked_nbytes, dtype_from_proto
 from asyncps.wire.frames import Slice, gradient_slices
-from asyncps.wire.proto import SHARD_SERVICE, decisions_from_proto, outcome_from_proto, push_header
-from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
+from asyncps.wire.proto import decisions_from_proto, outcome_from_proto, push_header
+from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
 from asyncps.wire.stream import (
     BROKEN_FRAME,
     MAX_FRAME_BYTES,
@@ -65,9 +65,9 @@ def _split_host(address: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
-class TcpDataPath:
+class TcpConnection:
     """Pull, push and push-pull to one shard over a persistent TCP connection (thread-safe: one
-    exchange at a time)."""
+    exchange at a time); DataPortUnavailable when there is no data port to connect to."""
 
     def __init__(self, address: str, data_port: Callable[[], int], security: SecurityConfig | None = None,
                  deadline_s: float = 60.0, call_timeout_s: float = 30.0,
@@ -243,98 +243,72 @@ def _values(reply: ps_pb2.TcpReply, values: dict[str, Array]) -> ShardValues:
                        header.waited_s, decisions)
 
 
-class TcpShardTransport:
-    """A ShardTransport whose per-step tensors travel over TCP and everything else over gRPC; gRPC
-    frames carry the tensors too when the shard's data port cannot be reached. (At the transport
-    registry this is one entry: the control face is gRPC's, the data path a TcpDataPath.)"""
+class TcpDataPath:
+    """The "tcp" data path to one shard: per-step tensors over a TcpConnection to the data port the
+    shard announces over the link (DataPort); `fallback` (gRPC frames) from the first time the
+    shard has no data port or it cannot be reached (DataPortUnavailable)."""
 
-    def __init__(self, inner: GrpcShardTransport, security: SecurityConfig | None = None,
+    def __init__(self, link: ShardLink, fallback: DataPath, security: SecurityConfig | None = None,
                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
-        self.address = inner.address
-        self._inner = inner
-        ask = inner.channel.unary_unary(f"/{SHARD_SERVICE}/DataPort",
-                                        request_serializer=ps_pb2.DataPortRequest.SerializeToString,
-                                        response_deserializer=ps_pb2.DataPortResponse.FromString)
+        self.address = link.address
+        self._fallback = fallback
+        ask = link.channel.unary_unary(link.path("DataPort"),
+                                       request_serializer=ps_pb2.DataPortRequest.SerializeToString,
+                                       response_deserializer=ps_pb2.DataPortResponse.FromString)
 
         def data_port() -> int:
-            reply = inner.retry(lambda: ask(ps_pb2.DataPortRequest(), timeout=inner.call_timeout_s))
+            reply = link.retry(lambda: ask(ps_pb2.DataPortRequest(), timeout=link.call_timeout_s))
             return int(reply.port)
 
-        self._path: TcpDataPath | None = TcpDataPath(inner.address, data_port, security, inner.deadline_s,
-                                                     inner.call_timeout_s, connect_timeout_s)
+        self._connection: TcpConnection | None = TcpConnection(link.address, data_port, security, link.deadline_s,
+                                                               link.call_timeout_s, connect_timeout_s)
 
     @property
     def uses_tcp(self) -> bool:
-        """Whether per-step tensors still travel over TCP (False after a fall back to gRPC frames)."""
-        return self._path is not None
+        """Whether per-step tensors still travel over TCP (False after a fall back)."""
+        return self._connection is not None
 
-    def _data(self, over_tcp: Callable[[TcpDataPath], T], over_grpc: Callable[[], T]) -> T:
-        path = self._path
-        if path is not None:
+    def _data(self, over_tcp: Callable[[TcpConnection], T], over_fallback: Callable[[DataPath], T]) -> T:
+        connection = self._connection
+        if connection is not None:
             try:
-                return over_tcp(path)
+                return over_tcp(connection)
             except DataPortUnavailable as exc:
-                log.warning("%s: using gRPC frames", exc)
-                path.close()
-                self._path = None
-        return over_grpc()
+                log.warning("%s: using the fallback path", exc)
+                connection.close()
+                self._connection = None
+        return over_fallback(self._fallback)
 
     def pull(self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
              wait_timeout_s: float = 0.0) -> ShardValues:
-        """See TcpDataPath.pull."""
-        return self._data(lambda p: p.pull(worker_id, if_newer_than, buffers, wait_timeout_s),
-                          lambda: self._inner.pull(worker_id, if_newer_than, buffers, wait_timeout_s))
+        """See DataPath.pull."""
+        return self._data(lambda c: c.pull(worker_id, if_newer_than, buffers, wait_timeout_s),
+                          lambda f: f.pull(worker_id, if_newer_than, buffers, wait_timeout_s))
 
     def push(self, request: PushRequest) -> PushOutcome:
-        """See TcpDataPath.push."""
-        return self._data(lambda p: p.push(request), lambda: self._inner.push(request))
+        """See DataPath.push."""
+        return self._data(lambda c: c.push(request), lambda f: f.push(request))
 
     def push_pull(self, request: PushRequest, pull_if_newer_than: int = -1,
                   buffers: Mapping[str, Array] | None = None, read_wait_s: float = 0.0
                   ) -> tuple[PushOutcome, ShardValues]:
-        """See TcpDataPath.push_pull."""
-        return self._data(lambda p: p.push_pull(request, pull_if_newer_than, buffers, read_wait_s),
-                          lambda: self._inner.push_pull(request, pull_if_newer_than, buffers, read_wait_s))
-
-    # the control face is gRPC's
-    def initialize(self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
-                   values: Mapping[str, Array], run_id: str = "") -> InitResult:
-        """See ShardTransport."""
-        return self._inner.initialize(worker_id, shard_index, num_shards, rule, values, run_id)
-
-    def stats(self, deadline_s: float | None = None) -> StoreStats:
-        """See ShardTransport."""
-        return self._inner.stats(deadline_s)
-
-    def pause(self, hold_s: float) -> int:
-        """See ShardTransport."""
-        return self._inner.pause(hold_s)
-
-    def hold(self, hold_s: float, decisions_since: int = -1, sync: Decisions | None = None) -> Held:
-        """See ShardTransport."""
-        return self._inner.hold(hold_s, decisions_since, sync)
-
-    def snapshot(self) -> Snapshot:
-        """See ShardTransport."""
-        return self._inner.snapshot()
-
-    def restore(self, snap: Snapshot, shard_index: int) -> InitResult:
-        """See ShardTransport."""
-        return self._inner.restore(snap, shard_index)
-
-    def set_live_workers(self, worker_ids: Sequence[str]) -> None:
-        """See ShardTransport."""
-        self._inner.set_live_workers(worker_ids)
-
-    def shutdown(self, reason: str, deadline_s: float = 5.0) -> None:
-        """See ShardTransport."""
-        self._inner.shutdown(reason, deadline_s)
+        """See DataPath.push_pull."""
+        return self._data(lambda c: c.push_pull(request, pull_if_newer_than, buffers, read_wait_s),
+                          lambda f: f.push_pull(request, pull_if_newer_than, buffers, read_wait_s))
 
     def close(self) -> None:
-        """Close the data connection and the channel."""
-        if self._path is not None:
-            self._path.close()
-        self._inner.close()
+        """Close the data connection and the fallback (the channel is the link's, closed by the control)."""
+        connection = self._connection
+        if connection is not None:
+            connection.close()
+        self._fallback.close()
 
 
-__all__ = ["DataPortUnavailable", "TcpDataPath", "TcpShardTransport"]
+def tcp_data_path(setup: ClientSetup, fallback: DataPath | None, required: bool) -> DataPath:
+    """The registry's factory for "tcp": a TCP data connection per shard, with the next path of
+    "auto" (gRPC frames) as the fallback, named or not: a shard without a reachable data port
+    (an older shard, --data-port -1, a port a firewall drops) is served over frames, and says so."""
+    return TcpDataPath(setup.link, fallback or FramesDataPath(setup.link, setup.chunk_bytes), setup.security)
+
+
+__all__ = ["DataPortUnavailable", "TcpConnection", "TcpDataPath", "tcp_data_path"]

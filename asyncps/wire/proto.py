@@ -14,7 +14,7 @@ import numpy as np
 from asyncps.errors import InvalidArgumentError
 from asyncps.pb import coordinator_pb2, ps_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.rules.modes import SyncStep
+from asyncps.rules.sync.types import SyncStep
 from asyncps.wire.codec import Array, Gradient, SparseRows, dtype_from_proto, dtype_to_proto
 from asyncps.wire.frames import frames, gradient_slices, parser, tensor_slices
 from asyncps.wire.shard import Ballot, Decisions, DropReason, PushOutcome, PushRequest, Snapshot, StoreStats

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.drops import DropReason
-from asyncps.rules.modes import Ballot, Decisions
+from asyncps.rules.sync.types import Ballot, Decisions
 from asyncps.wire.codec import Array, Gradient
 
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from asyncps.rules.drops import DropReason
-from asyncps.rules.modes import Consistency, ModeSpec, SyncConsistency
+from asyncps.rules.modes import Consistency, ModeSpec
 from asyncps.rules.optimizers import Optimizer
 from asyncps.rules.policies import Decision, PushContext, StalenessPolicy
 from asyncps.rules.registry import param
+from asyncps.rules.sync.bsp import SyncConsistency
 
 
 @dataclass(frozen=True)
@@ -57,5 +58,5 @@ class FirstWins(ModeSpec):
         """Sync with every worker but one a backup: the rest of a step arrives late and is dropped.
 
         Each shard decides on its own here (a one-shard example): the built-in sync mode shows how
-        shard 0 decides for all of them (asyncps.rules.modes.SyncFollower)."""
+        shard 0 decides for all of them (asyncps.rules.sync)."""
         return SyncConsistency(num_workers, num_workers - 1)

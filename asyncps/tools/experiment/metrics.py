@@ -4,33 +4,30 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from asyncps.rundir import (
-    EVAL_CSV,
-    PUSHES_CSV,
-    SUMMARY_JSON,
-    TIMELINE_CSV,
     EvalRow,
+    PeakMemory,
     PushRow,
     RunConfigRecord,
+    RunDir,
+    RunSummary,
     StepRow,
     load_summary,
     read_rows,
 )
 from asyncps.tools.experiment.errors import ExperimentError
-from asyncps.tools.memwatch import MEMORY_JSON
 
 #: The metrics of every point, in results.csv order; checks and targets refer to them by name.
 METRICS: tuple[str, ...] = (
     "updates", "wall_s", "updates_per_s", "gradients_per_s", "staleness_mean", "staleness_steady_mean",
     "staleness_p95", "staleness_max", "dropped_pct", "idle_pct", "time_to_target_s", "updates_to_target",
     "final_accuracy", "final_loss", "optimality_gap", "clock_lead", "late_workers", "worker_mb", "loss_rebound",
-    "run_s",
+    "run_s", "gap_tail",
 )
 
 
@@ -95,6 +92,22 @@ def loss_rebound(evals: Sequence[EvalRow]) -> float:
     return rise
 
 
+#: The share of a run, by applied updates, over which gap_tail averages.
+TAIL_FRACTION = 0.5
+
+
+def gap_tail(evals: Sequence[EvalRow], floor: float, fraction: float = TAIL_FRACTION) -> float:
+    """The mean test loss above `floor` (the optimum's) over the evaluations in the last `fraction`
+    of the run's updates. At a learning rate large enough for staleness to matter, SGD keeps
+    wandering around the optimum, so the final gap is one sample of a fluctuating quantity; the
+    mean over the tail estimates the level the run settled at, with a smaller spread."""
+    if not evals:
+        return math.nan
+    last = max(row.updates for row in evals)
+    tail = [row.loss - floor for row in evals if row.updates >= (1.0 - fraction) * last]
+    return sum(tail) / len(tail)
+
+
 def steady_staleness(pushes: Sequence[PushRow]) -> float:
     """Mean staleness of the pushes after every worker's first push: without start-up skew (workers
     joining one by one) and the first step's TensorFlow tracing, which make a few pushes very stale."""
@@ -130,21 +143,18 @@ def start_lead(steps: Sequence[StepRow]) -> float:
 def clock_lead(run_dir: Path) -> float:
     """The run's largest clock lead measured independently of the shards: summary.json's
     `measured_clock_lead` where the chief wrote one (from pushes.csv), else start_lead of timeline.csv."""
+    files = RunDir(run_dir)
     # an unfinished or crashed run (asyncps report reads those too) has no summary.json yet
-    raw = json.loads((run_dir / SUMMARY_JSON).read_text()) if (run_dir / SUMMARY_JSON).exists() else {}
-    value = raw.get("measured_clock_lead")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return start_lead(read_rows(run_dir / TIMELINE_CSV, StepRow)) if (run_dir / TIMELINE_CSV).exists() else math.nan
+    measured = RunSummary.load(run_dir).measured_clock_lead if files.summary.exists() else None
+    if measured is not None:
+        return float(measured)
+    return start_lead(read_rows(files.timeline, StepRow)) if files.timeline.exists() else math.nan
 
 
 def worker_mb(run_dir: Path) -> float:
     """Peak resident memory per (logical) worker from memory.json (NaN when the launcher wrote none)."""
-    path = run_dir / MEMORY_JSON
-    if not path.exists():
-        return math.nan
-    value = json.loads(path.read_text()).get("per_worker_mb")
-    return float(value) if isinstance(value, (int, float)) else math.nan
+    memory = PeakMemory.load_if_present(run_dir)
+    return memory.per_worker_mb if memory is not None else math.nan
 
 
 def optimal_test_loss(run_dir: Path) -> float:
@@ -167,7 +177,7 @@ def excess(evals: Sequence[EvalRow], floor: float) -> list[EvalRow]:
 def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]:
     """The sweep's metrics of one finished run directory (NaN where a metric does not apply)."""
     s = load_summary(run_dir)
-    pushes = read_rows(run_dir / PUSHES_CSV, PushRow)
+    pushes = read_rows(RunDir(run_dir).pushes, PushRow)
     accepted = sum(1 for p in pushes if p.accepted)
     shards = max(1, s.ps_shards)
     if pushes:
@@ -176,10 +186,12 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
         applied, dropped = s.updates_applied, s.updates_dropped
         dropped_pct = 100.0 * dropped / (applied + dropped) if applied + dropped else 0.0
     reach_s, reach_updates = math.nan, math.nan
-    evals = read_rows(run_dir / EVAL_CSV, EvalRow) if (run_dir / EVAL_CSV).exists() else []
+    evals = read_rows(RunDir(run_dir).evals, EvalRow) if RunDir(run_dir).evals.exists() else []
+    floor = optimal_test_loss(run_dir) if s.optimality_gap is not None and evals else math.nan
     if target:
         if target.metric == "excess_loss":
-            evals = excess(evals, optimal_test_loss(run_dir))
+            evals = excess(evals, optimal_test_loss(run_dir) if math.isnan(floor) else floor)
+            floor = 0.0
         reach_s, reach_updates = time_to_target(evals, target)
     return {
         "updates": float(s.updates_applied),
@@ -205,4 +217,5 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
         else math.nan,
         "worker_mb": worker_mb(run_dir),
         "loss_rebound": loss_rebound(evals),
+        "gap_tail": math.nan if math.isnan(floor) else gap_tail(evals, floor),
     }

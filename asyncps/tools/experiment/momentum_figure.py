@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from asyncps.rundir import EVAL_CSV, EvalRow, read_rows
+from asyncps.rundir import EVAL_CSV, EvalRow, RunDir, read_rows
 from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.metrics import excess, optimal_test_loss
 from asyncps.tools.experiment.spec import load_spec
@@ -33,7 +33,7 @@ def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = F
     drawn = 0
     excess_target = spec.target is not None and spec.target.metric == "excess_loss"
     for point in spec.points():
-        eval_csv = runs / point.slug / EVAL_CSV
+        eval_csv = RunDir(runs / point.slug).evals
         if not eval_csv.exists():
             continue
         rows = read_rows(eval_csv, EvalRow)

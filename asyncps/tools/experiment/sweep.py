@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from asyncps.config import RunConfig
-from asyncps.rundir import SUMMARY_JSON, RunConfigRecord, RunSummary
+from asyncps.rundir import RunConfigRecord, RunDir, RunSummary
 from asyncps.tools.experiment.checks import CheckOutcome, Row, evaluate_checks
 from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.grid import Point
@@ -36,7 +36,7 @@ def run_local_quietly(run: RunConfig, run_dir: Path, sink: StatusSink | None = N
     from asyncps.tools.local import run_local
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "launcher.log", "w") as log, contextlib.redirect_stdout(log):
+    with open(RunDir(run_dir).launcher_log, "w") as log, contextlib.redirect_stdout(log):
         return run_local(run, run_dir, progress=False, sink=sink)
 
 
@@ -62,7 +62,7 @@ def finished(run_dir: Path) -> bool:
 
     A summary.json that does not read is a RunDirError (naming the file and the field), not an
     unfinished run: the point is not deleted and re-run behind the user's back."""
-    if not (run_dir / SUMMARY_JSON).exists():
+    if not RunDir(run_dir).summary.exists():
         return False
     return not RunSummary.load(run_dir).interrupted
 
@@ -96,9 +96,10 @@ def run_point(point: Point, out: Path, target: Target | None, runner: Runner,
     started = time.monotonic()
     code = runner(point.config, run_dir)
     run_s = time.monotonic() - started
-    if (run_dir / SUMMARY_JSON).exists() and not finished(run_dir):
+    summary = RunDir(run_dir).summary
+    if summary.exists() and not finished(run_dir):
         raise SweepInterrupted(point.label)
-    if code != 0 or not (run_dir / SUMMARY_JSON).exists():
+    if code != 0 or not summary.exists():
         return PointResult(point, "failed", {**dict.fromkeys(METRICS, math.nan), "run_s": run_s}), True
     return PointResult(point, "ran", {**run_metrics(run_dir, target), "run_s": run_s}), True
 

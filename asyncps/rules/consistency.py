@@ -1,0 +1,142 @@
+"""What every consistency mode is: the `Consistency` interface the store drives, and `ModeSpec`.
+
+A mode is chosen by the update rule's mode spec (`async`, `sync:backup=1`, `ssp:bound=2`): a
+small frozen dataclass of its typed parameters registered in `MODES`, whose `start` builds the
+mode's running state for one shard, a `Consistency`. The store asks that object four things and
+never branches on the mode:
+- `admit`: apply a gradient now, accumulate it for a synchronous step, or drop it (and why);
+- `accumulate` / `take_step`: keep an accumulated gradient; the averaged step once it is complete;
+- `readable`: whether a worker that just pushed may receive parameters and start its next step
+  (`strict_reads`: a worker that may not read yet gets no values at all, the call fails).
+
+Modes that coordinate several shards (sync, later the K-variants) add the coordinator's and the
+follower's side in their own home, asyncps.rules.sync. The concrete modes are in
+asyncps.rules.modes. All methods run with the store's state lock held.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from asyncps.rules.drops import DropReason
+from asyncps.rules.registry import Registry
+from asyncps.rules.sync.types import Ballot
+from asyncps.wire.codec import Gradient
+
+if TYPE_CHECKING:
+    from asyncps.wire.shard import PushOutcome
+
+
+class Verdict(Enum):
+    """What the store does with an admitted gradient."""
+
+    APPLY = "apply"
+    ACCUMULATE = "accumulate"
+    DROP = "drop"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A verdict and, for drops, the reason."""
+
+    verdict: Verdict
+    reason: str = ""
+    drop: DropReason | None = None  # the kind of a DROP verdict
+
+
+class RetryMemo:
+    """The outcome of each worker's last push, by worker step, for modes with strict reads.
+
+    A worker whose read was refused repeats its whole call; the repeated push (same step) is
+    answered with its first outcome instead of being applied twice."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, PushOutcome]] = {}
+
+    def repeated(self, worker_id: str, step: int | None) -> PushOutcome | None:
+        """The first outcome when this push repeats the worker's last one (same step), else None."""
+        last = self._last.get(worker_id)
+        return last[1] if step is not None and last is not None and last[0] == step else None
+
+    def remember(self, worker_id: str, step: int | None, outcome: PushOutcome) -> PushOutcome:
+        """Keep the outcome of worker_id's push of `step`; the outcome."""
+        if step is not None:
+            self._last[worker_id] = (step, outcome)
+        return outcome
+
+
+class Consistency(abc.ABC):
+    """A consistency model: BSP (sync), SSP or fully asynchronous."""
+
+    name: str
+    exclusive = False  # True: a push needs every variable lock (it may complete a step)
+    # True: a worker that may not read yet never gets values (SSP's bound); the shard refuses the
+    # call and the worker pushes again (the shard recognizes the repeated push: `retries`)
+    strict_reads = False
+    enforce_bound = True  # False only in tests that show what the bound prevents
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self.live: set[str] | None = None  # None until the chief first says who is alive
+        self.retries: RetryMemo | None = None  # set by modes with strict reads
+
+    @abc.abstractmethod
+    def admit(self, worker_id: str, base_version: int, version: int, ballot: Ballot | None = None) -> Admission:
+        """Decide what to do with a gradient from `worker_id` computed from `base_version`."""
+
+    def pushed(self, worker_id: str) -> None:  # noqa: B027 - a hook; most models need nothing
+        """A push from worker_id was handled (applied, accumulated or dropped)."""
+
+    def accumulate(self, worker_id: str, grads: Mapping[str, Gradient], ballot: Ballot | None = None) -> None:
+        """Keep a gradient `admit` answered ACCUMULATE with (only models that accumulate)."""
+        raise TypeError(f"the {self.name} model does not accumulate gradients")
+
+    def take_step(self) -> dict[str, Gradient] | None:
+        """The accumulated step to apply now (and forget), or None while it is not complete."""
+        return None
+
+    def readable(self, worker_id: str, base_version: int, version: int) -> bool:
+        """May worker_id, whose last gradient was computed from base_version, read now?"""
+        return True
+
+    def set_live(self, workers: Iterable[str]) -> None:
+        """The chief's current set of live workers."""
+        self.live = set(workers)
+
+    def stats(self) -> dict[str, float]:
+        """Model-specific counters for ShardStats."""
+        return {}
+
+
+class ModeSpec(abc.ABC):
+    """A consistency mode with its parameters (a frozen dataclass registered in MODES)."""
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec string; MODES.parse(spec) rebuilds an equal mode."""
+        return MODES.canonical(self)
+
+    @property
+    def coordinated(self) -> bool:
+        """Whether shard 0 decides each step for every shard (asyncps.rules.sync.CoordinatedMode)."""
+        return False
+
+    @abc.abstractmethod
+    def start(self, num_workers: int, shard_index: int = 0) -> Consistency:
+        """The running state of this mode on one shard, for a run planned with num_workers."""
+
+
+MODES: Registry[ModeSpec] = Registry("consistency mode", ModeSpec, group="asyncps.modes")
+
+
+def check_count(key: str, value: int) -> None:
+    """A mode parameter that counts something: an int >= 0 (ValueError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
+
+
+__all__ = ["MODES", "Admission", "Consistency", "ModeSpec", "RetryMemo", "Verdict", "check_count"]

@@ -1,0 +1,138 @@
+"""The registry of transports: one entry per data path, read by connect_shard, RunConfig's
+validation of `transport` and the `--transport` help.
+
+An entry names the client's data-path factory, the shard-side adapter (as "module:attribute",
+because the shard is a role and the core never imports a role: asyncps.ps.main loads it), an
+availability check for this host and a one-line help. "auto" is a policy over the entries, not an
+entry: the available ones with an `auto_rank`, best first, each falling back to the next, ending
+in the base path (gRPC frames), which every shard serves.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from asyncps.transport import shmseg
+from asyncps.transport.base import ClientSetup, DataPath
+from asyncps.transport.grpc_shard import frames_data_path
+from asyncps.transport.shm import shm_data_path
+from asyncps.transport.tcp import tcp_data_path
+
+AUTO = "auto"
+BASE = "grpc"  # the path every shard serves and every other path can fall back to
+
+# (setup, the path to fall back to or None, asked for by name) -> the data path to one shard
+DataPathFactory = Callable[[ClientSetup, "DataPath | None", bool], DataPath]
+
+
+def _always() -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Transport:
+    """One way tensors travel between a worker and a shard (the control face is always gRPC)."""
+
+    name: str
+    help: str  # one line, for --transport's help and error messages
+    data_path: DataPathFactory  # the client's side
+    shard_adapter: str  # "module:attribute" of the shard side's factory (asyncps.ps.adapter.AdapterFactory)
+    unavailable: Callable[[], str | None] = _always  # why it cannot run on this host, None when it can
+    auto_rank: int | None = None  # place in "auto"'s preference (lower first); None: only by name
+
+
+class TransportRegistry:
+    """Transports by name, in registration order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, Transport] = {}
+
+    def register(self, transport: Transport) -> Transport:
+        """Add a transport; a name may be registered once."""
+        with self._lock:
+            if transport.name == AUTO or transport.name in self._entries:
+                raise ValueError(f"transport {transport.name!r} is already registered")
+            self._entries[transport.name] = transport
+        return transport
+
+    def unregister(self, name: str) -> None:
+        """Remove a transport (tests registering their own)."""
+        if name == BASE:
+            raise ValueError(f"transport {BASE!r} is the base path and cannot be removed")
+        with self._lock:
+            self._entries.pop(name, None)
+
+    def __iter__(self) -> Iterator[Transport]:
+        with self._lock:
+            return iter(list(self._entries.values()))
+
+    def names(self) -> tuple[str, ...]:
+        """Every valid value of `transport`: "auto" and each registered name."""
+        return (AUTO, *(t.name for t in self))
+
+    def get(self, name: str) -> Transport:
+        """The entry of a name (ValueError naming the valid ones)."""
+        with self._lock:
+            entry = self._entries.get(name)
+        if entry is None:
+            raise ValueError(f"transport {name!r}: one of {', '.join(self.names())}")
+        return entry
+
+    def problem(self, name: str) -> str | None:
+        """Why `name` is not a valid transport setting, None when it is (configuration validation)."""
+        if name in self.names():
+            return None
+        return f"transport must be one of {', '.join(self.names())}, not {name!r}"
+
+    def help(self) -> str:
+        """The --transport help: the auto policy, then one line per transport."""
+        order = " > ".join(t.name for t in self.auto_order())
+        return ("how workers move tensors to shards: auto (the best path that works: " + order + ") | "
+                + " | ".join(f"{t.name} ({t.help})" for t in self))
+
+    def auto_order(self) -> list[Transport]:
+        """The transports "auto" tries, best first, ending with the base path."""
+        ranked = sorted((t for t in self if t.auto_rank is not None and t.name != BASE),
+                        key=lambda t: t.auto_rank if t.auto_rank is not None else 0)
+        return [*ranked, self.get(BASE)]
+
+    def chain(self, name: str) -> list[tuple[Transport, bool]]:
+        """The paths to build for a `transport` setting, best first, each (entry, asked for by name):
+        auto's available ones, or the named one (an error where it cannot run) over the base path."""
+        if name == AUTO:
+            return [(t, False) for t in self.auto_order() if t.unavailable() is None]
+        entry = self.get(name)
+        why = entry.unavailable()
+        if why is not None:
+            raise ValueError(f"transport {name}: {why}")
+        return [(entry, True)] if name == BASE else [(entry, True), (self.get(BASE), False)]
+
+    def data_path(self, name: str, setup: ClientSetup) -> DataPath:
+        """The data path to one shard for a `transport` setting: each path in the chain is built
+        over the one after it (its fallback)."""
+        path: DataPath | None = None
+        for entry, named in reversed(self.chain(name)):
+            path = entry.data_path(setup, path, named)
+        assert path is not None  # the chain always holds the base path
+        return path
+
+
+def _no_shm() -> str | None:
+    return None if shmseg.available() else f"no writable {shmseg.SHM_DIR} on this host"
+
+
+TRANSPORTS = TransportRegistry()
+TRANSPORTS.register(Transport(
+    BASE, "gRPC frames: works across hosts; the reference and the fallback",
+    frames_data_path, "asyncps.ps.servicer:grpc_adapter"))
+TRANSPORTS.register(Transport(
+    "shm", "shared memory with shards on the same host, required",
+    shm_data_path, "asyncps.ps.shm:ShmAdapter", unavailable=_no_shm, auto_rank=0))
+TRANSPORTS.register(Transport(
+    "tcp", "a TCP data connection per shard to the port it announces; gRPC frames when that port cannot be reached",
+    tcp_data_path, "asyncps.ps.tcp:TcpAdapter", auto_rank=1))
+
+__all__ = ["AUTO", "BASE", "TRANSPORTS", "DataPathFactory", "Transport", "TransportRegistry"]

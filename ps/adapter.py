@@ -1,0 +1,114 @@
+"""The shard's side of the transport seam: one adapter per transport over the one ShardService.
+
+asyncps.ps.main builds every registered transport's adapter (asyncps.transport.registry names
+each factory as "module:attribute") from one `ShardSide`, registers the gRPC methods they answer
+on the shard's one gRPC server, starts them and closes them. An adapter translates its messages
+to service calls and back; what a call means is decided by the service, once for every path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from asyncps.ps.service import ShardService
+
+from asyncps.errors import InvalidArgumentError
+from asyncps.net.handlers import Handler
+from asyncps.net.security import SecurityConfig
+from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S
+from asyncps.pb import ps_pb2
+from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
+from asyncps.wire.proto import SHARD_SERVICE, decisions_to_proto
+from asyncps.wire.shard import ShardValues
+
+DEFAULT_MAX_REQUEST_BYTES = 2 << 30
+DEFAULT_MAX_DATA_CONNECTIONS = 64
+MAX_WAIT_S = 300.0  # longest a long-poll blocks, whatever the caller asks
+
+
+@dataclass(frozen=True)
+class ShardSide:
+    """What every shard adapter is built from: the shard's one service and its serving settings."""
+
+    service: ShardService
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    on_shutdown: Callable[[str], None] | None = None
+    host: str = "0.0.0.0"  # where an adapter with a listener of its own binds
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    # an adapter with a listener of its own (the "tcp" data port): its port (0: any free port;
+    # -1: no listener, its clients use their fallback), how many connections it admits at once
+    # and how long one may wait on its client
+    data_port: int = 0
+    max_data_connections: int = DEFAULT_MAX_DATA_CONNECTIONS
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if not -1 <= self.data_port < 65536:
+            raise ValueError(f"data port {self.data_port} out of range (-1: none)")
+        if self.max_data_connections < 1:
+            raise ValueError("max_data_connections must be >= 1")
+
+
+class ShardAdapter(Protocol):
+    """One transport's shard side."""
+
+    def rpc_handlers(self) -> Mapping[str, Handler]:
+        """The shard gRPC service's methods it answers, by name (none for a path of its own)."""
+
+    def start(self) -> None:
+        """Begin serving beyond gRPC (e.g. a data port), once the gRPC server is up."""
+
+    def close(self) -> None:
+        """Stop serving and release what it holds."""
+
+
+AdapterFactory = Callable[[ShardSide], ShardAdapter]
+
+
+def load_adapter_factory(spec: str) -> AdapterFactory:
+    """The factory a registry entry names as "module:attribute"."""
+    module, _, attribute = spec.partition(":")
+    if not module or not attribute:
+        raise ValueError(f"shard adapter {spec!r}: expected 'module:attribute'")
+    factory: AdapterFactory = getattr(importlib.import_module(module), attribute)
+    return factory
+
+
+def add_handlers(server: grpc.Server, adapters: Sequence[ShardAdapter]) -> None:
+    """Register every adapter's methods as the one shard service (a method answered twice is an error)."""
+    handlers: dict[str, Handler] = {}
+    for adapter in adapters:
+        for name, handler in adapter.rpc_handlers().items():
+            if name in handlers:
+                raise ValueError(f"shard method {name} is answered by two transport adapters")
+            handlers[name] = handler
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SHARD_SERVICE, handlers),))
+
+
+def wait_limit(what: str, asked_s: float, context: grpc.ServicerContext, margin_s: float = 0.0) -> float:
+    """How long a long-poll may block: what the caller asked, within its deadline and our cap."""
+    if not math.isfinite(asked_s) or asked_s < 0:
+        raise InvalidArgumentError(f"{what} must be a finite number of seconds >= 0, got {asked_s}")
+    remaining = context.time_remaining()
+    limit = min(asked_s, MAX_WAIT_S)
+    return limit if remaining is None else min(limit, max(0.0, remaining - margin_s))
+
+
+def reply_header(reply: ShardValues, push: ps_pb2.PushResult | None, shard_index: int) -> ps_pb2.PullHeader:
+    """The header of a pull or push-pull reply, whatever path its values take."""
+    header = ps_pb2.PullHeader(version=reply.version, not_modified=reply.values is None,
+                               shard_index=shard_index, push=push, waited_s=reply.waited_s,
+                               incarnation=reply.incarnation)
+    if reply.decisions is not None:
+        header.sync.CopyFrom(decisions_to_proto(reply.decisions))
+    return header
+
+
+__all__ = ["DEFAULT_MAX_DATA_CONNECTIONS", "DEFAULT_MAX_REQUEST_BYTES", "MAX_WAIT_S", "AdapterFactory", "ShardAdapter",
+           "ShardSide", "add_handlers", "load_adapter_factory", "reply_header", "wait_limit"]
