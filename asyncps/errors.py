@@ -31,12 +31,20 @@ class UnauthenticatedError(AsyncpsError):
     """The caller did not present a valid token."""
 
 
+class PermissionDeniedError(AsyncpsError):
+    """The caller's role may not do this (a worker asking for a chief's operation)."""
+
+
 class AbortedError(AsyncpsError):
     """The operation was cancelled because the server is stopping."""
 
 
 class UnavailableError(AsyncpsError):
     """Not now, and nothing changed: the caller retries (SSP holds a worker that runs ahead)."""
+
+
+class InternalError(AsyncpsError):
+    """The server failed unexpectedly (its log has the detail)."""
 
 
 class PathNotVisibleError(FailedPreconditionError):

@@ -46,6 +46,7 @@ class Transport:
 TRANSPORTS: dict[str, Transport] = {
     "grpc": Transport("grpc", {"transport": "grpc"}),  # tensors in gRPC frames
     "shm": Transport("shm", {"transport": "shm"}),  # tensors in shared memory, control over gRPC
+    "tcp": Transport("tcp", {"transport": "tcp"}),  # tensors over a TCP data connection, control over gRPC
 }
 
 

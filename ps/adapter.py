@@ -20,12 +20,14 @@ from asyncps.ps.service import ShardService
 from asyncps.errors import InvalidArgumentError
 from asyncps.net.handlers import Handler
 from asyncps.net.security import SecurityConfig
+from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S
 from asyncps.pb import ps_pb2
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 from asyncps.wire.proto import SHARD_SERVICE, decisions_to_proto
 from asyncps.wire.shard import ShardValues
 
 DEFAULT_MAX_REQUEST_BYTES = 2 << 30
+DEFAULT_MAX_DATA_CONNECTIONS = 64
 MAX_WAIT_S = 300.0  # longest a long-poll blocks, whatever the caller asks
 
 
@@ -39,6 +41,18 @@ class ShardSide:
     on_shutdown: Callable[[str], None] | None = None
     host: str = "0.0.0.0"  # where an adapter with a listener of its own binds
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # an adapter with a listener of its own (the "tcp" data port): its port (0: any free port;
+    # -1: no listener, its clients use their fallback), how many connections it admits at once
+    # and how long one may wait on its client
+    data_port: int = 0
+    max_data_connections: int = DEFAULT_MAX_DATA_CONNECTIONS
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if not -1 <= self.data_port < 65536:
+            raise ValueError(f"data port {self.data_port} out of range (-1: none)")
+        if self.max_data_connections < 1:
+            raise ValueError("max_data_connections must be >= 1")
 
 
 class ShardAdapter(Protocol):
@@ -96,5 +110,5 @@ def reply_header(reply: ShardValues, push: ps_pb2.PushResult | None, shard_index
     return header
 
 
-__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "MAX_WAIT_S", "AdapterFactory", "ShardAdapter", "ShardSide", "add_handlers",
-           "load_adapter_factory", "reply_header", "wait_limit"]
+__all__ = ["DEFAULT_MAX_DATA_CONNECTIONS", "DEFAULT_MAX_REQUEST_BYTES", "MAX_WAIT_S", "AdapterFactory", "ShardAdapter",
+           "ShardSide", "add_handlers", "load_adapter_factory", "reply_header", "wait_limit"]

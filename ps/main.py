@@ -7,7 +7,14 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from asyncps.ps.adapter import DEFAULT_MAX_REQUEST_BYTES, ShardAdapter, ShardSide, add_handlers, load_adapter_factory
+from asyncps.ps.adapter import (
+    DEFAULT_MAX_DATA_CONNECTIONS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    ShardAdapter,
+    ShardSide,
+    add_handlers,
+    load_adapter_factory,
+)
 from asyncps.ps.service import DEFAULT_MAX_WAITERS, ShardService
 from asyncps.ps.servicer import SHARD_HANDLER_THREADS
 from asyncps.ps.store import ShardStore
@@ -41,6 +48,8 @@ class PsConfig:
     handler_threads: int = SHARD_HANDLER_THREADS
     stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_streams_per_peer: int = 0  # 0: asyncps.net.streamguard's default for the thread count
+    data_port: int = 0  # a transport's own listener (the "tcp" data port; 0: any free port; -1: none)
+    max_data_connections: int = DEFAULT_MAX_DATA_CONNECTIONS
 
     @property
     def stream_limits(self) -> StreamLimits:
@@ -77,7 +86,9 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     service = ShardService(store, max_waiters=min(DEFAULT_MAX_WAITERS, limits.max_streams))
     adapters = shard_adapters(ShardSide(service, config.chunk_bytes, config.max_request_bytes,
                                         on_shutdown=lambda reason: stop.set(), host=config.host,
-                                        security=config.security))
+                                        security=config.security, data_port=config.data_port,
+                                        max_data_connections=config.max_data_connections,
+                                        idle_timeout_s=config.stream_idle_timeout_s))
     server, port, health = create_server(
         f"{config.host}:{config.port}",
         [lambda s: add_handlers(s, adapters)],

@@ -77,3 +77,25 @@ def test_every_run_setting_reaches_the_chief_in_compose() -> None:
     worker = compose_services()["worker"]["environment"]
     assert isinstance(worker, dict)
     assert "ASYNCPS_CHIEF_TOKEN_FILE" not in worker  # a worker never holds the chief's token
+
+
+def test_every_shard_declares_a_fixed_data_port_in_compose_and_the_stack() -> None:
+    """Workers on other hosts reach a shard's TCP data port: fixed (not 0: any free port), apart
+    from the gRPC port, and declared beside it (the shard announces the port over gRPC)."""
+    import yaml
+
+    from tests.conftest import REPO_ROOT
+
+    stack = yaml.safe_load((REPO_ROOT / "deploy" / "stack.yml").read_text())["services"]
+    for where, services in (("docker-compose.yml", compose_services()), ("deploy/stack.yml", stack)):
+        shards = sorted(name for name in services if name.startswith("ps-"))
+        assert shards == ["ps-0", "ps-1"], where
+        for name in shards:
+            service = services[name]
+            environment = service["environment"]
+            assert isinstance(environment, dict)
+            grpc_port, data_port = int(environment["ASYNCPS_PORT"]), int(environment["ASYNCPS_DATA_PORT"])
+            assert data_port > 0 and data_port != grpc_port, (where, name)
+            exposed = service.get("expose")
+            assert isinstance(exposed, list), (where, name)
+            assert {str(grpc_port), str(data_port)} <= {str(port) for port in exposed}, (where, name)

@@ -133,8 +133,16 @@ def test_plain_names_and_ports_agree() -> None:
     sts = objects[("StatefulSet", "asyncps-ps")]
     headless = objects[("Service", "asyncps-ps")]
     assert headless["spec"]["clusterIP"] == "None" and sts["spec"]["serviceName"] == "asyncps-ps"
-    ps_port = int(env_value(container(sts["spec"]["template"]["spec"]), "ASYNCPS_PORT"))
-    assert [p["targetPort"] for p in headless["spec"]["ports"]] == [ps_port]
+    shard = container(sts["spec"]["template"]["spec"])
+    ps_port = int(env_value(shard, "ASYNCPS_PORT"))
+    # the TCP data port: fixed per shard, named by the Service and the container (a worker dials the
+    # shard's name at the port its DataPort call announces), apart from the gRPC and health ports
+    data_port = int(env_value(shard, "ASYNCPS_DATA_PORT"))
+    assert data_port > 0 and data_port not in (ps_port, int(env_value(shard, "ASYNCPS_HEALTH_PORT")))
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in headless["spec"]["ports"]} == {
+        "grpc": (ps_port, ps_port), "data": (data_port, data_port)}
+    assert {p["name"]: p["containerPort"] for p in shard["ports"]}.items() >= {"grpc": ps_port,
+                                                                               "data": data_port}.items()
     chief = container(objects[("Job", "asyncps-chief")]["spec"]["template"]["spec"])
     expected = [f"asyncps-ps-{i}.asyncps-ps:{ps_port}" for i in range(sts["spec"]["replicas"])]
     assert env_value(chief, "ASYNCPS_PS").split(",") == expected
@@ -226,7 +234,7 @@ class LocalPods:
             if item["name"] == "ASYNCPS_PORT":  # what its Service routes to: the port clients dial
                 assert value == pod.address.rsplit(":", 1)[1], (pod.name, value, pod.address)
                 value = self.local(pod.address).rsplit(":", 1)[1]
-            elif item["name"] == "ASYNCPS_HEALTH_PORT":
+            elif item["name"] in ("ASYNCPS_HEALTH_PORT", "ASYNCPS_DATA_PORT"):
                 value = str(free_port())
             for address in re.findall(r"[A-Za-z0-9.-]+:\d+", value):
                 value = value.replace(address, self.local(address))
@@ -301,6 +309,8 @@ def start_shards(pods: LocalPods, shards: list[Pod]) -> None:
         pods.wait_healthy(serving, pods.security, f"{shard.name} over mTLS with the token")
         assert not check_health(serving, plain, 1.0), f"{shard.name} answers in plaintext: TLS is off"
         pods.wait_for_log(shard.name, rf"shard {index} serving on port {serving.rsplit(':', 1)[1]} ")
+        if "ASYNCPS_DATA_PORT" in env:  # the TCP data path listens where the manifest says, over TLS
+            pods.wait_for_log(shard.name, rf"TCP data port {env['ASYNCPS_DATA_PORT']} \(TLS")
 
 
 def start_chief_and_worker(pods: LocalPods, chief: Pod, worker: Pod) -> int:

@@ -120,14 +120,15 @@ def counting() -> Iterator[Transport]:
 def test_a_registered_transport_is_valid_configuration_and_shown_in_the_help(counting: Transport) -> None:
     assert RunConfig(transport="counting").transport == "counting"
     assert "counting (frames that count their calls (a test))" in TRANSPORTS.help()
-    with pytest.raises(ValueError, match="transport must be one of auto, grpc, shm, counting, not 'carrier-pigeon'"):
+    with pytest.raises(ValueError,
+                       match="transport must be one of auto, grpc, shm, tcp, counting, not 'carrier-pigeon'"):
         RunConfig(transport="carrier-pigeon")
 
 
 def test_an_unregistered_transport_is_refused_everywhere() -> None:
     with pytest.raises(ValueError, match="'counting'"):
         RunConfig(transport="counting")
-    with pytest.raises(ValueError, match="transport 'counting': one of auto, grpc, shm"):
+    with pytest.raises(ValueError, match="transport 'counting': one of auto, grpc, shm, tcp"):
         connect_shard("127.0.0.1:1", transport="counting")
 
 
@@ -183,6 +184,12 @@ def test_auto_is_a_policy_over_the_registry() -> None:
                                       "gone > near > far > grpc)")
     with pytest.raises(ValueError, match="already registered"):
         registry.register(Transport("auto", "", counting_data_path, "m:a"))
+
+
+def test_the_shipped_auto_tries_shared_memory_then_tcp_then_grpc_frames() -> None:
+    assert [t.name for t in TRANSPORTS.auto_order()] == ["shm", "tcp", "grpc"]
+    assert [t.name for t in TRANSPORTS] == ["grpc", "shm", "tcp"]
+    assert TRANSPORTS.get("tcp").shard_adapter == "asyncps.ps.tcp:TcpAdapter"
 
 
 # -- typed outcomes steer the shared-memory client ---------------------------------------------

@@ -40,7 +40,8 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     **{f"/{SHARD_SERVICE}/{name}": _CHIEF_ONLY
        for name in ("Initialize", "Restore", "Pause", "Snapshot", "SetLiveWorkers", "Shutdown")},
     **{f"/{SHARD_SERVICE}/{name}": _ANY_ROLE
-       for name in ("Pull", "Push", "PushPull", "GetStats", "AttachShm", "ShmPushPull")},
+       for name in ("Pull", "Push", "PushPull", "GetStats", "AttachShm", "ShmPushPull",
+                     "DataPort")},
     **{f"/{COORDINATOR_SERVICE}/{name}": _ANY_ROLE
        for name in ("Register", "Heartbeat", "Report", "GetTask", "GetStatus", "WaitStart")},
 }

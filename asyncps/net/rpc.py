@@ -30,6 +30,7 @@ _STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (errors.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (errors.ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (errors.AbortedError, grpc.StatusCode.ABORTED),
     (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
 )
@@ -62,6 +63,14 @@ def status_of(exc: Exception) -> grpc.StatusCode:
         if isinstance(exc, kind):
             return code
     return grpc.StatusCode.INTERNAL
+
+
+def error_of(code: int, message: str) -> errors.AsyncpsError:
+    """The domain error a status code number names (the inverse of status_of; InternalError else)."""
+    for kind, status in _STATUS_OF:
+        if status.value[0] == code and issubclass(kind, errors.AsyncpsError):
+            return kind(message)
+    return errors.InternalError(message)
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -831,3 +831,152 @@ class ShmPushPullRequest(google.protobuf.message.Message):
     def ClearField(self, field_name: typing.Literal["attachment", b"attachment", "grads", b"grads", "header", b"header", "pull_only", b"pull_only"]) -> None: ...
 
 global___ShmPushPullRequest = ShmPushPullRequest
+
+@typing.final
+class DataPortRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+
+global___DataPortRequest = DataPortRequest
+
+@typing.final
+class DataPortResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    PORT_FIELD_NUMBER: builtins.int
+    port: builtins.int
+    """the shard's TCP data port on the host of its gRPC address; 0: no TCP data path"""
+    def __init__(
+        self,
+        *,
+        port: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["port", b"port"]) -> None: ...
+
+global___DataPortResponse = DataPortResponse
+
+@typing.final
+class TcpHello(google.protobuf.message.Message):
+    """The lean TCP data path (asyncps/transport/tcp.py, ps/tcp.py). Every message on the connection
+    is `u32 little-endian N | N bytes: one raw frame` (asyncps/wire/frames.py's layout: u32 header
+    length | this message | tensor bytes, each at the next multiple of 8 from the frame's start).
+    The client speaks first (hello), then one request, one reply, in turn.
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: builtins.int
+    WORKER_ID_FIELD_NUMBER: builtins.int
+    token: builtins.str
+    """the bearer token the gRPC path sends as metadata (empty: none)"""
+    worker_id: builtins.str
+    """for logs only; every request names its worker again"""
+    def __init__(
+        self,
+        *,
+        token: builtins.str = ...,
+        worker_id: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["token", b"token", "worker_id", b"worker_id"]) -> None: ...
+
+global___TcpHello = TcpHello
+
+@typing.final
+class TcpRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    HELLO_FIELD_NUMBER: builtins.int
+    PULL_FIELD_NUMBER: builtins.int
+    PUSH_FIELD_NUMBER: builtins.int
+    PUSH_PULL_FIELD_NUMBER: builtins.int
+    TENSORS_FIELD_NUMBER: builtins.int
+    @property
+    def hello(self) -> global___TcpHello: ...
+    @property
+    def pull(self) -> global___PullRequest: ...
+    @property
+    def push(self) -> global___PushHeader:
+        """tensors: the gradient; no values come back"""
+
+    @property
+    def push_pull(self) -> global___PushHeader:
+        """tensors: the gradient; values come back"""
+
+    @property
+    def tensors(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[asyncps.pb.tensor_pb2.TensorChunk]:
+        """nbytes only, the bytes follow in the frame"""
+
+    def __init__(
+        self,
+        *,
+        hello: global___TcpHello | None = ...,
+        pull: global___PullRequest | None = ...,
+        push: global___PushHeader | None = ...,
+        push_pull: global___PushHeader | None = ...,
+        tensors: collections.abc.Iterable[asyncps.pb.tensor_pb2.TensorChunk] | None = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["hello", b"hello", "kind", b"kind", "pull", b"pull", "push", b"push", "push_pull", b"push_pull"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["hello", b"hello", "kind", b"kind", "pull", b"pull", "push", b"push", "push_pull", b"push_pull", "tensors", b"tensors"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["kind", b"kind"]) -> typing.Literal["hello", "pull", "push", "push_pull"] | None: ...
+
+global___TcpRequest = TcpRequest
+
+@typing.final
+class TcpError(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: builtins.int
+    MESSAGE_FIELD_NUMBER: builtins.int
+    code: builtins.int
+    """a grpc status code number (google.rpc.Code): the same kinds as gRPC"""
+    message: builtins.str
+    def __init__(
+        self,
+        *,
+        code: builtins.int = ...,
+        message: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["code", b"code", "message", b"message"]) -> None: ...
+
+global___TcpError = TcpError
+
+@typing.final
+class TcpReply(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: builtins.int
+    HELLO_FIELD_NUMBER: builtins.int
+    PUSHED_FIELD_NUMBER: builtins.int
+    VALUES_FIELD_NUMBER: builtins.int
+    TENSORS_FIELD_NUMBER: builtins.int
+    hello: builtins.bool
+    """handshake accepted"""
+    @property
+    def error(self) -> global___TcpError:
+        """the connection stays usable unless the error says the stream is broken"""
+
+    @property
+    def pushed(self) -> global___PushResult: ...
+    @property
+    def values(self) -> global___PullHeader:
+        """pull and push-pull; tensors: the values unless not_modified"""
+
+    @property
+    def tensors(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[asyncps.pb.tensor_pb2.TensorChunk]: ...
+    def __init__(
+        self,
+        *,
+        error: global___TcpError | None = ...,
+        hello: builtins.bool = ...,
+        pushed: global___PushResult | None = ...,
+        values: global___PullHeader | None = ...,
+        tensors: collections.abc.Iterable[asyncps.pb.tensor_pb2.TensorChunk] | None = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["error", b"error", "hello", b"hello", "kind", b"kind", "pushed", b"pushed", "values", b"values"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["error", b"error", "hello", b"hello", "kind", b"kind", "pushed", b"pushed", "tensors", b"tensors", "values", b"values"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["kind", b"kind"]) -> typing.Literal["error", "hello", "pushed", "values"] | None: ...
+
+global___TcpReply = TcpReply

@@ -74,6 +74,11 @@ class ParameterServerStub(object):
                 request_serializer=asyncps_dot_pb_dot_ps__pb2.ShmPushPullRequest.SerializeToString,
                 response_deserializer=asyncps_dot_pb_dot_ps__pb2.PullHeader.FromString,
                 )
+        self.DataPort = channel.unary_unary(
+                '/asyncps.pb.ParameterServer/DataPort',
+                request_serializer=asyncps_dot_pb_dot_ps__pb2.DataPortRequest.SerializeToString,
+                response_deserializer=asyncps_dot_pb_dot_ps__pb2.DataPortResponse.FromString,
+                )
 
 
 class ParameterServerServicer(object):
@@ -168,6 +173,13 @@ class ParameterServerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DataPort(self, request, context):
+        """Where this shard's lean TCP data path listens (asyncps/ps/tcp.py); port 0: none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -230,6 +242,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.ShmPushPull,
                     request_deserializer=asyncps_dot_pb_dot_ps__pb2.ShmPushPullRequest.FromString,
                     response_serializer=asyncps_dot_pb_dot_ps__pb2.PullHeader.SerializeToString,
+            ),
+            'DataPort': grpc.unary_unary_rpc_method_handler(
+                    servicer.DataPort,
+                    request_deserializer=asyncps_dot_pb_dot_ps__pb2.DataPortRequest.FromString,
+                    response_serializer=asyncps_dot_pb_dot_ps__pb2.DataPortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,5 +459,22 @@ class ParameterServer(object):
         return grpc.experimental.unary_unary(request, target, '/asyncps.pb.ParameterServer/ShmPushPull',
             asyncps_dot_pb_dot_ps__pb2.ShmPushPullRequest.SerializeToString,
             asyncps_dot_pb_dot_ps__pb2.PullHeader.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DataPort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/asyncps.pb.ParameterServer/DataPort',
+            asyncps_dot_pb_dot_ps__pb2.DataPortRequest.SerializeToString,
+            asyncps_dot_pb_dot_ps__pb2.DataPortResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

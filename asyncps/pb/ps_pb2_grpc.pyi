@@ -99,6 +99,12 @@ class ParameterServerStub:
     small message and the reply header travel over gRPC.
     """
 
+    DataPort: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.DataPortRequest,
+        asyncps.pb.ps_pb2.DataPortResponse,
+    ]
+    """Where this shard's lean TCP data path listens (asyncps/ps/tcp.py); port 0: none."""
+
 class ParameterServerAsyncStub:
     Initialize: grpc.aio.StreamUnaryMultiCallable[
         asyncps.pb.ps_pb2.InitializeChunk,
@@ -179,6 +185,12 @@ class ParameterServerAsyncStub:
     segment: the gradients are read from the segment, the values written into it; only this
     small message and the reply header travel over gRPC.
     """
+
+    DataPort: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.DataPortRequest,
+        asyncps.pb.ps_pb2.DataPortResponse,
+    ]
+    """Where this shard's lean TCP data path listens (asyncps/ps/tcp.py); port 0: none."""
 
 class ParameterServerServicer(metaclass=abc.ABCMeta):
     @abc.abstractmethod
@@ -284,5 +296,13 @@ class ParameterServerServicer(metaclass=abc.ABCMeta):
         segment: the gradients are read from the segment, the values written into it; only this
         small message and the reply header travel over gRPC.
         """
+
+    @abc.abstractmethod
+    def DataPort(
+        self,
+        request: asyncps.pb.ps_pb2.DataPortRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[asyncps.pb.ps_pb2.DataPortResponse, collections.abc.Awaitable[asyncps.pb.ps_pb2.DataPortResponse]]:
+        """Where this shard's lean TCP data path listens (asyncps/ps/tcp.py); port 0: none."""
 
 def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

@@ -204,7 +204,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
                       chief_timeout_s=run.chief_timeout_s,
                       handler_threads=int(args.handler_threads),
                       stream_idle_timeout_s=float(args.stream_idle_timeout),
-                      max_streams_per_peer=int(args.max_streams_per_peer))
+                      max_streams_per_peer=int(args.max_streams_per_peer),
+                      data_port=int(args.data_port), max_data_connections=int(args.max_data_connections))
     _setup_logging(args.log_level, f"ps-{index}")
     stop = threading.Event()
     _install_signals(stop)
@@ -346,6 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
          type=float)
     _add(g, "--max-streams-per-peer", 0, "streams one client connection may have open (0: min(16, half))",
          type=int)
+    _add(g, "--data-port", 0, "the TCP data path's port, announced to workers over gRPC (0: any free port; "
+         "-1: none, workers use gRPC frames)", type=int)
+    _add(g, "--max-data-connections", 64, "TCP data connections at once (the one idle longest yields to a "
+         "newcomer)", type=int)
     add_security_flags(p)
     p.set_defaults(fn=cmd_ps)
 

@@ -18,6 +18,7 @@ from asyncps.transport import shmseg
 from asyncps.transport.base import ClientSetup, DataPath
 from asyncps.transport.grpc_shard import frames_data_path
 from asyncps.transport.shm import shm_data_path
+from asyncps.transport.tcp import tcp_data_path
 
 AUTO = "auto"
 BASE = "grpc"  # the path every shard serves and every other path can fall back to
@@ -130,5 +131,8 @@ TRANSPORTS.register(Transport(
 TRANSPORTS.register(Transport(
     "shm", "shared memory with shards on the same host, required",
     shm_data_path, "asyncps.ps.shm:ShmAdapter", unavailable=_no_shm, auto_rank=0))
+TRANSPORTS.register(Transport(
+    "tcp", "a TCP data connection per shard to the port it announces; gRPC frames when that port cannot be reached",
+    tcp_data_path, "asyncps.ps.tcp:TcpAdapter", auto_rank=1))
 
 __all__ = ["AUTO", "BASE", "TRANSPORTS", "DataPathFactory", "Transport", "TransportRegistry"]
