@@ -210,8 +210,12 @@ class Chief:
                 return
             for member in self.membership.reap():
                 requeued = self.ledger.requeue(member.worker_id)
-                log.warning("worker %d (%s) missed heartbeats for %.0fs: declared dead; %d data task(s) "
-                            "re-queued", member.index, member.worker_id, self.run.heartbeat_timeout_s, requeued)
+                if member.replaced_by:
+                    log.warning("worker %d registered again (%s replaces %s); %d data task(s) of the previous "
+                                "incarnation re-queued", member.index, member.replaced_by, member.worker_id, requeued)
+                else:
+                    log.warning("worker %d (%s) missed heartbeats for %.0fs: declared dead; %d data task(s) "
+                                "re-queued", member.index, member.worker_id, self.run.heartbeat_timeout_s, requeued)
             self._requeue_orphans()
             try:
                 self.live_set.sync()
