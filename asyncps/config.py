@@ -28,6 +28,9 @@ from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 
 ENV_PREFIX = "ASYNCPS_"
 DEFAULT_EPOCHS = 30.0
+# What a chief gives its first workers to start (TensorFlow's import and tracing take tens of seconds
+# on a busy 2-core machine) before it calls a run without live workers dead (no_workers_timeout_s).
+NO_WORKERS_START_ALLOWANCE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,13 @@ class RunConfig:
                                           flags=("--heartbeat-interval-s", "--heartbeat-interval"))
     heartbeat_timeout_s: float = setting(10.0, help="silence after which a worker is dead",
                                          flags=("--heartbeat-timeout-s", "--heartbeat-timeout"))
+    no_workers_timeout_s: float = setting(0.0, help=(
+        "the chief ends the run with an error (exit 6) after this long with no live worker (0: 2 x "
+        f"heartbeat_timeout_s + {NO_WORKERS_START_ALLOWANCE_S:g} s); before any worker registered, at least the "
+        "start barrier's limit (300 s)"))
+    max_nonfinite_steps: int = setting(20, help=(
+        "the chief ends the run as diverged (exit 5) once every live worker had this many consecutive steps "
+        "with a non-finite loss or gradient (each skipped, not pushed) (0: never)"))
     rpc_deadline_s: float = setting(60.0, help="seconds to keep retrying an unreachable peer",
                                     flags=("--rpc-deadline-s", "--rpc-deadline"))
     read_wait_s: float = setting(30.0, help="longest a shard holds a sync/ssp worker before answering",
@@ -187,6 +197,8 @@ class RunConfig:
             problems.append("chief_timeout_s must be >= 0 (0: never)")
         if self.task_size < 0:
             problems.append("task_size must be >= 0")
+        if self.no_workers_timeout_s < 0 or self.max_nonfinite_steps < 0:
+            problems.append("no_workers_timeout_s and max_nonfinite_steps must be >= 0")
         transport_problem = TRANSPORTS.problem(self.transport)
         if transport_problem is not None:
             problems.append(transport_problem)
@@ -214,6 +226,11 @@ class RunConfig:
         """The injected delays of one worker (seeded by run seed and worker index)."""
         return StepDelay.for_worker(worker_index, self.compute_delay, self.stragglers, self.slowdown,
                                     self.rpc_latency_s, self.seed)
+
+    def no_workers_grace_s(self) -> float:
+        """How long the chief waits with no live worker before it ends the run (no_workers_timeout_s, or
+        by default two heartbeat timeouts plus a start-up allowance)."""
+        return self.no_workers_timeout_s or 2 * self.heartbeat_timeout_s + NO_WORKERS_START_ALLOWANCE_S
 
     def update_rule(self) -> UpdateRuleConfig:
         """The shards' update rule for this run."""

@@ -15,6 +15,11 @@ class InvalidArgumentError(AsyncpsError):
     """The request is malformed: shape, dtype, byte length, NaN/Inf, versions from the future."""
 
 
+class NonFiniteGradientError(InvalidArgumentError):
+    """A gradient holds NaN or Inf (INVALID_ARGUMENT, typed by asyncps.net.rpc): the worker counts the step
+    as non-finite (asyncps.rules.drops.DropReason.NONFINITE) and goes on."""
+
+
 class FailedPreconditionError(AsyncpsError):
     """The server is not in a state where the request can run (e.g. push before initialize)."""
 

@@ -29,8 +29,10 @@ log = logging.getLogger("asyncps.chief")
 EXIT_DONE = 0
 EXIT_UNREACHABLE = 2  # a shard stayed unreachable at start
 EXIT_SHARD_STATE = 4  # the shards' state cannot be used: another run's, or lost with no checkpoint
+EXIT_DIVERGED = 5  # every live worker had max_nonfinite_steps consecutive non-finite steps (summary written)
+EXIT_NO_WORKERS = 6  # no worker alive for no_workers_timeout_s (summary written)
 EXIT_HANDED_OVER = 143  # SIGTERM with --on-sigterm handover: the run goes on under the next chief (128 + 15)
-FINAL_EXIT_CODES = frozenset({EXIT_DONE, EXIT_UNREACHABLE, EXIT_SHARD_STATE})
+FINAL_EXIT_CODES = frozenset({EXIT_DONE, EXIT_UNREACHABLE, EXIT_SHARD_STATE, EXIT_DIVERGED, EXIT_NO_WORKERS})
 
 
 def prepare_run_dir(config: ChiefConfig) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from asyncps.chief.checkpointer import LIVE, Checkpointer, ShardStateError
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.evaluator import Evaluation, Evaluator
+from asyncps.chief.guard import RunGuard, Verdict
 from asyncps.chief.ledgerlog import LedgerLog, replay
 from asyncps.chief.lifecycle import (
     EXIT_HANDED_OVER,
@@ -37,7 +38,7 @@ from asyncps.chief.progress import Progress, ShardPoller, TrainClock
 from asyncps.chief.recorder import EvalLog, Recorder, write_summary
 from asyncps.chief.reportlog import ReportLog
 from asyncps.chief.servicer import CoordinatorServicer
-from asyncps.chief.startgate import StartGate
+from asyncps.chief.startgate import START_TIMEOUT_S, StartGate
 from asyncps.chief.tasks import TaskLedger
 
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
@@ -113,6 +114,9 @@ class Chief:
         self.clock = TrainClock(self.manifest.elapsed_s)
         self.started = time.monotonic()
         self.failure: str | None = None  # why the run cannot go on (the shards' state is lost)
+        # diverged or without workers: the run ends with its summary and this verdict's exit status
+        self.guard = RunGuard(self.run.max_nonfinite_steps, self.run.no_workers_grace_s(), START_TIMEOUT_S)
+        self.verdict: Verdict | None = None
         self._manifest_saved = 0.0
         self._orphans_checked = False
         self.live_set = LiveSet(membership, model.client.shards)
@@ -189,6 +193,9 @@ class Chief:
             self._write_summary(final)
             if self.config.export:
                 export_model(self.model.keras, self.config)
+            if self.verdict is not None:
+                log.error("run ended: %s; exiting %d", self.verdict.reason, self.verdict.exit_code)
+                return self.verdict.exit_code
         finally:
             self.gate.cancel()
             with self.progress.lock:
@@ -210,8 +217,12 @@ class Chief:
                 return
             for member in self.membership.reap():
                 requeued = self.ledger.requeue(member.worker_id)
-                log.warning("worker %d (%s) missed heartbeats for %.0fs: declared dead; %d data task(s) "
-                            "re-queued", member.index, member.worker_id, self.run.heartbeat_timeout_s, requeued)
+                if member.replaced_by:
+                    log.warning("worker %d registered again (%s replaces %s); %d data task(s) of the previous "
+                                "incarnation re-queued", member.index, member.replaced_by, member.worker_id, requeued)
+                else:
+                    log.warning("worker %d (%s) missed heartbeats for %.0fs: declared dead; %d data task(s) "
+                                "re-queued", member.index, member.worker_id, self.run.heartbeat_timeout_s, requeued)
             self._requeue_orphans()
             try:
                 self.live_set.sync()
@@ -228,6 +239,10 @@ class Chief:
             self._save_manifest()
             if stop_at is None:
                 reason = self.lifecycle.stop_reason()
+                if reason is None:
+                    self.verdict = self.guard.check((m.index for m in self.membership.live_workers()),
+                                                    self.recorder.nonfinite_streaks())
+                    reason = self.verdict.reason if self.verdict is not None else None
                 if reason is not None:
                     log.info("stopping: %s", reason)
                     self.membership.request_stop(reason)

@@ -26,6 +26,7 @@ class Member:
     alive: bool = True
     finished: bool = False
     step: int = 0
+    replaced_by: str = ""  # the new incarnation that took this member's index (it is no longer alive)
 
 
 class Membership:
@@ -40,11 +41,13 @@ class Membership:
         self._members: dict[str, Member] = {}
         self._stop_reason: str | None = None
         self.first_registration: float | None = None
+        self._replaced: list[Member] = []  # taken over by a new incarnation since the last reap()
 
     def register(self, worker_id: str, role: str, requested_index: int = -1) -> int:
         """Admit a worker and return its index: the requested one, or the lowest not held by a
         live worker. A new incarnation asking for a live worker's index takes it over (the old
-        one is declared dead: a restarted pod keeps its index)."""
+        one is declared dead: a restarted pod keeps its index) and the next reap() returns the old
+        one, so that its data tasks are re-queued as a dead worker's are."""
         if not worker_id:
             raise InvalidArgumentError("register needs a worker_id")
         if role != "worker":
@@ -61,7 +64,9 @@ class Membership:
             if requested_index >= 0:
                 index = requested_index
                 if index in live:
-                    live[index].alive = False
+                    replaced = live[index]
+                    replaced.alive, replaced.replaced_by = False, worker_id
+                    self._replaced.append(replaced)
             else:
                 index = next(i for i in range(len(live) + 1) if i not in live)
             self._members[worker_id] = Member(worker_id, role, index, now)
@@ -86,10 +91,11 @@ class Membership:
             member.finished = True
 
     def reap(self) -> list[Member]:
-        """Declare dead the members silent for longer than the heartbeat timeout; return them."""
+        """Declare dead the members silent for longer than the heartbeat timeout; return them, with
+        the members a new incarnation replaced since the last call (each member is returned once)."""
         with self._lock:
             now = self._clock()
-            dead = []
+            dead, self._replaced = self._replaced, []
             for m in self._members.values():
                 if m.alive and not m.finished and now - m.last_seen > self.heartbeat_timeout_s:
                     m.alive = False

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asyncps.chief.guard import NonfiniteStreak
 from asyncps.chief.progress import Progress
 from asyncps.chief.steady import SteadyStaleness
 from asyncps.chief.tasks import TaskLedger
 
 from asyncps.config import RunConfig
 from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.rules.drops import DropReason
 from asyncps.rundir import (
     EvalRow,
     FinalEval,
@@ -37,16 +40,21 @@ if TYPE_CHECKING:
 
     from asyncps.ml.datasets import Dataset
 
-_OUTCOMES = ("applied", "dropped", "partially_applied", "not_pushed")
+_OUTCOMES = ("applied", "dropped", "partially_applied", "not_pushed", "nonfinite")
+_NONFINITE = DropReason.NONFINITE.value
 
 
-def _outcome(accepted: list[bool]) -> str:
-    """What became of one step's gradient, from its pushes' outcomes on the shards."""
-    if not accepted:
+def _outcome(pushes: list[tuple[bool, str]]) -> str:
+    """What became of one step's gradient, from its pushes' (accepted, drop reason) on the shards."""
+    if not pushes:
         return "not_pushed"  # it touched no shard (a sparse gradient with no rows)
+    accepted = [a for a, _ in pushes]
     if all(accepted):
         return "applied"
-    return "partially_applied" if any(accepted) else "dropped"
+    if any(accepted):
+        return "partially_applied"
+    # a non-finite loss or gradient: skipped by the worker (or refused by every shard)
+    return "nonfinite" if all(drop == _NONFINITE for _, drop in pushes) else "dropped"
 
 
 class Recorder:
@@ -72,6 +80,7 @@ class Recorder:
         # examples by what became of their gradient: applied on every shard it was pushed to,
         # dropped on every one, or applied on some and dropped on others
         self.examples_by_outcome: collections.Counter[str] = collections.Counter()
+        self._streaks: dict[int, NonfiniteStreak] = {}  # per worker index: its consecutive non-finite steps
         if append:
             self._reload(run_dir)
         self._pushes = RowWriter(RunDir(run_dir).pushes, PushRow, append=append)
@@ -79,23 +88,38 @@ class Recorder:
 
     def _reload(self, run_dir: Path) -> None:
         """The statistics of the rows earlier chiefs of this run wrote."""
-        accepted: collections.defaultdict[tuple[int, int], list[bool]] = collections.defaultdict(list)
+        pushes: collections.defaultdict[tuple[int, int], list[tuple[bool, str]]] = collections.defaultdict(list)
+        losses: dict[tuple[int, int], float] = {}
         for p in iter_rows(RunDir(run_dir).pushes, PushRow):
             self._count_push(p.staleness, p.drop_reason, p.loss)
-            accepted[(p.worker, p.step)].append(p.accepted)
+            pushes[(p.worker, p.step)].append((p.accepted, p.drop_reason))
+            losses[(p.worker, p.step)] = p.loss
             if p.accepted:
                 self._applied.append(p)
         for s in iter_rows(RunDir(run_dir).timeline, StepRow):
-            self.examples_by_outcome[_outcome(accepted.get((s.worker, s.step), []))] += s.examples
+            key = (s.worker, s.step)
+            self._count_outcome(s.worker, s.step, _outcome(pushes.get(key, [])), losses.get(key, math.nan),
+                                s.examples)
             self._count_step(s.worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
 
+    def _count_outcome(self, worker: int, step: int, outcome: str, loss: float, examples: int) -> None:
+        self.examples_by_outcome[outcome] += examples
+        if outcome == "nonfinite":
+            before = self._streaks.get(worker)
+            self._streaks[worker] = NonfiniteStreak((before.steps if before else 0) + 1, step, loss)
+        else:
+            self._streaks.pop(worker, None)
+
     def _count_push(self, staleness: int, drop: str, loss: float) -> None:
+        self.last_loss = loss
+        self.pushes_recorded += 1
+        if drop == _NONFINITE:  # never reached a shard's versions: no staleness to count
+            self.dropped_reasons[drop] += 1
+            return
         self.staleness[staleness] += 1
         self.recent_staleness.append(staleness)
         if drop:
             self.dropped_reasons[drop] += 1
-        self.last_loss = loss
-        self.pushes_recorded += 1
 
     def _count_step(self, worker: int, busy_s: float, wait_s: float, examples: int) -> None:
         self.examples += examples
@@ -114,12 +138,17 @@ class Recorder:
                 if row.accepted:
                     self._applied.append(row)
                 self._count_push(p.staleness, kind, p.loss)
-                self.steady.add(worker, p.shard, p.wall_time, p.base_version, p.staleness)
-            accepted: collections.defaultdict[int, list[bool]] = collections.defaultdict(list)
+                if kind != _NONFINITE:
+                    self.steady.add(worker, p.shard, p.wall_time, p.base_version, p.staleness)
+            outcomes: collections.defaultdict[int, list[tuple[bool, str]]] = collections.defaultdict(list)
+            losses: dict[int, float] = {}
             for p in pushes:  # a step's push records come in the same report as its timing
-                accepted[p.step].append(p.accepted)
+                drop = drop_from_wire(p.drop)
+                outcomes[p.step].append((p.accepted, drop.value if drop is not None else ""))
+                losses[p.step] = p.loss
             for s in steps:
-                self.examples_by_outcome[_outcome(accepted.get(s.step, []))] += s.examples
+                self._count_outcome(worker, s.step, _outcome(outcomes.get(s.step, [])), losses.get(s.step, math.nan),
+                                    s.examples)
                 self._steps.write(StepRow(worker, s.step, s.start, s.pull_s, s.compute_s, s.push_s, s.wait_s,
                                           s.examples))
                 self._count_step(worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
@@ -131,6 +160,11 @@ class Recorder:
         """Examples whose gradients were applied, dropped, partially applied (summary.json's data)."""
         with self._lock:
             return {f"examples_{kind}": self.examples_by_outcome[kind] for kind in _OUTCOMES}
+
+    def nonfinite_streaks(self) -> dict[int, NonfiniteStreak]:
+        """Per worker index whose latest steps were non-finite: how many in a row, and the last one."""
+        with self._lock:
+            return dict(self._streaks)
 
     def snapshot(self) -> tuple[dict[int, int], list[int], int, float]:
         """(staleness histogram, recent staleness values, examples seen, last worker loss)."""
@@ -258,7 +292,9 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         stop_reason=stop_reason,
         pushes_recorded=recorder.pushes_recorded,
         data={**ledger.summary(), **recorder.example_outcomes()},
-        dropped_by_reason=p.dropped_by_reason,
+        # the shards count what they drop; a non-finite step is dropped by its worker (or refused by a shard)
+        dropped_by_reason={**p.dropped_by_reason,
+                           **{k: v for k, v in recorder.dropped().items() if k == _NONFINITE}},
         idle_fraction=recorder.idle_fractions(),
         max_clock_lead=p.max_clock_lead,
         measured_clock_lead=recorder.measured_clock_lead(),

@@ -30,6 +30,7 @@ from asyncps.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
+    NonFiniteGradientError,
     NotFoundError,
     UnavailableError,
 )
@@ -40,7 +41,7 @@ from asyncps.rules.policies import PushContext, StalenessPolicy
 from asyncps.rules.sync.coordinated import Coordinator
 from asyncps.rules.sync.follower import SyncFollower
 from asyncps.rules.sync.types import Ballot, Decisions, Held
-from asyncps.wire.codec import Array, Gradient, SparseRows, coalesce_rows
+from asyncps.wire.codec import Array, Gradient, SparseRows, all_finite, coalesce_rows
 from asyncps.wire.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
 
 
@@ -68,16 +69,6 @@ def _is_float(dtype: np.dtype[Any]) -> bool:
     return bool(np.issubdtype(dtype, np.floating))
 
 
-def _all_finite(a: Array) -> bool:
-    if a.size == 0:
-        return True
-    # A sum propagates NaN/Inf without a bool temporary the size of the tensor: a finite sum
-    # proves every element finite. A non-finite one may also be an overflow of large finite
-    # values, so only then is every element checked.
-    with np.errstate(over="ignore", invalid="ignore"):
-        if np.isfinite(np.add.reduce(a, axis=None)):
-            return True
-    return bool(np.isfinite(a).all())
 
 
 @dataclass(frozen=True)
@@ -128,7 +119,7 @@ class ShardStore:
         for name, value in values.items():
             if not _is_float(value.dtype):
                 raise InvalidArgumentError(f"{name}: variables must be floating point, got {value.dtype}")
-            if not _all_finite(value):
+            if not all_finite(value):
                 raise InvalidArgumentError(f"{name}: initial value contains NaN or Inf")
         with self._init_lock:
             if self._rule is not None:
@@ -442,8 +433,8 @@ class ShardStore:
                 )
         if values.dtype != dtype:
             raise InvalidArgumentError(f"{name}: gradient dtype {values.dtype} != variable dtype {dtype}")
-        if not _all_finite(values):
-            raise InvalidArgumentError(f"{name}: gradient contains NaN or Inf")
+        if not all_finite(values):
+            raise NonFiniteGradientError(f"{name}: gradient contains NaN or Inf")
 
     # -- checkpoints ----------------------------------------------------------------------
     def pause(self, hold_s: float) -> int:
@@ -537,7 +528,7 @@ class ShardStore:
             raise InvalidArgumentError(f"update counts for unknown variables {unknown}")
         optimizer = make_optimizer(snap.rule.optimizer)
         for name, value in snap.values.items():
-            if not _is_float(value.dtype) or not _all_finite(value):
+            if not _is_float(value.dtype) or not all_finite(value):
                 raise InvalidArgumentError(f"{name}: restored values must be finite floating point")
             expected = optimizer.init_slots(value)
             slots = snap.slots.get(name, {})

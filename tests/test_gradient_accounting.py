@@ -27,7 +27,8 @@ def test_recorder_counts_examples_by_what_became_of_their_gradient(tmp_path: Pat
                  [cpb.StepTiming(step=s, examples=n) for s, n in ((1, 32), (2, 16), (3, 8), (4, 4))])
     recorder.close()
     assert recorder.example_outcomes() == {"examples_applied": 32, "examples_dropped": 16,
-                                           "examples_partially_applied": 8, "examples_not_pushed": 4}
+                                           "examples_partially_applied": 8, "examples_not_pushed": 4,
+                                           "examples_nonfinite": 0}
 
 
 @pytest.mark.slow
@@ -50,5 +51,5 @@ def test_summary_counts_applied_dropped_and_partial_examples_as_the_run_records_
     for kind in ("applied", "dropped", "partially_applied"):
         assert data[f"examples_{kind}"] == expected[kind], (kind, data, expected)
     assert data["examples_applied"] > 0 and data["examples_dropped"] > 0  # a bound of 0 drops some
-    total = sum(data[f"examples_{k}"] for k in ("applied", "dropped", "partially_applied", "not_pushed"))
+    total = sum(data[f"examples_{k}"] for k in ("applied", "dropped", "partially_applied", "not_pushed", "nonfinite"))
     assert total == data["examples_done"]  # every example trained on once, none lost or repeated

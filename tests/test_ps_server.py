@@ -17,6 +17,7 @@ from asyncps.net.security import SecurityConfig, check_health
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.placement import Placement, VariableSpec, place, split_for_shards
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.rules.drops import DropReason
 from asyncps.transport import GrpcShardTransport, connect_model
 from asyncps.wire.codec import SparseRows, iter_chunks
 from asyncps.wire.frames import decode_frame, encode_frame, identity
@@ -561,3 +562,21 @@ def test_shutdown_rpc_makes_the_process_exit_cleanly(shard_factory: ShardLaunche
     assert process.process.wait(timeout=30) == 0, process.log_tail()
     assert "shutdown requested: tests are done" in process.log_tail()
     assert not check_health(process.address, SecurityConfig(), timeout_s=2.0)
+
+
+def test_a_shards_refusal_of_a_non_finite_gradient_is_a_dropped_push_not_an_exception(
+    sliced_model: SlicedModel,
+) -> None:
+    """The shard refuses NaN with INVALID_ARGUMENT typed as non-finite: the worker's client reports a
+    dropped push (DropReason.NONFINITE) for that shard, as for a step the worker skipped itself."""
+    model = connect_model("nan", sliced_model.addresses, sliced_model.placement, deadline_s=CALL_TIMEOUT_S)
+    versions = model.pull()
+    grad = np.ones(64, np.float32)
+    grad[3] = np.nan
+    results = model.push_pull({"bias": grad}, step=0, loss=1.0)
+    refused = [r for r in results if r.outcome is not None]
+    assert len(refused) == 1 and refused[0].outcome is not None
+    assert refused[0].outcome.drop is DropReason.NONFINITE and not refused[0].outcome.accepted
+    assert "NaN or Inf" in refused[0].outcome.detail
+    assert model.pull() == versions  # nothing applied
+    model.close()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -14,9 +15,11 @@ import numpy as np
 
 from asyncps.delays import StepDelay
 from asyncps.pb import coordinator_pb2 as cpb
-from asyncps.transport import ModelClient
-from asyncps.wire.codec import Array, Gradient, coalesce_rows
+from asyncps.rules.drops import DropReason
+from asyncps.transport import ModelClient, ShardPush
+from asyncps.wire.codec import Array, Gradient, SparseRows, all_finite, coalesce_rows
 from asyncps.wire.proto import push_record
+from asyncps.wire.shard import PushOutcome
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,16 @@ class TaskBatches:
             self._queue = [(p, reply.task_id if i == len(pieces) - 1 else None) for i, p in enumerate(pieces)]
         rows, completes = self._queue.pop(0)
         return Batch(self._x[rows], self._y[rows], completes)
+
+
+def nonfinite_detail(loss: float, names: Sequence[str], grads: Sequence[Gradient]) -> str | None:
+    """What is not finite in one step (its loss, the first variable whose gradient holds NaN/Inf), or
+    None when everything is: the worker's check_numerics before a push."""
+    bad = next((name for name, g in zip(names, grads, strict=True)
+                if not all_finite(g.values if isinstance(g, SparseRows) else g)), None)
+    if bad is None and math.isfinite(loss):
+        return None
+    return f"loss {loss:g}; " + (f"first non-finite gradient: {bad}" if bad else "every gradient finite")
 
 
 class BatchSource(Protocol):
@@ -225,6 +238,8 @@ class Trainer:
         self._pipeline = pipeline
         self.step = 0
         self.examples = 0
+        self.nonfinite_steps = 0  # skipped (or refused by a shard) for a NaN/Inf loss or gradient
+        self._nonfinite_streak = 0
 
     def run(self, stop: threading.Event, max_steps: int = 0, pulled: bool = False) -> None:
         """Pull once (unless the caller just did: `pulled`), then loop: compute gradients,
@@ -263,12 +278,19 @@ class Trainer:
 
     def _exchange(self, batch: Batch, loss: float, grads: list[Gradient], base: list[int],
                   incarnations: list[int] | None, start: float, computed: float, pull_s: float) -> None:
-        """Push one step's gradient computed from `base` and receive the new values; record it."""
-        results = self._client.push_pull(dict(zip(self._names, grads, strict=True)), self.step, loss,
-                                         self._read_wait_s, base, incarnations)
+        """Push one step's gradient computed from `base` and receive the new values; record it. A step
+        with a non-finite loss or gradient is not pushed: every shard's record says it was dropped."""
+        detail = nonfinite_detail(loss, self._names, grads)
+        if detail is None:
+            results = self._client.push_pull(dict(zip(self._names, grads, strict=True)), self.step, loss,
+                                              self._read_wait_s, base, incarnations)
+        else:
+            results = [ShardPush(s, PushOutcome(False, 0, base[s], 0.0, DropReason.NONFINITE, detail), base[s])
+                       for s in range(len(base))]
         done = time.time()
         waited = max((r.waited_s for r in results), default=0.0)
         self.step += 1
+        self._count_nonfinite(results)
         self.examples += len(batch.x)
         records = [
             push_record(r.outcome, done, r.shard, base[r.shard], loss, self.step)
@@ -279,6 +301,19 @@ class Trainer:
         self._telemetry.add(records, timing, batch.completes)
         if self._on_step is not None:
             self._on_step(self.step)
+
+    def _count_nonfinite(self, results: Sequence[ShardPush]) -> None:
+        """Count and log a step skipped (or refused by a shard) for a NaN/Inf: its step and what was not finite."""
+        refused = [r for r in results if r.outcome is not None and r.outcome.drop is DropReason.NONFINITE]
+        if not refused:
+            self._nonfinite_streak = 0
+            return
+        self.nonfinite_steps += 1
+        self._nonfinite_streak += 1
+        streak = self._nonfinite_streak
+        if streak <= 3 or streak % 100 == 0:  # the start of a streak, then now and then: not every step
+            log.warning("step %d not applied: non-finite (%s); %d such step(s) in a row, %d in all", self.step,
+                        refused[0].outcome.detail if refused[0].outcome else "", streak, self.nonfinite_steps)
 
     def run_step(self, batch: Batch, pull_s: float = 0.0) -> float:
         """One step: gradients at the current values, then push them with their base versions."""

@@ -42,6 +42,7 @@ OUTCOME_KEY = "asyncps-outcome"
 _OUTCOME_OF: tuple[tuple[type[errors.AsyncpsError], str], ...] = (
     (errors.PathNotVisibleError, "path-not-visible"),
     (errors.AttachAgainError, "attach-again"),
+    (errors.NonFiniteGradientError, "non-finite"),
 )
 
 

@@ -36,6 +36,8 @@ class _DropReasonEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._Enu
     """sync: the worker already contributed to the pending version"""
     DROP_RESTORED: _DropReason.ValueType  # 4
     """computed from a previous incarnation of the shard"""
+    DROP_NONFINITE: _DropReason.ValueType  # 5
+    """a NaN/Inf loss or gradient: skipped by the worker, refused by a shard"""
 
 class DropReason(_DropReason, metaclass=_DropReasonEnumTypeWrapper):
     """Why a shard dropped a push (asyncps.rules.drops.DropReason)."""
@@ -50,6 +52,8 @@ DROP_DUPLICATE: DropReason.ValueType  # 3
 """sync: the worker already contributed to the pending version"""
 DROP_RESTORED: DropReason.ValueType  # 4
 """computed from a previous incarnation of the shard"""
+DROP_NONFINITE: DropReason.ValueType  # 5
+"""a NaN/Inf loss or gradient: skipped by the worker, refused by a shard"""
 global___DropReason = DropReason
 
 @typing.final

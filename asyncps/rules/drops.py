@@ -1,4 +1,4 @@
-"""Why a shard drops a push: one enum from the rules that decide it to pushes.csv."""
+"""Why a push is dropped: one enum from the rules that decide it to pushes.csv."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ class DropReason(enum.Enum):
     LATE = "late"  # sync: its version was already applied without it (a backup worker's step)
     DUPLICATE = "duplicate"  # sync: this worker already contributed to the pending version
     RESTORED = "restored"  # computed from a previous incarnation of the shard (a restore happened)
+    # a non-finite loss or gradient (NaN/Inf): the worker skips the step before pushing it, and a
+    # shard that still receives one refuses it (INVALID_ARGUMENT, typed errors.NonFiniteGradientError)
+    NONFINITE = "nonfinite"
 
 
 __all__ = ["DropReason"]

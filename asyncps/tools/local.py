@@ -97,6 +97,7 @@ class LocalCluster:
         self.ps_addresses: list[str] = []
         self._ps_args: dict[str, list[str]] = {}
         self._chief_args: list[str] = []
+        self._worker_args: dict[str, list[str]] = {}
         self._timeout_args = ["--chief-timeout", f"{run.chief_timeout_s:g}"]
 
     def _spawn(self, name: str, args: list[str]) -> Child:
@@ -143,8 +144,10 @@ class LocalCluster:
         self.chief_address = f"127.0.0.1:{port}"
         self._chief_args = [*args, "--port", str(port)]  # a restarted chief serves where the workers look
         for name, first, count in worker_groups(self.run.num_workers, self.run.worker_processes):
-            self._spawn(name, ["worker", "--chief", self.chief_address, "--index", str(first),
-                               *(["--logical", str(count)] if count > 1 else []), *self._timeout_args])
+            # a restarted worker asks for the same index: the chief re-queues its predecessor's tasks
+            self._worker_args[name] = ["worker", "--chief", self.chief_address, "--index", str(first),
+                                       *(["--logical", str(count)] if count > 1 else []), *self._timeout_args]
+            self._spawn(name, self._worker_args[name])
 
     def _make_secrets(self) -> None:
         """A development CA, a certificate per role (shards, chief, workers) and a token per role:
@@ -182,6 +185,15 @@ class LocalCluster:
                 restarted.append(child.name)
         return restarted
 
+    def restart_dead_workers(self) -> list[str]:
+        """Start again every worker process that crashed (exited non-zero or was killed), under the
+        same index: the chief re-queues the data tasks its previous incarnation held."""
+        restarted = []
+        for child in list(self.children):
+            if child.name in self._worker_args and child.proc.poll() not in (None, 0) and self._restart(child):
+                restarted.append(child.name)
+        return restarted
+
     def restart_dead_chief(self) -> bool:
         """Start the chief again, on the same port, if it died (it resumes the run); True if restarted.
 
@@ -200,7 +212,9 @@ class LocalCluster:
         child.log.close()
         i = self.children.index(child)
         self.children.pop(i)
-        replacement = self._spawn(child.name, self._chief_args if child.name == "chief" else self._ps_args[child.name])
+        args = (self._chief_args if child.name == "chief" else self._worker_args[child.name]
+                if child.name in self._worker_args else self._ps_args[child.name])
+        replacement = self._spawn(child.name, args)
         self.children.remove(replacement)
         self.children.insert(i, replacement)
         return True
@@ -286,6 +300,12 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
             # on its port and the chief restores its part of the latest checkpoint
             for name in cluster.restart_dead_shards():
                 print(f"\nasyncps local: {name} died; restarted it (the chief restores it)", file=sys.stderr)
+            # a worker that crashed comes back under its index (up to max_restarts times each); the
+            # chief re-queues the tasks its previous incarnation held
+            if cluster.chief.alive():
+                for name in cluster.restart_dead_workers():
+                    print(f"\nasyncps local: {name} died; restarted it (restart {cluster.restarts[name]} of "
+                          f"{cluster.max_restarts})", file=sys.stderr)
             # a chief killed or crashed comes back on its port and resumes the run from the live shards
             if cluster.restart_dead_chief():
                 print("\nasyncps local: the chief died; restarted it (it resumes the run)", file=sys.stderr)

@@ -10,10 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+import grpc
 import numpy as np
 
-from asyncps.errors import InvalidArgumentError
+from asyncps.errors import InvalidArgumentError, NonFiniteGradientError
+from asyncps.net.rpc import outcome_of
 from asyncps.placement import Placement
+from asyncps.rules.drops import DropReason
 from asyncps.rules.sync.client import WorkerStep, coordinated_step
 from asyncps.transport.base import ShardTransport
 from asyncps.wire.codec import Array, Gradient, SparseRows
@@ -126,7 +129,15 @@ class ModelClient:
                 return ShardPush(shard, None, reply.version)
             request = PushRequest(self.worker_id, base[shard], per_shard[shard], step, loss, incarnations[shard],
                                   worker_index=self.worker_index)
-            outcome, reply = self.shards[shard].push_pull(request, -1, self._views[shard], read_wait_s)
+            try:
+                outcome, reply = self.shards[shard].push_pull(request, -1, self._views[shard], read_wait_s)
+            except Exception as exc:
+                if not isinstance(exc, NonFiniteGradientError) and outcome_of(exc) is not NonFiniteGradientError:
+                    raise
+                # the shard refused a NaN/Inf gradient: a dropped push of this step, not the end of the worker
+                detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+                return ShardPush(shard, PushOutcome(False, 0, base[shard], 0.0, DropReason.NONFINITE, detail or ""),
+                                 base[shard])
             self._accept(shard, reply)
             return ShardPush(shard, outcome, reply.version, reply.waited_s)
 

@@ -40,6 +40,19 @@ class SparseRows:
 Gradient: TypeAlias = "Array | SparseRows"
 
 
+def all_finite(a: Array) -> bool:
+    """True when no element is NaN or Inf (shards check every gradient, workers every step's)."""
+    if a.size == 0:
+        return True
+    # A sum propagates NaN/Inf without a bool temporary the size of the tensor: a finite sum
+    # proves every element finite. A non-finite one may also be an overflow of large finite
+    # values, so only then is every element checked.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(a, axis=None)):
+            return True
+    return bool(np.isfinite(a).all())
+
+
 def coalesce_rows(indices: npt.NDArray[np.integer[Any]], values: Array) -> SparseRows:
     """One row per distinct index, duplicates summed, indices sorted.
 

@@ -44,6 +44,7 @@ _DROP_TO_WIRE: dict[DropReason, ps_pb2.DropReason.ValueType] = {
     DropReason.LATE: ps_pb2.DROP_LATE,
     DropReason.DUPLICATE: ps_pb2.DROP_DUPLICATE,
     DropReason.RESTORED: ps_pb2.DROP_RESTORED,
+    DropReason.NONFINITE: ps_pb2.DROP_NONFINITE,
 }
 _DROP_FROM_WIRE = {number: reason for reason, number in _DROP_TO_WIRE.items()}
 
