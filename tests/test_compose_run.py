@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from asyncps.tools.cli import build_parser
 from asyncps.tools.composerun import ContainerState, decide
 
@@ -24,6 +26,13 @@ def test_a_killed_chief_is_started_again_until_its_restarts_run_out() -> None:
     ended = decide(project, {"c": 2}, max_restarts=2)
     assert (ended.finished, ended.exit_code) == (True, 137)
     assert "after 2 restarts" in ended.reason
+
+
+@pytest.mark.parametrize("verdict", [5, 6])  # diverged, no worker alive: the run ended with its summary
+def test_a_chief_that_ended_the_run_with_a_verdict_is_not_restarted(verdict: int) -> None:
+    project = [state("c", "chief", "exited", verdict), state("p0", "ps-0")]
+    decision = decide(project, {}, max_restarts=5)
+    assert (decision.finished, decision.exit_code, decision.restart) == (True, verdict, ())
 
 
 def test_the_run_ends_with_the_chiefs_clean_exit() -> None:

@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from asyncps.chief.lifecycle import EXIT_DIVERGED, EXIT_NO_WORKERS
+
 SERVICE_LABEL = "com.docker.compose.service"
 
 
@@ -40,6 +42,10 @@ class Decision:
     reason: str = ""
 
 
+#: Chief exits that end a run with a verdict (and summary.json), never restarted.
+VERDICTS = {EXIT_DIVERGED: "the run diverged", EXIT_NO_WORKERS: "no worker was alive"}
+
+
 def decide(containers: Sequence[ContainerState], restarts: dict[str, int], max_restarts: int,
            chief_service: str = "chief") -> Decision:
     """Pure: restart every crashed container with restarts left; finish when the chief exited 0,
@@ -50,6 +56,10 @@ def decide(containers: Sequence[ContainerState], restarts: dict[str, int], max_r
     chief = chiefs[0]
     if chief.status in ("exited", "dead") and chief.exit_code == 0:
         return Decision(finished=True, exit_code=0, reason=f"{chief_service} exited 0")
+    if chief.status in ("exited", "dead") and chief.exit_code in VERDICTS:
+        # the run ended with a verdict and its summary: a restarted chief would only repeat it
+        return Decision(finished=True, exit_code=chief.exit_code,
+                        reason=f"{chief_service} exited {chief.exit_code}: {VERDICTS[chief.exit_code]}")
     crashed = [c for c in containers if c.status in ("exited", "dead") and c.exit_code != 0]
     if chief in crashed and restarts.get(chief.id, 0) >= max_restarts:
         return Decision(finished=True, exit_code=chief.exit_code,
