@@ -16,6 +16,7 @@ its locks once (ShardService.push_pull drives them):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import secrets
 import threading
 import time
@@ -229,16 +230,18 @@ class ShardStore:
         steps = self._mode.decisions_since(step)
         return Decisions(self._incarnation, steps) if steps else None
 
-    def commit(self, worker_id: str, ballot: Ballot, decisions: Decisions) -> PushOutcome:
+    def commit(self, worker_id: str, ballot: Ballot, decisions: Decisions, step: int | None = None) -> PushOutcome:
         """A follower applies the coordinator's decided steps (SyncFollower); what became of
         worker_id's gradient staged under `ballot` (accepted while it is still staged)."""
         self._require_initialized()
         assert self._rule is not None
+        if ballot.push is None and step is not None:
+            ballot = dataclasses.replace(ballot, push=step)
         follower = self._follower()
         lr = self._rule.optimizer.learning_rate
         with self._unpaused(sorted(self._vars)):  # a cut holds commits too
             self._apply_decisions(follower, decisions)
-            resolution = follower.resolution(worker_id, ballot.step)
+            resolution = follower.resolution(worker_id, ballot)
             if resolution is None:
                 return PushOutcome(True, 0, self._version, lr)
             if resolution.accepted:
@@ -304,6 +307,8 @@ class ShardStore:
         self._require_initialized()
         if not grads and ballot is None:
             raise InvalidArgumentError("push without gradients")
+        if ballot is not None and ballot.push is None and step is not None:
+            ballot = dataclasses.replace(ballot, push=step)  # names the gradient (modes that decide pushes)
         if base_version < 0:
             raise InvalidArgumentError(f"base_version must be >= 0, got {base_version}")
         for name, grad in grads.items():

@@ -1,4 +1,4 @@
-"""The consistency modes a shard can run, registered in MODES: async, sync and SSP.
+"""The consistency modes a shard can run, registered in MODES: async, sync, SSP and the K-variants.
 
 The interface every mode implements (`Consistency`, `ModeSpec`, the `MODES` registry) is in
 asyncps.rules.consistency and re-exported here. Sync over several shards is decided once (shard 0
@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from asyncps.rules.consistency import MODES, Admission, Consistency, ModeSpec, RetryMemo, Verdict, check_count
 from asyncps.rules.registry import param
 from asyncps.rules.sync.bsp import SyncMode
+from asyncps.rules.sync.k_async import KAsyncMode
+from asyncps.rules.sync.k_batch_async import KBatchAsyncMode
+from asyncps.rules.sync.k_batch_sync import KBatchSyncMode
 from asyncps.rules.sync.types import Ballot
 
 
@@ -120,6 +123,11 @@ class SSPMode(ModeSpec):
         return SSPConsistency(num_workers, self.bound)
 
 
+MODES.register("k-async")(KAsyncMode)  # Dutta et al. 2018's K-variants, coordinated like sync
+MODES.register("k-batch-sync")(KBatchSyncMode)
+MODES.register("k-batch-async")(KBatchAsyncMode)
+
+
 def make_consistency(spec: str, num_workers: int) -> Consistency:
     """The running state of the mode a spec names (ValueError when the spec is malformed)."""
     return MODES.parse(spec).start(num_workers)
@@ -163,6 +171,6 @@ def mode_alias_values(spec: str) -> dict[str, int]:
             for alias, (mode_name, key) in MODE_ALIASES.items()}
 
 
-__all__ = ["MODES", "MODE_ALIASES", "Admission", "AsyncConsistency", "AsyncMode", "Consistency", "ModeSpec",
-           "SSPConsistency", "SSPMode", "SyncMode", "Verdict", "fold_mode_aliases", "make_consistency",
-           "mode_alias_values"]
+__all__ = ["MODES", "MODE_ALIASES", "Admission", "AsyncConsistency", "AsyncMode", "Consistency", "KAsyncMode",
+           "KBatchAsyncMode", "KBatchSyncMode", "ModeSpec", "SSPConsistency", "SSPMode", "SyncMode", "Verdict",
+           "fold_mode_aliases", "make_consistency", "mode_alias_values"]

@@ -14,8 +14,11 @@ other shards apply exactly those sets, and a checkpoint cut commits them on held
 
 Modules: `types` (the messages), `steps` (a step's gradients), `coordinated` (the interface of a
 coordinated mode: `CoordinatedMode`, `Coordinator`), `follower`, `bsp` (the sync mode), `client`
-(the worker's step), `cut` (the chief's side). A second coordinated mode (the K-variants) is one
-file here with its coordinator and spec, and a registration line in asyncps.rules.modes.
+(the worker's step), `cut` (the chief's side), and the K-variants of Dutta et al. 2018, one file
+each (`k_async`, `k_batch_sync`, `k_batch_async`). A coordinated mode is one file here with its
+coordinator and spec, and a registration line in asyncps.rules.modes; a mode whose sets take stale
+gradients or several of one worker names pushes in them (`types.push_name`) and says so in its
+spec's `follow_rule` (`follower.FollowRule`).
 
 Only the types are imported here: the modules above import the rules and the wire, which import
 these types.

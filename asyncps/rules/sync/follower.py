@@ -14,8 +14,29 @@ from asyncps.errors import InvalidArgumentError
 from asyncps.rules.consistency import Admission, Consistency, Verdict
 from asyncps.rules.drops import DropReason
 from asyncps.rules.sync.steps import DECISION_LOG, PendingStep
-from asyncps.rules.sync.types import Ballot, Decisions, Resolution, SyncStep
+from asyncps.rules.sync.types import Ballot, Decisions, Resolution, SyncStep, parse_push_name
 from asyncps.wire.codec import Gradient
+
+# A staged gradient: (worker, coordinator step of its ballot, the worker's step it is from)
+_Key = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class FollowRule:
+    """How a follower reads its coordinator's decided sets (the mode's CoordinatedMode.follow_rule).
+
+    by_push: the sets name pushes (`push_name`), which may come from any earlier step of the
+    coordinator and several from one worker (the K-variants); otherwise they name workers whose
+    gradients of exactly that step are averaged, one per worker (sync).
+    retire_late: a decided step drops the staged gradients of it and earlier steps it did not
+    take (sync, K-batch-sync); otherwise they wait for a later step (K-async, K-batch-async).
+    """
+
+    by_push: bool = False
+    retire_late: bool = True
+
+
+SYNC_RULE = FollowRule()
 
 
 @dataclass
@@ -52,13 +73,14 @@ class SyncFollower(Consistency):
     name = "sync"
     exclusive = True
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, rule: FollowRule = SYNC_RULE) -> None:
         super().__init__(num_workers)
+        self.rule = rule
         self.lineage = 0  # the coordinator incarnation whose decisions this shard follows
         self.next_step = 0  # the first coordinator step not decided here yet
         self._retired: set[int] = set()
-        self._staged: dict[tuple[str, int], _Staged] = {}
-        self._resolved: collections.OrderedDict[tuple[str, int], Resolution] = collections.OrderedDict()
+        self._staged: dict[_Key, _Staged] = {}
+        self._resolved: collections.OrderedDict[_Key, Resolution] = collections.OrderedDict()
         self.version = 0  # this shard's version (the store's, given with each commit)
         self._admitted_base = 0
         self.skipped_steps = 0  # decided steps with none of their gradients staged here
@@ -69,9 +91,11 @@ class SyncFollower(Consistency):
         if ballot is None:
             raise InvalidArgumentError("a sync push to a follower shard needs the coordinator's version and "
                                        "incarnation it was computed from (sync_step, sync_incarnation)")
-        if ballot.incarnation in self._retired or (ballot.incarnation == self.lineage and ballot.step < self.next_step):
+        late = ballot.incarnation == self.lineage and ballot.step < self.next_step and self.rule.retire_late
+        if ballot.incarnation in self._retired or late:
             return Admission(Verdict.DROP, f"late: coordinator step {ballot.step} already decided", DropReason.LATE)
-        if (worker_id, ballot.step) in self._staged:
+        if self._key(worker_id, ballot) in self._staged or (
+                not self.rule.by_push and any(k[:2] == (worker_id, ballot.step) for k in self._staged)):
             return Admission(Verdict.DROP, f"duplicate: {worker_id} already staged for step {ballot.step}",
                              DropReason.DUPLICATE)
         self._admitted_base = base_version
@@ -82,7 +106,18 @@ class SyncFollower(Consistency):
         assert ballot is not None
         kept = PendingStep()
         kept.add(grads)
-        self._staged[(worker_id, ballot.step)] = _Staged(ballot.incarnation, kept.average(), self._admitted_base)
+        self._staged[self._key(worker_id, ballot)] = _Staged(ballot.incarnation, kept.average(), self._admitted_base)
+
+    @staticmethod
+    def _key(worker_id: str, ballot: Ballot) -> _Key:
+        """A staged gradient's key (a push with no worker step is -1: one per worker and step)."""
+        return worker_id, ballot.step, -1 if ballot.push is None else ballot.push
+
+    def _takes(self, decided: SyncStep, key: _Key, pushes: set[tuple[str, int] | None]) -> bool:
+        """Whether the decided step averages the staged gradient `key` (`pushes`: its named pushes)."""
+        if self.rule.by_push:
+            return (key[0], key[2]) in pushes
+        return key[1] == decided.step and key[0] in decided.workers
 
     def commit(self, decisions: Decisions, version: int) -> list[tuple[SyncStep, dict[str, Gradient] | None]]:
         """The averaged step of every decision not applied yet, in order (see the class);
@@ -105,12 +140,15 @@ class SyncFollower(Consistency):
                 continue
             step = PendingStep()
             chosen = []
+            pushes = {parse_push_name(name) for name in decided.workers} if self.rule.by_push else set()
             for key in sorted(k for k in self._staged if k[1] <= decided.step):
-                entry = self._staged.pop(key)
-                if key[1] == decided.step and key[0] in decided.workers:
+                if self._takes(decided, key, pushes):
+                    entry = self._staged.pop(key)
                     step.add(entry.grads)
                     chosen.append((key, entry))
-                else:
+                elif self.rule.retire_late or key[1] < decided.step - DECISION_LOG:
+                    # (a gradient the coordinator kept waiting this long was dropped there)
+                    entry = self._staged.pop(key)
                     self._resolve(key, Resolution(False, self.version, self.version - entry.base_version,
                                                   DropReason.LATE,
                                                   f"late: coordinator step {decided.step} was decided without it"))
@@ -124,7 +162,7 @@ class SyncFollower(Consistency):
             self.next_step = decided.step + 1
         return steps
 
-    def _resolve(self, key: tuple[str, int], resolution: Resolution) -> None:
+    def _resolve(self, key: _Key, resolution: Resolution) -> None:
         """Record what became of a staged gradient; a drop is counted by the shard (take_drops)."""
         self._resolved[key] = resolution
         if resolution.drop is not None:
@@ -132,9 +170,9 @@ class SyncFollower(Consistency):
         while len(self._resolved) > DECISION_LOG:
             self._resolved.popitem(last=False)
 
-    def resolution(self, worker_id: str, step: int) -> Resolution | None:
-        """What became of worker_id's gradient staged for `step` (None while it is staged)."""
-        return self._resolved.get((worker_id, step))
+    def resolution(self, worker_id: str, ballot: Ballot) -> Resolution | None:
+        """What became of worker_id's gradient staged under `ballot` (None while it is staged)."""
+        return self._resolved.get(self._key(worker_id, ballot))
 
     def sync_position(self) -> tuple[int, int] | None:
         """(the coordinator incarnation followed, the first step not committed here)."""
@@ -151,4 +189,4 @@ class SyncFollower(Consistency):
         return {"sync_skipped_steps": float(self.skipped_steps)}
 
 
-__all__ = ["SyncFollower"]
+__all__ = ["SYNC_RULE", "FollowRule", "SyncFollower"]

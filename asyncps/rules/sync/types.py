@@ -16,18 +16,35 @@ class Ballot:
     """The coordinator's version (`step`) and incarnation a gradient was computed from.
 
     A worker of a coordinated mode sends it with every push of a step, so a follower shard knows
-    which of the coordinator's decisions the gradient belongs to."""
+    which of the coordinator's decisions the gradient belongs to. `push` is the worker's step
+    the gradient is from (the shard sets it from the push): it names the gradient itself, for
+    modes whose decided sets name pushes (the K-variants), not workers."""
 
     step: int
     incarnation: int
+    push: int | None = None
 
 
 @dataclass(frozen=True)
 class SyncStep:
-    """The coordinator's decision for one step: version `step` + 1 averages exactly these workers."""
+    """The coordinator's decision for one step: version `step` + 1 averages exactly these workers'
+    gradients of that step (sync), or exactly these pushes (`push_name`s, the K-variants)."""
 
     step: int
     workers: frozenset[str]
+
+
+def push_name(worker_id: str, push: int) -> str:
+    """How a decided set names one push: the worker and its step (`worker#step`)."""
+    return f"{worker_id}#{push}"
+
+
+def parse_push_name(name: str) -> tuple[str, int] | None:
+    """(worker, step) of a push_name; None for a name that is not one."""
+    worker, sep, push = name.rpartition("#")
+    if not sep or not push.lstrip("-").isdigit():
+        return None
+    return worker, int(push)
 
 
 @dataclass(frozen=True)
@@ -65,4 +82,4 @@ class Held:
     decided: Decisions | None = None
 
 
-__all__ = ["Ballot", "Decisions", "Held", "Resolution", "SyncStep"]
+__all__ = ["Ballot", "Decisions", "Held", "Resolution", "SyncStep", "parse_push_name", "push_name"]
