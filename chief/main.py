@@ -75,8 +75,8 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     quiet_tensorflow()
     limit_threads(run.tf_threads)
     from asyncps.ml.models import make_loss, make_metrics
-    from asyncps.ml.runmodel import build_run_model
     from asyncps.placement import VariableSpec, place
+    from asyncps.runmodel import build_run_model
     from asyncps.transport import connect_model
 
     data, model = build_run_model(run)

@@ -36,7 +36,7 @@ from asyncps.errors import (
     UnavailableError,
 )
 from asyncps.rules import UpdateRuleConfig
-from asyncps.rules.consistency import Consistency, Verdict
+from asyncps.rules.consistency import Consistency, RetryMemo, Verdict
 from asyncps.rules.optimizers import Optimizer, make_optimizer
 from asyncps.rules.policies import PushContext, StalenessPolicy
 from asyncps.rules.sync.coordinated import Coordinator
@@ -330,7 +330,7 @@ class ShardStore:
                 raise InvalidArgumentError(
                     f"base_version {base_version} is from the future: shard version is {version_now}"
                 )
-            retries = self._mode.retries
+            retries: RetryMemo[PushOutcome] | None = self._mode.retries
             repeated = retries.repeated(worker_id, step) if retries is not None else None
             if repeated is not None:
                 return repeated
@@ -362,7 +362,7 @@ class ShardStore:
     def _remember(self, worker_id: str, step: int | None, outcome: PushOutcome) -> PushOutcome:
         """Keep the outcome of a worker's push for a retry of it, in the mode's memo (state lock held)."""
         assert self._mode is not None
-        retries = self._mode.retries
+        retries: RetryMemo[PushOutcome] | None = self._mode.retries
         return retries.remember(worker_id, step, outcome) if retries is not None else outcome
 
     def _adjusted(self, name: str, grad: Gradient, read: dict[str, Array] | None) -> Gradient:

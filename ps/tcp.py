@@ -265,7 +265,8 @@ class TcpShardServer:
             connection.waiting_since = None
 
         while not self._stopping.is_set():
-            connection.waiting_since = time.monotonic()
+            if connection.waiting_since is None:  # (set before the last reply went out: see below)
+                connection.waiting_since = time.monotonic()
             idle_deadline = connection.waiting_since + limits.idle_timeout_s
             try:
                 request, places = read_head(sock, ps_pb2.TcpRequest.FromString, "request", limits.max_request_bytes,
@@ -292,9 +293,13 @@ class TcpShardServer:
                     assembler.add(place_chunk, byte_view(array))  # a view, no copy
                 reply, tensors = self._handle(kind, request, assembler)
             except Exception as exc:
+                connection.waiting_since = time.monotonic()
                 self._reply_error(sock, exc)
                 continue
             sock.settimeout(limits.idle_timeout_s)  # a client that does not read its reply is idle too
+            # waiting on its client from before the reply leaves: once the client holds the answer, the
+            # connection must already count as idle (eviction picks the connection idle longest)
+            connection.waiting_since = time.monotonic()
             send_frame(sock, reply, tensors)
 
     def _authorize(self, kind: str, roles: frozenset[str]) -> None:

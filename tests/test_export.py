@@ -42,7 +42,7 @@ def export_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def byo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """A run directory (run manifest + ckpt/ckpt-00000002) of the byo model with random values."""
     add_user_path([str(BYO)])
-    from asyncps.ml.runmodel import build_run_model
+    from asyncps.runmodel import build_run_model
 
     _, model = build_run_model(RUN)
     rng = np.random.default_rng(7)
@@ -73,7 +73,7 @@ def test_export_with_user_path_rebuilds_the_user_model_from_the_latest_checkpoin
     import tensorflow as tf
 
     from asyncps.ml.datasets import load_dataset
-    from asyncps.ml.runmodel import build_run_model
+    from asyncps.runmodel import build_run_model
 
     run_dir, values = byo_run
     out = tmp_path / "out"

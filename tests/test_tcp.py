@@ -30,7 +30,8 @@ from asyncps.transport import (
     connect_shard,
     shmseg,
 )
-from asyncps.transport.grpc_shard import FramesDataPath, ShardLink
+from asyncps.transport.grpc_shard import FramesDataPath
+from asyncps.transport.link import ShardLink
 from asyncps.transport.tcp import TcpConnection, TcpDataPath
 from asyncps.wire.codec import SparseRows
 from asyncps.wire.shard import PushRequest

@@ -97,7 +97,7 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
     from asyncps.worker.trainer import make_grad_fn
 
     from asyncps.ml.models import make_loss
-    from asyncps.ml.runmodel import build_run_model
+    from asyncps.runmodel import build_run_model
 
     data, model = build_run_model(run)
     grad_fn = make_grad_fn(model, make_loss(run.loss))

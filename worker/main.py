@@ -137,7 +137,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
 
     from asyncps.ml.models import make_loss
-    from asyncps.ml.runmodel import build_run_model
+    from asyncps.runmodel import build_run_model
 
     data, model = build_run_model(run)
     names = [v.path for v in model.trainable_variables]

@@ -20,15 +20,14 @@ import abc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import Any, Generic, TypeVar
 
 from asyncps.rules.drops import DropReason
 from asyncps.rules.registry import Registry
 from asyncps.rules.sync.types import Ballot
 from asyncps.wire.codec import Gradient
 
-if TYPE_CHECKING:
-    from asyncps.wire.shard import PushOutcome
+Outcome = TypeVar("Outcome")  # what the shard answered a push (asyncps.wire.shard.PushOutcome)
 
 
 class Verdict(Enum):
@@ -48,21 +47,21 @@ class Admission:
     drop: DropReason | None = None  # the kind of a DROP verdict
 
 
-class RetryMemo:
+class RetryMemo(Generic[Outcome]):
     """The outcome of each worker's last push, by worker step, for modes with strict reads.
 
     A worker whose read was refused repeats its whole call; the repeated push (same step) is
     answered with its first outcome instead of being applied twice."""
 
     def __init__(self) -> None:
-        self._last: dict[str, tuple[int, PushOutcome]] = {}
+        self._last: dict[str, tuple[int, Outcome]] = {}
 
-    def repeated(self, worker_id: str, step: int | None) -> PushOutcome | None:
+    def repeated(self, worker_id: str, step: int | None) -> Outcome | None:
         """The first outcome when this push repeats the worker's last one (same step), else None."""
         last = self._last.get(worker_id)
         return last[1] if step is not None and last is not None and last[0] == step else None
 
-    def remember(self, worker_id: str, step: int | None, outcome: PushOutcome) -> PushOutcome:
+    def remember(self, worker_id: str, step: int | None, outcome: Outcome) -> Outcome:
         """Keep the outcome of worker_id's push of `step`; the outcome."""
         if step is not None:
             self._last[worker_id] = (step, outcome)
@@ -82,7 +81,7 @@ class Consistency(abc.ABC):
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
         self.live: set[str] | None = None  # None until the chief first says who is alive
-        self.retries: RetryMemo | None = None  # set by modes with strict reads
+        self.retries: RetryMemo[Any] | None = None  # set by modes with strict reads (outcomes: PushOutcome)
 
     @abc.abstractmethod
     def admit(self, worker_id: str, base_version: int, version: int, ballot: Ballot | None = None) -> Admission:

@@ -2,7 +2,7 @@
 
 The chief exports the model only when a run ends; a checkpoint carries the whole variables and the
 run's settings (its manifest's `run`), which is all it takes to build the model again and fill it.
-The model is built as the chief built it (asyncps.ml.runmodel); a user model's code is imported from
+The model is built as the chief built it (asyncps.runmodel); a user model's code is imported from
 `--user-path`/ASYNCPS_USER_PATH, else from the directories the chief had (the manifest's `user_path`).
 """
 
@@ -51,8 +51,8 @@ def use_recorded_user_path(ckpt: Checkpoint) -> list[str]:
 
 def model_from_checkpoint(ckpt: Checkpoint, run: RunConfig) -> Any:
     """The run's Keras model with every trainable variable set from the checkpoint."""
-    from asyncps.ml.runmodel import build_run_model
     from asyncps.ml.tfutil import quiet_tensorflow
+    from asyncps.runmodel import build_run_model
 
     quiet_tensorflow()
     use_recorded_user_path(ckpt)

@@ -28,7 +28,8 @@ from asyncps.net.security import SecurityConfig
 from asyncps.placement import Placement
 from asyncps.transport import shmseg
 from asyncps.transport.base import ClientSetup, DataPath, InitResult, ShardClient, ShardControl, ShardTransport
-from asyncps.transport.grpc_shard import FramesDataPath, GrpcShardControl, GrpcShardTransport, ShardLink
+from asyncps.transport.grpc_shard import FramesDataPath, GrpcShardControl, GrpcShardTransport
+from asyncps.transport.link import ShardLink
 from asyncps.transport.model import ModelClient, ShardPush
 from asyncps.transport.registry import AUTO, TRANSPORTS, Transport, TransportRegistry
 from asyncps.transport.shm import ShmDataPath

@@ -20,7 +20,7 @@ from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, 
 
 if TYPE_CHECKING:
     from asyncps.net.security import SecurityConfig
-    from asyncps.transport.grpc_shard import ShardLink
+    from asyncps.transport.link import ShardLink
 
 
 @dataclass(frozen=True)

@@ -6,23 +6,18 @@ deadlines, and retries of transient failures only. Protobuf does not leave this 
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TypeVar
-
-import grpc
+from collections.abc import Iterable, Mapping, Sequence
 
 from asyncps.errors import InvalidArgumentError
-from asyncps.net.rpc import call_with_retry, make_channel
-from asyncps.net.security import SecurityConfig, secure_channel
+from asyncps.net.security import SecurityConfig
 from asyncps.pb import ps_pb2
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.sync.types import Decisions, Held
 from asyncps.transport.base import ClientSetup, DataPath, InitResult, ShardClient
+from asyncps.transport.link import ShardLink
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
 from asyncps.wire.frames import identity, read_frames
 from asyncps.wire.proto import (
-    SHARD_SERVICE,
     decisions_from_proto,
     decisions_to_proto,
     initialize_frames,
@@ -38,13 +33,6 @@ from asyncps.wire.proto import (
     stats_from_proto,
 )
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
-
-T = TypeVar("T")
-
-_RETRY = (grpc.StatusCode.UNAVAILABLE,)
-# Training calls also ride through a shard that restarted and waits for the chief to restore it
-# (FAILED_PRECONDITION: not initialized).
-_TRAINING_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 def _read_values(
@@ -62,41 +50,6 @@ def _read_values(
             values[name] = value
     decisions = decisions_from_proto(header.sync) if header.HasField("sync") else None
     return header, ShardValues(header.version, header.incarnation, values, header.waited_s, decisions)
-
-
-class ShardLink:
-    """One gRPC channel to one shard with its deadlines and retry policy: the control face and
-    every data path over gRPC share it, each building the method stubs it calls."""
-
-    def __init__(
-        self,
-        address: str,
-        deadline_s: float = 60.0,
-        security: SecurityConfig | None = None,
-        call_timeout_s: float = 30.0,
-        seed: int | None = None,
-    ) -> None:
-        self.address = address
-        self.deadline_s = deadline_s  # how long a call keeps retrying UNAVAILABLE
-        self.call_timeout_s = call_timeout_s  # the deadline of one attempt
-        self.channel = secure_channel(address, security) if security else make_channel(address)
-        self._rng = random.Random(seed)
-
-    @staticmethod
-    def path(method: str) -> str:
-        """The full path of one of the shard service's methods."""
-        return f"/{SHARD_SERVICE}/{method}"
-
-    def retry(self, fn: Callable[[], T], deadline_s: float | None = None, training: bool = False) -> T:
-        """Call fn, retrying UNAVAILABLE (and, for training calls, a shard waiting to be restored)."""
-        codes = _TRAINING_RETRY if training else _RETRY
-        return call_with_retry(fn, f"parameter server {self.address}",
-                               self.deadline_s if deadline_s is None else deadline_s, retry_codes=codes,
-                               rng=self._rng)
-
-    def close(self) -> None:
-        """Close the channel."""
-        self.channel.close()
 
 
 class FramesDataPath:

@@ -29,7 +29,8 @@ from asyncps.net.rpc import outcome_of
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.transport import shmseg
 from asyncps.transport.base import ClientSetup, DataPath
-from asyncps.transport.grpc_shard import FramesDataPath, ShardLink
+from asyncps.transport.grpc_shard import FramesDataPath
+from asyncps.transport.link import ShardLink
 from asyncps.wire.codec import Array, SparseRows, dtype_to_proto
 from asyncps.wire.proto import decisions_from_proto, outcome_from_proto, push_header
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues

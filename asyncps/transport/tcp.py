@@ -34,7 +34,8 @@ from asyncps.net.rpc import Unreachable, error_of
 from asyncps.net.security import SecurityConfig
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.transport.base import ClientSetup, DataPath
-from asyncps.transport.grpc_shard import FramesDataPath, ShardLink
+from asyncps.transport.grpc_shard import FramesDataPath
+from asyncps.transport.link import ShardLink
 from asyncps.wire.codec import Array, _checked_nbytes, dtype_from_proto
 from asyncps.wire.frames import Slice, gradient_slices
 from asyncps.wire.proto import decisions_from_proto, outcome_from_proto, push_header

@@ -57,12 +57,11 @@ from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.expr import evaluate_expression
 from asyncps.tools.experiment.grid import RUN_FIELDS, Point, expand_grid, make_run_config
 from asyncps.tools.experiment.metrics import METRICS, Target, run_metrics, steady_staleness, time_to_target
+from asyncps.tools.experiment.results import PointResult, SweepResult
 from asyncps.tools.experiment.spec import SPEC_KEYS, ExperimentSpec, load_spec, parse_spec
 from asyncps.tools.experiment.sweep import (
-    PointResult,
     Runner,
     SweepInterrupted,
-    SweepResult,
     finished,
     run_local_quietly,
     run_point,

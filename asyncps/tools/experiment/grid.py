@@ -6,15 +6,12 @@ import dataclasses
 import itertools
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asyncps.config import RunConfig, coerce_settings
 from asyncps.tools.experiment.errors import ExperimentError
-
-if TYPE_CHECKING:
-    from asyncps.tools.experiment.spec import ExperimentSpec
 
 RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
 
@@ -55,12 +52,12 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=+-]+", "_", ascii_text).strip("_")[:80]
 
 
-def expand_grid(spec: ExperimentSpec) -> list[Point]:
+def expand_grid(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]]) -> list[Point]:
     """The Cartesian product of the grid's axes (first axis slowest) over the base settings."""
-    axes = list(spec.grid.items())
+    axes = list(grid.items())
     points = []
     for index, combo in enumerate(itertools.product(*(values for _, values in axes))):
-        fields = dict(spec.base)
+        fields = dict(base)
         parts: list[str] = []
         chosen: dict[str, Any] = {}
         for (axis, _), value in zip(axes, combo, strict=True):

@@ -28,7 +28,7 @@ class ExperimentSpec:
 
     def points(self) -> list[Point]:
         """Every point of the grid, validated (see expand_grid)."""
-        return expand_grid(self)
+        return expand_grid(self.base, self.grid)
 
 
 def load_spec(path: Path, reduced: bool = False) -> ExperimentSpec:

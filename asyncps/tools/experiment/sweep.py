@@ -10,16 +10,16 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from asyncps.config import RunConfig
 from asyncps.rundir import RunConfigRecord, RunDir, RunSummary
-from asyncps.tools.experiment.checks import CheckOutcome, Row, evaluate_checks
+from asyncps.tools.experiment.checks import evaluate_checks
 from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.grid import Point
 from asyncps.tools.experiment.metrics import METRICS, Target, run_metrics
+from asyncps.tools.experiment.results import PointResult, SweepResult
 from asyncps.tools.experiment.spec import ExperimentSpec
 from asyncps.tools.experiment.tables import read_results, write_results
 from asyncps.tools.progress import SweepProgress
@@ -42,19 +42,6 @@ def run_local_quietly(run: RunConfig, run_dir: Path, sink: StatusSink | None = N
 
 class SweepInterrupted(Exception):
     """The user stopped a point (Ctrl-C); finished points stay, the sweep resumes on the next call."""
-
-
-@dataclass
-class PointResult:
-    """A point's outcome: its metrics (NaN where missing) and whether it ran, was resumed or failed."""
-
-    point: Point
-    status: str  # "ran", "resumed" or "failed"
-    metrics: dict[str, float]
-
-    def row(self) -> Row:
-        """The point as the checks see it."""
-        return Row(self.point.label, self.point.settings(), self.metrics)
 
 
 def finished(run_dir: Path) -> bool:
@@ -120,21 +107,6 @@ def progress_line(n: int, total: int, result: PointResult) -> str:
     if not math.isnan(m["updates_to_target"]):
         text += f", target at {m['updates_to_target']:.0f} updates / {m['time_to_target_s']:.1f}s"
     return head + text + (" (resumed)" if result.status == "resumed" else f" [{m['run_s']:.0f}s]")
-
-
-@dataclass
-class SweepResult:
-    """Every point's result, the checks' verdicts and the sweep's wall time."""
-
-    spec: ExperimentSpec
-    results: list[PointResult]
-    outcomes: list[CheckOutcome]
-    sweep_s: float
-
-    @property
-    def passed(self) -> bool:
-        """True when no point failed and every check passed."""
-        return all(r.status != "failed" for r in self.results) and all(o.passed for o in self.outcomes)
 
 
 def run_sweep(spec: ExperimentSpec, out: Path, runner: Runner | None = None,

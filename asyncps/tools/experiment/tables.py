@@ -14,8 +14,8 @@ from asyncps.tools.experiment.grid import format_value
 from asyncps.tools.experiment.metrics import METRICS, Target
 
 if TYPE_CHECKING:
+    from asyncps.tools.experiment.results import SweepResult
     from asyncps.tools.experiment.spec import ExperimentSpec
-    from asyncps.tools.experiment.sweep import SweepResult
 
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
