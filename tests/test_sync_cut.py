@@ -123,7 +123,9 @@ def test_sync_checkpoints_under_continuous_steps_are_one_model(
         finally:
             stop.set()
             for w in workers:
-                w.result(timeout=JOIN_S)
+                # a worker may be in a step the stopped others never complete: the shard answers it
+                # after its read wait (JOIN_S), so joining takes up to that long plus its exit
+                w.result(timeout=2 * JOIN_S)
     reader.close()
     for versions, values in evaluations:
         _assert_model_at(placement, initial, steps, versions, values)
