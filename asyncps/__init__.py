@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_API = ("train", "TrainingFailed")
+_API = ("train", "TrainResult", "TrainingFailed")
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,7 @@ from asyncps.chief.tasks import TaskLedger
 
 from asyncps.net.rpc import create_server, serve_health
 from asyncps.pb import coordinator_pb2_grpc
-from asyncps.rundir import INTERRUPTED, RunConfigRecord, RunDir, write_port_file
+from asyncps.rundir import INTERRUPTED, RunConfigRecord, RunDir, exported_model, write_port_file
 
 if TYPE_CHECKING:
     import grpc
@@ -46,7 +46,7 @@ def save_model(model: Any, out_dir: Path) -> None:
     """out_dir/model.keras and out_dir/saved_model, a SavedModel that plain TensorFlow can load."""
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save(out_dir / "model.keras")
+    model.save(exported_model(out_dir))
     model.export(str(out_dir / "saved_model"), verbose=False)
     log.info("exported model.keras and saved_model/ to %s in %.1fs", out_dir, time.monotonic() - t0)
 

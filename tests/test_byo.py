@@ -23,7 +23,7 @@ from asyncps.identity import index_of, new_worker_id
 from asyncps.ml.userfns import add_user_path
 from asyncps.rules import POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.policies import PushContext
-from asyncps.rundir import RunDir
+from asyncps.rundir import RunDir, exported_model
 from tests.conftest import ShardLauncher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +68,7 @@ def test_example_trains_through_the_cli(tmp_path: Path) -> None:
     # the Keras metric measures what the chief's own accuracy does; the user's metric is a probability
     assert summary["metrics"]["sparse_categorical_accuracy"] == pytest.approx(summary["final_eval"]["accuracy"])
     assert 1 / 3 < summary["metrics"]["shapes_model:true_class_probability"] <= 1.0
-    assert (run_dir / "model.keras").exists()
+    assert RunDir(run_dir).exported_model.exists()
     # its last checkpoint exports with no --user-path: the checkpoint records where the chief imported from
     exported = run_cli(["export", str(run_dir), "--out", str(tmp_path / "export")])
     assert exported.returncode == 0, exported.stdout + exported.stderr
@@ -77,7 +77,7 @@ def test_example_trains_through_the_cli(tmp_path: Path) -> None:
     from asyncps.ml.datasets import load_dataset
 
     data = load_dataset(EXAMPLE["dataset"])
-    model = keras.models.load_model(tmp_path / "export" / "model.keras")
+    model = keras.models.load_model(exported_model(tmp_path / "export"))
     accuracy = float(np.mean(np.argmax(model.predict(data.x_test, verbose=0), axis=1) == data.y_test))
     assert accuracy >= STATED_ACCURACY
 
@@ -90,9 +90,10 @@ def test_example_trains_through_asyncps_train(tmp_path: Path) -> None:
     import asyncps
 
     # functions travel by name; the directory reaches the child processes through user_path
-    summary = asyncps.train(model=build, dataset=load, loss=EXAMPLE["loss"], optimizer="adam", learning_rate=0.01,
-                            epochs=4, num_workers=2, num_ps=1, run_dir=tmp_path / "run", user_path=[str(BYO)])
-    assert type(summary).__name__ == "RunSummary" and summary.workers == 2
+    result = asyncps.train(model=build, dataset=load, loss=EXAMPLE["loss"], optimizer="adam", learning_rate=0.01,
+                           epochs=4, num_workers=2, num_ps=1, run_dir=tmp_path / "run", user_path=[str(BYO)])
+    summary = result.summary
+    assert type(summary).__name__ == "RunSummary" and summary.workers == 2 and result.workers == 2
     assert summary.model == "shapes_model:build"
     assert summary.final_eval.accuracy >= STATED_ACCURACY, summary.final_eval
 

@@ -22,7 +22,7 @@ from asyncps.chief.checkpoint import CheckpointDir
 
 from asyncps.config import RunConfig
 from asyncps.ml.userfns import add_user_path
-from asyncps.rundir import RunDir, RunManifest
+from asyncps.rundir import RunDir, RunManifest, exported_model
 
 ROOT = Path(__file__).resolve().parent.parent
 BYO = ROOT / "examples" / "byo"
@@ -83,7 +83,7 @@ def test_export_with_user_path_rebuilds_the_user_model_from_the_latest_checkpoin
     _, reference = build_run_model(RUN)
     for variable in reference.trainable_variables:
         variable.assign(values[variable.path])
-    exported = keras.models.load_model(out / "model.keras")
+    exported = keras.models.load_model(exported_model(out))
     # a reloaded nested model names its variables without the outer prefix: compare in order
     assert len(exported.trainable_variables) == len(reference.trainable_variables) == len(values)
     for loaded, built in zip(exported.trainable_variables, reference.trainable_variables, strict=True):

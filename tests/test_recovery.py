@@ -192,4 +192,4 @@ def test_exported_model_loads_without_asyncps_and_gives_the_recorded_accuracy(tm
     assert out.returncode == 0, out.stderr[-2000:]
     accuracy = float(out.stdout.strip().splitlines()[-1])
     assert accuracy == pytest.approx(summary["final_eval"]["accuracy"], abs=1e-9)
-    assert (run_dir / "model.keras").stat().st_size > 0
+    assert RunDir(run_dir).exported_model.stat().st_size > 0

@@ -20,7 +20,7 @@ import pytest
 from asyncps.chief.checkpoint import CheckpointDir
 
 from asyncps.config import RunConfig
-from asyncps.rundir import SUMMARY_JSON, RunDir, wait_port_file
+from asyncps.rundir import SUMMARY_JSON, RunDir, exported_model, wait_port_file
 from asyncps.tools.local import LocalCluster
 from asyncps.tools.progress import StatusPoller
 
@@ -156,7 +156,7 @@ def test_export_writes_a_keras_file_and_savedmodel_from_a_checkpoint(crashed_run
 
     ckpt = CheckpointDir(RunDir(crashed_run).checkpoints).latest()
     assert ckpt is not None
-    model = keras.models.load_model(out / "model.keras")
+    model = keras.models.load_model(exported_model(out))
     for variable in model.trainable_variables:
         np.testing.assert_array_equal(variable.numpy(), ckpt.values[variable.path])
     data = load_dataset("digits")

@@ -9,13 +9,14 @@ so the trainable variables are the whole model state.
 from __future__ import annotations
 
 import math
+import zipfile
 from typing import Any
 
 import keras
 import tensorflow as tf
 
 # the model specs accepted by build_model (mlp:H1,H2,... picks hidden sizes) are checked there
-from asyncps.ml.specs import MODEL_NAMES, parse_hidden
+from asyncps.ml.specs import KERAS_PREFIX, MODEL_NAMES, parse_hidden
 from asyncps.ml.userfns import call_with_accepted, is_function_spec, load_function
 
 #: Quantization levels per feature for the embedding model's tokenizer (features in [0, 1]).
@@ -37,6 +38,8 @@ def build_model(
         raise ValueError(f"num_features must be >= 1, got {num_features}")
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+    if spec.startswith(KERAS_PREFIX):
+        return build_saved_model(spec, num_features, num_classes)
     if is_function_spec(spec, MODEL_NAMES):
         return build_user_model(spec, num_features, num_classes, image_shape, seed)
     name, _, arg = spec.partition(":")
@@ -74,6 +77,86 @@ def build_user_model(
                               seed=seed)
     if not isinstance(user, keras.Model):
         raise ValueError(f"model {spec!r} must return a keras.Model, got {type(user).__name__}")
+    model = _flat_input_model(user, spec, num_features, input_shape)
+    width = tuple(model.outputs[0].shape[1:])
+    if width != (num_classes,):
+        raise ValueError(f"model {spec!r} outputs shape {width}, not ({num_classes},) (one score per class)")
+    return model
+
+
+def build_saved_model(spec: str, num_features: int, num_classes: int) -> keras.Model:
+    """The model a `keras:PATH.keras` spec names (saved with `model.save`), its saved weights the start.
+
+    Every process loads the same file, so layer names, variable paths, order and values agree. The
+    model takes the flat float32 features every role feeds, reshaped to the saved model's own input
+    shape. Custom layers, losses or activations must be registered with Keras
+    (`keras.saving.register_keras_serializable`) in an importable module (on --user-path): each process
+    imports the modules the file names for registered objects before loading it.
+    Its output may have more scores than the data has classes (labels need not cover every class).
+    """
+    path = spec[len(KERAS_PREFIX):]
+    try:
+        import_registered_modules(path)
+        user = keras.saving.load_model(path, compile=False)
+    except (OSError, ValueError, TypeError, KeyError, zipfile.BadZipFile) as error:  # not a .keras, unregistered object
+        raise ValueError(f"model {spec!r} cannot be loaded: {error} (register custom objects with "
+                         "keras.saving.register_keras_serializable in a module on --user-path)") from None
+    if len(user.inputs) != 1 or len(user.outputs) != 1:
+        raise ValueError(f"model {spec!r} has {len(user.inputs)} inputs and {len(user.outputs)} outputs; "
+                         "asyncps trains models with one input and one output")
+    input_shape = tuple(user.inputs[0].shape[1:])
+    if any(d is None for d in input_shape) or math.prod(input_shape) != num_features:
+        raise ValueError(f"model {spec!r} takes inputs of shape {input_shape}, which do not hold the data's "
+                         f"{num_features} features per example")
+    model = _flat_input_model(user, spec, num_features, input_shape)
+    width = tuple(model.outputs[0].shape[1:])
+    if len(width) != 1 or width[0] is None or width[0] < num_classes:
+        raise ValueError(f"model {spec!r} outputs shape {width}: it needs one score per class "
+                         f"(at least {num_classes})")
+    return model
+
+
+def import_registered_modules(path: str) -> list[str]:
+    """Import the modules a .keras file names for registered custom objects (not Keras' own), so that
+    their `register_keras_serializable` decorators run in this process; return those imported."""
+    import importlib
+    import json
+
+    from keras.src.saving import saving_lib  # the archive's own file names are Keras' (not a run directory's)
+
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read(saving_lib._CONFIG_FILENAME))
+    modules: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            module = node.get("module")
+            if node.get("registered_name") and isinstance(module, str) and module.split(".")[0] not in (
+                    "keras", "builtins", "__main__"):
+                modules.add(module)
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    visit(config)
+    for module in sorted(modules):
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ValueError(f"{path} uses custom objects of module {module!r}, which does not import ({error}); "
+                             "put its directory on --user-path") from None
+    return sorted(modules)
+
+
+def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_shape: tuple[int, ...]) -> keras.Model:
+    """`user` behind an input of flat float32 features (reshaped to `input_shape`); checks its state.
+
+    Its whole state must be trainable: the shards hold only what workers push gradients for, so
+    non-trainable state such as BatchNormalization's moving statistics would silently differ between
+    processes. Variable paths must be unique: the shards key variables by path.
+    """
     inputs = keras.Input(shape=(num_features,), dtype="float32", name="features")
     x = inputs if input_shape == (num_features,) else keras.layers.Reshape(input_shape, name="to_input")(inputs)
     try:
@@ -90,9 +173,6 @@ def build_user_model(
     paths = [v.path for v in model.trainable_variables]
     if len(set(paths)) != len(paths):
         raise ValueError(f"model {spec!r}: variable paths are not unique ({paths}); give the layers distinct names")
-    if tuple(model.outputs[0].shape[1:]) != (num_classes,):
-        raise ValueError(f"model {spec!r} outputs shape {tuple(model.outputs[0].shape[1:])}, "
-                         f"not ({num_classes},) (one score per class)")
     return model
 
 

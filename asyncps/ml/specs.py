@@ -2,7 +2,7 @@
 error of the run configuration (every role, at once), not a crash inside a started process.
 
 `spec_problems` checks the syntax (RunConfig runs it); `load_problems` also imports the user's
-`package.module:function` specs and looks for `npz:` files (the launchers run it before starting
+`package.module:function` specs and looks for `npz:` and `keras:` files (the launchers run it before starting
 any process, with the user's path in place).
 """
 
@@ -16,6 +16,8 @@ MODEL_NAMES: tuple[str, ...] = ("logreg", "mlp", "cnn", "embedding")
 DATASET_NAMES: tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "synthetic-logreg")
 NPZ_PREFIX = "npz:"
 SYNTHETIC_PREFIX = "synthetic:"
+#: `keras:PATH`: a model saved by Keras (`model.save("m.keras")`), weights and all (what asyncps.train sends).
+KERAS_PREFIX = "keras:"
 DEFAULT_MLP_HIDDEN: tuple[int, ...] = (128, 128)
 
 
@@ -34,6 +36,9 @@ def parse_hidden(arg: str, spec: str) -> tuple[int, ...]:
 
 def model_problem(spec: str) -> str | None:
     """Why `spec` names no model (None: it does, as far as can be told without building it)."""
+    if spec.startswith(KERAS_PREFIX):
+        path = spec[len(KERAS_PREFIX):]
+        return None if path.endswith(".keras") else f"bad model spec {spec!r}: expected {KERAS_PREFIX}PATH.keras"
     if is_function_spec(spec, MODEL_NAMES):
         return None
     name, _, arg = spec.partition(":")
@@ -45,7 +50,8 @@ def model_problem(spec: str) -> str | None:
         return None
     if name in MODEL_NAMES and not arg:
         return None
-    return f"unknown model spec {spec!r}; valid: {', '.join(MODEL_NAMES)}, mlp:H1,H2,..., package.module:function"
+    return (f"unknown model spec {spec!r}; valid: {', '.join(MODEL_NAMES)}, mlp:H1,H2,..., {KERAS_PREFIX}PATH.keras, "
+            "package.module:function")
 
 
 def dataset_problem(spec: str) -> str | None:
@@ -73,7 +79,8 @@ def load_problems(model: str, dataset: str, loss: str, metrics: str = "") -> lis
     """spec_problems, then what only loading tells: user functions that do not import, npz files that
     are not there. Call it with the user's path in place (asyncps.ml.userfns.add_user_path)."""
     problems = spec_problems(model, dataset)
-    named = [("model", model, MODEL_NAMES), ("dataset", dataset, ("npz", "synthetic")), ("loss", loss, ())]
+    named = [("model", model, (*MODEL_NAMES, KERAS_PREFIX[:-1])), ("dataset", dataset, ("npz", "synthetic")),
+             ("loss", loss, ())]
     named += [("metric", m.strip(), ()) for m in metrics.split(",") if m.strip()]
     for what, spec, builtins in named:
         if is_function_spec(spec, builtins):
@@ -83,8 +90,10 @@ def load_problems(model: str, dataset: str, loss: str, metrics: str = "") -> lis
                 problems.append(str(exc))
     if dataset.startswith(NPZ_PREFIX) and not Path(dataset[len(NPZ_PREFIX):]).is_file():
         problems.append(f"dataset {dataset!r}: no file {dataset[len(NPZ_PREFIX):]!r}")
+    if model.startswith(KERAS_PREFIX) and not Path(model[len(KERAS_PREFIX):]).is_file():
+        problems.append(f"model {model!r}: no file {model[len(KERAS_PREFIX):]!r}")
     return problems
 
 
-__all__ = ["DATASET_NAMES", "DEFAULT_MLP_HIDDEN", "MODEL_NAMES", "NPZ_PREFIX", "SYNTHETIC_PREFIX", "dataset_problem",
-           "load_problems", "model_problem", "parse_hidden", "spec_problems"]
+__all__ = ["DATASET_NAMES", "DEFAULT_MLP_HIDDEN", "KERAS_PREFIX", "MODEL_NAMES", "NPZ_PREFIX", "SYNTHETIC_PREFIX",
+           "dataset_problem", "load_problems", "model_problem", "parse_hidden", "spec_problems"]

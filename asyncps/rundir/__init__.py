@@ -14,6 +14,8 @@
 | `tb/` | TensorBoard events | the chief, every evaluation |
 | `ckpt/ckpt-NNNNNNNN/` | asyncps.chief.checkpoint (its own `manifest.json`, `model.npz`) | the chief, at a cut |
 | `logs/` | role logs and port files | the local launcher |
+| `model.keras`, `saved_model/` | the final model | the chief, at the end (`exported_model(dir)`) |
+| `input-model.keras`, `input-data.npz` | the model object and arrays handed to `asyncps.train` | asyncps.train |
 
 `RunDir(root)` names every one of these paths (and `CheckpointNames` those inside a checkpoints
 directory): no file name is written outside this package (tests/test_rundir_names.py checks it).
@@ -35,6 +37,7 @@ from asyncps.rundir.names import (
     CheckpointNames,
     RunDir,
     RunDirError,
+    exported_model,
 )
 from asyncps.rundir.partial import UNFINISHED, is_run_dir, load_summary, summary_from_tables
 from asyncps.rundir.summary import (
@@ -72,6 +75,7 @@ __all__ = [
     "StalenessSummary",
     "StepRow",
     "atomic_write",
+    "exported_model",
     "is_run_dir",
     "iter_rows",
     "load_summary",

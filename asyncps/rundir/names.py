@@ -22,6 +22,9 @@ LOGS_DIR = "logs"  # the local launcher's per-role logs and port files
 LAUNCHER_LOG = "launcher.log"  # a sweep's point: the launcher's own lines
 SECRETS_DIR = "secrets"  # the local launcher's development certificates and tokens
 LAUNCH_CONFIG_JSON = "run-config.json"  # (in logs/) the settings the launcher hands the chief
+EXPORTED_MODEL_KERAS = "model.keras"  # the chief's final model (and `asyncps export`'s, in any directory)
+INPUT_MODEL_KERAS = "input-model.keras"  # asyncps.train: the caller's in-memory model, loaded by every process
+INPUT_DATA_NPZ = "input-data.npz"  # asyncps.train: the caller's arrays (x_train, y_train, x_test, y_test)
 
 # One checkpoint is a directory ckpt-NNNNNNNN/ under the checkpoints directory, written as
 # ckpt-NNNNNNNN.tmp/ first; it holds its arrays and its own manifest, a different format from the
@@ -33,6 +36,11 @@ _CHECKPOINT = re.compile(r"^ckpt-(\d{8})$")
 
 class RunDirError(ValueError):
     """A run-directory file that is not in the format this version writes (names the file and the field)."""
+
+
+def exported_model(directory: Path) -> Path:
+    """The Keras file a model is exported as into `directory` (a run directory, a checkpoint, --out)."""
+    return directory / EXPORTED_MODEL_KERAS
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,21 @@ class RunDir:
     def launcher_log(self) -> Path:
         """launcher.log: a sweep point's launcher output."""
         return self.root / LAUNCHER_LOG
+
+    @property
+    def exported_model(self) -> Path:
+        """model.keras: the chief's final model (a SavedModel beside it)."""
+        return exported_model(self.root)
+
+    @property
+    def input_model(self) -> Path:
+        """The model asyncps.train was handed as an object, saved for every process to load (`keras:PATH`)."""
+        return self.root / INPUT_MODEL_KERAS
+
+    @property
+    def input_data(self) -> Path:
+        """The arrays asyncps.train was handed, saved for every process to load (`npz:PATH`)."""
+        return self.root / INPUT_DATA_NPZ
 
     @property
     def secrets(self) -> Path:

@@ -1,9 +1,15 @@
 """The Python API: train a model on a local cluster from a script or a notebook.
 
     import asyncps
-    summary = asyncps.train(model="examples.byo.model:build", dataset="examples.byo.data:load",
-                            num_workers=2, num_ps=1, epochs=5)
-    print(summary.final_eval.accuracy)
+    result = asyncps.train(model=keras_model, x=x_train, y=y_train, validation_data=(x_test, y_test),
+                           num_workers=2, num_ps=1, epochs=5)
+    result.model            # the trained keras.Model
+    result.summary          # the RunSummary (summary.json)
+    result.history          # the evaluations (eval.csv rows)
+
+A model object (or a builder that cannot travel by name: a lambda, a function in `__main__` or a
+notebook) is saved into the run directory as a .keras file that every process loads (`keras:PATH`);
+arrays are saved as an .npz (`npz:PATH`). Specs and importable functions travel by name as before.
 
 The pieces it is built from are public too: `run_ps`, `run_worker` and `run_chief` run one role
 in the calling process until stopped (what `asyncps ps|worker|chief` run), and `LocalCluster`
@@ -14,14 +20,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from asyncps.chief.main import ChiefConfig, run_chief
 from asyncps.config import RunConfig, coerce_settings
-from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
+from asyncps.ml.specs import KERAS_PREFIX, NPZ_PREFIX
+from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, call_with_accepted, user_path_from_env
 from asyncps.ps.main import PsConfig, run_ps
-from asyncps.rundir import RunDir, RunSummary
+from asyncps.rundir import EvalRow, RunDir, RunSummary, read_rows
 from asyncps.tools.local import LocalCluster, default_run_dir, run_local
 from asyncps.worker.main import WorkerConfig, run_worker
 
@@ -45,30 +55,227 @@ def spec_of(target: str | Callable[..., Any], what: str) -> str:
     return f"{module}:{name}"
 
 
-def train(model: str | Callable[..., Any] = "mlp", dataset: str | Callable[..., Any] = "digits", *,
-          loss: str | Callable[..., Any] = "crossentropy", run_dir: str | Path | None = None,
-          user_path: Iterable[str] = (), progress: bool = False, secure: bool = False,
-          **settings: Any) -> RunSummary:
-    """Run a local cluster to completion and return its run summary (summary.json).
+@dataclass(frozen=True)
+class TrainResult:
+    """What `train` returns: the trained Keras model, the run's summary and its evaluation history.
 
-    `model`, `dataset` and `loss` are specs (`mlp`, `digits`, `package.module:function`) or
-    importable functions; `settings` are RunConfig fields (`num_workers=2`, `num_ps=1`,
-    `epochs=5`, `staleness_policy="drop:bound=4"`, ...), checked like a --run-config file.
-    `user_path`: directories every process (this one too) imports user code from. Raises TrainingFailed when the
-    run ends without a summary or with a failed chief, ValueError for a bad setting.
+    Attributes the result lacks are looked up on `summary` (`result.final_eval`, `result.workers`):
+    code written when `train` returned the RunSummary keeps working, except `.model`, which is now the
+    trained model (the spec is `result.summary.model`).
     """
-    fields = {"model": spec_of(model, "model"), "dataset": spec_of(dataset, "dataset"), "loss": spec_of(loss, "loss"),
-              **settings}
+
+    model: Any  # keras.Model: the caller's architecture (compiled as the caller compiled it) with the final weights
+    summary: RunSummary
+    history: list[EvalRow] = field(default_factory=list)  # eval.csv: one row per evaluation on the test set
+    run_dir: Path | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for attributes the dataclass lacks; dunder lookups must not reach the summary
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.summary, name)
+
+
+#: What a model argument may be: a spec, a builder function or a keras.Model (Any: keras is untyped).
+ModelArg = Any
+
+
+def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = None, *,
+          x: Any = None, y: Any = None, validation_data: tuple[Any, Any] | None = None,
+          validation_split: float = 0.0, loss: str | Callable[..., Any] | None = None,
+          run_dir: str | Path | None = None, user_path: Iterable[str] = (), progress: bool = False,
+          secure: bool = False, **settings: Any) -> TrainResult:
+    """Train on a local cluster to completion; return the trained model, the summary and the history.
+
+    `model`: a keras.Model (compiled or not; its weights are the start), a builder function, or a
+    spec (`mlp`, `keras:PATH.keras`, `package.module:function`). A builder importable by name travels
+    by name; a lambda or one defined in `__main__`/a notebook is called once here (with those of
+    `input_shape`, `num_classes`, `seed` it takes) and its model saved like a model object. Custom
+    layers/losses must be registered (`keras.saving.register_keras_serializable`) in an importable
+    module (on `user_path`).
+    Data: `dataset` (a spec or importable function; default `digits`), or arrays `x`, `y` (integer
+    class ids [n] or [n, 1]; `x` of any shape per example, sent as float32) with `validation_data=(x, y)`
+    or a `validation_split` (the last fraction, like Keras); evaluations run on the validation arrays.
+    `loss`: a spec or importable function; by default the loss the model was compiled with (a Keras
+    loss name, or SparseCategoricalCrossentropy), else `crossentropy` of logits.
+    `settings` are RunConfig fields (`num_workers=2`, `num_ps=1`, `epochs=5`, `optimizer="adam"`, ...).
+    `user_path`: directories every process (this one too) imports user code from. Raises ValueError
+    for bad inputs (before any process starts), TrainingFailed when the run ends without a summary or
+    with a failed chief.
+    """
+    arrays = _split_arrays(dataset, x, y, validation_data, validation_split)
     dirs = add_user_path([*user_path_from_env(), *user_path])
+    where = (Path(run_dir) if run_dir is not None else default_run_dir()).resolve()
+    files = RunDir(where)
+    dataset_spec = spec_of(dataset if dataset is not None else "digits", "dataset")
+    if arrays is not None:
+        files.root.mkdir(parents=True, exist_ok=True)
+        np.savez(files.input_data, x_train=arrays[0], y_train=arrays[1], x_test=arrays[2], y_test=arrays[3])
+        dataset_spec = f"{NPZ_PREFIX}{files.input_data}"
+    saved = _saveable_model(model, arrays, dataset_spec, int(settings.get("seed", 0)))
+    if saved is not None:
+        files.root.mkdir(parents=True, exist_ok=True)
+        saved.save(files.input_model)
+        model_spec = f"{KERAS_PREFIX}{files.input_model}"
+    else:
+        model_spec = spec_of(model, "model")
+    loss_spec = spec_of(loss, "loss") if loss is not None else _compiled_loss(saved)
+    fields = {"model": model_spec, "dataset": dataset_spec, "loss": loss_spec, **settings}
     run = RunConfig.from_layers(coerce_settings(fields, "asyncps.train"))
-    where = Path(run_dir) if run_dir is not None else default_run_dir()
     env = {USER_PATH_ENV: os.pathsep.join(dict.fromkeys(dirs))} if dirs else None
     code = run_local(run, where, progress=progress, env=env, secure=secure)
-    files = RunDir(where)
     if code != 0 or not files.summary.exists():
         raise TrainingFailed(f"asyncps.train: the chief exited with {code}; logs in {files.logs}"
                              + _last_error(files.log("chief")))
-    return RunSummary.load(where)
+    return TrainResult(model=_trained_model(files, saved is not None), summary=RunSummary.load(where),
+                       history=read_rows(files.evals, EvalRow), run_dir=where)
+
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _split_arrays(dataset: Any, x: Any, y: Any, validation_data: tuple[Any, Any] | None,
+                  validation_split: float) -> Arrays | None:
+    """(x_train, y_train, x_test, y_test) from the caller's arrays, checked; None when no arrays were given."""
+    if x is None and y is None and validation_data is None:
+        return None
+    if dataset is not None:
+        raise ValueError("asyncps.train: give either dataset= or arrays (x=, y=), not both")
+    if x is None or y is None:
+        raise ValueError("asyncps.train: arrays need both x= and y=")
+    x_train, y_train = _features(x, "x"), _labels(y, "y")
+    if len(x_train) != len(y_train):
+        raise ValueError(f"asyncps.train: x has {len(x_train)} examples but y has {len(y_train)}")
+    if validation_data is not None:
+        if validation_split:
+            raise ValueError("asyncps.train: give either validation_data= or validation_split=, not both")
+        try:
+            x_val, y_val = validation_data
+        except (TypeError, ValueError):
+            raise ValueError("asyncps.train: validation_data must be a pair (x_val, y_val)") from None
+        x_test, y_test = _features(x_val, "validation x"), _labels(y_val, "validation y")
+        if len(x_test) != len(y_test):
+            raise ValueError(f"asyncps.train: validation x has {len(x_test)} examples but validation y has "
+                             f"{len(y_test)}")
+    elif 0.0 < validation_split < 1.0:
+        # the last fraction, as keras.Model.fit takes it
+        cut = len(x_train) - max(1, round(len(x_train) * validation_split))
+        x_train, x_test, y_train, y_test = x_train[:cut], x_train[cut:], y_train[:cut], y_train[cut:]
+    else:
+        raise ValueError("asyncps.train: arrays need validation_data=(x_val, y_val) or a validation_split "
+                         "in (0, 1): the chief evaluates the model on them")
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise ValueError(f"asyncps.train: x has examples of shape {x_train.shape[1:]} but validation x "
+                         f"{x_test.shape[1:]}")
+    if len(x_train) == 0:
+        raise ValueError("asyncps.train: no training examples")
+    return x_train, y_train, x_test, y_test
+
+
+def _features(x: Any, what: str) -> np.ndarray:
+    """The caller's inputs as float32 [n, ...] (no scaling: the model sees what Keras' fit would)."""
+    try:
+        array = np.asarray(x, dtype=np.float32)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"asyncps.train: {what} is not a numeric array ({error})") from None
+    if array.ndim < 2:
+        raise ValueError(f"asyncps.train: {what} must be [examples, features...], got shape {array.shape}")
+    return array
+
+
+def _labels(y: Any, what: str) -> np.ndarray:
+    """The caller's labels as int64 class ids [n] (from [n] or [n, 1] integers)."""
+    array = np.asarray(y)
+    if array.ndim == 2 and array.shape[1] == 1:
+        array = array[:, 0]
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"asyncps.train: {what} must hold integer class ids of shape [n] or [n, 1], got "
+                         f"{array.dtype} {array.shape} (one-hot or real-valued labels are not supported yet)")
+    if array.size and array.min() < 0:
+        raise ValueError(f"asyncps.train: {what} has negative class ids")
+    return array.astype(np.int64)
+
+
+def _saveable_model(model: ModelArg, arrays: Arrays | None, dataset_spec: str, seed: int) -> Any:
+    """The keras.Model to save into the run directory (a model object, or what a builder that cannot
+    travel by name builds here); None for a spec or an importable builder."""
+    if isinstance(model, str):
+        return None
+    import keras
+
+    if callable(model) and not isinstance(model, keras.Model):
+        try:
+            spec_of(model, "model")
+            return None  # importable: every process calls it by name
+        except ValueError:
+            model = _build_here(model, arrays, dataset_spec, seed)
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"asyncps.train: model must be a keras.Model, a builder function or a spec, "
+                         f"got {type(model).__name__}")
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if not inputs:
+        raise ValueError("asyncps.train: the model has no inputs yet; build it with an Input "
+                         "(keras.Input(shape=...) first, or model.build(input_shape))")
+    return model
+
+
+def _build_here(builder: Callable[..., Any], arrays: Arrays | None, dataset_spec: str, seed: int) -> Any:
+    """Call a builder that cannot travel by name in this process, as build_user_model would call it."""
+    if arrays is not None:
+        input_shape = tuple(int(d) for d in arrays[0].shape[1:])
+        num_classes = max(int(max(arrays[1].max(initial=-1), arrays[3].max(initial=-1))) + 1, 2)
+    else:
+        from asyncps.ml.datasets import load_dataset
+
+        data = load_dataset(dataset_spec, seed)
+        input_shape = tuple(data.image_shape) if data.image_shape is not None else (data.num_features,)
+        num_classes = data.num_classes
+    return call_with_accepted(builder, input_shape=input_shape, num_classes=num_classes, seed=seed)
+
+
+def _compiled_loss(model: Any) -> str:
+    """The loss spec of the loss `model` was compiled with; `crossentropy` (of logits) when none."""
+    compiled = getattr(model, "loss", None) if model is not None else None
+    if compiled is None:
+        return "crossentropy"
+    if isinstance(compiled, str):
+        return compiled
+    import keras
+
+    if isinstance(compiled, keras.losses.SparseCategoricalCrossentropy):
+        return "crossentropy" if compiled.get_config().get("from_logits") else "sparse_categorical_crossentropy"
+    try:
+        return spec_of(compiled, "loss")
+    except ValueError:
+        raise ValueError(f"asyncps.train: the model was compiled with loss {compiled!r}, which cannot travel to "
+                         "the other processes; pass loss= (a Keras loss name or package.module:function)") from None
+
+
+def _trained_model(files: RunDir, from_object: bool) -> Any:
+    """The trained model: the caller's own model (reloaded, compiled as it was) with the weights of the
+    chief's final export; for a spec, the exported model itself (it takes flat features)."""
+    import keras
+
+    from asyncps.ml.models import import_registered_modules
+
+    if not files.exported_model.exists():
+        raise TrainingFailed(f"asyncps.train: the chief exported no model ({files.exported_model} is missing)")
+    if from_object:
+        import_registered_modules(str(files.input_model))
+    exported = keras.saving.load_model(files.exported_model, compile=False)
+    if not from_object:
+        return exported
+    model = keras.saving.load_model(files.input_model)
+    trained = exported.trainable_variables
+    # the export wraps the caller's model behind a flat input, which adds no variables: same order
+    if [tuple(v.shape) for v in trained] != [tuple(v.shape) for v in model.trainable_variables]:
+        raise TrainingFailed("asyncps.train: the exported model's variables do not match the model handed in")
+    for target, source in zip(model.trainable_variables, trained, strict=True):
+        target.assign(source)
+    return model
 
 
 def _last_error(log: Path) -> str:
@@ -82,5 +289,6 @@ def _last_error(log: Path) -> str:
     return f"; the chief said: {found[-1].strip()}" if found else ""
 
 
-__all__ = ["ChiefConfig", "LocalCluster", "PsConfig", "RunConfig", "RunSummary", "TrainingFailed", "WorkerConfig",
+__all__ = ["ChiefConfig", "LocalCluster", "PsConfig", "RunConfig", "RunSummary", "TrainResult", "TrainingFailed",
+           "WorkerConfig",
            "run_chief", "run_local", "run_ps", "run_worker", "spec_of", "train"]

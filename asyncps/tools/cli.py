@@ -300,7 +300,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     out = export_checkpoint(Path(args.checkpoint), Path(args.out) if args.out else None,
                             Path(args.run_config) if args.run_config else None)
-    print(f"exported {out / 'model.keras'} and {out / 'saved_model'}")
+    from asyncps.rundir import exported_model
+
+    print(f"exported {exported_model(out)} and {out / 'saved_model'}")
     return 0
 
 

@@ -1,0 +1,112 @@
+"""asyncps.train with Keras habits: a model object and numpy arrays in, the trained model, the summary
+and the evaluation history out.
+
+End to end (real processes, marked slow): an in-memory functional model, compiled or not, trained on
+one shard and on two; the model handed back is the caller's architecture with new weights, and its
+accuracy on the validation arrays is the chief's final evaluation. Fast: the mistakes refused before
+any process starts, and the `keras:PATH` model spec loaded as every process loads it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncps
+from asyncps.ml.specs import model_problem, spec_problems
+
+
+def digit_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The 8x8 digits as images [n, 8, 8] (not flat) with int32 labels, split 80/20."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = (bunch.images / 16.0).astype(np.float32)
+    y = bunch.target.astype(np.int32)
+    order = np.random.default_rng(0).permutation(len(y))
+    x, y = x[order], y[order]
+    cut = int(len(y) * 0.8)
+    return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
+def functional_model(compiled: bool) -> Any:
+    """A small functional model over 8x8 images that outputs logits."""
+    import keras
+
+    inputs = keras.Input(shape=(8, 8), name="image")
+    hidden = keras.layers.Dense(32, activation="relu", name="hidden")(keras.layers.Flatten(name="flat")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(10, name="scores")(hidden), name="digits_net")
+    if compiled:
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    return model
+
+
+def accuracy(model: Any, x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean(np.argmax(model.predict(x, verbose=0), axis=1) == y))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("num_ps", "compiled"), [(1, True), (2, False)])
+def test_in_memory_model_and_arrays(tmp_path: Path, num_ps: int, compiled: bool) -> None:
+    import keras
+
+    x, y, x_val, y_val = digit_arrays()
+    model = functional_model(compiled)
+    initial = [np.array(w) for w in model.get_weights()]
+    result = asyncps.train(model=model, x=x, y=y, validation_data=(x_val, y_val), num_workers=2, num_ps=num_ps,
+                           epochs=3, optimizer="adam", learning_rate=0.01, run_dir=tmp_path / "run")
+    trained = result.model
+    assert isinstance(trained, keras.Model) and trained.name == "digits_net"
+    assert trained.input_shape == (None, 8, 8)  # the caller's model, not the flat-input wrapper
+    assert any(not np.allclose(a, b) for a, b in zip(initial, trained.get_weights(), strict=True))
+    assert result.summary.ps_shards == num_ps and result.final_eval is result.summary.final_eval
+    assert result.summary.final_eval.accuracy > 0.8
+    assert accuracy(trained, x_val, y_val) == pytest.approx(result.summary.final_eval.accuracy, abs=0.005)
+    assert result.history and result.history[-1].accuracy == pytest.approx(result.summary.final_eval.accuracy,
+                                                                           abs=1e-6)
+    assert bool(trained.compiled) == compiled  # compiled as the caller compiled it
+
+
+# -- refused before any process starts -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"x": np.zeros((10, 4)), "y": np.zeros(9, dtype=int), "validation_split": 0.2}, "x has 10 examples but y has 9"),
+    ({"dataset": "digits", "x": np.zeros((10, 4)), "y": np.zeros(10, dtype=int)}, "either dataset= or arrays"),
+    ({"x": np.zeros((10, 4))}, "both x= and y="),
+    ({"x": np.zeros((10, 4)), "y": np.zeros(10, dtype=int)}, "validation_data="),
+    ({"x": np.zeros((10, 4)), "y": np.zeros(10), "validation_split": 0.2}, "integer class ids"),
+    ({"x": np.zeros((10, 4)), "y": np.zeros(10, dtype=int), "validation_data": (np.zeros((3, 5)),
+                                                                                np.zeros(3, dtype=int))},
+     "validation x"),
+])
+def test_bad_inputs_are_refused(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        asyncps.train(model="mlp", run_dir=tmp_path / "run", **kwargs)
+    assert not (tmp_path / "run").exists()
+
+
+def test_keras_model_spec_is_checked() -> None:
+    assert model_problem("keras:/some/where/m.keras") is None
+    assert "keras:PATH.keras" in (model_problem("keras:/some/where/m.h5") or "")
+    assert spec_problems("keras:m.keras", "digits") == []
+
+
+def test_saved_model_builds_as_every_process_builds_it(tmp_path: Path) -> None:
+    from asyncps.ml.models import build_model
+
+    model = functional_model(compiled=False)
+    path = tmp_path / "m.keras"
+    model.save(path)
+    first, second = (build_model(f"keras:{path}", 64, 10) for _ in range(2))
+    paths = [v.path for v in first.trainable_variables]
+    assert paths == [v.path for v in second.trainable_variables]
+    assert first.input_shape == (None, 64)  # the flat features every role feeds
+    for mine, built in zip(model.trainable_variables, first.trainable_variables, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), built.numpy())  # the saved weights are the start
+    with pytest.raises(ValueError, match="do not hold the data's 63 features"):
+        build_model(f"keras:{path}", 63, 10)
