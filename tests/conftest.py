@@ -154,10 +154,9 @@ def start_shards(shard_factory: ShardLauncher) -> Callable[[int], list[str]]:
     return start
 
 
-def kill_worker_mid_run(cluster: LocalCluster, ready: Callable[[ClusterStatus], bool],
-                        worker: str = "worker-2", timeout_s: float = 120.0) -> ClusterStatus:
-    """Start `cluster`, wait until `ready(status)`, SIGKILL one worker; return the status at the kill."""
-    import signal
+def start_until(cluster: LocalCluster, ready: Callable[[ClusterStatus], bool], timeout_s: float = 120.0
+                ) -> ClusterStatus:
+    """Start `cluster` and wait until `ready(status)` (the chief alive throughout); the status then."""
     import time
 
     from asyncps.transport.coordinator import CoordinatorClient
@@ -166,13 +165,22 @@ def kill_worker_mid_run(cluster: LocalCluster, ready: Callable[[ClusterStatus], 
     coord = CoordinatorClient(cluster.chief_address, deadline_s=30)
     try:
         deadline = time.monotonic() + timeout_s
-        while not ready(coord.status()):
-            assert time.monotonic() < deadline, "training did not start"
+        while not ready(status := coord.status()):
+            assert time.monotonic() < deadline and cluster.chief.alive(), f"training did not start: {status}"
             time.sleep(0.1)
-        next(c for c in cluster.children if c.name == worker).proc.send_signal(signal.SIGKILL)
-        return coord.status()
+        return status
     finally:
         coord.close()
+
+
+def kill_worker_mid_run(cluster: LocalCluster, ready: Callable[[ClusterStatus], bool],
+                        worker: str = "worker-2", timeout_s: float = 120.0) -> ClusterStatus:
+    """Start `cluster`, wait until `ready(status)`, SIGKILL one worker; return the status at the kill."""
+    import signal
+
+    status = start_until(cluster, ready, timeout_s)
+    next(c for c in cluster.children if c.name == worker).proc.send_signal(signal.SIGKILL)
+    return status
 
 
 @pytest.fixture(scope="session")

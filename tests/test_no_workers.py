@@ -13,7 +13,7 @@ from asyncps.chief.lifecycle import EXIT_NO_WORKERS
 from asyncps.config import RunConfig
 from asyncps.rundir import RunDir
 from asyncps.tools.local import LocalCluster
-from asyncps.transport.coordinator import CoordinatorClient
+from tests.conftest import start_until
 
 
 def test_the_default_grace_covers_two_heartbeat_timeouts_and_the_start() -> None:
@@ -33,13 +33,7 @@ def test_an_epochs_run_whose_workers_all_died_ends_with_its_summary_and_exit_6(t
     run_dir.mkdir()
     cluster = LocalCluster(run, run_dir)
     try:
-        cluster.start()
-        coord = CoordinatorClient(cluster.chief_address, deadline_s=30)
-        deadline = time.monotonic() + 120
-        while coord.status().updates < 20:
-            assert time.monotonic() < deadline and cluster.chief.alive(), "the run did not start"
-            time.sleep(0.1)
-        coord.close()
+        start_until(cluster, lambda status: status.updates >= 20)
         for worker in (c for c in cluster.children if c.name.startswith("worker-")):
             worker.proc.send_signal(signal.SIGKILL)
             worker.proc.wait()

@@ -16,7 +16,7 @@ from asyncps.config import RunConfig
 from asyncps.ml.datasets import load_dataset
 from asyncps.rundir import RunDir
 from asyncps.tools.local import LocalCluster
-from asyncps.transport.coordinator import CoordinatorClient
+from tests.conftest import start_until
 
 
 class Clock:
@@ -70,13 +70,7 @@ def test_an_indexed_worker_restarted_inside_the_heartbeat_timeout_and_the_epochs
     run_dir.mkdir()
     cluster = LocalCluster(run, run_dir)
     try:
-        cluster.start()
-        coord = CoordinatorClient(cluster.chief_address, deadline_s=30)
-        deadline = time.monotonic() + 120
-        while coord.status().updates < 30:
-            assert time.monotonic() < deadline and cluster.chief.alive(), "the run did not start"
-            time.sleep(0.1)
-        coord.close()
+        start_until(cluster, lambda status: status.updates >= 30)
         worker = next(c for c in cluster.children if c.name == "worker-0")
         worker.proc.send_signal(signal.SIGKILL)
         worker.proc.wait()

@@ -132,10 +132,10 @@ class ModeSpec(abc.ABC):
 MODES: Registry[ModeSpec] = Registry("consistency mode", ModeSpec, group="asyncps.modes")
 
 
-def check_count(key: str, value: int) -> None:
-    """A mode parameter that counts something: an int >= 0 (ValueError otherwise)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
+def check_count(key: str, value: int, minimum: int = 0) -> None:
+    """A mode parameter that counts something: an int >= minimum (ValueError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
 
 
 __all__ = ["MODES", "Admission", "Consistency", "ModeSpec", "RetryMemo", "Verdict", "check_count"]

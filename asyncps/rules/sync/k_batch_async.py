@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncps.rules.consistency import Admission, Verdict
+from asyncps.rules.consistency import Admission, Verdict, check_count
 from asyncps.rules.registry import param
 from asyncps.rules.sync.coordinated import ArrivalCoordinator, CoordinatedMode, Coordinator
 from asyncps.rules.sync.follower import FollowRule
@@ -47,8 +47,7 @@ class KBatchAsyncMode(CoordinatedMode):
     k: int = param(1, help="mini-batch gradients (from any workers, any version) that make a step")
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"k must be an integer >= 1, got {self.k!r}")
+        check_count("k", self.k, minimum=1)
 
     def coordinator(self, num_workers: int) -> Coordinator:
         """The first-K-arrivals rule."""
