@@ -27,6 +27,8 @@ class Progress:
     dropped: list[int] = dataclasses.field(default_factory=list)
     bytes_pushed: list[int] = dataclasses.field(default_factory=list)
     bytes_pulled: list[int] = dataclasses.field(default_factory=list)
+    # per shard: transport -> {"pushed": bytes, "pulled": bytes}
+    bytes_by_transport: list[dict[str, dict[str, int]]] = dataclasses.field(default_factory=list)
     dropped_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
     max_clock_lead: float = 0.0
     reads_refused: dict[str, int] = dataclasses.field(default_factory=dict)  # SSP: by why, over shards
@@ -102,6 +104,7 @@ class ShardPoller:
             p.dropped = [s.pushes_dropped for s in stats]
             p.bytes_pushed = [s.bytes_pushed for s in stats]
             p.bytes_pulled = [s.bytes_pulled for s in stats]
+            p.bytes_by_transport = [s.bytes_by_transport() for s in stats]
             reasons: dict[str, int] = {}
             for s in stats:
                 for reason, count in s.dropped_by_reason.items():

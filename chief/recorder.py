@@ -301,9 +301,10 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         reads_refused=dict(p.reads_refused),
         backup_workers=run.backup_workers,
         staleness_bound=run.staleness_bound,
-        shards=tuple(ShardCounters(version=v, accepted=a, dropped=d, bytes_pushed=pushed, bytes_pulled=pulled)
-                     for v, a, d, pushed, pulled in zip(p.versions, p.accepted, p.dropped, p.bytes_pushed,
-                                                        p.bytes_pulled, strict=True)),
+        shards=tuple(ShardCounters(version=v, accepted=a, dropped=d, bytes_pushed=pushed, bytes_pulled=pulled,
+                                   bytes_by_transport=by)
+                     for v, a, d, pushed, pulled, by in zip(p.versions, p.accepted, p.dropped, p.bytes_pushed,
+                                                            p.bytes_pulled, p.bytes_by_transport, strict=True)),
         final_train_loss=train_loss,
         optimality_gap=gap,
         staleness_steady=StalenessSummary.of(recorder.steady.snapshot()),

@@ -32,6 +32,17 @@ MAX_WAIT_S = 300.0  # longest a long-poll blocks, whatever the caller asks
 
 
 @dataclass(frozen=True)
+class LeanRequest:
+    """A request kind an adapter answers on another adapter's lean data connection (the "tcp" data
+    port): `kind` is its name in TcpRequest's oneof, `method` the shard gRPC method whose roles it
+    needs (asyncps.net.authz.METHOD_ROLES), `handle(request, max_wait_s)` its header-only answer."""
+
+    kind: str
+    method: str
+    handle: Callable[[ps_pb2.TcpRequest, float], ps_pb2.PullHeader]
+
+
+@dataclass(frozen=True)
 class ShardSide:
     """What every shard adapter is built from: the shard's one service and its serving settings."""
 
@@ -47,6 +58,15 @@ class ShardSide:
     data_port: int = 0
     max_data_connections: int = DEFAULT_MAX_DATA_CONNECTIONS
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    # request kinds adapters answer on a data connection of another's (shm's doorbell on the tcp
+    # data port), by kind, filled in as the adapters are built (asyncps.ps.main.shard_adapters)
+    lean_requests: dict[str, LeanRequest] = field(default_factory=dict, compare=False)
+
+    def offer(self, request: LeanRequest) -> None:
+        """Answer `request.kind` on every lean data connection of this shard."""
+        if request.kind in self.lean_requests:
+            raise ValueError(f"lean request {request.kind!r} is answered by two transport adapters")
+        self.lean_requests[request.kind] = request
 
     def __post_init__(self) -> None:
         if not -1 <= self.data_port < 65536:
@@ -91,13 +111,18 @@ def add_handlers(server: grpc.Server, adapters: Sequence[ShardAdapter]) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SHARD_SERVICE, handlers),))
 
 
-def wait_limit(what: str, asked_s: float, context: grpc.ServicerContext, margin_s: float = 0.0) -> float:
-    """How long a long-poll may block: what the caller asked, within its deadline and our cap."""
+def checked_wait(what: str, asked_s: float, max_wait_s: float = MAX_WAIT_S) -> float:
+    """How long a long-poll may block: what the caller asked (a finite number >= 0, else
+    InvalidArgumentError naming `what`), within max_wait_s and our cap."""
     if not math.isfinite(asked_s) or asked_s < 0:
         raise InvalidArgumentError(f"{what} must be a finite number of seconds >= 0, got {asked_s}")
+    return max(0.0, min(asked_s, max_wait_s, MAX_WAIT_S))
+
+
+def wait_limit(what: str, asked_s: float, context: grpc.ServicerContext, margin_s: float = 0.0) -> float:
+    """How long a long-poll may block: what the caller asked, within its deadline and our cap."""
     remaining = context.time_remaining()
-    limit = min(asked_s, MAX_WAIT_S)
-    return limit if remaining is None else min(limit, max(0.0, remaining - margin_s))
+    return checked_wait(what, asked_s, MAX_WAIT_S if remaining is None else remaining - margin_s)
 
 
 def reply_header(reply: ShardValues, push: ps_pb2.PushResult | None, shard_index: int) -> ps_pb2.PullHeader:
@@ -110,5 +135,6 @@ def reply_header(reply: ShardValues, push: ps_pb2.PushResult | None, shard_index
     return header
 
 
-__all__ = ["DEFAULT_MAX_DATA_CONNECTIONS", "DEFAULT_MAX_REQUEST_BYTES", "MAX_WAIT_S", "AdapterFactory", "ShardAdapter",
-           "ShardSide", "add_handlers", "load_adapter_factory", "reply_header", "wait_limit"]
+__all__ = ["DEFAULT_MAX_DATA_CONNECTIONS", "DEFAULT_MAX_REQUEST_BYTES", "MAX_WAIT_S", "AdapterFactory", "LeanRequest",
+           "ShardAdapter",
+           "ShardSide", "add_handlers", "checked_wait", "load_adapter_factory", "reply_header", "wait_limit"]

@@ -34,6 +34,8 @@ class ShardService:
         self._counter_lock = threading.Lock()
         self._bytes_pulled = 0
         self._bytes_pushed = 0
+        self._pulled_by: dict[str, int] = {}
+        self._pushed_by: dict[str, int] = {}
         self._refused: dict[str, int] = {}  # reads refused, by why (SSP's bound): deadline, no_slot
 
     @property
@@ -52,11 +54,15 @@ class ShardService:
             if acquired:
                 self._waiters.release()
 
-    def count(self, pulled: int = 0, pushed: int = 0) -> None:
-        """Tensor bytes a transport sent (pulled) or received (pushed)."""
+    def count(self, transport: str, pulled: int = 0, pushed: int = 0) -> None:
+        """Tensor bytes `transport` (its registry name) sent (pulled) or received (pushed)."""
         with self._counter_lock:
             self._bytes_pulled += pulled
             self._bytes_pushed += pushed
+            if pulled:
+                self._pulled_by[transport] = self._pulled_by.get(transport, 0) + pulled
+            if pushed:
+                self._pushed_by[transport] = self._pushed_by.get(transport, 0) + pushed
 
     def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array], run_id: str = "") -> tuple[bool, int]:
         """Create the variables (idempotent for the same run); (created, version)."""
@@ -122,9 +128,11 @@ class ShardService:
         """Counters, variable metadata, the bytes moved and the reads refused (in mode_stats)."""
         with self._counter_lock:
             pulled, pushed = self._bytes_pulled, self._bytes_pushed
+            pulled_by, pushed_by = dict(self._pulled_by), dict(self._pushed_by)
             refused = {f"refused_{why}": float(n) for why, n in self._refused.items()}
         stats = self.store.stats()
         return dataclasses.replace(stats, shard_index=self.shard_index, bytes_pulled=pulled, bytes_pushed=pushed,
+                                   bytes_pulled_by_transport=pulled_by, bytes_pushed_by_transport=pushed_by,
                                    mode_stats={**stats.mode_stats, **refused})
 
     def stop(self) -> None:

@@ -101,7 +101,7 @@ class ParameterServerServicer:
         if reply.values is not None:
             frames, nbytes = self._cache.frames(reply.incarnation, reply.version, reply.values)
             yield from frames
-            self._service.count(pulled=nbytes)
+            self._service.count("grpc", pulled=nbytes)
 
     @handles_errors
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
@@ -115,7 +115,7 @@ class ParameterServerServicer:
         assembler = TensorAssembler(self._max_request_bytes)
         header: ps_pb2.PushHeader = read_frames(request_iterator, parse_push, assembler, what)
         grads = assembler.finish()
-        self._service.count(pushed=assembler.total_bytes)
+        self._service.count("grpc", pushed=assembler.total_bytes)
         return header, push_request(header, grads)
 
     @handles_errors

@@ -2,17 +2,22 @@
 the shard's gRPC server (AttachShm, ShmPushPull) on the shard's one ShardService.
 
 A worker's segment holds its full model values and a region per gradient part. The shard maps
-it once (AttachShm), then for every ShmPushPull copies the gradients out of it (so a client
-writing while the shard validates cannot slip a NaN past the checks), hands them to the
-service exactly as a framed push would, and writes the reply's values into the worker's
-regions. Every offset and length is checked against the segment before any view is made. A
-segment the shard cannot map answers errors.PathNotVisibleError (the client falls back); an
-attachment gone or replaced answers errors.AttachAgainError (the client maps a fresh one).
+it once (AttachShm), then for every ShmPushPull (over gRPC, or rung on the tcp data port: see
+LeanRequest) hands the gradients to the service as views of the segment, exactly as a framed
+push hands its received arrays (the service copies whatever it keeps), and writes the reply's
+values into the worker's regions once. The worker waits for the reply, so an honest worker
+never writes a region the shard is reading; a hostile one could change a gradient between the
+finite check and the apply, which does no more harm than the large finite gradient it could
+send anyway (tokens and roles decide who may push at all). Every offset and length is checked
+against the segment before any view is made. A segment the shard cannot map answers
+errors.PathNotVisibleError (the client falls back); an attachment gone or replaced answers
+errors.AttachAgainError (the client maps a fresh one).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import mmap
@@ -23,7 +28,7 @@ from typing import Any
 
 import grpc
 import numpy as np
-from asyncps.ps.adapter import ShardSide, reply_header, wait_limit
+from asyncps.ps.adapter import MAX_WAIT_S, LeanRequest, ShardSide, checked_wait, reply_header
 from asyncps.ps.service import ShardService
 
 from asyncps.errors import (
@@ -91,20 +96,24 @@ class Attachment:
     closed: bool = False
 
     def close(self) -> None:
-        """Unmap (under the lock, so no request is using it)."""
+        """Unmap, or, while a request still holds views of the gradients, leave the unmapping to
+        the last of them (an mmap with exported buffers is unmapped when it is freed)."""
         with self.lock:
             if not self.closed:
                 self.closed = True
-                self.buffer.close()
+                with contextlib.suppress(BufferError):
+                    self.buffer.close()
 
     def read_grads(self, chunks: Iterable[tensor_pb2.TensorChunk]) -> dict[str, Array]:
-        """Copies of the gradients in the segment (caller holds the lock)."""
+        """The gradients as read-only views of the segment (caller holds the lock)."""
         grads: dict[str, Array] = {}
         for chunk in chunks:
             region = region_of(chunk, len(self.buffer), "gradient")
             if region.name in grads:
                 raise InvalidArgumentError(f"gradient {region.name!r} named twice")
-            grads[region.name] = region.view(self.buffer).copy()
+            view = region.view(self.buffer)
+            view.flags.writeable = False
+            grads[region.name] = view
         return grads
 
     def write_values(self, values: Mapping[str, Array]) -> None:
@@ -192,6 +201,9 @@ class ShmAdapter:
     def __init__(self, side: ShardSide, max_attachments: int = DEFAULT_MAX_ATTACHMENTS) -> None:
         self._service: ShardService = side.service
         self._attachments = Attachments(max_attachments)
+        # the doorbell: a worker with a data connection rings through it instead of ShmPushPull
+        side.offer(LeanRequest("shm", "ShmPushPull", lambda request, max_wait_s: self.exchange(request.shm,
+                                                                                              max_wait_s)))
 
     @handles_errors
     def AttachShm(self, request: ps_pb2.AttachShmRequest, context: grpc.ServicerContext) -> ps_pb2.AttachShmResponse:
@@ -208,9 +220,15 @@ class ShmAdapter:
     @handles_errors
     def ShmPushPull(self, request: ps_pb2.ShmPushPullRequest, context: grpc.ServicerContext) -> ps_pb2.PullHeader:
         """PushPull with the tensors in an attached segment; only the headers travel here."""
+        remaining = context.time_remaining()
+        return self.exchange(request, MAX_WAIT_S if remaining is None else max(0.0, remaining - 1.0))
+
+    def exchange(self, request: ps_pb2.ShmPushPullRequest, max_wait_s: float) -> ps_pb2.PullHeader:
+        """One push-pull (or pull) through an attached segment, held at most max_wait_s: the answer of
+        ShmPushPull over gRPC and of the "shm" request on the tcp data port (the doorbell)."""
         header = request.header
         attachment = self._attachments.get(request.attachment, header.worker_id)
-        limit = wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
+        limit = checked_wait("read_wait_s", header.read_wait_s, max_wait_s)
         push_result: ps_pb2.PushResult | None = None
         if request.pull_only:
             if request.grads:
@@ -221,7 +239,7 @@ class ShmAdapter:
                 if attachment.closed:
                     raise AttachAgainError("the shared-memory attachment was replaced: attach again")
                 grads = attachment.read_grads(request.grads)
-            self._service.count(pushed=sum(g.nbytes for g in grads.values()))
+            self._service.count("shm", pushed=sum(g.nbytes for g in grads.values()))
             push = push_request(header, grads)
             outcome, reply = self._service.push_pull(push, header.pull_if_newer_than, limit)
             push_result = outcome_to_proto(outcome)
@@ -230,7 +248,7 @@ class ShmAdapter:
                 if attachment.closed:
                     raise AttachAgainError("the shared-memory attachment was replaced: attach again")
                 attachment.write_values(reply.values)
-            self._service.count(pulled=sum(v.nbytes for v in reply.values.values()))
+            self._service.count("shm", pulled=sum(v.nbytes for v in reply.values.values()))
         return reply_header(reply, push_result, self._service.shard_index)
 
     def rpc_handlers(self) -> dict[str, Handler]:

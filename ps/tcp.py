@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import socket
 import ssl
 import threading
@@ -39,7 +38,9 @@ from asyncps.ps.adapter import (
     DEFAULT_MAX_DATA_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
     MAX_WAIT_S,
+    LeanRequest,
     ShardSide,
+    checked_wait,
     reply_header,
 )
 from asyncps.ps.service import ShardService
@@ -51,7 +52,7 @@ from asyncps.errors import (
 )
 from asyncps.net.authz import ALL_ROLES, AUTH_METADATA_KEY, BEARER_SCHEME, METHOD_ROLES, WORKER, TokenRoles
 from asyncps.net.handlers import Handler
-from asyncps.net.rpc import status_of
+from asyncps.net.rpc import outcome_name, status_of
 from asyncps.net.security import SecurityConfig
 from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S
 from asyncps.pb import ps_pb2, tensor_pb2
@@ -126,8 +127,11 @@ class TcpShardServer:
     """Serves one shard's pull, push and push-pull on a TCP data port, over ShardService."""
 
     def __init__(self, service: ShardService, security: SecurityConfig | None = None, host: str = "0.0.0.0",
-                 port: int = 0, limits: TcpLimits | None = None) -> None:
+                 port: int = 0, limits: TcpLimits | None = None,
+                 lean_requests: Mapping[str, LeanRequest] | None = None) -> None:
         self._service = service
+        # header-only kinds other adapters answer here (shm's doorbell), looked up per request
+        self._lean: Mapping[str, LeanRequest] = lean_requests if lean_requests is not None else {}
         self._security = security or SecurityConfig()
         self._limits = limits or TcpLimits()
         self._tokens = (TokenRoles(self._security.token, self._security.chief_token, self._security.shared_token)
@@ -273,9 +277,10 @@ class TcpShardServer:
                                             deadline=idle_deadline, first_byte=working)
                 # the frame's bytes must follow promptly: a slow drip is as idle as silence
                 payload_deadline = time.monotonic() + limits.idle_timeout_s
-                kind = request.WhichOneof("kind")
-                if kind not in _METHODS:
-                    raise FrameError(f"request kind {kind or 'none'}: pull, push or push_pull")
+                kind = request.WhichOneof("kind") or "none"
+                if kind not in _METHODS and kind not in self._lean:
+                    raise FrameError(f"request kind {kind}: "
+                                     + ", ".join(["pull", "push", "push_pull", *sorted(self._lean)]))
                 assembler = TensorAssembler(limits.max_request_bytes)
                 arrays = read_payload(sock, places, lambda chunk: self._destination(connection, chunk),
                                       payload_deadline)
@@ -303,9 +308,10 @@ class TcpShardServer:
             send_frame(sock, reply, tensors)
 
     def _authorize(self, kind: str, roles: frozenset[str]) -> None:
-        allowed = METHOD_ROLES.get(f"/{SHARD_SERVICE}/{_METHODS[kind]}", frozenset())
+        method = _METHODS[kind] if kind in _METHODS else self._lean[kind].method
+        allowed = METHOD_ROLES.get(f"/{SHARD_SERVICE}/{method}", frozenset())
         if not roles & allowed:
-            raise PermissionDeniedError(f"{_METHODS[kind]} needs the {'+'.join(sorted(allowed)) or 'no'} role; "
+            raise PermissionDeniedError(f"{method} needs the {'+'.join(sorted(allowed)) or 'no'} role; "
                                         f"this connection's hello grants {'+'.join(sorted(roles)) or 'no role'}")
 
     def _destination(self, connection: _Connection, chunk: tensor_pb2.TensorChunk) -> Array:
@@ -333,20 +339,25 @@ class TcpShardServer:
     def _handle(self, kind: str, request: ps_pb2.TcpRequest,
                 assembler: TensorAssembler) -> tuple[ps_pb2.TcpReply, list[Slice]]:
         service = self._service
+        lean = self._lean.get(kind) if kind not in _METHODS else None
+        if lean is not None:
+            if request.tensors:
+                raise InvalidArgumentError(f"a {kind} request carries no tensors")
+            return ps_pb2.TcpReply(values=lean.handle(request, MAX_WAIT_S)), []
         if kind == "pull":
             pull = request.pull
             if request.tensors:
                 raise InvalidArgumentError("a pull carries no tensors")
-            values = service.pull(pull.worker_id, pull.if_newer_than, _wait_limit("wait_timeout_s",
+            values = service.pull(pull.worker_id, pull.if_newer_than, checked_wait("wait_timeout_s",
                                                                                  pull.wait_timeout_s))
             return self._values(values, None)
         header = request.push if kind == "push" else request.push_pull
         grads = assembler.finish()
-        service.count(pushed=assembler.total_bytes)
+        service.count("tcp", pushed=assembler.total_bytes)
         push = push_request(header, grads)
         if kind == "push":
             return ps_pb2.TcpReply(pushed=outcome_to_proto(service.push(push))), []
-        wait = _wait_limit("read_wait_s", header.read_wait_s)
+        wait = checked_wait("read_wait_s", header.read_wait_s)
         outcome, values = service.push_pull(push, header.pull_if_newer_than, wait)
         return self._values(values, outcome_to_proto(outcome))
 
@@ -357,7 +368,7 @@ class TcpShardServer:
         if reply.values is not None:
             for name, value in reply.values.items():
                 tensors.extend(tensor_slices(name, value, chunk_bytes=_WHOLE))
-            self._service.count(pulled=sum(v.nbytes for v in reply.values.values()))
+            self._service.count("tcp", pulled=sum(v.nbytes for v in reply.values.values()))
         return ps_pb2.TcpReply(values=header), tensors
 
     @staticmethod
@@ -370,15 +381,10 @@ class TcpShardServer:
             message = str(exc)[:1000]
         try:
             sock.settimeout(1.0)  # a client that does not read its error does not hold this thread
-            send_frame(sock, ps_pb2.TcpReply(error=ps_pb2.TcpError(code=code.value[0], message=message)))
+            send_frame(sock, ps_pb2.TcpReply(error=ps_pb2.TcpError(code=code.value[0], message=message,
+                                                                   outcome=outcome_name(exc))))
         except OSError:
             pass
-
-
-def _wait_limit(what: str, asked_s: float) -> float:
-    if not math.isfinite(asked_s) or asked_s < 0:
-        raise InvalidArgumentError(f"{what} must be a finite number of seconds >= 0, got {asked_s}")
-    return min(asked_s, MAX_WAIT_S)
 
 
 class TcpAdapter:
@@ -420,7 +426,8 @@ class TcpAdapter:
             return
         limits = TcpLimits(side.max_data_connections, side.idle_timeout_s,
                            max_request_bytes=min(side.max_request_bytes, TcpLimits.max_request_bytes))
-        server = TcpShardServer(side.service, side.security, side.host, side.data_port, limits).start()
+        server = TcpShardServer(side.service, side.security, side.host, side.data_port, limits,
+                                side.lean_requests).start()
         with self._lock:
             self._server = server
 

@@ -38,7 +38,8 @@ def summary(**changes: Any) -> RunSummary:
         staleness_policy="none", workers=2, ps_shards=2, model="logreg", dataset="synthetic", epochs=1.5,
         stop_reason="reached 120 updates", pushes_recorded=240, dropped_by_reason={"late": 3},
         backup_workers=0, staleness_bound=0,
-        shards=(ShardCounters(120, 120, 2), ShardCounters(121, 121, 1)),
+        shards=(ShardCounters(120, 120, 2), ShardCounters(121, 121, 1, 4096, 8192, {"tcp": {"pushed": 4096,
+                                                                                         "pulled": 8192}})),
         data={"tasks_done": 7, "tasks_planned": None}, idle_fraction={0: 0.1, 1: 0.25}, max_clock_lead=1.0)
     return dataclasses.replace(base, **changes)
 
@@ -59,6 +60,9 @@ def test_run_summary_round_trip(tmp_path: Path) -> None:
     on_disk = json.loads(path.read_text())
     assert on_disk["staleness"]["histogram"] == {"0": 10, "1": 80, "2": 30}  # the file's shape is unchanged
     assert on_disk["idle_fraction"] == {"0": 0.1, "1": 0.25} and on_disk["shards"][1]["version"] == 121
+    assert on_disk["shards"][1]["bytes_by_transport"] == {"tcp": {"pushed": 4096, "pulled": 8192}}
+    del on_disk["shards"][1]["bytes_by_transport"]  # written before the transports were counted apart
+    assert RunSummary.from_dict(on_disk).shards[1].bytes_by_transport == {}
     assert "optimality_gap" not in summary().to_dict()  # only written when the optimum is known
     assert summary(stop_reason="interrupted").interrupted and not summary().interrupted
     nan = RunSummary.from_json(summary(final_eval=FinalEval(math.nan, 0.0)).to_json())
@@ -73,6 +77,8 @@ def test_run_summary_round_trip(tmp_path: Path) -> None:
     (lambda d: d["shards"][1].pop("dropped"), "missing field 'shards[1].dropped'"),
     (lambda d: d.update(idle_fraction={"w0": 0.5}), "field 'idle_fraction': expected integer keys, got 'w0'"),
     (lambda d: d.update(mode=3), "field 'mode': expected a string, got 3"),
+    (lambda d: d["shards"][1]["bytes_by_transport"]["tcp"].update(pushed="x"),
+     "field 'shards[1].bytes_by_transport.tcp.pushed': expected an integer, got 'x'"),
 ])
 def test_run_summary_validation_names_the_file_and_the_field(tmp_path: Path, change: Any, message: str) -> None:
     data = summary().to_dict()

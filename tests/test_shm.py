@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +21,7 @@ import pytest
 from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
 
 from asyncps.delays import NoDelay, StepDelay
+from asyncps.errors import AsyncpsError, AttachAgainError, InvalidArgumentError
 from asyncps.ml.datasets import load_dataset
 from asyncps.ml.models import build_model, loss_fn
 from asyncps.net.rpc import make_channel
@@ -33,8 +37,11 @@ from asyncps.transport import (
     connect_shard,
     shmseg,
 )
+from asyncps.transport.link import ShardLink
+from asyncps.transport.tcp import data_connection
 from asyncps.wire.proto import SHARD_SERVICE
 from asyncps.wire.shard import PushRequest
+from asyncps.wire.stream import read_head, send_frame
 
 if TYPE_CHECKING:
     from conftest import ShardLauncher, ShardProcess
@@ -69,13 +76,13 @@ def shard(shard_factory: ShardLauncher) -> Iterator[ShardProcess]:
     yield process
 
 
-def test_shared_memory_and_grpc_give_bit_identical_training(start_shards: Callable[[int], list[str]]) -> None:
+def test_shared_memory_tcp_and_grpc_give_bit_identical_training(start_shards: Callable[[int], list[str]]) -> None:
     """One seeded worker for N steps over each transport (fresh shards each): the same bits."""
     data = load_dataset("digits", 0)
     x, y = data.x_train[:400], data.y_train[:400]
     results = {}
     before = segments()
-    for transport in ("grpc", "shm"):
+    for transport in ("grpc", "tcp", "shm"):
         addresses = start_shards(2)
         model = build_model("mlp", data.num_features, data.num_classes, seed=3)
         names = [v.path for v in model.trainable_variables]
@@ -89,13 +96,15 @@ def test_shared_memory_and_grpc_give_bit_identical_training(start_shards: Callab
                           StepDelay(NoDelay()), Telemetry())
         trainer.run(threading.Event(), max_steps=12)
         uses = [shm_in_use(s) for s in client.shards]
-        assert uses == ([False, False] if transport == "grpc" else [True, True])
+        assert uses == ([True, True] if transport == "shm" else [False, False])
+        carried = [s.stats().bytes_pushed_by_transport for s in client.shards]
+        assert all(set(c) == {transport} for c in carried), carried
         assert client.versions == [12, 12]
         client.pull()  # what the shards hold, over frames
         results[transport] = {n: v.copy() for n, v in client.values.items()}
         client.close()
     for name, value in results["grpc"].items():
-        assert value.tobytes() == results["shm"][name].tobytes(), name
+        assert value.tobytes() == results["shm"][name].tobytes() == results["tcp"][name].tobytes(), name
     assert segments() <= before  # every segment was unlinked once mapped
 
 
@@ -330,3 +339,87 @@ def test_pull_and_push_travel_through_the_segment_too(shard: ShardProcess) -> No
     for c in (frames, client):
         c.close()
     raw.channel.close()
+
+
+# -- the doorbell: no gRPC call per step -------------------------------------------------------
+
+
+def test_shared_memory_rings_over_the_data_connection_when_the_shard_has_one(shard_factory: ShardLauncher) -> None:
+    """With a data port the segment's requests ring over TCP; without one (--data-port -1) over the
+    unary ShmPushPull. The same values and versions either way, every byte counted as shm's."""
+    grads = {"w": np.full((300, 40), 0.5, np.float32), "b": np.full(40, 0.25, np.float32)}
+    results = {}
+    for args in ((), ("--data-port", "-1")):
+        process = shard_factory(1, args=args)[0]
+        setup = GrpcShardTransport(process.address, deadline_s=CALL_TIMEOUT_S)
+        setup.initialize("test", 0, 1, RULE, initial_values())
+        client = connect_shard(process.address, deadline_s=CALL_TIMEOUT_S, transport="shm")
+        assert isinstance(client.data, ShmDataPath)
+        buffers = {n: np.empty_like(v) for n, v in initial_values().items()}
+        version = client.pull("w0", -1, buffers).version
+        for _ in range(3):
+            outcome, reply = client.push_pull(PushRequest("w0", version, grads), -1, buffers)
+            assert outcome.accepted
+            version = reply.version
+        stats = setup.stats()
+        assert stats.bytes_pushed_by_transport == {"shm": 3 * sum(g.nbytes for g in grads.values())}
+        assert set(stats.bytes_pulled_by_transport) == {"shm"}
+        results[args] = (client.data.rings_over_tcp, version, {n: b.tobytes() for n, b in buffers.items()})
+        for c in (setup, client):
+            c.close()
+    over_tcp, over_grpc = results[()], results[("--data-port", "-1")]
+    assert over_tcp[0] and not over_grpc[0]
+    assert over_tcp[1:] == over_grpc[1:] == (3, over_tcp[2])
+
+
+def test_hostile_doorbell_requests_get_their_error_and_change_nothing(shard: ShardProcess) -> None:
+    """Rung on the data port by hand: another worker's attachment, tensors where none belong and a
+    region outside the segment are refused with the gRPC call's codes; the connection stays
+    usable and the owner's next step is served."""
+    client = connect_shard(shard.address, deadline_s=CALL_TIMEOUT_S, transport="shm")
+    assert isinstance(client.data, ShmDataPath)
+    buffers = {n: np.empty_like(v) for n, v in initial_values().items()}
+    version = client.pull("w0", -1, buffers).version
+    mapping = client.data._mapping
+    assert mapping is not None and client.data.rings_over_tcp
+    frames = GrpcShardTransport(shard.address, deadline_s=CALL_TIMEOUT_S)
+    before = frames.pull("probe")
+    link = ShardLink(shard.address, deadline_s=5)
+    bell = data_connection(link)
+
+    def ring(request: ps_pb2.ShmPushPullRequest) -> AsyncpsError:
+        with pytest.raises(AsyncpsError) as caught:
+            bell.ring("evil", ps_pb2.TcpRequest(shm=request), 0.0)
+        return caught.value
+
+    header = ps_pb2.PushHeader(worker_id="evil", base_version=version)
+    error = ring(ps_pb2.ShmPushPullRequest(header=header, attachment=mapping.attachment,
+                                           grads=[mapping.grad_chunks["b"]]))
+    assert isinstance(error, AttachAgainError), error  # not this worker's attachment: typed as over gRPC
+    owner = ps_pb2.PushHeader(worker_id="w0", base_version=version)
+    with_tensor = ps_pb2.TcpRequest(shm=ps_pb2.ShmPushPullRequest(header=owner, attachment=mapping.attachment,
+                                                                 grads=[mapping.grad_chunks["b"]]))
+    with_tensor.tensors.add(name="b", dtype=tensor_pb2.FLOAT32, shape=[2], nbytes=8)
+    head = with_tensor.SerializeToString()
+    body = struct.pack("<I", len(head)) + head
+    body += bytes(-len(body) % 8) + np.ones(2, np.float32).tobytes()
+    port = int(link.channel.unary_unary(link.path("DataPort"),
+                                        request_serializer=ps_pb2.DataPortRequest.SerializeToString,
+                                        response_deserializer=ps_pb2.DataPortResponse.FromString)(
+        ps_pb2.DataPortRequest(), timeout=5).port)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        send_frame(sock, ps_pb2.TcpRequest(hello=ps_pb2.TcpHello(worker_id="evil")))
+        assert read_head(sock, ps_pb2.TcpReply.FromString, "hello", 1 << 16, deadline=time.monotonic() + 10)[0].hello
+        sock.sendall(struct.pack("<I", len(body)) + body)
+        reply, _ = read_head(sock, ps_pb2.TcpReply.FromString, "reply", 1 << 16, deadline=time.monotonic() + 10)
+    assert reply.error.code == Code.INVALID_ARGUMENT.value[0] and "carries no tensors" in reply.error.message
+    outside = region("b", (40,), 1 << 40)
+    error = ring(ps_pb2.ShmPushPullRequest(header=owner, attachment=mapping.attachment, grads=[outside]))
+    assert isinstance(error, InvalidArgumentError) and "8-aligned range" in str(error), error
+    after = frames.pull("probe")
+    assert after.version == before.version and after.values is not None and before.values is not None
+    assert all(after.values[n].tobytes() == before.values[n].tobytes() for n in before.values)
+    outcome, reply = client.push_pull(PushRequest("w0", version, {"b": np.ones(40, np.float32)}), -1, buffers)
+    assert outcome.accepted and reply.version == version + 1 and client.data._mapping is mapping
+    for c in (bell, link, frames, client):
+        c.close()

@@ -389,6 +389,12 @@ def test_tcp_traffic_is_counted_by_the_shards_one_service(shard_factory: ShardLa
     assert tcp_in_use(client) and values.values is not None
     assert after.bytes_pushed - before.bytes_pushed == sum(g.nbytes for g in grads.values())
     assert after.bytes_pulled - before.bytes_pulled == sum(v.nbytes for v in values.values.values())
+    # initialize travels over gRPC (the control face); the step's tensors over the data port only
+    assert after.bytes_pushed_by_transport.get("tcp", 0) - before.bytes_pushed_by_transport.get("tcp", 0) == \
+        after.bytes_pushed - before.bytes_pushed
+    assert after.bytes_pulled_by_transport.get("tcp", 0) - before.bytes_pulled_by_transport.get("tcp", 0) == \
+        after.bytes_pulled - before.bytes_pulled
+    assert after.bytes_pushed_by_transport.get("grpc", 0) == before.bytes_pushed_by_transport.get("grpc", 0)
     client.close()
 
 

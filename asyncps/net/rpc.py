@@ -66,8 +66,20 @@ def status_of(exc: Exception) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def error_of(code: int, message: str) -> errors.AsyncpsError:
-    """The domain error a status code number names (the inverse of status_of; InternalError else)."""
+def outcome_name(exc: BaseException) -> str:
+    """The name of the typed outcome an error carries ("" when it has none): what OUTCOME_KEY sends."""
+    for kind, name in _OUTCOME_OF:
+        if isinstance(exc, kind):
+            return name
+    return ""
+
+
+def error_of(code: int, message: str, outcome: str = "") -> errors.AsyncpsError:
+    """The domain error a status code number names (the inverse of status_of; InternalError else),
+    of the typed outcome's kind when `outcome` names one that status code carries."""
+    for typed, name in _OUTCOME_OF:
+        if name == outcome and status_of(typed(message)).value[0] == code:
+            return typed(message)
     for kind, status in _STATUS_OF:
         if status.value[0] == code and issubclass(kind, errors.AsyncpsError):
             return kind(message)
@@ -91,10 +103,9 @@ def _abort(context: grpc.ServicerContext, method: str, exc: Exception) -> None:
             escaped = escaped[:MAX_STATUS_MESSAGE_BYTES] + f"... ({len(escaped)} characters, truncated)"
         message = escaped
     log.info("%s -> %s: %s", method, code.name, message)
-    for kind, name in _OUTCOME_OF:
-        if isinstance(exc, kind):
-            context.set_trailing_metadata(((OUTCOME_KEY, name),))
-            break
+    outcome = outcome_name(exc)
+    if outcome:
+        context.set_trailing_metadata(((OUTCOME_KEY, outcome),))
     context.abort(code, message)
 
 

@@ -488,6 +488,38 @@ class ShardStats(google.protobuf.message.Message):
         ) -> None: ...
         def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
+    @typing.final
+    class BytesPulledByTransportEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.int
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: builtins.int = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
+    @typing.final
+    class BytesPushedByTransportEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.int
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: builtins.int = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
     SHARD_INDEX_FIELD_NUMBER: builtins.int
     INITIALIZED_FIELD_NUMBER: builtins.int
     VERSION_FIELD_NUMBER: builtins.int
@@ -500,6 +532,8 @@ class ShardStats(google.protobuf.message.Message):
     DROPPED_BY_REASON_FIELD_NUMBER: builtins.int
     MODE_STATS_FIELD_NUMBER: builtins.int
     RUN_ID_FIELD_NUMBER: builtins.int
+    BYTES_PULLED_BY_TRANSPORT_FIELD_NUMBER: builtins.int
+    BYTES_PUSHED_BY_TRANSPORT_FIELD_NUMBER: builtins.int
     shard_index: builtins.int
     initialized: builtins.bool
     version: builtins.int
@@ -519,6 +553,12 @@ class ShardStats(google.protobuf.message.Message):
     def mode_stats(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.float]:
         """e.g. ssp: max_clock_lead"""
 
+    @property
+    def bytes_pulled_by_transport(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.int]:
+        """bytes_pulled and bytes_pushed by the transport that carried them (grpc, tcp, shm)"""
+
+    @property
+    def bytes_pushed_by_transport(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.int]: ...
     def __init__(
         self,
         *,
@@ -534,9 +574,11 @@ class ShardStats(google.protobuf.message.Message):
         dropped_by_reason: collections.abc.Mapping[builtins.str, builtins.int] | None = ...,
         mode_stats: collections.abc.Mapping[builtins.str, builtins.float] | None = ...,
         run_id: builtins.str = ...,
+        bytes_pulled_by_transport: collections.abc.Mapping[builtins.str, builtins.int] | None = ...,
+        bytes_pushed_by_transport: collections.abc.Mapping[builtins.str, builtins.int] | None = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["rule", b"rule"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["bytes_pulled", b"bytes_pulled", "bytes_pushed", b"bytes_pushed", "dropped_by_reason", b"dropped_by_reason", "initialized", b"initialized", "mode_stats", b"mode_stats", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "variables", b"variables", "version", b"version"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["bytes_pulled", b"bytes_pulled", "bytes_pulled_by_transport", b"bytes_pulled_by_transport", "bytes_pushed", b"bytes_pushed", "bytes_pushed_by_transport", b"bytes_pushed_by_transport", "dropped_by_reason", b"dropped_by_reason", "initialized", b"initialized", "mode_stats", b"mode_stats", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "variables", b"variables", "version", b"version"]) -> None: ...
 
 global___ShardStats = ShardStats
 
@@ -896,6 +938,7 @@ class TcpRequest(google.protobuf.message.Message):
     PULL_FIELD_NUMBER: builtins.int
     PUSH_FIELD_NUMBER: builtins.int
     PUSH_PULL_FIELD_NUMBER: builtins.int
+    SHM_FIELD_NUMBER: builtins.int
     TENSORS_FIELD_NUMBER: builtins.int
     @property
     def hello(self) -> global___TcpHello: ...
@@ -910,6 +953,12 @@ class TcpRequest(google.protobuf.message.Message):
         """tensors: the gradient; values come back"""
 
     @property
+    def shm(self) -> global___ShmPushPullRequest:
+        """"shm" over this connection: a push-pull or pull through an attached shared-memory segment
+        (as the ShmPushPull call, with its role); no tensors either way, the reply is `values`
+        """
+
+    @property
     def tensors(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[asyncps.pb.tensor_pb2.TensorChunk]:
         """nbytes only, the bytes follow in the frame"""
 
@@ -920,11 +969,12 @@ class TcpRequest(google.protobuf.message.Message):
         pull: global___PullRequest | None = ...,
         push: global___PushHeader | None = ...,
         push_pull: global___PushHeader | None = ...,
+        shm: global___ShmPushPullRequest | None = ...,
         tensors: collections.abc.Iterable[asyncps.pb.tensor_pb2.TensorChunk] | None = ...,
     ) -> None: ...
-    def HasField(self, field_name: typing.Literal["hello", b"hello", "kind", b"kind", "pull", b"pull", "push", b"push", "push_pull", b"push_pull"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["hello", b"hello", "kind", b"kind", "pull", b"pull", "push", b"push", "push_pull", b"push_pull", "tensors", b"tensors"]) -> None: ...
-    def WhichOneof(self, oneof_group: typing.Literal["kind", b"kind"]) -> typing.Literal["hello", "pull", "push", "push_pull"] | None: ...
+    def HasField(self, field_name: typing.Literal["hello", b"hello", "kind", b"kind", "pull", b"pull", "push", b"push", "push_pull", b"push_pull", "shm", b"shm"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["hello", b"hello", "kind", b"kind", "pull", b"pull", "push", b"push", "push_pull", b"push_pull", "shm", b"shm", "tensors", b"tensors"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["kind", b"kind"]) -> typing.Literal["hello", "pull", "push", "push_pull", "shm"] | None: ...
 
 global___TcpRequest = TcpRequest
 
@@ -934,16 +984,20 @@ class TcpError(google.protobuf.message.Message):
 
     CODE_FIELD_NUMBER: builtins.int
     MESSAGE_FIELD_NUMBER: builtins.int
+    OUTCOME_FIELD_NUMBER: builtins.int
     code: builtins.int
     """a grpc status code number (google.rpc.Code): the same kinds as gRPC"""
     message: builtins.str
+    outcome: builtins.str
+    """a typed outcome the gRPC path sends as trailing metadata (asyncps.net.rpc)"""
     def __init__(
         self,
         *,
         code: builtins.int = ...,
         message: builtins.str = ...,
+        outcome: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["code", b"code", "message", b"message"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["code", b"code", "message", b"message", "outcome", b"outcome"]) -> None: ...
 
 global___TcpError = TcpError
 

@@ -220,6 +220,16 @@ class ShardCounters:
     # pushes (sparse gradients: the touched rows and their indices only) and sent in pulls
     bytes_pushed: int = 0
     bytes_pulled: int = 0
+    # the same by the transport that carried them: {"tcp": {"pushed": n, "pulled": m}, ...} (added later)
+    bytes_by_transport: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def _by_transport(shard: _Fields) -> dict[str, dict[str, int]]:
+    """A shard's bytes_by_transport ({} in run directories older than it)."""
+    if not shard.mapping("bytes_by_transport", {}):
+        return {}
+    by = shard.obj("bytes_by_transport")
+    return {name: by.counts(name) for name in by.data}
 
 
 @dataclass(frozen=True)
@@ -312,7 +322,8 @@ class RunSummary:
             pushes_recorded=f.integer("pushes_recorded"), dropped_by_reason=f.counts("dropped_by_reason"),
             backup_workers=f.integer("backup_workers"), staleness_bound=f.integer("staleness_bound"),
             shards=tuple(ShardCounters(s.integer("version"), s.integer("accepted"), s.integer("dropped"),
-                                       s.integer("bytes_pushed", 0), s.integer("bytes_pulled", 0))
+                                       s.integer("bytes_pushed", 0), s.integer("bytes_pulled", 0),
+                                       _by_transport(s))
                          for s in f.objects("shards")),
             data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
             max_clock_lead=f.number("max_clock_lead", 0.0), start=f.mapping("start", {}),

@@ -5,7 +5,9 @@ dense gradient part, asks the shard to map it (AttachShm, proven by a token), an
 name right after: nothing is left in /dev/shm whatever happens to either process later. A push
 then writes the gradients into the segment and sends only a small ShmPushPull; the shard copies
 them out, decides exactly as for a framed push, and writes the new values back into the
-segment. When the segment cannot be seen (another host) the shard says so with a typed outcome
+segment. That small request rings the shard over the data connection of the "tcp" transport
+when the shard has a data port (the doorbell: no gRPC call per step), else as the unary
+ShmPushPull call. When the segment cannot be seen (another host) the shard says so with a typed outcome
 (errors.PathNotVisibleError) and this path hands every call to its fallback (the next path of
 "auto"; an error when shm was asked for by name); when a restarted shard has forgotten the mapping
 (errors.AttachAgainError), a fresh segment is attached. Sparse gradients always travel through
@@ -31,6 +33,7 @@ from asyncps.transport import shmseg
 from asyncps.transport.base import ClientSetup, DataPath
 from asyncps.transport.grpc_shard import FramesDataPath
 from asyncps.transport.link import ShardLink
+from asyncps.transport.tcp import DataPortUnavailable, TcpConnection, data_connection
 from asyncps.wire.codec import Array, SparseRows, dtype_to_proto
 from asyncps.wire.proto import decisions_from_proto, outcome_from_proto, push_header
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
@@ -91,9 +94,11 @@ class ShmDataPath:
     tensors in shared memory; `fallback` carries what the segment cannot (sparse gradients, a
     shard on another host)."""
 
-    def __init__(self, link: ShardLink, fallback: DataPath, required: bool = False) -> None:
+    def __init__(self, link: ShardLink, fallback: DataPath, required: bool = False,
+                 doorbell: TcpConnection | None = None) -> None:
         self.address = link.address
         self._link = link
+        self._doorbell = doorbell  # the shard's data port, None: ring with ShmPushPull over gRPC
         self._fallback = fallback
         self._required = required  # asked for by name: a shard that cannot see the segment is an error
         self._lock = threading.Lock()
@@ -155,8 +160,9 @@ class ShmDataPath:
                         return None
                 try:
                     return call(mapping)
-                except grpc.RpcError as exc:
-                    if outcome_of(exc) is not AttachAgainError or attempt:
+                except (grpc.RpcError, AttachAgainError) as exc:
+                    again = isinstance(exc, AttachAgainError) or outcome_of(exc) is AttachAgainError
+                    if not again or attempt:
                         raise
                     self._mapping = None  # a restarted shard: map a fresh segment
             raise AssertionError("unreachable")
@@ -214,8 +220,7 @@ class ShmDataPath:
         header = push_header(request, pull_if_newer_than, read_wait_s)
         message = ps_pb2.ShmPushPullRequest(header=header, attachment=mapping.attachment, grads=chunks,
                                             pull_only=pull_only)
-        # UNAVAILABLE only: a restarted shard answers AttachAgainError (FAILED_PRECONDITION) at once
-        reply = self._link.retry(lambda: self._push_pull(message, timeout=self._link.call_timeout_s + read_wait_s))
+        reply = self._ring(request.worker_id, message, read_wait_s)
         values: dict[str, Array] | None = None
         if not reply.not_modified:
             for name, value in mapping.values.items():
@@ -226,8 +231,32 @@ class ShmDataPath:
         decisions = decisions_from_proto(reply.sync) if reply.HasField("sync") else None
         return outcome, ShardValues(reply.version, reply.incarnation, values, reply.waited_s, decisions)
 
+    def _ring(self, worker_id: str, message: ps_pb2.ShmPushPullRequest, wait_s: float) -> ps_pb2.PullHeader:
+        """Tell the shard the segment holds a request; its reply's header. Over the data connection
+        when the shard has one, else the unary call. Either way retried on UNAVAILABLE only: a
+        restarted shard answers AttachAgainError (FAILED_PRECONDITION) at once."""
+        doorbell = self._doorbell
+        if doorbell is not None:
+            try:
+                return doorbell.ring(worker_id, ps_pb2.TcpRequest(shm=message), wait_s)
+            except DataPortUnavailable as exc:  # nothing was sent: ring over gRPC from now on
+                log.info("%s: shared-memory requests signalled over gRPC", exc)
+                doorbell.close()
+                self._doorbell = None
+        header: ps_pb2.PullHeader = self._link.retry(
+            lambda: self._push_pull(message, timeout=self._link.call_timeout_s + wait_s))
+        return header
+
+    @property
+    def rings_over_tcp(self) -> bool:
+        """Whether requests are signalled over the shard's data connection (not yet known before the first)."""
+        return self._doorbell is not None
+
     def close(self) -> None:
-        """Unmap the segment and close the fallback (the channel is the link's, closed by the control)."""
+        """Unmap the segment, close the doorbell and the fallback (the channel is the link's, closed by
+        the control)."""
+        if self._doorbell is not None:
+            self._doorbell.close()
         self._fallback.close()
         with self._lock:
             if self._mapping is not None:
@@ -239,7 +268,8 @@ class ShmDataPath:
 def shm_data_path(setup: ClientSetup, fallback: DataPath | None, required: bool) -> DataPath:
     """The registry's factory for "shm": shared memory over the link, with the next path of "auto"
     (or gRPC frames) as the fallback; `required` when shm was asked for by name."""
-    return ShmDataPath(setup.link, fallback or FramesDataPath(setup.link, setup.chunk_bytes), required)
+    return ShmDataPath(setup.link, fallback or FramesDataPath(setup.link, setup.chunk_bytes), required,
+                       doorbell=data_connection(setup.link, setup.security))
 
 
 __all__ = ["ShmDataPath", "shm_data_path"]

@@ -150,7 +150,10 @@ class TcpConnection:
             except (OSError, StreamClosed, *BROKEN_FRAME) as exc:  # a broken connection or a shard restart
                 problem: BaseException = exc
             except (UnavailableError, FailedPreconditionError) as exc:
-                if isinstance(exc, FailedPreconditionError) and not training:
+                # a shard not restored yet: worth waiting for in training calls; a typed outcome
+                # (attach again, path not visible) is the caller's to act on at once
+                typed = type(exc) is not FailedPreconditionError
+                if isinstance(exc, FailedPreconditionError) and (not training or typed):
                     raise
                 problem = exc
             left = give_up - time.monotonic()
@@ -173,7 +176,7 @@ class TcpConnection:
             deadline = time.monotonic() + self._call_timeout_s + wait_s
             reply, places = read_head(sock, ps_pb2.TcpReply.FromString, "reply", MAX_FRAME_BYTES, deadline=deadline)
             if reply.WhichOneof("kind") == "error":
-                raise error_of(reply.error.code, reply.error.message)
+                raise error_of(reply.error.code, reply.error.message, reply.error.outcome)
             arrays = read_payload(sock, places, lambda chunk: _destination(chunk, buffers), deadline)
         except BaseException:
             self._drop()  # out of step, or an error the shard may have closed on: a fresh one next time
@@ -206,10 +209,34 @@ class TcpConnection:
         shard_values = _values(reply, values)
         return outcome_from_proto(reply.values.push), shard_values
 
+    def ring(self, worker_id: str, request: ps_pb2.TcpRequest, wait_s: float) -> ps_pb2.PullHeader:
+        """A header-only request another path answers on this connection (shm's doorbell); its reply's
+        header. Retried as the gRPC call it replaces: a broken connection or UNAVAILABLE, nothing else."""
+        reply, _ = self._exchange(worker_id, request, (), None, wait_s, training=False)
+        if reply.WhichOneof("kind") != "values" or reply.tensors:
+            raise FrameError(f"shard {self.address} answered {request.WhichOneof('kind')} with "
+                             f"{reply.WhichOneof('kind')}")
+        return reply.values
+
     def close(self) -> None:
         """Close the connection."""
         with self._lock:
             self._drop()
+
+
+def data_connection(link: ShardLink, security: SecurityConfig | None = None,
+                    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> TcpConnection:
+    """A TcpConnection to the data port the shard announces over `link` (DataPort), with the link's
+    deadlines; it connects on first use."""
+    ask = link.channel.unary_unary(link.path("DataPort"),
+                                   request_serializer=ps_pb2.DataPortRequest.SerializeToString,
+                                   response_deserializer=ps_pb2.DataPortResponse.FromString)
+
+    def data_port() -> int:
+        reply = link.retry(lambda: ask(ps_pb2.DataPortRequest(), timeout=link.call_timeout_s))
+        return int(reply.port)
+
+    return TcpConnection(link.address, data_port, security, link.deadline_s, link.call_timeout_s, connect_timeout_s)
 
 
 def _slices(request: PushRequest) -> list[Slice]:
@@ -253,16 +280,7 @@ class TcpDataPath:
                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         self.address = link.address
         self._fallback = fallback
-        ask = link.channel.unary_unary(link.path("DataPort"),
-                                       request_serializer=ps_pb2.DataPortRequest.SerializeToString,
-                                       response_deserializer=ps_pb2.DataPortResponse.FromString)
-
-        def data_port() -> int:
-            reply = link.retry(lambda: ask(ps_pb2.DataPortRequest(), timeout=link.call_timeout_s))
-            return int(reply.port)
-
-        self._connection: TcpConnection | None = TcpConnection(link.address, data_port, security, link.deadline_s,
-                                                               link.call_timeout_s, connect_timeout_s)
+        self._connection: TcpConnection | None = data_connection(link, security, connect_timeout_s)
 
     @property
     def uses_tcp(self) -> bool:
@@ -312,4 +330,4 @@ def tcp_data_path(setup: ClientSetup, fallback: DataPath | None, required: bool)
     return TcpDataPath(setup.link, fallback or FramesDataPath(setup.link, setup.chunk_bytes), setup.security)
 
 
-__all__ = ["DataPortUnavailable", "TcpConnection", "TcpDataPath", "tcp_data_path"]
+__all__ = ["DataPortUnavailable", "TcpConnection", "TcpDataPath", "data_connection", "tcp_data_path"]

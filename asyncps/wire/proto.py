@@ -152,6 +152,8 @@ def stats_to_proto(stats: StoreStats) -> ps_pb2.ShardStats:
         rule=rule_to_proto(stats.rule) if stats.rule else None,
         bytes_pulled=stats.bytes_pulled,
         bytes_pushed=stats.bytes_pushed,
+        bytes_pulled_by_transport=stats.bytes_pulled_by_transport,
+        bytes_pushed_by_transport=stats.bytes_pushed_by_transport,
         dropped_by_reason=stats.dropped_by_reason,
         mode_stats=stats.mode_stats,
         run_id=stats.run_id,
@@ -172,6 +174,8 @@ def stats_from_proto(msg: ps_pb2.ShardStats) -> StoreStats:
         shard_index=msg.shard_index,
         bytes_pulled=msg.bytes_pulled,
         bytes_pushed=msg.bytes_pushed,
+        bytes_pulled_by_transport=dict(msg.bytes_pulled_by_transport),
+        bytes_pushed_by_transport=dict(msg.bytes_pushed_by_transport),
         run_id=msg.run_id,
     )
 

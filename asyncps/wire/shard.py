@@ -92,7 +92,16 @@ class StoreStats:
     shard_index: int = 0
     bytes_pulled: int = 0  # tensor bytes served and received by the shard's transport
     bytes_pushed: int = 0
+    # the same, by the transport that carried them ("grpc", "tcp", "shm")
+    bytes_pulled_by_transport: dict[str, int] = field(default_factory=dict)
+    bytes_pushed_by_transport: dict[str, int] = field(default_factory=dict)
     run_id: str = ""  # the run that initialized or restored the shard (empty: none said)
+
+    def bytes_by_transport(self) -> dict[str, dict[str, int]]:
+        """{transport: {"pushed": bytes, "pulled": bytes}} for each transport that carried any."""
+        names = sorted(set(self.bytes_pushed_by_transport) | set(self.bytes_pulled_by_transport))
+        return {name: {"pushed": self.bytes_pushed_by_transport.get(name, 0),
+                       "pulled": self.bytes_pulled_by_transport.get(name, 0)} for name in names}
 
 
 __all__ = ["Ballot", "Decisions", "DropReason", "PushOutcome", "PushRequest", "ShardValues", "Snapshot", "StoreStats"]
