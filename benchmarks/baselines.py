@@ -99,6 +99,7 @@ _MIB = 1 << 20
 _HERE = Path(__file__).resolve().parent
 _TF_CHILD = _HERE / "_tf_child.py"
 _GRPC_CHILD = _HERE / "_grpc_child.py"
+_TCP_CHILD = _HERE / "_tcp_child.py"
 
 #: TF inter-op threads of the local-loop process (see module docstring).
 DEFAULT_LOCAL_INTER_OP = 1
@@ -451,6 +452,55 @@ def raw_grpc_streaming(
         Samples(f"raw gRPC download {label}", "MB/s", down),
         Samples(f"raw gRPC upload {label}", "MB/s", up),
     )
+
+
+def raw_tcp(megabytes: int = 40, repeats: int = 5) -> tuple[Samples, Samples]:
+    """Measure a plain TCP socket moving the same bytes; return ``(download MB/s, upload MB/s)``.
+
+    The server (``benchmarks/_tcp_child.py``, its own process on 127.0.0.1) sends from and
+    receives into one preallocated buffer; the client here does the same (``sendall`` of a
+    memoryview, ``recv_into``). One request of a few bytes starts each transfer and an 8-byte
+    count ends an upload: the floor any TCP data path can reach on this machine.
+    """
+    from benchmarks import _tcp_child
+
+    total = megabytes * MB
+    if total > 64 << 20:
+        raise BaselineError(f"raw TCP moves at most 64 MiB, not {megabytes} MB")
+    buffer = memoryview(bytearray(total))
+    with _Children() as children:
+        server = children.start("tcp-server", [sys.executable, str(_TCP_CHILD), str(os.getpid())], 1, 1)
+        port = int(server.read_tagged_line("PORT", _STARTUP_TIMEOUT_S))
+        with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ack = memoryview(bytearray(8))
+
+            def download() -> float:
+                start = time.perf_counter()
+                sock.sendall(_tcp_child.REQUEST.pack(_tcp_child.DOWNLOAD, total))
+                received = _tcp_child.recv_exactly(sock, buffer)
+                elapsed = time.perf_counter() - start
+                if received != total:
+                    raise BaselineError(f"downloaded {received} bytes, expected {total}")
+                return total / MB / elapsed
+
+            def upload() -> float:
+                start = time.perf_counter()
+                sock.sendall(_tcp_child.REQUEST.pack(_tcp_child.UPLOAD, total))
+                sock.sendall(buffer)
+                _tcp_child.recv_exactly(sock, ack)
+                elapsed = time.perf_counter() - start
+                (received,) = struct.unpack("<Q", ack)
+                if received != total:
+                    raise BaselineError(f"uploaded {received} bytes, expected {total}")
+                return total / MB / elapsed
+
+            download()
+            upload()
+            down = [download() for _ in range(repeats)]
+            up = [upload() for _ in range(repeats)]
+    return (Samples(f"raw TCP download {megabytes} MB", "MB/s", down),
+            Samples(f"raw TCP upload {megabytes} MB", "MB/s", up))
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

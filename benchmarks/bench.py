@@ -54,6 +54,7 @@ from benchmarks.baselines import (
     compute_threads,
     keras_local_loop,
     raw_grpc_streaming,
+    raw_tcp,
     reexec_with_tuned_malloc,
     tf_ps_strategy,
 )
@@ -166,9 +167,11 @@ class TransferContender:
 
 
 def transfer_contenders(cfg: BenchConfig) -> list[TransferContender]:
-    """Raw gRPC streaming (download = pull, upload = push), then asyncps once per transport."""
+    """Raw gRPC streaming and a raw TCP socket (download = pull, upload = push), then asyncps once
+    per transport."""
     return [
         TransferContender("raw-grpc", lambda c: raw_grpc_streaming(c.megabytes, repeats=c.repeats), reference=True),
+        TransferContender("raw-tcp", lambda c: raw_tcp(c.megabytes, repeats=c.repeats), reference=True),
         *(TransferContender(f"asyncps-{t}", functools.partial(
             lambda name, c: shard_transfer(c.megabytes, c.repeats, transport(name)), t)) for t in cfg.transports),
     ]

@@ -35,10 +35,12 @@ def test_transfer_section_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert results["config"]["sections"] == ["transfer"]
     assert "training" not in results and "scaling" not in results
     contenders = results["transfer"]["contenders"]
-    assert list(contenders) == ["raw-grpc", "asyncps-grpc", "asyncps-shm", "asyncps-tcp"]
+    assert list(contenders) == ["raw-grpc", "raw-tcp", "asyncps-grpc", "asyncps-shm", "asyncps-tcp"]
     assert all(len(c[way]["values"]) == 2 for c in contenders.values() for way in ("pull", "push"))
-    assert set(results["transfer"]["ratios"]) == {f"asyncps-{t} / raw-grpc {way}" for t in ("grpc", "shm", "tcp")
-                                                  for way in ("pull", "push")}
+    # every contender against both references (the raw socket is the tcp path's limit)
+    expected = {f"{other} / {ref} {way}" for ref in ("raw-grpc", "raw-tcp") for other in contenders if other != ref
+                for way in ("pull", "push")}
+    assert set(results["transfer"]["ratios"]) == expected
     assert "### Transfer of a 2 MB model, MB/s" in printed and "| asyncps-grpc | push |" in printed
 
 
@@ -137,7 +139,7 @@ def test_options() -> None:
     assert not cfg.scaling_all_transports
     assert [c.name for c in bench.training_contenders(cfg)] == ["keras-local", "tf-ps-strategy", "asyncps-grpc",
                                                                  "asyncps-shm", "asyncps-tcp"]
-    assert [c.name for c in bench.transfer_contenders(cfg)] == ["raw-grpc", "asyncps-grpc", "asyncps-shm",
+    assert [c.name for c in bench.transfer_contenders(cfg)] == ["raw-grpc", "raw-tcp", "asyncps-grpc", "asyncps-shm",
                                                                 "asyncps-tcp"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--transports", "pigeon"])
