@@ -88,6 +88,11 @@ def test_tfjob_pod_templates_validate_as_pods() -> None:
         ctr = container(spec["template"]["spec"])
         assert ctr["name"] == "tensorflow", kind  # the operator finds its container by this name
         assert [p["containerPort"] for p in ctr["ports"] if p["name"] == "tfjob-port"] == [8470], kind
+    # a shard's TCP data port: fixed, declared, apart from its gRPC and health ports
+    shard = container(specs["PS"]["template"]["spec"])
+    data_port = int(env_value(shard, "ASYNCPS_DATA_PORT"))
+    assert [p["containerPort"] for p in shard["ports"] if p["name"] == "data"] == [data_port]
+    assert data_port not in (8470, int(env_value(shard, "ASYNCPS_HEALTH_PORT")))
 
 
 def test_a_schema_violation_is_caught() -> None:
