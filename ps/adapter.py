@@ -12,7 +12,7 @@ import importlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 from asyncps.ps.service import ShardService
@@ -27,7 +27,6 @@ from asyncps.wire.proto import SHARD_SERVICE, decisions_to_proto
 from asyncps.wire.shard import ShardValues
 
 DEFAULT_MAX_REQUEST_BYTES = 2 << 30
-DEFAULT_MAX_DATA_CONNECTIONS = 64
 MAX_WAIT_S = 300.0  # longest a long-poll blocks, whatever the caller asks
 
 
@@ -52,12 +51,10 @@ class ShardSide:
     on_shutdown: Callable[[str], None] | None = None
     host: str = "0.0.0.0"  # where an adapter with a listener of its own binds
     security: SecurityConfig = field(default_factory=SecurityConfig)
-    # an adapter with a listener of its own (the "tcp" data port): its port (0: any free port;
-    # -1: no listener, its clients use their fallback), how many connections it admits at once
-    # and how long one may wait on its client
-    data_port: int = 0
-    max_data_connections: int = DEFAULT_MAX_DATA_CONNECTIONS
-    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S  # how long a connection of its own may wait on its client
+    # the transports' own settings by name (asyncps.transport.registry.ShardSetting: e.g. the tcp
+    # data port), given ones checked and the others at their defaults
+    settings: Mapping[str, Any] = field(default_factory=dict)
     # request kinds adapters answer on a data connection of another's (shm's doorbell on the tcp
     # data port), by kind, filled in as the adapters are built (asyncps.ps.main.shard_adapters)
     lean_requests: dict[str, LeanRequest] = field(default_factory=dict, compare=False)
@@ -68,11 +65,13 @@ class ShardSide:
             raise ValueError(f"lean request {request.kind!r} is answered by two transport adapters")
         self.lean_requests[request.kind] = request
 
-    def __post_init__(self) -> None:
-        if not -1 <= self.data_port < 65536:
-            raise ValueError(f"data port {self.data_port} out of range (-1: none)")
-        if self.max_data_connections < 1:
-            raise ValueError("max_data_connections must be >= 1")
+    def setting(self, name: str) -> Any:
+        """A transport's shard setting (its registry entry names it and its default; shard_adapters
+        fills in the defaults and checks the values)."""
+        try:
+            return self.settings[name]
+        except KeyError:
+            raise KeyError(f"no shard setting {name!r} (known: {sorted(self.settings)})") from None
 
 
 class ShardAdapter(Protocol):
@@ -135,6 +134,6 @@ def reply_header(reply: ShardValues, push: ps_pb2.PushResult | None, shard_index
     return header
 
 
-__all__ = ["DEFAULT_MAX_DATA_CONNECTIONS", "DEFAULT_MAX_REQUEST_BYTES", "MAX_WAIT_S", "AdapterFactory", "LeanRequest",
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "MAX_WAIT_S", "AdapterFactory", "LeanRequest",
            "ShardAdapter",
            "ShardSide", "add_handlers", "checked_wait", "load_adapter_factory", "reply_header", "wait_limit"]

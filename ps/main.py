@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from asyncps.ps.adapter import (
-    DEFAULT_MAX_DATA_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
     ShardAdapter,
     ShardSide,
@@ -48,8 +50,8 @@ class PsConfig:
     handler_threads: int = SHARD_HANDLER_THREADS
     stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_streams_per_peer: int = 0  # 0: asyncps.net.streamguard's default for the thread count
-    data_port: int = 0  # a transport's own listener (the "tcp" data port; 0: any free port; -1: none)
-    max_data_connections: int = DEFAULT_MAX_DATA_CONNECTIONS
+    # the transports' own settings by name (their registry entries declare them: the tcp data port, ...)
+    transport_settings: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def stream_limits(self) -> StreamLimits:
@@ -58,6 +60,7 @@ class PsConfig:
 
     def __post_init__(self) -> None:
         self.stream_limits  # noqa: B018 - validates the three settings together
+        TRANSPORTS.shard_setting_values(self.transport_settings)  # each transport's own, by its flag
         if not 0 <= self.port < 65536:
             raise ValueError(f"port {self.port} out of range")
         if self.index < 0:
@@ -68,7 +71,9 @@ class PsConfig:
 
 def shard_adapters(side: ShardSide, registry: TransportRegistry = TRANSPORTS) -> list[ShardAdapter]:
     """The one place a shard's transports are built: every registered transport's adapter over
-    the same service, in registry order (gRPC first)."""
+    the same service, in registry order (gRPC first), each transport's settings checked and the
+    ones not given at their defaults (ValueError naming the flag of a wrong one)."""
+    side = dataclasses.replace(side, settings=registry.shard_setting_values(side.settings))
     return [load_adapter_factory(transport.shard_adapter)(side) for transport in registry]
 
 
@@ -86,8 +91,7 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     service = ShardService(store, max_waiters=min(DEFAULT_MAX_WAITERS, limits.max_streams))
     adapters = shard_adapters(ShardSide(service, config.chunk_bytes, config.max_request_bytes,
                                         on_shutdown=lambda reason: stop.set(), host=config.host,
-                                        security=config.security, data_port=config.data_port,
-                                        max_data_connections=config.max_data_connections,
+                                        security=config.security, settings=config.transport_settings,
                                         idle_timeout_s=config.stream_idle_timeout_s))
     server, port, health = create_server(
         f"{config.host}:{config.port}",

@@ -2,7 +2,8 @@
 announced over the shard's gRPC server (DataPort), on the shard's one ShardService.
 
 TcpAdapter (the registry's factory, built from ShardSide by asyncps.ps.main) answers DataPort
-and runs the listener (start, close); ShardSide.data_port picks its port (0: any free port; -1:
+and runs the listener (start, close); its shard setting data_port (`asyncps ps --data-port`, declared
+in its registry entry) picks its port (0: any free port; -1:
 none, DataPort answers 0 and workers fall back to gRPC frames). A worker opens one connection
 per shard to that port and speaks first: a hello with its bearer token, checked in constant time against the same
 token table as the gRPC path (asyncps.net.authz), intersected with its certificate's roles
@@ -35,7 +36,6 @@ from typing import Any
 import grpc
 import numpy as np
 from asyncps.ps.adapter import (
-    DEFAULT_MAX_DATA_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
     MAX_WAIT_S,
     LeanRequest,
@@ -56,6 +56,7 @@ from asyncps.net.rpc import outcome_name, status_of
 from asyncps.net.security import SecurityConfig
 from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S
 from asyncps.pb import ps_pb2, tensor_pb2
+from asyncps.transport.registry import DEFAULT_MAX_DATA_CONNECTIONS
 from asyncps.wire.codec import Array, TensorAssembler, _checked_nbytes, dtype_from_proto
 from asyncps.wire.frames import Slice, tensor_slices
 from asyncps.wire.proto import SHARD_SERVICE, outcome_to_proto, push_request
@@ -421,12 +422,13 @@ class TcpAdapter:
     def start(self) -> None:
         """Bind and serve the data port (nothing with data_port -1)."""
         side = self._side
-        if side.data_port < 0:
+        data_port = int(side.setting("data_port"))
+        if data_port < 0:
             log.info("shard %d: no TCP data port (--data-port -1): workers use gRPC frames", side.service.shard_index)
             return
-        limits = TcpLimits(side.max_data_connections, side.idle_timeout_s,
+        limits = TcpLimits(int(side.setting("max_data_connections")), side.idle_timeout_s,
                            max_request_bytes=min(side.max_request_bytes, TcpLimits.max_request_bytes))
-        server = TcpShardServer(side.service, side.security, side.host, side.data_port, limits,
+        server = TcpShardServer(side.service, side.security, side.host, data_port, limits,
                                 side.lean_requests).start()
         with self._lock:
             self._server = server

@@ -298,3 +298,60 @@ def test_the_typed_attach_again_maps_a_fresh_segment() -> None:
         client.close()
     finally:
         server.stop(None)
+
+
+# -- a transport's own shard settings ------------------------------------------------------------
+class KnobAdapter:
+    """A shard adapter that only records the setting it was given."""
+
+    seen: list[int] = []
+
+    def __init__(self, side: ShardSide) -> None:
+        KnobAdapter.seen.append(int(side.setting("probe_knob")))
+
+    def rpc_handlers(self) -> Mapping[str, Handler]:
+        return {}
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _positive(value: object) -> str | None:
+    return None if isinstance(value, int) and value > 0 else "an integer > 0"
+
+
+def test_a_transports_shard_settings_come_from_its_entry_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """Declared in the registry entry, a setting reaches its adapter (default or given), a wrong
+    value is refused naming its flag, and no two transports may claim one name; the real tcp
+    entry's settings are `asyncps ps` flags with their ASYNCPS_* variables."""
+    from asyncps.tools.cli import build_parser
+    from asyncps.transport.registry import ShardSetting
+
+    registry = TransportRegistry()
+    registry.register(TRANSPORTS.get(BASE))
+    knob = ShardSetting("--probe-knob", 3, "a test's knob", _positive)
+    registry.register(Transport("probe", "a test's transport", TRANSPORTS.get(BASE).data_path,
+                                f"{__name__}:KnobAdapter", shard_settings=(knob,)))
+    service = ShardService(ShardStore(shard_index=0))
+    KnobAdapter.seen.clear()
+    shard_adapters(ShardSide(service), registry)
+    shard_adapters(ShardSide(service, settings={"probe_knob": 7}), registry)
+    assert KnobAdapter.seen == [3, 7]
+    with pytest.raises(ValueError, match=r"--probe-knob \(probe\): an integer > 0, got 0"):
+        shard_adapters(ShardSide(service, settings={"probe_knob": 0}), registry)
+    with pytest.raises(ValueError, match="no transport has the shard setting"):
+        shard_adapters(ShardSide(service, settings={"data_port": 1}), registry)  # tcp is not in this registry
+    with pytest.raises(ValueError, match="belong to another transport"):
+        registry.register(Transport("probe2", "another", TRANSPORTS.get(BASE).data_path, f"{__name__}:KnobAdapter",
+                                    shard_settings=(ShardSetting("--probe-knob", 1, "again"),)))
+    parser = build_parser()
+    args = parser.parse_args(["ps", "--data-port", "-1", "--max-data-connections", "3"])
+    assert (args.data_port, args.max_data_connections) == (-1, 3)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ps", "--help"])
+    assert "env ASYNCPS_DATA_PORT" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--max-data-connections"):
+        PsConfig(transport_settings={"max_data_connections": 0})

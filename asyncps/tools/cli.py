@@ -26,6 +26,7 @@ from asyncps.config import (
 )
 from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
 from asyncps.net.security import SecurityConfig
+from asyncps.transport.registry import TRANSPORTS
 
 DEFAULT_PORT = 8470
 
@@ -205,7 +206,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
                       handler_threads=int(args.handler_threads),
                       stream_idle_timeout_s=float(args.stream_idle_timeout),
                       max_streams_per_peer=int(args.max_streams_per_peer),
-                      data_port=int(args.data_port), max_data_connections=int(args.max_data_connections))
+                      transport_settings={s.name: getattr(args, s.name) for _, s in TRANSPORTS.shard_settings()})
     _setup_logging(args.log_level, f"ps-{index}")
     stop = threading.Event()
     _install_signals(stop)
@@ -349,10 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
          type=float)
     _add(g, "--max-streams-per-peer", 0, "streams one client connection may have open (0: min(16, half))",
          type=int)
-    _add(g, "--data-port", 0, "the TCP data path's port, announced to workers over gRPC (0: any free port; "
-         "-1: none, workers use gRPC frames)", type=int)
-    _add(g, "--max-data-connections", 64, "TCP data connections at once (the one idle longest yields to a "
-         "newcomer)", type=int)
+    for transport, setting in TRANSPORTS.shard_settings():  # each transport's own, from its registry entry
+        _add(g, setting.flag, setting.default, f"{setting.help} [{transport.name}]", type=type(setting.default))
     add_security_flags(p)
     p.set_defaults(fn=cmd_ps)
 

@@ -14,9 +14,12 @@ Adding a transport (say "tcp"), three files and nothing else:
 2. the shard adapter: `ps/tcp.py` with a factory `(ShardSide) -> ShardAdapter` over the shard's
    one `ShardService` (asyncps.ps.adapter): the gRPC methods it answers, start and close;
 3. one entry in registry.py: `Transport("tcp", "<one-line help>", tcp_data_path,
-   "asyncps.ps.tcp:TcpAdapter", unavailable=..., auto_rank=...)`.
-connect_shard, RunConfig.transport's validation, `--transport`'s help, "auto" and the shard's
-start (asyncps.ps.main) then pick it up. Outcomes that steer a client (fall back, attach again)
+   "asyncps.ps.tcp:TcpAdapter", unavailable=..., auto_rank=..., shard_settings=(ShardSetting(
+   "--data-port", 0, "<help>", check), ...))`; the adapter reads them as side.setting("data_port").
+connect_shard, RunConfig.transport's validation, `--transport`'s help, "auto", the shard's
+start (asyncps.ps.main) and `asyncps ps`'s flags and ASYNCPS_* variables then pick it up. A
+shard adapter may also answer header-only requests on another's data connection
+(ShardSide.offer: shm's doorbell rides the tcp data port). Outcomes that steer a client (fall back, attach again)
 are asyncps.errors classes carried typed by asyncps.net.rpc (outcome_of), never message text.
 """
 

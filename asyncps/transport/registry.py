@@ -3,16 +3,18 @@ validation of `transport` and the `--transport` help.
 
 An entry names the client's data-path factory, the shard-side adapter (as "module:attribute",
 because the shard is a role and the core never imports a role: asyncps.ps.main loads it), an
-availability check for this host and a one-line help. "auto" is a policy over the entries, not an
-entry: the available ones with an `auto_rank`, best first, each falling back to the next, ending
-in the base path (gRPC frames), which every shard serves.
+availability check for this host, a one-line help and the shard-side settings its adapter
+reads (each an `asyncps ps` flag and ASYNCPS_* variable, generated from the entry). "auto" is a
+policy over the entries, not an entry: the available ones with an `auto_rank`, best first, each
+falling back to the next, ending in the base path (gRPC frames), which every shard serves.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from asyncps.transport import shmseg
 from asyncps.transport.base import ClientSetup, DataPath
@@ -31,6 +33,26 @@ def _always() -> str | None:
     return None
 
 
+def _fine(value: Any) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class ShardSetting:
+    """A shard-side setting of one transport: `asyncps ps FLAG` (env ASYNCPS_<NAME>), handed to its
+    adapter as ShardSide.setting(name); `check` says why a value is wrong (None: fine)."""
+
+    flag: str  # e.g. "--data-port"; its name is "data_port"
+    default: int | float | str
+    help: str
+    check: Callable[[Any], str | None] = _fine
+
+    @property
+    def name(self) -> str:
+        """The setting's key: the flag without dashes, in snake case."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
 @dataclass(frozen=True)
 class Transport:
     """One way tensors travel between a worker and a shard (the control face is always gRPC)."""
@@ -41,6 +63,7 @@ class Transport:
     shard_adapter: str  # "module:attribute" of the shard side's factory (asyncps.ps.adapter.AdapterFactory)
     unavailable: Callable[[], str | None] = _always  # why it cannot run on this host, None when it can
     auto_rank: int | None = None  # place in "auto"'s preference (lower first); None: only by name
+    shard_settings: tuple[ShardSetting, ...] = ()  # what its shard adapter can be told
 
 
 class TransportRegistry:
@@ -55,6 +78,10 @@ class TransportRegistry:
         with self._lock:
             if transport.name == AUTO or transport.name in self._entries:
                 raise ValueError(f"transport {transport.name!r} is already registered")
+            taken = {s.name for t in self._entries.values() for s in t.shard_settings}
+            clash = sorted(taken & {s.name for s in transport.shard_settings})
+            if clash:
+                raise ValueError(f"transport {transport.name!r}: shard settings {clash} belong to another transport")
             self._entries[transport.name] = transport
         return transport
 
@@ -80,6 +107,26 @@ class TransportRegistry:
         if entry is None:
             raise ValueError(f"transport {name!r}: one of {', '.join(self.names())}")
         return entry
+
+    def shard_settings(self) -> list[tuple[Transport, ShardSetting]]:
+        """Every transport's shard-side settings, in registration order."""
+        return [(t, s) for t in self for s in t.shard_settings]
+
+    def shard_setting_values(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Every shard setting's value: `given`'s, else its default; a ValueError naming the flag
+        of a wrong value, or a name no transport has."""
+        known = {s.name: (t, s) for t, s in self.shard_settings()}
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ValueError(f"no transport has the shard setting(s) {unknown}; known: {sorted(known)}")
+        values: dict[str, Any] = {}
+        for name, (transport, setting) in known.items():
+            value = given.get(name, setting.default)
+            why = setting.check(value)
+            if why is not None:
+                raise ValueError(f"{setting.flag} ({transport.name}): {why}, got {value!r}")
+            values[name] = value
+        return values
 
     def problem(self, name: str) -> str | None:
         """Why `name` is not a valid transport setting, None when it is (configuration validation)."""
@@ -131,8 +178,26 @@ TRANSPORTS.register(Transport(
 TRANSPORTS.register(Transport(
     "shm", "shared memory with shards on the same host, required",
     shm_data_path, "asyncps.ps.shm:ShmAdapter", unavailable=_no_shm, auto_rank=0))
+DEFAULT_MAX_DATA_CONNECTIONS = 64
+
+
+def _port_or_none(value: Any) -> str | None:
+    return None if isinstance(value, int) and -1 <= value < 65536 else "a port number, 0 (any free port) or -1 (none)"
+
+
+def _at_least_one(value: Any) -> str | None:
+    return None if isinstance(value, int) and value >= 1 else "an integer >= 1"
+
+
 TRANSPORTS.register(Transport(
     "tcp", "a TCP data connection per shard to the port it announces; gRPC frames when that port cannot be reached",
-    tcp_data_path, "asyncps.ps.tcp:TcpAdapter", auto_rank=1))
+    tcp_data_path, "asyncps.ps.tcp:TcpAdapter", auto_rank=1,
+    shard_settings=(
+        ShardSetting("--data-port", 0, "the TCP data path's port, announced to workers over gRPC (0: any free "
+                     "port; -1: none, workers use gRPC frames)", _port_or_none),
+        ShardSetting("--max-data-connections", DEFAULT_MAX_DATA_CONNECTIONS,
+                     "TCP data connections at once (the one idle longest yields to a newcomer)", _at_least_one),
+    )))
 
-__all__ = ["AUTO", "BASE", "TRANSPORTS", "DataPathFactory", "Transport", "TransportRegistry"]
+__all__ = ["AUTO", "BASE", "DEFAULT_MAX_DATA_CONNECTIONS", "TRANSPORTS", "DataPathFactory", "ShardSetting", "Transport",
+           "TransportRegistry"]
