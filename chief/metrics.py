@@ -103,6 +103,10 @@ class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
 
     daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that fails its handshake or hangs up is its own problem: no traceback on stderr."""
+        log.debug("metrics: a request from %s failed", client_address, exc_info=True)
+
 
 def bearer_only(app: WSGIApplication, tokens: TokenRoles) -> WSGIApplication:
     """app behind `Authorization: Bearer <token>`: either role's token of the cluster, else 401."""

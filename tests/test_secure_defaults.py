@@ -325,3 +325,31 @@ def test_metrics_are_served_over_the_clusters_tls_and_mtls(certs: DevCerts) -> N
         assert scrape(url, TOKEN, context=trust)[0] == 200
     finally:
         server.close()
+
+
+@pytest.mark.slow
+def test_a_secure_local_clusters_chief_serves_metrics_over_mtls_with_its_token(tmp_path: Path) -> None:
+    from asyncps.config import RunConfig
+    from asyncps.tools.devcerts import cert_paths
+    from asyncps.tools.local import LocalCluster
+
+    run = RunConfig(num_ps=1, num_workers=1, epochs=0, max_seconds=120, compute_delay="const:0.01")
+    cluster = LocalCluster(run, tmp_path / "run", secure=True, metrics_port=0)
+    cluster.run_dir.mkdir(parents=True)
+    try:
+        cluster.start()
+        port = wait_port_file(cluster.files.port_file("chief.metrics"), 120, alive=cluster.chief.alive)
+        secrets = cluster.files.secrets
+        certs = cert_paths(secrets)
+        client = ssl.create_default_context(cafile=str(certs.ca_cert))
+        client.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+        url = f"https://localhost:{port}/metrics"
+        assert scrape(url, context=client)[0] == 401
+        status, body = scrape(url, (secrets / "token").read_text().strip(), context=client)
+        assert status == 200 and "asyncps_updates_total" in body
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            scrape(f"http://127.0.0.1:{port}/metrics")
+        assert " WARNING " not in cluster.files.log("chief").read_text()  # loopback, tokens: nothing to say
+    finally:
+        cluster.interrupt()
+        cluster.stop(grace_s=5)
