@@ -40,7 +40,12 @@ ARG ASYNCPS_UID=10001
 # buffers in the heap instead of an mmap/munmap per RPC, and don't give memory
 # back to the OS after every free. Both sets equal asyncps/procenv.py
 # (thread_env(1), MALLOC_ENV); tests/test_procenv.py checks that they do.
+# ASYNCPS_HOST: outside a container the roles bind 127.0.0.1 unless told
+# otherwise; in one, loopback is the container's own and nobody could reach
+# the shard or the chief, so these images listen on every interface (give the
+# cluster a token or mTLS: a server without either warns at start).
 ENV VIRTUAL_ENV=/opt/asyncps \
+    ASYNCPS_HOST=0.0.0.0 \
     PATH=/opt/asyncps/bin:${PATH} \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asyncps.config import RunConfig
-from asyncps.net.security import SecurityConfig
+from asyncps.net.security import LOOPBACK_HOST, SecurityConfig, check_host
 from asyncps.rundir import RunDir
 
 
@@ -18,7 +18,7 @@ class ChiefConfig:
     ps: tuple[str, ...]
     run: RunConfig
     run_dir: Path
-    host: str = "127.0.0.1"
+    host: str = LOOPBACK_HOST  # this machine only; containers and clusters say --host 0.0.0.0
     port: int = 0
     port_file: str = ""
     health_port: int | None = None  # also serve the health service in plaintext here (kubelet probes)
@@ -36,6 +36,7 @@ class ChiefConfig:
         return self.checkpoint_dir or RunDir(self.run_dir).checkpoints
 
     def __post_init__(self) -> None:
+        check_host(self.host)
         if not self.ps:
             raise ValueError("chief needs the shard addresses (--ps HOST:PORT,...)")
         if len(self.ps) != self.run.num_ps:

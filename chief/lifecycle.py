@@ -14,6 +14,7 @@ from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.tasks import TaskLedger
 
 from asyncps.net.rpc import create_server, serve_health
+from asyncps.net.security import exposure_warning
 from asyncps.pb import coordinator_pb2_grpc
 from asyncps.rundir import INTERRUPTED, RunConfigRecord, RunDir, exported_model, write_port_file
 
@@ -83,9 +84,12 @@ class Lifecycle:
         if config.health_port is not None:
             self._probe, probe_port = serve_health(f"{config.host}:{config.health_port}", self._health)
             log.info("chief: health service in plaintext on port %d", probe_port)
+        log.info("chief serving on port %d of %s (%s); waiting for %d workers", port, config.host,
+                 config.security.describe(), self._run.num_workers)
+        exposed = exposure_warning("the chief", f"{config.host}:{port}", config.security)
+        if exposed:
+            log.warning("%s", exposed)
         write_port_file(config.port_file, port)
-        log.info("chief serving on port %d (%s); waiting for %d workers", port, config.security.describe(),
-                 self._run.num_workers)
         return port
 
     def stop_reason(self) -> str | None:

@@ -173,7 +173,7 @@ class Chief:
         self.lifecycle.start(servicer)
         metrics = None
         if self.config.metrics_port >= 0:
-            metrics = MetricsServer(self.config.host, self.config.metrics_port, self.metrics)
+            metrics = MetricsServer(self.config.host, self.config.metrics_port, self.metrics, self.config.security)
             write_port_file(self.config.metrics_port_file, metrics.port)
         handed_over = False
         try:

@@ -1,20 +1,30 @@
 """The chief's Prometheus endpoint (`--metrics-port`): the run's metrics, read from the chief's
-state at each scrape, so there is no second set of counters to keep in step with the first."""
+state at each scrape, so there is no second set of counters to keep in step with the first. It
+takes the cluster's token and TLS like the chief's gRPC server (prometheus_client renders the
+text; the server is the standard library's, so that a token can be checked before it does)."""
 
 from __future__ import annotations
 
 import logging
 import math
+import socket
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from asyncps.net.authz import AUTH_METADATA_KEY, TokenRoles
+from asyncps.net.security import SecurityConfig
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
+    from _typeshed.wsgi import StartResponse, WSGIApplication
     from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger("asyncps.chief")
+
+METRICS_CLIENT_TIMEOUT_S = 10.0  # a scrape client silent this long loses its connection
 
 #: Upper bounds of the staleness histogram's buckets (updates); +Inf is added.
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
@@ -79,18 +89,73 @@ class RunCollector:
                                 value=m.fraction_done if math.isfinite(m.fraction_done) else -1.0)
 
 
+class _QuietHandler(WSGIRequestHandler):
+    """One request per connection, no access log on stderr, and a slow client gives up its thread."""
+
+    timeout = METRICS_CLIENT_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not worth a line each."""
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """A scrape per thread, so one stalled client (a TLS handshake that never ends) blocks no other."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that fails its handshake or hangs up is its own problem: no traceback on stderr."""
+        log.debug("metrics: a request from %s failed", client_address, exc_info=True)
+
+
+def bearer_only(app: WSGIApplication, tokens: TokenRoles) -> WSGIApplication:
+    """app behind `Authorization: Bearer <token>`: either role's token of the cluster, else 401."""
+
+    def guarded(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        header = environ.get("HTTP_AUTHORIZATION")
+        roles = tokens.roles(None if header is None else [(AUTH_METADATA_KEY, str(header))])
+        if isinstance(roles, str):  # why there are none: a missing or invalid token (never logged)
+            body = f"401 Unauthorized: {roles.split(':')[0]}: send 'Authorization: Bearer <token>' with the " \
+                   "cluster's token\n"
+            start_response("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
+                                                ("WWW-Authenticate", 'Bearer realm="asyncps"'),
+                                                ("Content-Length", str(len(body)))])
+            return [body.encode()]
+        return app(environ, start_response)
+
+    return guarded
+
+
 class MetricsServer:
-    """Serves /metrics over HTTP on its own thread until closed."""
+    """Serves /metrics on its own thread until closed, as securely as the cluster's RPCs: a token
+    (either role's) required when the cluster has one, TLS with the chief's certificate when it
+    uses TLS, and a client certificate of the cluster's CA under mTLS."""
 
-    def __init__(self, host: str, port: int, read: Callable[[], RunMetrics]) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+    def __init__(self, host: str, port: int, read: Callable[[], RunMetrics],
+                 security: SecurityConfig | None = None) -> None:
+        from prometheus_client import CollectorRegistry, make_wsgi_app
 
+        security = security or SecurityConfig()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(RunCollector(read))  # type: ignore[arg-type]  # duck-typed collector
-        self._server: WSGIServer
-        self._server, self._thread = start_http_server(port, host, registry)
+        app: WSGIApplication = make_wsgi_app(registry)
+        if security.token:
+            app = bearer_only(app, TokenRoles(security.token, security.chief_token, security.shared_token))
+
+        class Server(_ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self._server = make_server(host.strip("[]"), port, app, server_class=Server, handler_class=_QuietHandler)
+        context = security.ssl_server_context()
+        if context is not None:
+            # the handshake happens in the request's thread (on its first read), not in the accept loop
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True,
+                                                      do_handshake_on_connect=False)
         self.port: int = self._server.server_port
-        log.info("Prometheus metrics on http://%s:%d/metrics", host, self.port)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
+        scheme = "https" if context is not None else "http"
+        log.info("Prometheus metrics on %s://%s:%d/metrics (%s)", scheme, host, self.port, security.describe())
 
     def close(self) -> None:
         """Stop serving."""

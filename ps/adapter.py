@@ -19,7 +19,7 @@ from asyncps.ps.service import ShardService
 
 from asyncps.errors import InvalidArgumentError
 from asyncps.net.handlers import Handler
-from asyncps.net.security import SecurityConfig
+from asyncps.net.security import LOOPBACK_HOST, SecurityConfig
 from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S
 from asyncps.pb import ps_pb2
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
@@ -49,8 +49,10 @@ class ShardSide:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     on_shutdown: Callable[[str], None] | None = None
-    host: str = "0.0.0.0"  # where an adapter with a listener of its own binds
+    host: str = LOOPBACK_HOST  # where an adapter with a listener of its own binds (the shard's --host)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # the plugin modules a request's rule spec may import (the shard's --plugins; entry points always)
+    plugin_modules: frozenset[str] = frozenset()
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S  # how long a connection of its own may wait on its client
     # the transports' own settings by name (asyncps.transport.registry.ShardSetting: e.g. the tcp
     # data port), given ones checked and the others at their defaults

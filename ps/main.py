@@ -23,8 +23,9 @@ from asyncps.ps.store import ShardStore
 from asyncps.ps.watchdog import ChiefWatch
 
 from asyncps.net.rpc import create_server, serve_health
-from asyncps.net.security import SecurityConfig
+from asyncps.net.security import LOOPBACK_HOST, SecurityConfig, check_host, exposure_warning
 from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S, StreamLimits
+from asyncps.rules.registry import import_plugin_modules
 from asyncps.rundir import write_port_file
 from asyncps.transport.registry import TRANSPORTS, TransportRegistry
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
@@ -38,7 +39,7 @@ NO_SSP_BOUND_ENV = "ASYNCPS_TEST_NO_SSP_BOUND"
 class PsConfig:
     """Where one shard serves."""
 
-    host: str = "0.0.0.0"
+    host: str = LOOPBACK_HOST  # this machine only; containers and clusters say --host 0.0.0.0
     port: int = 8470
     index: int = 0
     port_file: str = ""
@@ -52,6 +53,8 @@ class PsConfig:
     max_streams_per_peer: int = 0  # 0: asyncps.net.streamguard's default for the thread count
     # the transports' own settings by name (their registry entries declare them: the tcp data port, ...)
     transport_settings: Mapping[str, Any] = field(default_factory=dict)
+    # modules whose plugins (`module:Class` rule specs) a request may name; installed entry points always
+    plugins: tuple[str, ...] = ()
 
     @property
     def stream_limits(self) -> StreamLimits:
@@ -61,6 +64,7 @@ class PsConfig:
     def __post_init__(self) -> None:
         self.stream_limits  # noqa: B018 - validates the three settings together
         TRANSPORTS.shard_setting_values(self.transport_settings)  # each transport's own, by its flag
+        check_host(self.host)
         if not 0 <= self.port < 65536:
             raise ValueError(f"port {self.port} out of range")
         if self.index < 0:
@@ -85,6 +89,7 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     unbounded = os.environ.get(NO_SSP_BOUND_ENV) == "1"
     if unbounded:
         log.warning("%s=1: SSP's bound is NOT enforced (a test switch)", NO_SSP_BOUND_ENV)
+    plugin_modules = import_plugin_modules(config.plugins)
     store = ShardStore(config.index, enforce_bounds=not unbounded)
     limits = config.stream_limits
     # long-polls are streams too: never more waiting than the guard admits
@@ -92,6 +97,7 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     adapters = shard_adapters(ShardSide(service, config.chunk_bytes, config.max_request_bytes,
                                         on_shutdown=lambda reason: stop.set(), host=config.host,
                                         security=config.security, settings=config.transport_settings,
+                                        plugin_modules=plugin_modules,
                                         idle_timeout_s=config.stream_idle_timeout_s))
     server, port, health = create_server(
         f"{config.host}:{config.port}",
@@ -105,8 +111,14 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     if config.health_port is not None:
         probe, probe_port = serve_health(f"{config.host}:{config.health_port}", health)
         log.info("shard %d: health service in plaintext on port %d", config.index, probe_port)
-    write_port_file(config.port_file, port)
-    log.info("shard %d serving on port %d (%s)", config.index, port, config.security.describe())
+    log.info("shard %d serving on port %d of %s (%s)", config.index, port, config.host, config.security.describe())
+    exposed = exposure_warning(f"shard {config.index}", f"{config.host}:{port}", config.security)
+    if exposed:
+        log.warning("%s", exposed)
+    if plugin_modules:
+        log.info("shard %d: a request's rule may name plugins of %s (--plugins)", config.index,
+                 ", ".join(sorted(plugin_modules)))
+    write_port_file(config.port_file, port)  # last: whoever waits on it finds the lines above written
     code = 0
     while not stop.wait(min(1.0, config.chief_timeout_s / 4) if config.chief_timeout_s else None):
         if watch.expired():

@@ -17,6 +17,7 @@ from asyncps.errors import InvalidArgumentError
 from asyncps.net.handlers import Handler
 from asyncps.net.rpc import handles_errors
 from asyncps.pb import ps_pb2
+from asyncps.rules.registry import plugin_modules_only
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
 from asyncps.wire.frames import identity, read_frames
 from asyncps.wire.proto import (
@@ -73,8 +74,11 @@ class ParameterServerServicer:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         on_shutdown: Callable[[str], None] | None = None,
+        plugin_modules: frozenset[str] = frozenset(),
     ) -> None:
         self._service = service
+        # a request's rule spec imports plugin modules only from these (asyncps.rules.registry)
+        self._plugin_modules = plugin_modules
         self._chunk_bytes = chunk_bytes
         self._max_request_bytes = max_request_bytes
         self._on_shutdown = on_shutdown
@@ -85,7 +89,8 @@ class ParameterServerServicer:
         """Create the shard's variables and update rule (idempotent)."""
         assembler = TensorAssembler(self._max_request_bytes)
         header = read_frames(request_iterator, parse_initialize, assembler, "Initialize")
-        rule = rule_from_proto(header.rule)
+        with plugin_modules_only(self._plugin_modules):
+            rule = rule_from_proto(header.rule)
         values: dict[str, Array] = {}
         for name, value in assembler.finish().items():
             if isinstance(value, SparseRows):
@@ -169,7 +174,8 @@ class ParameterServerServicer:
         """Replace the state with a checkpoint's part."""
         assembler = TensorAssembler(self._max_request_bytes)
         header = read_frames(request_iterator, parse_snapshot, assembler, "Restore")
-        snap = snapshot_from_wire(header, assembler.finish())
+        with plugin_modules_only(self._plugin_modules):
+            snap = snapshot_from_wire(header, assembler.finish())
         version = self._service.restore(snap)
         log.info("restored %d variables at version %d", len(snap.values), version)
         return ps_pb2.InitializeResponse(created=True, version=version)
@@ -220,7 +226,8 @@ class ParameterServerServicer:
 
 def grpc_adapter(side: ShardSide) -> ParameterServerServicer:
     """The registry's shard adapter for "grpc": the servicer over the shard's service."""
-    return ParameterServerServicer(side.service, side.chunk_bytes, side.max_request_bytes, side.on_shutdown)
+    return ParameterServerServicer(side.service, side.chunk_bytes, side.max_request_bytes, side.on_shutdown,
+                                   side.plugin_modules)
 
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "SHARD_HANDLER_THREADS", "ParameterServerServicer", "grpc_adapter"]

@@ -53,7 +53,7 @@ from asyncps.errors import (
 from asyncps.net.authz import ALL_ROLES, AUTH_METADATA_KEY, BEARER_SCHEME, METHOD_ROLES, WORKER, TokenRoles
 from asyncps.net.handlers import Handler
 from asyncps.net.rpc import outcome_name, status_of
-from asyncps.net.security import SecurityConfig
+from asyncps.net.security import LOOPBACK_HOST, SecurityConfig
 from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.transport.registry import DEFAULT_MAX_DATA_CONNECTIONS
@@ -127,7 +127,7 @@ def certificate_roles(cert: Mapping[str, Any] | None, chief_names: frozenset[str
 class TcpShardServer:
     """Serves one shard's pull, push and push-pull on a TCP data port, over ShardService."""
 
-    def __init__(self, service: ShardService, security: SecurityConfig | None = None, host: str = "0.0.0.0",
+    def __init__(self, service: ShardService, security: SecurityConfig | None = None, host: str = LOOPBACK_HOST,
                  port: int = 0, limits: TcpLimits | None = None,
                  lean_requests: Mapping[str, LeanRequest] | None = None) -> None:
         self._service = service
@@ -137,24 +137,13 @@ class TcpShardServer:
         self._limits = limits or TcpLimits()
         self._tokens = (TokenRoles(self._security.token, self._security.chief_token, self._security.shared_token)
                         if self._security.token else None)
-        self._tls = self._server_context(self._security)
+        self._tls = self._security.ssl_server_context()
         self._listener = socket.create_server((host, port), backlog=128, reuse_port=False)
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._connections: dict[int, _Connection] = {}
         self._stopping = threading.Event()
         self._acceptor = threading.Thread(target=self._accept_loop, name=f"tcp-accept-{self.port}", daemon=True)
-
-    @staticmethod
-    def _server_context(security: SecurityConfig) -> ssl.SSLContext | None:
-        if not security.tls_cert:
-            return None
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(security.tls_cert, security.tls_key)
-        if security.mtls:
-            context.verify_mode = ssl.CERT_REQUIRED
-            context.load_verify_locations(security.tls_ca)
-        return context
 
     def start(self) -> TcpShardServer:
         """Start accepting connections."""

@@ -151,7 +151,7 @@ def test_the_worker_index_pushed_with_a_gradient_reaches_the_plugin_in_a_real_sh
     from asyncps.transport import connect_model, connect_shard
     from asyncps.wire.shard import PushRequest
 
-    [shard] = shard_factory(1, args=("--user-path", str(BYO)))
+    [shard] = shard_factory(1, args=("--user-path", str(BYO), "--plugins", "byo_plugins"))
     rule = UpdateRuleConfig(OptimizerConfig("sgd", 0.5), staleness_policy="byo_plugins:IgnoreWorker:worker=1",
                             num_workers=2)
     frames = connect_shard(shard.address)

@@ -4,15 +4,18 @@ A server built with ``create_server(..., interceptors=security.server_intercepto
 credentials=security.server_credentials())`` rejects every RPC without
 ``authorization: Bearer <token>`` (the standard health service stays open for probes) and lets
 each role call only its own methods (asyncps.net.authz);
-``secure_channel(address, security)`` opens the matching client channel. Empty settings mean off,
-so the defaults keep today's plaintext, unauthenticated behaviour.
+``secure_channel(address, security)`` opens the matching client channel. Empty settings mean off:
+plaintext and unauthenticated, which is why the roles bind loopback (LOOPBACK_HOST) unless told
+otherwise, and say so (`exposure_warning`) when told to listen further without a token or mTLS.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import os
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +34,7 @@ CHIEF_TOKEN_ENV = "ASYNCPS_CHIEF_TOKEN"
 AUTH_METADATA_KEY = "authorization"
 BEARER_SCHEME = "Bearer"
 HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
+LOOPBACK_HOST = "127.0.0.1"  # where the roles bind unless --host (ASYNCPS_HOST) says otherwise
 MISSING_TOKEN = "missing token"
 INVALID_TOKEN = "invalid token"
 
@@ -86,6 +90,38 @@ def load_token(token_file: str | os.PathLike[str] = "", environ: Mapping[str, st
 
 
 # -- server side -------------------------------------------------------------------------------
+def is_loopback(host: str) -> bool:
+    """True when a server bound to host is reachable from this machine only (127.0.0.0/8, ::1, localhost).
+
+    Any other name counts as reachable from elsewhere: the check never resolves names.
+    """
+    name = host.strip().strip("[]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(host: str) -> None:
+    """ValueError for an empty --host (an ASYNCPS_HOST set to nothing), which would bind every interface."""
+    if not host.strip():
+        raise ValueError(f"--host is empty (ASYNCPS_HOST set to nothing?): name an interface, {LOOPBACK_HOST} "
+                         "for this machine only or 0.0.0.0 for every one")
+
+
+def exposure_warning(what: str, address: str, security: SecurityConfig) -> str | None:
+    """The start-up warning for a server `what` bound to address (HOST:PORT) that anyone who reaches
+    it may call: not loopback, no token and no client certificates. None when it is not."""
+    host = address.rpartition(":")[0] if ":" in address else address
+    if is_loopback(host) or security.token or security.mtls:
+        return None
+    return (f"{what} listens on {address} without a token or mTLS: anyone who can reach it may call every "
+            f"RPC, the chief's included. Set --token-file and --chief-token-file (env {TOKEN_ENV} / "
+            f"{CHIEF_TOKEN_ENV}), or mTLS (--tls-cert, --tls-key, --tls-ca), or bind --host {LOOPBACK_HOST}")
+
+
 def _rejecting_handler(handler: _Handler, message: str) -> _Handler:
     """A handler of the same streaming kind as handler that fails with UNAUTHENTICATED.
 
@@ -336,6 +372,18 @@ class SecurityConfig:
         pair = (Path(self.tls_key).read_bytes(), Path(self.tls_cert).read_bytes())
         return grpc.ssl_server_credentials([pair], root_certificates=_read(self.tls_ca),
                                            require_client_auth=self.mtls)
+
+    def ssl_server_context(self) -> ssl.SSLContext | None:
+        """The same server TLS for a listener outside gRPC (the TCP data port, the metrics endpoint):
+        None for plaintext; with tls_ca and require_client_cert, client certificates are required."""
+        if not self.tls_cert:
+            return None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.tls_cert, self.tls_key)
+        if self.mtls:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(self.tls_ca)
+        return context
 
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
         """Credentials for a client channel: None for plaintext, else TLS (+ client certificate)."""

@@ -46,6 +46,12 @@ class UpdateRuleConfig:
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 1:
             raise ValueError(f"num_workers must be an integer >= 1, got {self.num_workers!r}")
 
+    def plugin_modules(self) -> tuple[str, ...]:
+        """The modules its `package.module:Class` specs import (what a shard's --plugins must allow)."""
+        found = (OPTIMIZERS.module_of(self.optimizer.name), MODES.module_of(self.mode),
+                 POLICIES.module_of(self.staleness_policy))
+        return tuple(sorted({module for module in found if module}))
+
     def consistency(self) -> ModeSpec:
         """The consistency mode with its parameters."""
         return MODES.parse(self.mode)

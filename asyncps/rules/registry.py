@@ -17,17 +17,25 @@ shards included), first as an entry point of the kind's group (`asyncps.policies
 `asyncps.optimizers`, `asyncps.modes`), then, when it has the form `package.module:Class`, by
 importing the module. A plugin's spec is `package.module:Class[:KEY=VALUE,...]`; it travels on the
 wire in that form, so every process needs the module on its Python path.
+
+A process that parses specs it receives over the network (a shard: Initialize, Restore) parses
+them within `plugin_modules_only(the modules its own command line names)` (`asyncps ps
+--plugins`): there a `module:Class` name imports its module only when that module (or a package
+holding it) is listed, else PluginNotAllowed says how to allow it. Installed entry points stay
+allowed: installing a package is the machine owner's decision, not a caller's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
 import math
 import re
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -37,6 +45,48 @@ C = TypeVar("C", bound=type)
 _NAME = re.compile(r"[a-z][a-z0-9_-]*")
 # `package.module:Class`: a plugin named by where it lives (the module part has a dot or is one identifier).
 _CLASS_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+class PluginNotAllowed(ValueError):
+    """A spec names a plugin module this shard was not started to load (see plugin_modules_only)."""
+
+
+# None: any module a spec names is imported (a process parsing its own command line); else only these
+# modules and their submodules (a shard parsing a request's spec: see plugin_modules_only).
+_allowed_modules: ContextVar[frozenset[str] | None] = ContextVar("asyncps_plugin_modules", default=None)
+
+
+def import_plugin_modules(modules: Iterable[str]) -> frozenset[str]:
+    """Check and import the modules a shard's `--plugins` lists (a typo fails at start, not at the first
+    Initialize); return them for plugin_modules_only."""
+    names = frozenset(m.strip() for m in modules if m.strip())
+    for name in sorted(names):
+        if not _MODULE.fullmatch(name):
+            raise ValueError(f"--plugins: {name!r} is not a module name (package.module)")
+        try:
+            importlib.import_module(name)
+        except ImportError as error:
+            raise ValueError(f"--plugins: cannot import {name}: {error} "
+                             "(is its directory on PYTHONPATH / --user-path?)") from None
+    return names
+
+
+@contextlib.contextmanager
+def plugin_modules_only(modules: frozenset[str]) -> Iterator[None]:
+    """Within (this thread): a `module:Class` spec imports its module only when `modules` holds it or a
+    package of it, else PluginNotAllowed. For specs that arrive over the network."""
+    token = _allowed_modules.set(modules)
+    try:
+        yield
+    finally:
+        _allowed_modules.reset(token)
+
+
+def plugin_module_allowed(module: str) -> bool:
+    """Whether a `module:Class` spec may import module here and now."""
+    allowed = _allowed_modules.get()
+    return allowed is None or any(module == a or module.startswith(a + ".") for a in allowed)
 
 
 def param(default: Any = dataclasses.MISSING, *, key: str = "", help: str = "") -> Any:
@@ -192,8 +242,15 @@ class Registry(Generic[T]):
         if target is None and not _CLASS_PATH.fullmatch(name):
             return False
         where = target or name
+        module_name, _, attr = where.partition(":")
+        if target is None and not plugin_module_allowed(module_name):
+            allowed = ",".join(sorted(_allowed_modules.get() or ())) or "none"
+            raise PluginNotAllowed(
+                f"{self.kind} plugin {name!r}: this process imports plugin modules only from its --plugins "
+                f"(now: {allowed}), never because a request names one; to allow it, start the shard with "
+                f"--plugins {module_name} (env ASYNCPS_PLUGINS)"
+                + (f", or install the plugin as an entry point of {self.group}" if self.group else ""))
         try:
-            module_name, _, attr = where.partition(":")
             module = importlib.import_module(module_name)
             cls = module
             for part in attr.split("."):
@@ -224,6 +281,11 @@ class Registry(Generic[T]):
             if cls_name.isidentifier():  # else `name:values` of an unknown name, reported as such
                 return f"{head}:{cls_name}", colon2, rest2
         return head, colon, rest
+
+    def module_of(self, spec: str) -> str | None:
+        """The module a `package.module:Class[:...]` spec imports; None for a built-in or an entry point."""
+        name = self._split_name(spec)[0]
+        return name.partition(":")[0] if _CLASS_PATH.fullmatch(name) else None
 
     def unregister(self, name: str) -> None:
         """Remove an entry (tests that register one of their own)."""

@@ -25,7 +25,7 @@ from asyncps.config import (
     settings_from_env,
 )
 from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
-from asyncps.net.security import SecurityConfig
+from asyncps.net.security import LOOPBACK_HOST, SecurityConfig
 from asyncps.transport.registry import TRANSPORTS
 
 DEFAULT_PORT = 8470
@@ -206,7 +206,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
                       handler_threads=int(args.handler_threads),
                       stream_idle_timeout_s=float(args.stream_idle_timeout),
                       max_streams_per_peer=int(args.max_streams_per_peer),
-                      transport_settings={s.name: getattr(args, s.name) for _, s in TRANSPORTS.shard_settings()})
+                      transport_settings={s.name: getattr(args, s.name) for _, s in TRANSPORTS.shard_settings()},
+                      plugins=tuple(m.strip() for m in str(args.plugins).split(",") if m.strip()))
     _setup_logging(args.log_level, f"ps-{index}")
     stop = threading.Event()
     _install_signals(stop)
@@ -331,7 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add(p, "--log-level", "INFO", "DEBUG | INFO | WARNING | ERROR")
         add_user_path_flag(p)
         if role_port:
-            _add(p, "--host", "0.0.0.0", "interface to bind")
+            _add(p, "--host", LOOPBACK_HOST, "interface to bind: this machine only by default; 0.0.0.0 (every "
+                 "interface) for a container or a cluster, with a token or mTLS (env ASYNCPS_HOST)")
             _add(p, "--port", None, f"port to bind (0: any free port; default: TF_CONFIG's, else {DEFAULT_PORT})",
                  type=int)
             _add(p, "--port-file", "", "write the bound port to this file (for --port 0)")
@@ -352,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
          type=int)
     for transport, setting in TRANSPORTS.shard_settings():  # each transport's own, from its registry entry
         _add(g, setting.flag, setting.default, f"{setting.help} [{transport.name}]", type=type(setting.default))
+    _add(p, "--plugins", "", "comma-separated modules (package.module) whose rule plugins (package.module:Class "
+         "specs) an Initialize may name; the shard imports no other module a request names (installed entry "
+         "points of asyncps.optimizers, .policies, .modes are always allowed)")
     add_security_flags(p)
     p.set_defaults(fn=cmd_ps)
 

@@ -99,6 +99,9 @@ class LocalCluster:
         self._chief_args: list[str] = []
         self._worker_args: dict[str, list[str]] = {}
         self._timeout_args = ["--chief-timeout", f"{run.chief_timeout_s:g}"]
+        # the shards import the plugin modules this run's rule names, and no other a request might name
+        plugins = run.update_rule().plugin_modules()
+        self._plugin_args = ["--plugins", ",".join(plugins)] if plugins else []
 
     def _spawn(self, name: str, args: list[str]) -> Child:
         log = open(self.files.log(name), "ab")  # noqa: SIM115 - closed in stop(); appended on restarts
@@ -124,13 +127,14 @@ class LocalCluster:
             port_file.unlink(missing_ok=True)
             shards.append((self._spawn(f"ps-{i}", ["ps", "--host", "127.0.0.1", "--port", "0", "--index", str(i),
                                                   "--chunk-bytes", str(self.run.chunk_bytes), *self._timeout_args,
-                                                  "--port-file", str(port_file)]), port_file))
+                                                  *self._plugin_args, "--port-file", str(port_file)]), port_file))
         for child, port_file in shards:
             port = wait_port_file(port_file, port_timeout_s, child.alive)
             self.ps_addresses.append(f"127.0.0.1:{port}")
             self._ps_args[child.name] = ["ps", "--host", "127.0.0.1", "--port", str(port),
                                          "--index", child.name.split("-")[1],
-                                         "--chunk-bytes", str(self.run.chunk_bytes), *self._timeout_args]
+                                         "--chunk-bytes", str(self.run.chunk_bytes), *self._timeout_args,
+                                         *self._plugin_args]
         port_file = self.files.port_file("chief")
         port_file.unlink(missing_ok=True)
         args = ["chief", "--host", "127.0.0.1", "--ps", ",".join(self.ps_addresses),

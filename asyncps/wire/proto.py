@@ -11,9 +11,10 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from asyncps.errors import InvalidArgumentError
+from asyncps.errors import InvalidArgumentError, PermissionDeniedError
 from asyncps.pb import coordinator_pb2, ps_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.rules.registry import PluginNotAllowed
 from asyncps.rules.sync.types import SyncStep
 from asyncps.wire.codec import Array, Gradient, SparseRows, dtype_from_proto, dtype_to_proto
 from asyncps.wire.frames import frames, gradient_slices, parser, tensor_slices
@@ -27,7 +28,8 @@ def rule_to_proto(rule: UpdateRuleConfig) -> ps_pb2.UpdateRule:
 
 
 def rule_from_proto(msg: ps_pb2.UpdateRule) -> UpdateRuleConfig:
-    """Decode and validate an update rule; a malformed spec is InvalidArgumentError."""
+    """Decode and validate an update rule; a malformed spec is InvalidArgumentError, a plugin module
+    may not be imported here (asyncps.rules.registry.plugin_modules_only) PermissionDeniedError."""
     try:
         return UpdateRuleConfig(
             optimizer=OptimizerConfig.parse(msg.optimizer),
@@ -35,6 +37,8 @@ def rule_from_proto(msg: ps_pb2.UpdateRule) -> UpdateRuleConfig:
             staleness_policy=msg.staleness_policy or "none",
             num_workers=msg.num_workers or 1,
         )
+    except PluginNotAllowed as exc:
+        raise PermissionDeniedError(f"update rule refused: {exc}") from None
     except ValueError as exc:
         raise InvalidArgumentError(f"bad update rule: {exc}") from None
 

@@ -6,7 +6,8 @@
 - `--mode byo_plugins:FirstWins`: each version is the first gradient computed from the previous one.
 
 The shards load them by name: the spec travels to them and each imports this module, so it must
-be on their Python path (--user-path).
+be on their Python path (--user-path) and allowed by their `--plugins byo_plugins` (a shard never
+imports a module only because a request names it; `asyncps local` passes the flag itself).
 """
 
 from __future__ import annotations
