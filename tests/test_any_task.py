@@ -115,6 +115,22 @@ def test_a_softmax_output_with_a_logits_loss_is_warned_once_at_start(caplog: pyt
             assert len(warnings) == 1 and f"applies {warned}" in warnings[0] and "from_logits" in warnings[0]
 
 
+def test_asyncps_train_warns_the_caller_of_a_sigmoid_output_under_a_logits_loss(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import keras
+
+    from asyncps.tools.api import _warn_logits_mismatch
+
+    inputs = keras.Input(shape=(3,))
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="sigmoid")(inputs))
+    model.compile(loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    with caplog.at_level(logging.WARNING, logger="asyncps.train"):
+        _warn_logits_mismatch(model, "auto")
+        _warn_logits_mismatch(model, "binary_crossentropy")  # of probabilities: no warning
+    assert [r.getMessage().split(",")[0] for r in caplog.records] == [
+        "the model's output layer applies sigmoid"]
+
+
 def test_a_loss_that_does_not_fit_the_labels_is_a_clear_error(tmp_path: Path) -> None:
     from asyncps.chief.main import resolve_run_task
 
@@ -175,6 +191,11 @@ def test_regression_mlp_from_arrays_reaches_the_stated_mse(tmp_path: Path) -> No
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["final_eval"]["loss"] == pytest.approx(final.loss)
     assert result.history and result.history[-1].loss == pytest.approx(final.loss, rel=1e-5)
+    # the report of a run without accuracy shows its loss (and draws its curves)
+    from asyncps.tools.report import make_report
+
+    report = make_report(tmp_path / "run", only=("curves",)).read_text()
+    assert "| final loss |" in report and f"{final.loss:.4g}" in report and "curves.png" in report
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ starts a whole cluster as OS processes (what `asyncps local` and `train` run).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -125,6 +126,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     else:
         model_spec = spec_of(model, "model")
     loss_spec = spec_of(loss, "loss") if loss is not None else _compiled_loss(saved)
+    if saved is not None:
+        _warn_logits_mismatch(saved, loss_spec)
     fields = {"model": model_spec, "dataset": dataset_spec, "loss": loss_spec, **settings}
     run = RunConfig.from_layers(coerce_settings(fields, "asyncps.train"))
     env = {USER_PATH_ENV: os.pathsep.join(dict.fromkeys(dirs))} if dirs else None
@@ -293,6 +296,17 @@ def _compiled_loss(model: Any) -> str:
     except ValueError:
         raise ValueError(f"asyncps.train: the model was compiled with loss {compiled!r}, which cannot travel to "
                          "the other processes; pass loss= (a Keras loss name or package.module:function)") from None
+
+
+def _warn_logits_mismatch(model: Any, loss_spec: str) -> None:
+    """Log here too (the caller's process, where a notebook shows it) what the chief warns of at start:
+    a softmax/sigmoid output under a loss of logits."""
+    from asyncps.ml.task import Task, logits_mismatch, resolve_loss
+
+    fn, name, from_logits = resolve_loss(loss_spec, model)
+    mismatch = logits_mismatch(model, Task(fn, name, from_logits))
+    if mismatch is not None:
+        logging.getLogger("asyncps.train").warning("%s", mismatch)
 
 
 def _trained_model(files: RunDir, from_object: bool) -> Any:
