@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from asyncps.ml.userfns import add_user_path
+from asyncps.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 BYO = ROOT / "examples" / "byo"
@@ -188,7 +189,7 @@ def test_regression_mlp_from_arrays_reaches_the_stated_mse(tmp_path: Path) -> No
     assert math.isnan(final.accuracy) and set(result.summary.metrics) == {"mae"}
     predicted = result.model.predict(x_val, verbose=0)[:, 0]
     assert float(np.mean((predicted - y_val) ** 2)) == pytest.approx(final.loss, rel=1e-3)
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads(RunDir(tmp_path / "run").summary.read_text())
     assert summary["final_eval"]["loss"] == pytest.approx(final.loss)
     assert result.history and result.history[-1].loss == pytest.approx(final.loss, rel=1e-5)
     # the report of a run without accuracy shows its loss (and draws its curves)
@@ -209,12 +210,12 @@ def test_multilabel_builder_through_asyncps_local(tmp_path: Path) -> None:
          "--lr", "0.02", "--epochs", "3", "--workers", "2", "--num-ps", "1", "--eval-every-s", "60"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     assert summary["final_eval"]["accuracy"] >= 0.9, summary["final_eval"]  # per label; chance is 0.5
     assert summary["metrics"]["accuracy"] == summary["final_eval"]["accuracy"]
     assert summary["final_eval"]["loss"] < 0.2
     assert "final test accuracy" in result.stdout
-    config = json.loads((run_dir / "config.json").read_text())
+    config = json.loads(RunDir(run_dir).config.read_text())
     assert config["run"]["loss"] == "auto"
-    chief_log = (run_dir / "logs" / "chief.log").read_text()
+    chief_log = RunDir(run_dir).log("chief").read_text()
     assert "loss binary_crossentropy; metrics accuracy" in chief_log and " WARNING " not in chief_log
