@@ -156,6 +156,35 @@ def test_a_loss_that_does_not_fit_the_labels_is_a_clear_error(tmp_path: Path) ->
         build_run_model(RunConfig(model="targets:build_two_heads", dataset="targets:regression_data"))
 
 
+def test_asyncps_train_refuses_what_it_cannot_train_before_any_process_starts(tmp_path: Path) -> None:
+    import keras
+
+    import asyncps
+
+    x, y = np.zeros((20, 3), np.float32), np.linspace(0, 1, 20)
+    inputs = keras.Input(shape=(3,))
+    plain = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    with pytest.raises(ValueError, match="are not class ids: compile the model with a loss"):
+        asyncps.train(model=plain, x=x, y=y, validation_split=0.2, run_dir=tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    two = keras.Model(inputs, [keras.layers.Dense(1)(inputs), keras.layers.Dense(1)(inputs)])
+    two.compile(loss="mse")
+    with pytest.raises(ValueError, match="2 outputs; asyncps trains models with one input and one output"):
+        asyncps.train(model=two, x=x, y=y, validation_split=0.2, run_dir=tmp_path / "b")
+
+
+def test_the_final_line_names_the_loss_when_there_is_no_accuracy() -> None:
+    from types import SimpleNamespace
+
+    from asyncps.rundir.summary import FinalEval
+    from asyncps.tools.local import final_eval_text
+
+    regression = SimpleNamespace(final_eval=FinalEval(0.125, math.nan), metrics={"mae": 0.25})
+    assert final_eval_text(regression) == "final test loss 0.125, mae 0.25"  # type: ignore[arg-type]
+    classification = SimpleNamespace(final_eval=FinalEval(0.3, 0.9), metrics={})
+    assert final_eval_text(classification) == "final test accuracy 0.9000"  # type: ignore[arg-type]
+
+
 def test_regression_status_line_shows_the_loss_and_metrics() -> None:
     from asyncps.pb import coordinator_pb2 as cpb
     from asyncps.tools.progress import stats_text

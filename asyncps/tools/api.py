@@ -254,6 +254,10 @@ def _saveable_model(model: ModelArg, arrays: Arrays | None, dataset_spec: str, s
     if not inputs:
         raise ValueError("asyncps.train: the model has no inputs yet; build it with an Input "
                          "(keras.Input(shape=...) first, or model.build(input_shape))")
+    if len(inputs) != 1 or len(model.outputs) != 1:
+        raise ValueError(f"asyncps.train: the model has {len(inputs)} inputs and {len(model.outputs)} outputs; "
+                         "asyncps trains models with one input and one output (join the heads with "
+                         "keras.layers.Concatenate, and their labels into one array)")
     return model
 
 
