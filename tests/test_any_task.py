@@ -65,6 +65,17 @@ def test_regression_task_reports_loss_and_metrics_not_accuracy() -> None:
         "mae": pytest.approx(float(np.mean(np.abs(predicted - data.y_test))), rel=1e-4)}
 
 
+def test_a_loss_of_ones_own_gets_targets_in_the_outputs_shape() -> None:
+    import tensorflow as tf
+
+    from asyncps.ml.task import resolve_loss
+
+    loss, name, _ = resolve_loss("targets:squared_error", None)
+    outputs, targets = np.array([[1.0], [2.0], [4.0]], np.float32), np.array([1.0, 3.0, 2.0], np.float32)
+    assert name == "targets:squared_error"
+    assert float(loss(tf.constant(outputs), tf.constant(targets))) == pytest.approx((0 + 1 + 4) / 3)
+
+
 def test_multilabel_accuracy_is_the_compiled_accuracy_per_label() -> None:
     from asyncps.config import RunConfig
     from asyncps.ml.task import resolve_task
