@@ -89,9 +89,12 @@ class RunConfig:
     model: str = setting("mlp", help="logreg | mlp | mlp:H1,H2,... | cnn | embedding | package.module:function")
     dataset: str = setting("digits", help="digits | mnist | fashion_mnist | npz:PATH | synthetic-logreg | "
                                           "package.module:function")
-    loss: str = setting("crossentropy", help="crossentropy (of logits) | a Keras loss name | package.module:function")
-    metrics: str = setting("", help="extra metrics the chief measures on the test set, comma-separated: Keras "
-                                    "metric function names | package.module:function (accuracy always)")
+    loss: str = setting("auto", help="auto (the loss the model was compiled with, else crossentropy) | "
+                                     "crossentropy (of logits, over integer class ids) | a Keras loss name | "
+                                     "package.module:function")
+    metrics: str = setting("", help="metrics the chief measures on the test set, comma-separated: Keras metric "
+                                    "names | accuracy | package.module:function (empty: the model's compiled ones); "
+                                    "accuracy is measured for integer class ids")
     batch_size: int = setting(32, help="examples per worker step")
     optimizer: str = setting("sgd", help="sgd | momentum | nesterov | adam | adagrad")
     learning_rate: float = setting(0.1, help="learning rate", flags=("--learning-rate", "--lr"))

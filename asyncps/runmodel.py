@@ -21,7 +21,7 @@ def build_run_model(run: RunConfig) -> tuple[Dataset, Any]:
     from asyncps.ml.models import build_model
 
     data = load_dataset(run.dataset, run.seed)
-    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed)
+    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed, data.targets)
     return data, model
 
 

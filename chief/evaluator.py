@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -16,39 +17,53 @@ from asyncps.wire.codec import Array
 
 if TYPE_CHECKING:
     from asyncps.ml.datasets import Dataset
+    from asyncps.ml.task import Task
     from asyncps.transport import ModelClient
 
 log = logging.getLogger("asyncps.chief")
 
 
 class Evaluator:
-    """Loads parameter values into a Keras model and measures loss and accuracy on (x, y)."""
+    """Loads parameter values into a Keras model and measures the task's loss, accuracy (NaN where the
+    task is not classification) and metrics on (x, y)."""
 
-    def __init__(self, model: Any, loss_fn: Any, batch_size: int = 1024,
-                 metrics: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, model: Any, task: Task, batch_size: int = 1024) -> None:
+        import keras
         import tensorflow as tf
 
         self._model = model
         self._variables = {v.path: v for v in model.trainable_variables}
         self._batch = batch_size
-        self._metric_names = list(metrics or {})
-        metric_fns = list((metrics or {}).values())
-        #: The extra metrics (asyncps.ml.models.make_metrics) of the last evaluate(), by name.
+        self._task = task
+        loss_fn = task.loss
+        self._stateful = {n: m for n, m in task.metrics.items() if isinstance(m, keras.metrics.Metric)}
+        self._metric_names = [n for n in task.metrics if n not in self._stateful]
+        metric_fns = [task.metrics[n] for n in self._metric_names]
+        argmax = task.accuracy == "argmax"
+        #: The metrics of the last evaluate(), by name.
         self.last_metrics: dict[str, float] = {}
 
         @tf.function(reduce_retracing=True)  # type: ignore[untyped-decorator]
-        def batch_metrics(x: Any, y: Any) -> tuple[Any, Any, list[Any]]:
-            logits = model(x, training=False)
+        def batch_metrics(x: Any, y: Any) -> tuple[Any, Any, list[Any], Any]:
+            outputs = model(x, training=False)
             n = tf.cast(tf.shape(y)[0], tf.float32)
-            loss = loss_fn(logits, y) * n
-            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), tf.cast(y, tf.int64)), tf.float32))
+            loss = loss_fn(outputs, y) * n
+            correct = (tf.reduce_sum(tf.cast(tf.equal(tf.argmax(outputs, axis=-1), tf.cast(y, tf.int64)), tf.float32))
+                       if argmax else tf.constant(0.0))
             sums = []
-            for fn in metric_fns:  # per-example values are summed, a batch mean is weighted by the batch
-                value = tf.cast(fn(tf.cast(tf.reshape(y, [-1]), tf.int64), logits), tf.float32)
+            for fn in metric_fns:  # per-example values are summed (a mean per example first), a batch mean weighted
+                value = tf.cast(fn(y, outputs), tf.float32)
+                if value.shape.rank and value.shape.rank > 1:
+                    value = tf.reduce_mean(tf.reshape(value, [tf.shape(value)[0], -1]), axis=1)
                 sums.append(tf.reduce_sum(value) if value.shape.rank else value * n)
-            return loss, correct, sums
+            return loss, correct, sums, outputs
 
         self._batch_metrics = batch_metrics
+
+    @property
+    def accuracy_is_a_metric(self) -> bool:
+        """True when the accuracy is one of the task's metrics (reported with them), not the argmax hits."""
+        return self._task.accuracy not in (None, "argmax")
 
     def load(self, values: Mapping[str, Array]) -> None:
         """Copy parameter values into the model."""
@@ -56,17 +71,30 @@ class Evaluator:
             var.assign(values[name])
 
     def evaluate(self, x: Array, y: Array) -> tuple[float, float]:
-        """Mean loss and accuracy over (x, y)."""
+        """Mean loss and accuracy over (x, y); accuracy is NaN when the task is not classification."""
         total_loss, total_correct = 0.0, 0.0
         totals = [0.0] * len(self._metric_names)
+        for metric in self._stateful.values():
+            metric.reset_state()
         for start in range(0, len(x), self._batch):
-            loss, correct, sums = self._batch_metrics(x[start:start + self._batch], y[start:start + self._batch])
+            bx, by = x[start:start + self._batch], y[start:start + self._batch]
+            loss, correct, sums, outputs = self._batch_metrics(bx, by)
             total_loss += float(loss.numpy())
             total_correct += float(correct.numpy())
             totals = [t + float(v.numpy()) for t, v in zip(totals, sums, strict=True)]
+            for metric in self._stateful.values():
+                metric.update_state(by, outputs)
         n = max(1, len(x))
-        self.last_metrics = {name: t / n for name, t in zip(self._metric_names, totals, strict=True)}
-        return total_loss / n, total_correct / n
+        measured = {name: t / n for name, t in zip(self._metric_names, totals, strict=True)}
+        measured.update({name: float(m.result()) for name, m in self._stateful.items()})
+        self.last_metrics = {name: measured[name] for name in self._task.metrics}
+        if self._task.accuracy == "argmax":
+            accuracy = total_correct / n
+        elif self._task.accuracy is not None:
+            accuracy = self.last_metrics[self._task.accuracy]
+        else:
+            accuracy = math.nan
+        return total_loss / n, accuracy
 
     def values(self) -> dict[str, Array]:
         """The model's current values."""
@@ -112,7 +140,10 @@ class Evaluation:
         with self._progress.lock:
             self._progress.eval_loss, self._progress.eval_accuracy = loss, accuracy
             self._progress.eval_updates = updates
-        self._record.add(elapsed, updates, versions, loss, accuracy, self._progress.updates_per_s)
-        log.info("eval at %d updates: loss %.4f accuracy %.4f%s", updates, loss, accuracy,
+            self._progress.eval_metrics = dict(self._evaluator.last_metrics)
+        self._record.add(elapsed, updates, versions, loss, accuracy, self._progress.updates_per_s,
+                         self._evaluator.last_metrics)
+        log.info("eval at %d updates: loss %.4f%s%s", updates, loss,
+                 "" if math.isnan(accuracy) or self._evaluator.accuracy_is_a_metric else f" accuracy {accuracy:.4f}",
                  "".join(f" {k} {v:.4f}" for k, v in self._evaluator.last_metrics.items()))
         return loss, accuracy

@@ -48,7 +48,9 @@ from asyncps.rundir import RunDir, RunManifest, StalenessSummary, write_port_fil
 from asyncps.wire.codec import Array
 
 if TYPE_CHECKING:
+    from asyncps.config import RunConfig
     from asyncps.ml.datasets import Dataset
+    from asyncps.ml.task import Task
     from asyncps.placement import Placement
     from asyncps.transport import ModelClient
 
@@ -74,13 +76,12 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     run = config.run
     quiet_tensorflow()
     limit_threads(run.tf_threads)
-    from asyncps.ml.models import make_loss, make_metrics
     from asyncps.placement import VariableSpec, place
     from asyncps.runmodel import build_run_model
     from asyncps.transport import connect_model
 
     data, model = build_run_model(run)
-    evaluator = Evaluator(model, make_loss(run.loss), metrics=make_metrics(run.metrics))
+    evaluator = Evaluator(model, resolve_run_task(run, data, model))
     initial_values = evaluator.values()
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(config.ps), run.slice_threshold_bytes)
@@ -88,6 +89,22 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     log.info("model %s: %d variables, %d parameters; bytes per shard %s", run.model, len(specs),
              sum(math.prod(s.shape) for s in specs), placement.shard_bytes())
     return ModelParts(data, model, evaluator, initial_values, placement, client)
+
+
+def resolve_run_task(run: RunConfig, data: Dataset, model: Any) -> Task:
+    """The run's loss, metrics and accuracy for the built model (asyncps.ml.task), checked on two test
+    examples; one WARNING when a softmax/sigmoid output meets a loss of logits; the task logged."""
+    from asyncps.ml.task import check_loss, logits_mismatch, resolve_task
+
+    task = resolve_task(run.loss, run.metrics, model, data.y_test)
+    check_loss(task, model, data.x_test, data.y_test)
+    mismatch = logits_mismatch(model, task)
+    if mismatch is not None:
+        log.warning("%s", mismatch)
+    accuracy = {"argmax": "argmax of the outputs against the class ids",
+                None: "not measured (not a classification task)"}.get(task.accuracy, f"the metric {task.accuracy}")
+    log.info("loss %s; metrics %s; accuracy: %s", task.loss_name, ", ".join(task.metrics) or "none", accuracy)
+    return task
 
 
 class Chief:
@@ -149,6 +166,7 @@ class Chief:
                 done=p.done, elapsed_s=self.clock.elapsed(), workers_planned=self.membership.num_workers,
                 stop_reason=self.membership.stop_reason or "",
                 epochs=(examples + self.checkpointer.examples_offset) / max(1, len(self.model.data.x_train)),
+                eval_metrics=p.eval_metrics,
             )
         status.fraction_done = 1.0 if status.done else self.lifecycle.fraction_done(updates)
         return status

@@ -34,7 +34,8 @@ class Progress:
     reads_refused: dict[str, int] = dataclasses.field(default_factory=dict)  # SSP: by why, over shards
     updates_per_s: float = 0.0
     eval_loss: float = math.nan
-    eval_accuracy: float = math.nan
+    eval_accuracy: float = math.nan  # NaN too when the task is not classification
+    eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # the task's metrics, by name
     eval_updates: int = 0
     done: bool = False
 

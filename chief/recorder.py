@@ -8,7 +8,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -210,8 +210,9 @@ class EvalLog:
             write_hparams(self._writer, run)
 
     def add(self, elapsed: float, updates: int, versions: Sequence[int], loss: float, accuracy: float,
-            updates_per_s: float) -> None:
-        """Record one evaluation (with the training rate and recent staleness beside it in TensorBoard)."""
+            updates_per_s: float, metrics: Mapping[str, float] | None = None) -> None:
+        """Record one evaluation (with the training rate and recent staleness beside it in TensorBoard);
+        accuracy NaN (not a classification task) is left out of TensorBoard, the task's metrics go in."""
         self._file.write(EvalRow(time.time(), elapsed, updates, tuple(versions), loss, accuracy))
         self._file.flush()
         self.history.append((elapsed, updates, loss, accuracy))
@@ -222,7 +223,10 @@ class EvalLog:
         idle = self._recorder.idle_fractions()
         with self._writer.as_default(step=updates):
             tf.summary.scalar("eval/loss", loss)
-            tf.summary.scalar("eval/accuracy", accuracy)
+            if not math.isnan(accuracy):
+                tf.summary.scalar("eval/accuracy", accuracy)
+            for name, value in (metrics or {}).items():
+                tf.summary.scalar(f"eval/{name}", value)
             tf.summary.scalar("train/updates_per_s", updates_per_s)
             tf.summary.scalar("train/worker_loss", worker_loss)
             tf.summary.scalar("train/dropped_pushes", sum(dropped.values()))

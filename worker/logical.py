@@ -100,7 +100,7 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
     from asyncps.runmodel import build_run_model
 
     data, model = build_run_model(run)
-    grad_fn = make_grad_fn(model, make_loss(run.loss))
+    grad_fn = make_grad_fn(model, make_loss(run.loss, model))
     go = threading.Event()
     def run_and_report(w: LogicalWorker) -> None:
         # Each logical worker reports its end as soon as it stops, as a worker process does: a sync

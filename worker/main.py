@@ -145,7 +145,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     client = connect_worker(link.worker_id, reg, model, run, config.security)
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
-    grad_fn = make_grad_fn(model, make_loss(run.loss))
+    grad_fn = make_grad_fn(model, make_loss(run.loss, model))
     log.info("warm-up gradient (traces the function): %.2fs",
              warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size))
     trainer = Trainer(client, names, grad_fn, batches, delay, telemetry,

@@ -1,4 +1,6 @@
-"""Dataset loading shared by workers and the chief: flat float32 features, int64 class labels.
+"""Dataset loading shared by workers and the chief: flat float32 features, labels as the task has them:
+int64 class ids [n] (classification), or float32 / int64 arrays [n, ...] of any shape (regression targets,
+multi-label 0/1 matrices).
 
 Importing this module is cheap on purpose: keras is imported only inside the loaders that
 download MNIST-style data, so processes that train on ``digits`` never pay for it here.
@@ -27,14 +29,15 @@ _SYN_TEST = 1000
 
 @dataclass(frozen=True, eq=False)  # eq=False: arrays make field-wise == ambiguous
 class Dataset:
-    """A train/test split with flat float32 features and int64 class ids."""
+    """A train/test split with flat float32 features and labels: int64 class ids [n], or targets
+    (float32 or int64 [n, ...], or float32 [n]) of one shape per example."""
 
     name: str
     x_train: np.ndarray  # float32 [n, features]; images are flattened row-major (h, w, c)
-    y_train: np.ndarray  # int64 [n]
+    y_train: np.ndarray  # int64 [n] class ids; or targets [n, ...]
     x_test: np.ndarray
     y_test: np.ndarray
-    num_classes: int
+    num_classes: int  # class ids: the number of classes; targets: the values per example (at least 1)
     image_shape: tuple[int, ...] | None  # (h, w, c) for images, None otherwise
     optimal_loss: float | None = None  # synthetic-logreg only: min mean training cross-entropy
 
@@ -46,14 +49,27 @@ class Dataset:
                 raise ValueError(
                     f"x_{split} must be float32 [n, features], got {x.dtype} {x.shape}"
                 )
-            if y.dtype != np.int64 or y.shape != (x.shape[0],):
-                raise ValueError(f"y_{split} must be int64 [{x.shape[0]}], got {y.dtype} {y.shape}")
-            if y.size and (y.min() < 0 or y.max() >= self.num_classes):
+            if y.dtype not in (np.int64, np.float32) or y.ndim < 1 or len(y) != len(x):
+                raise ValueError(f"y_{split} must be int64 or float32 [{x.shape[0]}, ...], got {y.dtype} {y.shape}")
+            if self.has_class_ids and y.size and (y.min() < 0 or y.max() >= self.num_classes):
                 raise ValueError(f"y_{split} has labels outside [0, {self.num_classes})")
+        if self.y_train.dtype != self.y_test.dtype or self.y_train.shape[1:] != self.y_test.shape[1:]:
+            raise ValueError(f"y_train {self.y_train.dtype} {self.y_train.shape[1:]} and y_test {self.y_test.dtype} "
+                             f"{self.y_test.shape[1:]} differ per example")
         if self.x_train.shape[1] != self.x_test.shape[1]:
             raise ValueError("x_train and x_test have different feature counts")
         if self.image_shape is not None and int(np.prod(self.image_shape)) != self.num_features:
             raise ValueError(f"image_shape {self.image_shape} != {self.num_features} features")
+
+    @property
+    def has_class_ids(self) -> bool:
+        """True when the labels are integer class ids [n] (classification), not targets."""
+        return self.y_train.ndim == 1 and self.y_train.dtype == np.int64
+
+    @property
+    def targets(self) -> tuple[int, ...] | None:
+        """One example's label shape when the labels are targets (`()` for [n] floats); None for class ids."""
+        return None if self.has_class_ids else tuple(int(d) for d in self.y_train.shape[1:])
 
     @property
     def num_features(self) -> int:
@@ -196,21 +212,28 @@ def _load_user_dataset(spec: str, seed: int) -> Dataset:
 
 def _from_arrays(name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
                  where: str) -> Dataset:
-    """A Dataset of loaded arrays: images flattened (their layout kept), labels as int64 class ids."""
+    """A Dataset of loaded arrays: images flattened (their layout kept); integer labels [n] or [n, 1] as int64
+    class ids, other labels as targets (float32, or int64 for integer arrays such as multi-label 0/1)."""
     path = where
     image_shape = _npz_image_shape(x_train, path)
     if _npz_image_shape(x_test, path) != image_shape or x_train.shape[1:] != x_test.shape[1:]:
         raise ValueError(f"{path}: x_train {x_train.shape} and x_test {x_test.shape} differ")
     y_train = _npz_labels(y_train, len(x_train), "y_train", path)
     y_test = _npz_labels(y_test, len(x_test), "y_test", path)
-    num_classes = int(max(y_train.max(initial=-1), y_test.max(initial=-1))) + 1
+    if y_train.dtype != y_test.dtype or y_train.shape[1:] != y_test.shape[1:]:
+        raise ValueError(f"{path}: y_train {y_train.dtype} {y_train.shape} and y_test {y_test.dtype} {y_test.shape} "
+                         "differ per example")
+    if y_train.ndim == 1 and y_train.dtype == np.int64:
+        num_classes = int(max(y_train.max(initial=-1), y_test.max(initial=-1))) + 1
+    else:
+        num_classes = int(np.prod(y_train.shape[1:], dtype=np.int64))
     return Dataset(
         name=name,
         x_train=_npz_features(x_train),
         y_train=y_train,
         x_test=_npz_features(x_test),
         y_test=y_test,
-        num_classes=max(num_classes, 2),
+        num_classes=max(num_classes, 2) if y_train.ndim == 1 and y_train.dtype == np.int64 else max(num_classes, 1),
         image_shape=image_shape,
     )
 
@@ -235,16 +258,22 @@ def _npz_features(x: np.ndarray) -> np.ndarray:
 
 
 def _npz_labels(y: np.ndarray, n: int, key: str, path: str) -> np.ndarray:
-    """Class ids as int64 [n]; accepts [n] or [n, 1] integer arrays."""
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.shape != (n,):
-        raise ValueError(f"{path}: {key} must have shape ({n},), got {y.shape}")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"{path}: {key} must hold integer class ids, got {y.dtype}")
-    if y.size and y.min() < 0:
-        raise ValueError(f"{path}: {key} has negative class ids")
-    return y.astype(np.int64)
+    """Labels: integer [n] or [n, 1] -> int64 class ids [n]; other integer arrays -> int64, bool and floating
+    ones -> float32 (targets of any shape per example)."""
+    if y.ndim == 0 or len(y) != n:
+        raise ValueError(f"{path}: {key} must have {n} labels (one per example), got shape {y.shape}")
+    if np.issubdtype(y.dtype, np.integer):
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        if y.ndim == 1 and y.size and y.min() < 0:
+            raise ValueError(f"{path}: {key} has negative class ids")
+        return y.astype(np.int64)
+    if y.dtype == np.bool_ or np.issubdtype(y.dtype, np.floating):
+        out = y.astype(np.float32)
+        if not np.isfinite(out).all():
+            raise ValueError(f"{path}: {key} holds NaN or infinite values")
+        return out
+    raise ValueError(f"{path}: {key} must be numeric (integer class ids or float targets), got {y.dtype}")
 
 
 def _make_synthetic_logreg(seed: int) -> Dataset:

@@ -1,4 +1,4 @@
-"""Keras model zoo shared by workers and the chief: flat float32 features in, logits out.
+"""Keras model zoo shared by workers and the chief: flat float32 features in, logits (or targets) out.
 
 Every layer has a fixed name and a seeded initializer so that every process builds a model
 whose ``trainable_variables`` have identical paths, order, shapes and (for equal seeds) values;
@@ -32,16 +32,22 @@ def build_model(
     num_classes: int,
     image_shape: tuple[int, ...] | None = None,
     seed: int = 0,
+    targets: tuple[int, ...] | None = None,
 ) -> keras.Model:
-    """Build the model named by ``spec`` with weights created and seeded from ``seed``."""
+    """Build the model named by ``spec`` with weights created and seeded from ``seed``.
+
+    ``targets``: the shape of one example's label when the labels are not class ids (regression,
+    multi-label), else None; then ``num_classes`` is the target width and the built-in models output
+    that many values.
+    """
     if num_features < 1:
         raise ValueError(f"num_features must be >= 1, got {num_features}")
-    if num_classes < 2:
+    if num_classes < (2 if targets is None else 1):
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
     if spec.startswith(KERAS_PREFIX):
-        return build_saved_model(spec, num_features, num_classes)
+        return build_saved_model(spec, num_features, num_classes, targets)
     if is_function_spec(spec, MODEL_NAMES):
-        return build_user_model(spec, num_features, num_classes, image_shape, seed)
+        return build_user_model(spec, num_features, num_classes, image_shape, seed, targets)
     name, _, arg = spec.partition(":")
     init = _Initializers(seed)
     inputs = keras.Input(shape=(num_features,), dtype="float32", name="features")
@@ -62,29 +68,51 @@ def build_model(
 
 
 def build_user_model(
-    spec: str, num_features: int, num_classes: int, image_shape: tuple[int, ...] | None, seed: int
+    spec: str, num_features: int, num_classes: int, image_shape: tuple[int, ...] | None, seed: int,
+    targets: tuple[int, ...] | None = None,
 ) -> keras.Model:
     """The Keras model a `package.module:function` spec returns, taking flat features like the zoo's.
 
     The function is called with those of `input_shape` (the dataset's image layout, else
-    `(num_features,)`), `num_classes` and `seed` it accepts. The model is wrapped so that it reads
-    the flat float32 features every role feeds (reshaped to `input_shape`). Its whole state must be
-    trainable: the shards hold only what workers push gradients for, so non-trainable state such
-    as BatchNormalization's moving statistics would silently differ between processes.
+    `(num_features,)`), `num_classes` (the target width for labels that are not class ids),
+    `output_shape` (`(num_classes,)`, or one example's label shape) and `seed` it accepts. The model is
+    wrapped so that it reads the flat float32 features every role feeds (reshaped to `input_shape`),
+    compiled with the loss and metrics the builder compiled it with (asyncps.ml.task: the run's loss
+    `auto`). Its whole state must be trainable: the shards hold only what workers push gradients for,
+    so non-trainable state such as BatchNormalization's moving statistics would silently differ
+    between processes.
     """
     input_shape = tuple(image_shape) if image_shape is not None else (num_features,)
+    output_shape = (num_classes,) if targets is None else (targets or (1,))
     user = call_with_accepted(load_function(spec, "model"), input_shape=input_shape, num_classes=num_classes,
-                              seed=seed)
+                              output_shape=output_shape, seed=seed)
     if not isinstance(user, keras.Model):
         raise ValueError(f"model {spec!r} must return a keras.Model, got {type(user).__name__}")
     model = _flat_input_model(user, spec, num_features, input_shape)
+    _compile_like(model, spec, user.get_compile_config() if user.compiled else None)
     width = tuple(model.outputs[0].shape[1:])
-    if width != (num_classes,):
+    if targets is None and width != (num_classes,):
         raise ValueError(f"model {spec!r} outputs shape {width}, not ({num_classes},) (one score per class)")
     return model
 
 
-def build_saved_model(spec: str, num_features: int, num_classes: int) -> keras.Model:
+def _compile_like(model: keras.Model, spec: str, config: dict[str, Any] | None) -> None:
+    """Compile the wrapper with the loss and metrics of the user's compile `config` (its optimizer is not
+    used: the shards apply the run's); nothing when the user's model was not compiled."""
+    if not config or config.get("loss") is None:
+        return
+    try:
+        loss = keras.saving.deserialize_keras_object(config["loss"])
+        metrics = keras.saving.deserialize_keras_object(config.get("metrics"))
+    except (TypeError, ValueError) as error:  # an unregistered custom loss or metric
+        raise ValueError(f"model {spec!r} was compiled with a loss or metrics that cannot be loaded here: {error} "
+                         "(register custom objects with keras.saving.register_keras_serializable in a module on "
+                         "--user-path, or pass --loss/--metrics)") from None
+    model.compile(loss=loss, metrics=metrics)
+
+
+def build_saved_model(spec: str, num_features: int, num_classes: int,
+                      targets: tuple[int, ...] | None = None) -> keras.Model:
     """The model a `keras:PATH.keras` spec names (saved with `model.save`), its saved weights the start.
 
     Every process loads the same file, so layer names, variable paths, order and values agree. The
@@ -93,6 +121,7 @@ def build_saved_model(spec: str, num_features: int, num_classes: int) -> keras.M
     (`keras.saving.register_keras_serializable`) in an importable module (on --user-path): each process
     imports the modules the file names for registered objects before loading it.
     Its output may have more scores than the data has classes (labels need not cover every class).
+    Saved compiled, its loss and metrics come with it (the wrapper is compiled with them).
     """
     path = spec[len(KERAS_PREFIX):]
     try:
@@ -109,11 +138,24 @@ def build_saved_model(spec: str, num_features: int, num_classes: int) -> keras.M
         raise ValueError(f"model {spec!r} takes inputs of shape {input_shape}, which do not hold the data's "
                          f"{num_features} features per example")
     model = _flat_input_model(user, spec, num_features, input_shape)
+    _compile_like(model, spec, _saved_compile_config(path))
     width = tuple(model.outputs[0].shape[1:])
-    if len(width) != 1 or width[0] is None or width[0] < num_classes:
+    if targets is None and (len(width) != 1 or width[0] is None or width[0] < num_classes):
         raise ValueError(f"model {spec!r} outputs shape {width}: it needs one score per class "
                          f"(at least {num_classes})")
     return model
+
+
+def _saved_compile_config(path: str) -> dict[str, Any] | None:
+    """The compile config a .keras file was saved with (None: saved uncompiled)."""
+    import json
+
+    from keras.src.saving import saving_lib  # the archive's own file names are Keras' (not a run directory's)
+
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read(saving_lib._CONFIG_FILENAME))
+    compiled = config.get("compile_config")
+    return compiled if isinstance(compiled, dict) else None
 
 
 def import_registered_modules(path: str) -> list[str]:
@@ -164,6 +206,9 @@ def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_sha
     except Exception as error:  # the user's model cannot take this input: say which one it got
         raise ValueError(f"model {spec!r} cannot take inputs of shape {input_shape}: {error}") from None
     model = keras.Model(inputs=inputs, outputs=outputs, name="user_model")
+    if len(model.outputs) != 1:
+        raise ValueError(f"model {spec!r} has {len(model.outputs)} outputs; asyncps trains models with one output "
+                         "(join the heads with keras.layers.Concatenate, and their labels into one array)")
     state = [v.path for v in model.non_trainable_variables]
     if state:
         raise ValueError(
@@ -184,49 +229,18 @@ def loss_fn(logits: Any, labels: Any) -> tf.Tensor:
     return tf.reduce_mean(per_example)
 
 
-#: The default loss: mean sparse categorical cross-entropy of the model's logits (:func:`loss_fn`).
-DEFAULT_LOSS = "crossentropy"
+def make_loss(spec: str, model: Any = None) -> Any:
+    """The loss `(outputs, labels) -> mean` a `loss` setting names for `model` (asyncps.ml.task.resolve_loss)."""
+    from asyncps.ml.task import resolve_loss
 
-
-def make_loss(spec: str) -> Any:
-    """The loss `(logits, labels) -> scalar` a spec names: `crossentropy` (of logits), a Keras loss
-    name (e.g. `sparse_categorical_crossentropy` for a model that outputs probabilities), or
-    `package.module:function` taking `(y_true, y_pred)` like a Keras loss; per-example values are averaged."""
-    if spec == DEFAULT_LOSS:
-        return loss_fn
-    if is_function_spec(spec):
-        user = load_function(spec, "loss")
-    else:
-        try:
-            user = keras.losses.get(spec)
-        except ValueError:
-            raise ValueError(
-                f"unknown loss {spec!r}: {DEFAULT_LOSS}, a Keras loss name or package.module:function") from None
-
-    def loss(outputs: Any, labels: Any) -> tf.Tensor:
-        value = user(tf.cast(tf.reshape(labels, [-1]), tf.int64), outputs)
-        return tf.reduce_mean(tf.cast(value, tf.float32))
-
-    return loss
+    return resolve_loss(spec, model)[0]
 
 
 def make_metrics(spec: str) -> dict[str, Any]:
-    """The metrics `{name: (labels, outputs) -> per-example or mean values}` of a comma-separated
-    spec: names of Keras metric functions (`sparse_top_k_categorical_accuracy`) or
-    `package.module:function` taking `(y_true, y_pred)`. Accuracy is always measured; "" adds none."""
-    metrics: dict[str, Any] = {}
-    for name in (part.strip() for part in spec.split(",")):
-        if not name:
-            continue
-        if is_function_spec(name):
-            metrics[name] = load_function(name, "metric")
-            continue
-        fn = getattr(keras.metrics, name, None)
-        if fn is None or isinstance(fn, type) or not callable(fn):
-            raise ValueError(f"unknown metric {name!r}: the name of a Keras metric function (e.g. "
-                             "sparse_top_k_categorical_accuracy) or package.module:function")
-        metrics[name] = fn
-    return metrics
+    """The metrics of a comma-separated `metrics` setting (asyncps.ml.task.make_metrics)."""
+    from asyncps.ml.task import make_metrics as metrics_of
+
+    return metrics_of(spec)
 
 
 class _Initializers:

@@ -329,6 +329,22 @@ global___StatusRequest = StatusRequest
 class ClusterStatus(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
+    @typing.final
+    class EvalMetricsEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.float
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: builtins.float = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
     UPDATES_FIELD_NUMBER: builtins.int
     UPDATES_PER_S_FIELD_NUMBER: builtins.int
     MEAN_STALENESS_FIELD_NUMBER: builtins.int
@@ -343,6 +359,7 @@ class ClusterStatus(google.protobuf.message.Message):
     FRACTION_DONE_FIELD_NUMBER: builtins.int
     WORKERS_PLANNED_FIELD_NUMBER: builtins.int
     STOP_REASON_FIELD_NUMBER: builtins.int
+    EVAL_METRICS_FIELD_NUMBER: builtins.int
     updates: builtins.int
     updates_per_s: builtins.float
     mean_staleness: builtins.float
@@ -361,6 +378,12 @@ class ClusterStatus(google.protobuf.message.Message):
     workers_planned: builtins.int
     stop_reason: builtins.str
     """empty while the run goes on"""
+    @property
+    def eval_metrics(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.float]:
+        """The task's metrics at the latest evaluation (the run's --metrics, else the model's compiled ones);
+        eval_accuracy is NaN when the task is not classification.
+        """
+
     def __init__(
         self,
         *,
@@ -378,8 +401,9 @@ class ClusterStatus(google.protobuf.message.Message):
         fraction_done: builtins.float = ...,
         workers_planned: builtins.int = ...,
         stop_reason: builtins.str = ...,
+        eval_metrics: collections.abc.Mapping[builtins.str, builtins.float] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["done", b"done", "elapsed_s", b"elapsed_s", "epochs", b"epochs", "eval_accuracy", b"eval_accuracy", "eval_loss", b"eval_loss", "eval_version", b"eval_version", "fraction_done", b"fraction_done", "mean_staleness", b"mean_staleness", "stop_reason", b"stop_reason", "updates", b"updates", "updates_per_s", b"updates_per_s", "worker_loss", b"worker_loss", "workers_alive", b"workers_alive", "workers_planned", b"workers_planned"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["done", b"done", "elapsed_s", b"elapsed_s", "epochs", b"epochs", "eval_accuracy", b"eval_accuracy", "eval_loss", b"eval_loss", "eval_metrics", b"eval_metrics", "eval_version", b"eval_version", "fraction_done", b"fraction_done", "mean_staleness", b"mean_staleness", "stop_reason", b"stop_reason", "updates", b"updates", "updates_per_s", b"updates_per_s", "worker_loss", b"worker_loss", "workers_alive", b"workers_alive", "workers_planned", b"workers_planned"]) -> None: ...
 
 global___ClusterStatus = ClusterStatus
 

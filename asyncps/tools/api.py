@@ -18,6 +18,7 @@ starts a whole cluster as OS processes (what `asyncps local` and `train` run).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ import numpy as np
 from asyncps.chief.main import ChiefConfig, run_chief
 from asyncps.config import RunConfig, coerce_settings
 from asyncps.ml.specs import KERAS_PREFIX, NPZ_PREFIX
-from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, call_with_accepted, user_path_from_env
+from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, call_with_accepted, is_function_spec, user_path_from_env
 from asyncps.ps.main import PsConfig, run_ps
 from asyncps.rundir import EvalRow, RunDir, RunSummary, read_rows
 from asyncps.tools.local import LocalCluster, default_run_dir, run_local
@@ -93,17 +94,22 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     `input_shape`, `num_classes`, `seed` it takes) and its model saved like a model object. Custom
     layers/losses must be registered (`keras.saving.register_keras_serializable`) in an importable
     module (on `user_path`).
-    Data: `dataset` (a spec or importable function; default `digits`), or arrays `x`, `y` (integer
-    class ids [n] or [n, 1]; `x` of any shape per example, sent as float32) with `validation_data=(x, y)`
-    or a `validation_split` (the last fraction, like Keras); evaluations run on the validation arrays.
-    `loss`: a spec or importable function; by default the loss the model was compiled with (a Keras
-    loss name, or SparseCategoricalCrossentropy), else `crossentropy` of logits.
+    Data: `dataset` (a spec or importable function; default `digits`), or arrays `x`, `y` with
+    `validation_data=(x, y)` or a `validation_split` (the last fraction, like Keras); evaluations run on
+    the validation arrays. `x` of any shape per example, sent as float32; `y`: integer class ids [n] or
+    [n, 1] (classification), or targets of any shape per example (float regression targets, 0/1
+    multi-label matrices), whatever the loss takes.
+    `loss`: a spec or importable function; by default the loss the model was compiled with (its
+    metrics too: the chief reports them, and accuracy only for class ids or when they name it), else
+    `crossentropy` of logits over class ids.
     `settings` are RunConfig fields (`num_workers=2`, `num_ps=1`, `epochs=5`, `optimizer="adam"`, ...).
     `user_path`: directories every process (this one too) imports user code from. Raises ValueError
     for bad inputs (before any process starts), TrainingFailed when the run ends without a summary or
     with a failed chief.
     """
     arrays = _split_arrays(dataset, x, y, validation_data, validation_split)
+    if arrays is not None and loss is None:
+        _check_default_loss(arrays[1], model)
     dirs = add_user_path([*user_path_from_env(), *user_path])
     where = (Path(run_dir) if run_dir is not None else default_run_dir()).resolve()
     files = RunDir(where)
@@ -120,6 +126,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     else:
         model_spec = spec_of(model, "model")
     loss_spec = spec_of(loss, "loss") if loss is not None else _compiled_loss(saved)
+    if saved is not None:
+        _warn_logits_mismatch(saved, loss_spec)
     fields = {"model": model_spec, "dataset": dataset_spec, "loss": loss_spec, **settings}
     run = RunConfig.from_layers(coerce_settings(fields, "asyncps.train"))
     env = {USER_PATH_ENV: os.pathsep.join(dict.fromkeys(dirs))} if dirs else None
@@ -184,16 +192,43 @@ def _features(x: Any, what: str) -> np.ndarray:
 
 
 def _labels(y: Any, what: str) -> np.ndarray:
-    """The caller's labels as int64 class ids [n] (from [n] or [n, 1] integers)."""
+    """The caller's labels: int64 class ids [n] (from [n] or [n, 1] integers), else targets of any shape
+    per example (float32; int64 for other integer arrays such as 0/1 multi-label matrices)."""
     array = np.asarray(y)
-    if array.ndim == 2 and array.shape[1] == 1:
-        array = array[:, 0]
-    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"asyncps.train: {what} must hold integer class ids of shape [n] or [n, 1], got "
-                         f"{array.dtype} {array.shape} (one-hot or real-valued labels are not supported yet)")
-    if array.size and array.min() < 0:
-        raise ValueError(f"asyncps.train: {what} has negative class ids")
-    return array.astype(np.int64)
+    if array.ndim == 0:
+        raise ValueError(f"asyncps.train: {what} must have one label per example, got a scalar")
+    if np.issubdtype(array.dtype, np.integer):
+        if array.ndim == 2 and array.shape[1] == 1:
+            array = array[:, 0]
+        if array.ndim == 1 and array.size and array.min() < 0:
+            raise ValueError(f"asyncps.train: {what} has negative class ids")
+        return array.astype(np.int64)
+    if array.dtype == np.bool_ or np.issubdtype(array.dtype, np.floating):
+        targets = array.astype(np.float32)
+        if not np.isfinite(targets).all():
+            raise ValueError(f"asyncps.train: {what} holds NaN or infinite values")
+        return targets
+    raise ValueError(f"asyncps.train: {what} must be numeric (integer class ids or float targets), got {array.dtype}")
+
+
+def _check_default_loss(y: np.ndarray, model: ModelArg) -> None:
+    """Labels that are not class ids need a loss: the default (crossentropy over class ids) does not fit them.
+    Refused here for a built-in model or an uncompiled model object; a builder's model may come compiled
+    (the chief checks it)."""
+    from asyncps.ml.specs import MODEL_NAMES
+    from asyncps.ml.task import is_class_ids
+
+    if is_class_ids(y):
+        return
+    if isinstance(model, str):
+        if model.startswith(KERAS_PREFIX) or is_function_spec(model, MODEL_NAMES):
+            return
+    elif callable(model) and getattr(model, "loss", None) is None and not hasattr(model, "compiled"):
+        return  # a builder function
+    elif getattr(model, "loss", None) is not None:
+        return
+    raise ValueError(f"asyncps.train: labels {y.dtype} of shape {y.shape[1:]} per example are not class ids: "
+                     "compile the model with a loss for them (e.g. model.compile(loss='mse')) or pass loss=")
 
 
 def _saveable_model(model: ModelArg, arrays: Arrays | None, dataset_spec: str, seed: int) -> Any:
@@ -219,39 +254,63 @@ def _saveable_model(model: ModelArg, arrays: Arrays | None, dataset_spec: str, s
     if not inputs:
         raise ValueError("asyncps.train: the model has no inputs yet; build it with an Input "
                          "(keras.Input(shape=...) first, or model.build(input_shape))")
+    if len(inputs) != 1 or len(model.outputs) != 1:
+        raise ValueError(f"asyncps.train: the model has {len(inputs)} inputs and {len(model.outputs)} outputs; "
+                         "asyncps trains models with one input and one output (join the heads with "
+                         "keras.layers.Concatenate, and their labels into one array)")
     return model
 
 
 def _build_here(builder: Callable[..., Any], arrays: Arrays | None, dataset_spec: str, seed: int) -> Any:
     """Call a builder that cannot travel by name in this process, as build_user_model would call it."""
     if arrays is not None:
-        input_shape = tuple(int(d) for d in arrays[0].shape[1:])
-        num_classes = max(int(max(arrays[1].max(initial=-1), arrays[3].max(initial=-1))) + 1, 2)
-    else:
-        from asyncps.ml.datasets import load_dataset
+        from asyncps.ml.task import is_class_ids
 
-        data = load_dataset(dataset_spec, seed)
-        input_shape = tuple(data.image_shape) if data.image_shape is not None else (data.num_features,)
-        num_classes = data.num_classes
-    return call_with_accepted(builder, input_shape=input_shape, num_classes=num_classes, seed=seed)
+        input_shape = tuple(int(d) for d in arrays[0].shape[1:])
+        if is_class_ids(arrays[1]):
+            num_classes = max(int(max(arrays[1].max(initial=-1), arrays[3].max(initial=-1))) + 1, 2)
+            output_shape: tuple[int, ...] = (num_classes,)
+        else:
+            output_shape = tuple(int(d) for d in arrays[1].shape[1:]) or (1,)
+            num_classes = int(np.prod(output_shape))
+        return call_with_accepted(builder, input_shape=input_shape, num_classes=num_classes,
+                                  output_shape=output_shape, seed=seed)
+    from asyncps.ml.datasets import load_dataset
+
+    data = load_dataset(dataset_spec, seed)
+    input_shape = tuple(data.image_shape) if data.image_shape is not None else (data.num_features,)
+    output_shape = (data.num_classes,) if data.targets is None else (data.targets or (1,))
+    return call_with_accepted(builder, input_shape=input_shape, num_classes=data.num_classes,
+                              output_shape=output_shape, seed=seed)
 
 
 def _compiled_loss(model: Any) -> str:
-    """The loss spec of the loss `model` was compiled with; `crossentropy` (of logits) when none."""
+    """The loss setting for the loss `model` was compiled with: `auto` when the saved model carries it (a
+    Keras loss name or object: every process reads it from the file, with its metrics), or when it was
+    not compiled (then `crossentropy` of logits); an importable function travels by name."""
     compiled = getattr(model, "loss", None) if model is not None else None
-    if compiled is None:
-        return "crossentropy"
-    if isinstance(compiled, str):
-        return compiled
+    if compiled is None or isinstance(compiled, str):
+        return "auto"
     import keras
 
-    if isinstance(compiled, keras.losses.SparseCategoricalCrossentropy):
-        return "crossentropy" if compiled.get_config().get("from_logits") else "sparse_categorical_crossentropy"
+    if isinstance(compiled, keras.losses.Loss) or getattr(compiled, "__module__", "").startswith("keras."):
+        return "auto"
     try:
         return spec_of(compiled, "loss")
     except ValueError:
         raise ValueError(f"asyncps.train: the model was compiled with loss {compiled!r}, which cannot travel to "
                          "the other processes; pass loss= (a Keras loss name or package.module:function)") from None
+
+
+def _warn_logits_mismatch(model: Any, loss_spec: str) -> None:
+    """Log here too (the caller's process, where a notebook shows it) what the chief warns of at start:
+    a softmax/sigmoid output under a loss of logits."""
+    from asyncps.ml.task import Task, logits_mismatch, resolve_loss
+
+    fn, name, from_logits = resolve_loss(loss_spec, model)
+    mismatch = logits_mismatch(model, Task(fn, name, from_logits))
+    if mismatch is not None:
+        logging.getLogger("asyncps.train").warning("%s", mismatch)
 
 
 def _trained_model(files: RunDir, from_object: bool) -> Any:

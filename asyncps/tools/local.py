@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import secrets
 import signal
@@ -333,7 +334,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     if RunDir(run_dir).summary.exists():
         s = RunSummary.load(run_dir)
         print(f"done: {s.updates_applied} updates in {s.wall_s:.1f}s ({s.throughput_updates_per_s:.1f}/s), "
-              f"final test accuracy {s.final_eval.accuracy:.4f}, mean staleness {s.staleness.mean:.2f}")
+              f"{final_eval_text(s)}, mean staleness {s.staleness.mean:.2f}")
     print(f"peak memory: workers {mem.workers_total_mb:.0f} MB ({mem.per_worker_mb:.1f} MB per worker), "
           f"all processes {mem.total_mb:.0f} MB")
     print(f"run directory: {run_dir}")
@@ -341,4 +342,12 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     return 1 if chief_code is None else chief_code
 
 
-__all__ = ["LocalCluster", "run_local"]
+def final_eval_text(s: RunSummary) -> str:
+    """The final evaluation in words: the test accuracy of a classification run, else the test loss and
+    the task's metrics."""
+    if not math.isnan(s.final_eval.accuracy):
+        return f"final test accuracy {s.final_eval.accuracy:.4f}"
+    return f"final test loss {s.final_eval.loss:.4g}" + "".join(f", {k} {v:.4g}" for k, v in s.metrics.items())
+
+
+__all__ = ["LocalCluster", "final_eval_text", "run_local"]

@@ -49,8 +49,16 @@ def percent_text(fraction: float) -> str:
 def stats_text(s: cpb.ClusterStatus) -> str:
     """The run's numbers: updates and their rate, epochs, losses, accuracy, staleness, workers."""
     return (f"updates {s.updates:6d} ({s.updates_per_s:6.1f}/s)  epoch {s.epochs:5.2f}  "
-            f"loss {_fmt(s.worker_loss, '.4f')}  eval acc {_fmt(s.eval_accuracy, '.4f')} @ {s.eval_version}  "
+            f"loss {_fmt(s.worker_loss, '.4f')}  {eval_text(s)} @ {s.eval_version}  "
             f"staleness {s.mean_staleness:5.2f}  workers {s.workers_alive}/{s.workers_planned}")
+
+
+def eval_text(s: cpb.ClusterStatus) -> str:
+    """The latest evaluation: its accuracy for a classification run, else its loss (and the task's metrics)."""
+    if math.isnan(s.eval_accuracy) and not math.isnan(s.eval_loss):
+        return f"eval loss {_fmt(s.eval_loss, '.4g')}" + "".join(f" {k} {v:.4g}" for k, v in
+                                                              sorted(s.eval_metrics.items()))
+    return f"eval acc {_fmt(s.eval_accuracy, '.4f')}"
 
 
 def status_line(s: cpb.ClusterStatus) -> str:

@@ -334,6 +334,8 @@ _SCALING_PANELS = (
 def _quality_panel(runs: Sequence[RunData]) -> tuple[str, str]:
     if any(not math.isnan(r.metrics["optimality_gap"]) for r in runs):
         return "optimality_gap", "final optimality gap (train loss - optimum)"
+    if runs and all(math.isnan(r.metrics["final_accuracy"]) for r in runs):  # not classification
+        return "final_loss", "final test loss"
     return "final_accuracy", "final test accuracy"
 
 

@@ -75,12 +75,14 @@ def _cell(x: float, spec: str = ".3g") -> str:
 
 
 def markdown_table(rows: Sequence[tuple[str, Mapping[str, float], bool]], target: Target | None) -> str:
-    """(label, metrics, failed) rows as a markdown table (optimality gap instead of accuracy where measured)."""
+    """(label, metrics, failed) rows as a markdown table (optimality gap instead of accuracy where measured;
+    the final test loss where no run measured accuracy: not a classification task)."""
     gap = any(not math.isnan(m["optimality_gap"]) for _, m, _ in rows)
+    loss = not gap and bool(rows) and all(math.isnan(m["final_accuracy"]) for _, m, _ in rows)
     header = ["run", "updates/s", "grads/s", "staleness mean", "p95", "dropped %", "idle %"]
     if target:
         header += [f"time to {target.describe()} (s)", "updates to target"]
-    header += ["updates", "optimality gap" if gap else "final accuracy"]
+    header += ["updates", "optimality gap" if gap else "final loss" if loss else "final accuracy"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label, m, failed in rows:
         cells = [label + (" (failed)" if failed else ""), _cell(m["updates_per_s"], ".1f"),
@@ -89,7 +91,8 @@ def markdown_table(rows: Sequence[tuple[str, Mapping[str, float], bool]], target
         if target:
             cells += [_cell(m["time_to_target_s"], ".1f"), _cell(m["updates_to_target"], ".0f")]
         cells += [_cell(m["updates"], ".0f"),
-                  _cell(m["optimality_gap"], ".4f") if gap else _cell(m["final_accuracy"], ".3f")]
+                  _cell(m["optimality_gap"], ".4f") if gap else _cell(m["final_loss"], ".4g") if loss
+                  else _cell(m["final_accuracy"], ".3f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
