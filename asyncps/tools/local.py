@@ -351,7 +351,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
                 break
     except ProcessDied as exc:
         print(f"asyncps local: {exc}", file=sys.stderr)
-        shown = True
+        shown = True  # and the rest need not finish: without a chief (or a shard) no run will
     except (TimeoutError, RuntimeError) as exc:
         print(f"asyncps local: {exc}; see {cluster.logs}", file=sys.stderr)
     finally:
@@ -359,7 +359,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
             sink.close()
         if poller:
             poller.close()
-        cluster.stop()
+        cluster.stop(grace_s=0.0 if shown else 15.0)
         signal.signal(signal.SIGINT, old)
         signal.signal(signal.SIGTERM, old_term)
     mem = memory.write(run_dir, run.num_workers)
