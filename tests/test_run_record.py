@@ -7,6 +7,7 @@ log lines, not a port file's name), a peer that cannot be reached (a warning whi
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -220,3 +221,39 @@ def test_an_unreachable_peer_is_reported_once_while_the_retries_go_on(caplog: py
     assert "still trying" in warnings[0].getMessage()
     assert warnings[0].created - t0 < 1.5 < time.time() - t0  # well before the end of the retries
     assert attempts > 3  # the retries went on after the warning
+
+
+# -- end to end: a real chief holds its run, a killed one gives it to its successor, a resume keeps it ---------
+@pytest.mark.slow
+def test_a_running_chief_holds_its_run_dir_and_a_resume_keeps_the_recorded_run(tmp_path: Path) -> None:
+    from tests.test_chief_restart import finish, role_pid, start_local, wait_for_updates
+
+    run_dir = tmp_path / "run"
+    proc = start_local(run_dir, "--num-ps", "1", "--num-workers", "1", "--optimizer", "momentum", "--lr", "0.05",
+                       "--max-updates", "1500", "--checkpoint-every", "200", "--eval-every", "30")
+    try:
+        wait_for_updates(run_dir, 50, proc)
+        ps = ",".join(RunConfigRecord.load(run_dir).ps)
+        done, seconds = cli("chief", "--ps", ps, "--run-dir", str(run_dir))
+        assert done.returncode == 2 and seconds < MISTAKE_S, (done.returncode, seconds, done.stderr)
+        assert "is in use by another chief" in done.stderr, done.stderr
+        holder = role_pid(run_dir, "chief")
+        assert f"pid {holder} " in RunDir(run_dir).chief_lock.read_text()
+        os.kill(holder, signal.SIGKILL)  # the launcher restarts it: its lock died with it
+        finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    chief_log = RunDir(run_dir).log("chief").read_text()
+    assert "(chief start 2)" in chief_log, chief_log[-3000:]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    for provenance in (RunConfigRecord.load(run_dir).provenance, RunSummary.load(run_dir).provenance):
+        assert provenance is not None and provenance.commit == head and provenance.versions["tensorflow"]
+
+    done, seconds = cli("local", "--run-dir", str(run_dir), "--model", "cnn", "--max-updates", "2500", "--quiet")
+    assert done.returncode == 2 and seconds < MISTAKE_S and "--model 'mlp' -> 'cnn'" in done.stderr, done.stderr
+    done, _ = cli("local", "--run-dir", str(run_dir), "--max-updates", "2500", "--quiet", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = RunConfigRecord.load(run_dir).run  # the recorded run, not the defaults (2 shards, 2 workers, sgd 0.1)
+    assert (run["num_ps"], run["num_workers"], run["optimizer"], run["learning_rate"]) == (1, 1, "momentum", 0.05)
+    assert run["max_updates"] == 2500 and RunSummary.load(run_dir).updates_applied >= 2500
