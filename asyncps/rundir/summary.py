@@ -8,7 +8,8 @@ Older run directories: no field has been renamed. The fields the chief has writt
 version are required; the three added later (`data`, `idle_fraction`, `max_clock_lead`) read as
 empty / 0 when absent, so run directories of earlier chiefs read; so do `start` and
 `staleness_steady` (the start barrier and the steady-state staleness), and `measured_clock_lead`
-reads as None (not measured: the tools measure it from timeline.csv then). `final_train_loss` and
+reads as None (not measured: the tools measure it from timeline.csv then), and so does `provenance`
+(the versions, host and commit a chief ran with, in both files, asyncps.rundir.provenance). `final_train_loss` and
 `optimality_gap` exist only for datasets with a known optimum and are left out of the file
 otherwise (None here).
 """
