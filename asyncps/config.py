@@ -32,6 +32,17 @@ DEFAULT_EPOCHS = 30.0
 # on a busy 2-core machine) before it calls a run without live workers dead (no_workers_timeout_s).
 NO_WORKERS_START_ALLOWANCE_S = 60.0
 
+# What a resumed run may change (asyncps.config.resume_changes). The fields that make the run what it is
+# (its model and data, its update rule and their seeds, the workers the rule and the data tasks are
+# planned for) are kept: a resume that would change one is refused. The shard layout changes only by
+# a reshard: the latest checkpoint restored into the new layout. The stop conditions may change; so
+# may the rest (timeouts, evaluation and checkpoint schedules, transport, threads, injected delays).
+RUN_DEFINING = ("model", "dataset", "loss", "metrics", "batch_size", "optimizer", "learning_rate",
+                "optimizer_params", "mode", "staleness_policy", "num_workers", "seed", "task_size")  # the mode
+# spec holds backup_workers and staleness_bound
+SHARD_LAYOUT = ("num_ps", "slice_threshold_bytes")
+STOP_CONDITIONS = ("max_updates", "epochs", "max_seconds")
+
 
 @dataclass(frozen=True)
 class Option:
@@ -268,6 +279,53 @@ class RunConfig:
         if "epochs" not in merged and (merged.get("max_updates") or merged.get("max_seconds")):
             merged["epochs"] = 0.0
         return cls(**merged)
+
+
+@dataclass(frozen=True)
+class ResumeChanges:
+    """How a resumed run's settings differ from those it recorded: each as `--flag OLD -> NEW`."""
+
+    refused: tuple[str, ...]  # run-defining settings: the resume is refused
+    reshard: tuple[str, ...]  # the shard layout: allowed as a reshard from the latest checkpoint
+
+    def refusal(self, run_dir: object, recorded_in: object) -> str:
+        """The error message of a refused resume of the run in `run_dir` (settings `recorded_in`)."""
+        return (f"cannot resume the run in {run_dir} with other settings: {'; '.join(self.refused)} (the run's "
+                f"settings are recorded in {recorded_in}); a resume may change its stop conditions "
+                f"({', '.join(flag_names(n)[0] for n in STOP_CONDITIONS)}), the number of shards by a reshard, "
+                "and operational settings; start a different run in a new --run-dir")
+
+
+def resume_changes(recorded: Mapping[str, Any], run: RunConfig) -> ResumeChanges:
+    """How `run` differs from the settings a run directory recorded (its config.json's `run`), in the
+    run-defining fields and the shard layout; fields the record lacks (an older version) are not compared."""
+    old = RunConfig.from_layers(coerce_settings(known_settings(recorded), "recorded run"))
+
+    def changes(names: Iterable[str]) -> tuple[str, ...]:
+        return tuple(f"{_flag_or_name(name)} {getattr(old, name)!r} -> {getattr(run, name)!r}" for name in names
+                     if name in recorded and getattr(old, name) != getattr(run, name))
+
+    return ResumeChanges(changes(RUN_DEFINING), changes(SHARD_LAYOUT))
+
+
+def known_settings(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """The recorded settings this version has fields for (a field an older version had is dropped)."""
+    return {name: value for name, value in recorded.items() if name in run_options()}
+
+
+def resumed_layers(recorded: Mapping[str, Any], *layers: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The settings layers of a resumed run: its recorded settings under `layers` (file, environment,
+    flags); when a layer sets any stop condition, the recorded ones are all dropped, so the new ones
+    read as they would for a new run (`--max-updates N` alone means no epoch limit)."""
+    base = known_settings(recorded)
+    if any(name in layer for layer in layers for name in STOP_CONDITIONS):
+        base = {name: value for name, value in base.items() if name not in STOP_CONDITIONS}
+    return [coerce_settings(base, "recorded run"), *(dict(layer) for layer in layers)]
+
+
+def _flag_or_name(name: str) -> str:
+    flags = flag_names(name)
+    return flags[0] if flags else name
 
 
 def _merge_mode_layer(merged: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:

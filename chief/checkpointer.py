@@ -70,11 +70,12 @@ class Checkpointer:
         """A new run: initialize every shard from the initial values (refused on another run's shards)."""
         self.start_shards(resuming=False)
 
-    def start_shards(self, resuming: bool) -> str:
+    def start_shards(self, resuming: bool, reshard: bool = False) -> str:
         """Bring the shards to this run's state; return how: LIVE, RESTORED or INITIALIZED.
 
         A new run initializes them. A resumed run keeps them (LIVE) when every shard holds this
-        run's state at or past the latest checkpoint's versions; otherwise it restores the latest
+        run's state at or past the latest checkpoint's versions, and the shard layout is the one they
+        hold (not `reshard`); otherwise it restores the latest
         checkpoint into all of them (and the ledger with it); with no checkpoint it initializes them
         only when the run allows re-initialization. Raises ShardStateError when a shard holds
         another run's state, or when there is nothing to resume from."""
@@ -88,7 +89,7 @@ class Checkpointer:
                     f"restart that shard empty, or point the chief at that run's directory")
         ckpt = self.checkpoints.latest() if resuming or self._config.resume else None
         self._number = max(self._number, self.checkpoints.last_number())  # never overwrite older ones
-        if resuming and self._live(stats, ckpt):
+        if resuming and not reshard and self._live(stats, ckpt):
             log.info("resuming on the live shards at versions %s", [st.version for st in stats])
             return LIVE
         if resuming and ckpt is None and not self._run.allow_reinit:

@@ -13,10 +13,11 @@ from asyncps.chief.config import ChiefConfig
 from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.tasks import TaskLedger
 
+from asyncps.config import resume_changes
 from asyncps.net.rpc import create_server, serve_health
 from asyncps.net.security import exposure_warning
 from asyncps.pb import coordinator_pb2_grpc
-from asyncps.rundir import INTERRUPTED, RunConfigRecord, RunDir, exported_model, write_port_file
+from asyncps.rundir import INTERRUPTED, Provenance, RunConfigRecord, RunDir, exported_model, write_port_file
 
 if TYPE_CHECKING:
     import grpc
@@ -36,11 +37,26 @@ EXIT_HANDED_OVER = 143  # SIGTERM with --on-sigterm handover: the run goes on un
 FINAL_EXIT_CODES = frozenset({EXIT_DONE, EXIT_UNREACHABLE, EXIT_SHARD_STATE, EXIT_DIVERGED, EXIT_NO_WORKERS})
 
 
-def prepare_run_dir(config: ChiefConfig) -> None:
-    """The run directory with its config.json and the TensorBoard folder."""
+def check_resume(config: ChiefConfig, resuming: bool) -> bool:
+    """On a resumed run (`resuming`: the directory has a manifest; or --resume), compare the settings with
+    those its config.json recorded: a run-defining one changed is a ValueError naming it with both values;
+    return True for a changed shard layout (a reshard: the shards get the latest checkpoint, never kept live)."""
+    record = RunConfigRecord.load_if_present(config.run_dir) if resuming or config.resume else None
+    if record is None:
+        return False
+    changes = resume_changes(record.run, config.run)
+    if changes.refused:
+        raise ValueError(changes.refusal(config.run_dir, RunDir(config.run_dir).config))
+    if changes.reshard:
+        log.info("resharding (%s): the shards get the latest checkpoint", "; ".join(changes.reshard))
+    return bool(changes.reshard)
+
+
+def prepare_run_dir(config: ChiefConfig, provenance: Provenance) -> None:
+    """The run directory with its config.json (settings and provenance) and the TensorBoard folder."""
     run_dir = config.run_dir
     RunDir(run_dir).tensorboard.mkdir(parents=True, exist_ok=True)
-    RunConfigRecord.of(config.run, config.ps, run_dir).save(run_dir)
+    RunConfigRecord.of(config.run, config.ps, run_dir, provenance).save(run_dir)
 
 
 def save_model(model: Any, out_dir: Path) -> None:

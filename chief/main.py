@@ -29,6 +29,7 @@ from asyncps.chief.lifecycle import (
     EXIT_SHARD_STATE,
     EXIT_UNREACHABLE,
     Lifecycle,
+    check_resume,
     export_model,
     prepare_run_dir,
 )
@@ -44,7 +45,7 @@ from asyncps.chief.tasks import TaskLedger
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
-from asyncps.rundir import RunDir, RunManifest, StalenessSummary, write_port_file
+from asyncps.rundir import ChiefLock, Provenance, RunDir, RunManifest, StalenessSummary, write_port_file
 from asyncps.wire.codec import Array
 
 if TYPE_CHECKING:
@@ -113,8 +114,9 @@ class Chief:
     def __init__(self, config: ChiefConfig, interrupt: threading.Event, model: ModelParts, progress: Progress,
                  membership: Membership, ledger: TaskLedger, checkpointer: Checkpointer, recorder: Recorder,
                  eval_log: EvalLog, manifest: RunManifest | None = None, reports: ReportLog | None = None,
-                 handover: threading.Event | None = None) -> None:
+                 handover: threading.Event | None = None, provenance: Provenance | None = None) -> None:
         self.config = config
+        self.provenance = provenance  # the versions, host and commit config.json recorded; summary.json too
         self.run = config.run
         self.interrupt = interrupt
         # set (SIGTERM with --on-sigterm handover): exit now and leave the run to the next chief
@@ -307,23 +309,32 @@ class Chief:
     def _write_summary(self, final: tuple[float, float]) -> None:
         write_summary(self.config.run_dir, final, self.clock.wall_s(), self.progress,
                       self.recorder, self.run, len(self.config.ps), self.model.data, self.membership.stop_reason,
-                      self.ledger, self.model.evaluator, self.gate.describe())
+                      self.ledger, self.model.evaluator, self.gate.describe(), self.provenance)
 
 
 def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None,
               handover: threading.Event | None = None) -> int:
-    """Build the chief's parts, bring the shards to the run's state (new, resumed live, or restored),
-    and run."""
+    """Hold the run directory's lock (asyncps.rundir.ChiefLock; RunDirLocked while another chief runs on
+    it), build the chief's parts, bring the shards to the run's state (new, resumed live, or restored),
+    and run. A resume with other run-defining settings than the run recorded is a ValueError."""
+    with ChiefLock.acquire(config.run_dir):
+        return _run_locked(config, interrupt, handover)
+
+
+def _run_locked(config: ChiefConfig, interrupt: threading.Event | None,
+                handover: threading.Event | None) -> int:
     started = time.monotonic()
     run = config.run
     manifest = RunManifest.load(config.run_dir)
     resuming = manifest is not None
+    reshard = check_resume(config, resuming)
     manifest = (dataclasses.replace(manifest, chief_starts=manifest.chief_starts + 1) if manifest is not None
                 else RunManifest.new())
     if resuming:
         log.info("run directory %s has a manifest: resuming run %s (chief start %d)", config.run_dir,
                  manifest.run_id, manifest.chief_starts)
-    prepare_run_dir(config)
+    provenance = Provenance.collect()
+    prepare_run_dir(config, provenance)
     model = build_model_parts(config)
     progress = Progress()
     membership = Membership(run.num_workers, run.heartbeat_timeout_s)
@@ -331,7 +342,7 @@ def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None,
     checkpointer = Checkpointer(config, model.client, model.placement, model.initial_values, ledger, membership,
                                 progress, since=started, run_id=manifest.run_id)
     try:
-        how = checkpointer.start_shards(resuming)
+        how = checkpointer.start_shards(resuming, reshard)
     except Unreachable as exc:
         log.error("%s", exc)
         return EXIT_UNREACHABLE
@@ -350,7 +361,7 @@ def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None,
     eval_log = EvalLog(config.run_dir, recorder, append=append, run=run)
     reports = ReportLog(files.reports, resume=append)  # follows the rows the recorder continues
     chief = Chief(config, interrupt or threading.Event(), model, progress, membership, ledger, checkpointer,
-                  recorder, eval_log, manifest, reports, handover)
+                  recorder, eval_log, manifest, reports, handover, provenance)
     try:
         return chief.serve()
     finally:

@@ -23,6 +23,7 @@ from asyncps.rules.drops import DropReason
 from asyncps.rundir import (
     EvalRow,
     FinalEval,
+    Provenance,
     PushRow,
     RowWriter,
     RunDir,
@@ -270,7 +271,8 @@ def write_hparams(writer: Any, run: RunConfig) -> None:
 
 def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: Progress, recorder: Recorder,
                   run: RunConfig, num_ps: int, data: Dataset, stop_reason: str | None, ledger: TaskLedger,
-                  evaluator: Evaluator, start: dict[str, Any] | None = None) -> None:
+                  evaluator: Evaluator, start: dict[str, Any] | None = None,
+                  provenance: Provenance | None = None) -> None:
     """summary.json: the run's outcome (with the final training loss where the optimum is known)."""
     histogram, _, examples, _ = recorder.snapshot()
     train_loss: float | None = None
@@ -314,4 +316,5 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         staleness_steady=StalenessSummary.of(recorder.steady.snapshot()),
         start={**(start or {}), "late_workers": recorder.steady.late_workers(run.num_workers)},
         metrics=metrics,
+        provenance=provenance,
     ).save(run_dir)

@@ -91,6 +91,9 @@ def test_a_resuming_chief_adopts_its_live_shards_restores_empty_ones_and_refuses
     chief.checkpoint(lambda: 0)
     saved = chief.checkpoints.latest()
     assert saved is not None and saved.manifest["shard_versions"] == [1, 1]
+    # a reshard (another shard layout) never adopts the live shards: they get the checkpoint in the new layout
+    resharded = make_checkpointer(first, tmp_path, "run-a", slice_threshold_bytes=16)
+    assert resharded.start_shards(resuming=True, reshard=True) == RESTORED
 
     # the shards died and came back empty: the resumed chief restores the checkpoint into them
     empty = [s.address for s in shard_factory(2)]

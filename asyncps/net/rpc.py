@@ -214,6 +214,11 @@ def make_channel(
 T = TypeVar("T")
 
 
+# how long a peer may fail before the retries say so (once per call): a wrong address or a dead peer is
+# reported within seconds, while the call keeps trying until its deadline
+UNREACHABLE_WARNING_S = 3.0
+
+
 class Unreachable(ConnectionError):
     """A peer stayed UNAVAILABLE until the caller's overall deadline."""
 
@@ -226,27 +231,45 @@ def call_with_retry(
     initial_backoff_s: float = 0.05,
     max_backoff_s: float = 2.0,
     rng: random.Random | None = None,
+    warn_after_s: float = UNREACHABLE_WARNING_S,
 ) -> T:
     """Call fn, retrying only the given codes with exponential backoff and full jitter.
 
-    Raises Unreachable naming `what` once deadline_s has passed; other errors propagate at once.
+    Once the peer has failed for warn_after_s, logs one WARNING naming `what` while the retries go
+    on (a wrong address or a peer that is down shows within seconds, not at the deadline), and one
+    INFO line if it answers after all. Raises Unreachable naming `what` once deadline_s has passed;
+    other errors propagate at once.
     """
     rng = rng or random.Random()
-    give_up = time.monotonic() + deadline_s
+    started = time.monotonic()
+    give_up = started + deadline_s
     backoff = initial_backoff_s
+    warned = False
     while True:
         try:
-            return fn()
+            result = fn()
+            if warned:
+                log.info("reached %s after %.1fs", what, time.monotonic() - started)
+            return result
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             if code not in retry_codes:
                 raise
-            left = give_up - time.monotonic()
+            now = time.monotonic()
+            left = give_up - now
+            detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
             if left <= 0:
-                detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
                 raise Unreachable(
                     f"could not reach {what} within {deadline_s:.0f}s ({code.name if code else '?'}: "
                     f"{detail})"
                 ) from exc
-            time.sleep(min(left, rng.uniform(0, backoff)))
+            if not warned and now - started >= warn_after_s:
+                warned = True
+                log.warning("cannot reach %s for %.1fs (%s: %s); still trying, for up to %.0fs more", what,
+                            now - started, code.name if code else "?", detail, left)
+            # wake for the warning on time even in a long backoff
+            pause = rng.uniform(0, backoff)
+            if not warned:
+                pause = min(pause, max(0.0, started + warn_after_s - now))
+            time.sleep(min(left, pause))
             backoff = min(max_backoff_s, backoff * 2)

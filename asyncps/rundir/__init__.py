@@ -11,6 +11,7 @@
 | `ledger.jsonl` | asyncps.chief.ledgerlog | the chief, at every data-task change |
 | `reports.jsonl` | asyncps.chief.reportlog | the chief, at every worker report recorded |
 | `memory.json` | PeakMemory | the local launcher, at the end |
+| `chief.lock` | ChiefLock (flock, released when the chief ends) | the chief, for its life |
 | `tb/` | TensorBoard events | the chief, every evaluation |
 | `ckpt/ckpt-NNNNNNNN/` | asyncps.chief.checkpoint (its own `manifest.json`, `model.npz`) | the chief, at a cut |
 | `logs/` | role logs and port files | the local launcher |
@@ -25,6 +26,7 @@ files by key or column name.
 """
 
 from asyncps.rundir.atomic import atomic_write, wait_port_file, write_json, write_port_file
+from asyncps.rundir.lock import ChiefLock, RunDirLocked
 from asyncps.rundir.manifest import RunManifest
 from asyncps.rundir.memory import PeakMemory
 from asyncps.rundir.names import (
@@ -40,6 +42,7 @@ from asyncps.rundir.names import (
     exported_model,
 )
 from asyncps.rundir.partial import UNFINISHED, is_run_dir, load_summary, summary_from_tables
+from asyncps.rundir.provenance import Provenance
 from asyncps.rundir.summary import (
     INTERRUPTED,
     FinalEval,
@@ -60,15 +63,18 @@ __all__ = [
     "TIMELINE_CSV",
     "UNFINISHED",
     "CheckpointNames",
+    "ChiefLock",
     "CsvRow",
     "EvalRow",
     "FinalEval",
     "PeakMemory",
+    "Provenance",
     "PushRow",
     "RowWriter",
     "RunConfigRecord",
     "RunDir",
     "RunDirError",
+    "RunDirLocked",
     "RunManifest",
     "RunSummary",
     "ShardCounters",

@@ -16,6 +16,7 @@ MANIFEST_JSON = "manifest.json"  # the run's id and training time so far: a rest
 LEDGER_JSONL = "ledger.jsonl"  # the data-task ledger's journal: a restarted chief continues its tasks
 REPORTS_JSONL = "reports.jsonl"  # the worker reports recorded: none is recorded twice across chiefs
 MEMORY_JSON = "memory.json"  # the local launcher's peak memory per process
+CHIEF_LOCK = "chief.lock"  # held (flock) by the chief running the run: a second chief is refused
 TENSORBOARD_DIR = "tb"  # the chief's TensorBoard event files
 CHECKPOINTS_DIR = "ckpt"  # the checkpoints, unless the chief was given another directory
 LOGS_DIR = "logs"  # the local launcher's per-role logs and port files
@@ -124,6 +125,11 @@ class RunDir:
     def memory(self) -> Path:
         """memory.json (PeakMemory)."""
         return self.root / MEMORY_JSON
+
+    @property
+    def chief_lock(self) -> Path:
+        """chief.lock: the lock the running chief holds for its life (asyncps.rundir.lock)."""
+        return self.root / CHIEF_LOCK
 
     @property
     def tensorboard(self) -> Path:

@@ -8,7 +8,8 @@ Older run directories: no field has been renamed. The fields the chief has writt
 version are required; the three added later (`data`, `idle_fraction`, `max_clock_lead`) read as
 empty / 0 when absent, so run directories of earlier chiefs read; so do `start` and
 `staleness_steady` (the start barrier and the steady-state staleness), and `measured_clock_lead`
-reads as None (not measured: the tools measure it from timeline.csv then). `final_train_loss` and
+reads as None (not measured: the tools measure it from timeline.csv then), and so does `provenance`
+(the versions, host and commit a chief ran with, in both files, asyncps.rundir.provenance). `final_train_loss` and
 `optimality_gap` exist only for datasets with a known optimum and are left out of the file
 otherwise (None here).
 """
@@ -26,6 +27,7 @@ from typing import Any
 from asyncps.config import RunConfig
 from asyncps.rundir.atomic import write_json
 from asyncps.rundir.names import CONFIG_JSON, SUMMARY_JSON, RunDir, RunDirError
+from asyncps.rundir.provenance import Provenance
 
 #: The stop reason of a run stopped by a signal (Ctrl-C, SIGTERM): not a finished run.
 INTERRUPTED = "interrupted"
@@ -130,6 +132,22 @@ def _named_numbers(fields: _Fields, name: str) -> dict[str, float]:
             raise fields.error(f"{name}.{key}", "a number", value)
         out[str(key)] = float(value)
     return out
+
+
+def _provenance(fields: _Fields) -> Provenance | None:
+    """The `provenance` object (None when absent: written before it was recorded)."""
+    if fields.get("provenance", None) is None:
+        return None
+    f = fields.obj("provenance")
+    versions = f.mapping("versions", {})
+    for name, version in versions.items():
+        if not isinstance(version, str):
+            raise f.error(f"versions.{name}", "a string", version)
+    dirty = f.get("dirty", None)
+    if dirty is not None and not isinstance(dirty, bool):
+        raise f.error("dirty", "true or false", dirty)
+    commit = f.get("commit", None)
+    return Provenance(dict(versions), f.text("host"), None if commit is None else f.text("commit"), dirty)
 
 
 def _int_key(fields: _Fields, name: str, key: str) -> int:
@@ -271,6 +289,8 @@ class RunSummary:
     final_train_loss: float | None = None
     optimality_gap: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # --metrics of the final evaluation (test set)
+    # the versions, host and commit the chief ran with (None: an older run directory, or built from the CSVs)
+    provenance: Provenance | None = None
 
     @property
     def interrupted(self) -> bool:
@@ -297,7 +317,8 @@ class RunSummary:
         data["staleness_steady"] = None if self.staleness_steady is None else self.staleness_steady.to_dict()
         data["reads_refused"] = dict(self.reads_refused)
         data["metrics"] = dict(self.metrics)
-        for name in ("final_train_loss", "optimality_gap", "staleness_steady", "measured_clock_lead"):
+        data["provenance"] = None if self.provenance is None else self.provenance.to_dict()
+        for name in ("final_train_loss", "optimality_gap", "staleness_steady", "measured_clock_lead", "provenance"):
             if data[name] is None:
                 del data[name]
         return data
@@ -333,7 +354,7 @@ class RunSummary:
             staleness_steady=(StalenessSummary.read(f.obj("staleness_steady"))
                               if f.get("staleness_steady", None) is not None else None),
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
-            metrics=_named_numbers(f, "metrics"),
+            metrics=_named_numbers(f, "metrics"), provenance=_provenance(f),
         )
 
     @classmethod
@@ -366,20 +387,27 @@ class RunSummary:
 @dataclass(frozen=True)
 class RunConfigRecord:
     """config.json: the run's settings (RunConfig fields, as a mapping so older runs with other fields
-    still read), the shard addresses and the run directory, written by the chief when it starts."""
+    still read), the shard addresses, the run directory and what the chief ran with (versions, host,
+    commit), written by the chief when it starts (again at each start, with the stop conditions and
+    provenance of that start)."""
 
     run: dict[str, Any]
     ps: tuple[str, ...] = ()
     run_dir: str = ""
+    provenance: Provenance | None = None  # None: written before it was recorded
 
     @classmethod
-    def of(cls, run: RunConfig, ps: tuple[str, ...] | list[str], run_dir: Path) -> RunConfigRecord:
+    def of(cls, run: RunConfig, ps: tuple[str, ...] | list[str], run_dir: Path,
+           provenance: Provenance | None = None) -> RunConfigRecord:
         """The record of a run about to start."""
-        return cls(dataclasses.asdict(run), tuple(ps), str(run_dir))
+        return cls(dataclasses.asdict(run), tuple(ps), str(run_dir), provenance)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object."""
-        return {"run": dict(self.run), "ps": list(self.ps), "run_dir": self.run_dir}
+        data: dict[str, Any] = {"run": dict(self.run), "ps": list(self.ps), "run_dir": self.run_dir}
+        if self.provenance is not None:
+            data["provenance"] = self.provenance.to_dict()
+        return data
 
     def save(self, run_dir: Path) -> Path:
         """Write run_dir/config.json atomically."""
@@ -397,7 +425,7 @@ class RunConfigRecord:
         run_dir = f.get("run_dir", "")
         if not isinstance(run_dir, str):
             raise f.error("run_dir", "a string", run_dir)
-        return cls(f.mapping("run"), tuple(ps), run_dir)
+        return cls(f.mapping("run"), tuple(ps), run_dir, _provenance(f))
 
     @classmethod
     def load(cls, run_dir: Path) -> RunConfigRecord:

@@ -21,6 +21,8 @@ from asyncps.config import (
     flag_names,
     parse_setting,
     read_settings_file,
+    resume_changes,
+    resumed_layers,
     run_options,
     settings_from_env,
 )
@@ -112,6 +114,32 @@ def run_config_from(args: argparse.Namespace, environ: Mapping[str, str] | None 
                     **forced: Any) -> RunConfig:
     """The RunConfig of the run flags: default < --run-config file < environment < flags < `forced`."""
     return RunConfig.from_layers(*run_settings(args, environ), forced)
+
+
+def recorded_settings(run_dir: Path, resume: bool) -> dict[str, Any] | None:
+    """The settings the run in `run_dir` recorded (its config.json's `run`) when this start resumes it
+    (the directory has a manifest, or --resume), else None (a new run, or no config.json to go by)."""
+    from asyncps.rundir import RunConfigRecord, RunManifest
+
+    if not (resume or RunManifest.load(run_dir) is not None):
+        return None
+    record = RunConfigRecord.load_if_present(run_dir)
+    return None if record is None else dict(record.run)
+
+
+def resumable_config(run_dir: Path, resume: bool, *layers: Mapping[str, Any]) -> RunConfig:
+    """The RunConfig of `layers`; on a resumed run over its recorded settings, refused (ValueError naming
+    each flag with its old and new value) when they would change what the run is."""
+    recorded = recorded_settings(run_dir, resume)
+    if recorded is None:
+        return RunConfig.from_layers(*layers)
+    run = RunConfig.from_layers(*resumed_layers(recorded, *layers))
+    changes = resume_changes(recorded, run)
+    if changes.refused:
+        from asyncps.rundir import RunDir
+
+        raise ValueError(changes.refusal(run_dir, RunDir(run_dir).config))
+    return run
 
 
 def add_security_flags(p: argparse.ArgumentParser) -> None:
@@ -240,9 +268,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_chief(args: argparse.Namespace) -> int:
     """asyncps chief."""
-    require_tensorflow("asyncps chief")
-    from asyncps.chief.main import ChiefConfig, run_chief
-
     ps = tuple(a for a in args.ps.split(",") if a)
     tf = _tf_config()
     port = _port(args, tf, "chief")
@@ -251,7 +276,14 @@ def cmd_chief(args: argparse.Namespace) -> int:
     if tf is not None:  # TF_CONFIG's cluster wins over a file, --workers / ASYNCPS_WORKERS over it
         ps = ps or tf.ps
         tf_layer = {"num_workers": len(tf.worker)}
-    run = RunConfig.from_layers(file_layer, tf_layer, env_layer, flag_layer, {"num_ps": len(ps)})
+    if not ps:
+        raise ValueError("the chief needs its shards' addresses: --ps HOST:PORT,HOST:PORT,... (or env ASYNCPS_PS, "
+                         "or TF_CONFIG's cluster.ps)")
+    run = resumable_config(Path(args.run_dir), bool(args.resume), file_layer, tf_layer, env_layer, flag_layer,
+                           {"num_ps": len(ps)})
+    require_tensorflow("asyncps chief")
+    from asyncps.chief.main import ChiefConfig, run_chief
+
     config = ChiefConfig(ps=ps, run=run, run_dir=Path(args.run_dir), host=args.host, port=port,
                          port_file=args.port_file, health_port=args.health_port, resume=bool(args.resume),
                          security=security_from(args),
@@ -268,9 +300,10 @@ def cmd_local(args: argparse.Namespace) -> int:
     require_tensorflow("asyncps local")
     from asyncps.tools.local import default_run_dir, run_local
 
-    run = run_config_from(args)
     if args.resume and not args.run_dir:
         raise ValueError("--resume needs the --run-dir of the run to continue")
+    run = (resumable_config(Path(args.run_dir), bool(args.resume), *run_settings(args)) if args.run_dir
+           else run_config_from(args))
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
     return run_local(run, run_dir, progress=not args.quiet, resume=bool(args.resume), secure=bool(args.secure),
                      client_auth=not args.tls_no_client_auth, metrics_port=int(args.metrics_port))

@@ -58,6 +58,25 @@ def worker_groups(num_workers: int, processes: int) -> list[tuple[str, int, int]
     return groups
 
 
+LOG_TAIL_LINES = 15  # what a launcher shows of a process that died: enough for a traceback's end
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` non-empty lines of a log (its last 64 KiB), each indented; '' when it has none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join("    " + line for line in kept)
+
+
+class ProcessDied(RuntimeError):
+    """A process of the cluster exited before it served (the message quotes the end of its log)."""
+
+
 @dataclass
 class Child:
     """One process of the local cluster."""
@@ -130,7 +149,7 @@ class LocalCluster:
                                                   "--chunk-bytes", str(self.run.chunk_bytes), *self._timeout_args,
                                                   *self._plugin_args, "--port-file", str(port_file)]), port_file))
         for child, port_file in shards:
-            port = wait_port_file(port_file, port_timeout_s, child.alive)
+            port = self._wait_port(child, port_file, port_timeout_s)
             self.ps_addresses.append(f"127.0.0.1:{port}")
             self._ps_args[child.name] = ["ps", "--host", "127.0.0.1", "--port", str(port),
                                          "--index", child.name.split("-")[1],
@@ -145,7 +164,7 @@ class LocalCluster:
                    "--metrics-port-file", str(self.files.port_file("chief.metrics"))]
                   if self.metrics_port >= 0 else [])]
         chief = self._spawn("chief", [*args, "--port", "0", "--port-file", str(port_file)])
-        port = wait_port_file(port_file, port_timeout_s, chief.alive)
+        port = self._wait_port(chief, port_file, port_timeout_s)
         self.chief_address = f"127.0.0.1:{port}"
         self._chief_args = [*args, "--port", str(port)]  # a restarted chief serves where the workers look
         for name, first, count in worker_groups(self.run.num_workers, self.run.worker_processes):
@@ -153,6 +172,24 @@ class LocalCluster:
             self._worker_args[name] = ["worker", "--chief", self.chief_address, "--index", str(first),
                                        *(["--logical", str(count)] if count > 1 else []), *self._timeout_args]
             self._spawn(name, self._worker_args[name])
+
+    def _wait_port(self, child: Child, port_file: Path, timeout_s: float) -> int:
+        """The port `child` published; ProcessDied (with the end of its log) when it exited first or
+        published none in time."""
+        try:
+            return wait_port_file(port_file, timeout_s, child.alive)
+        except RuntimeError:
+            raise ProcessDied(self.last_words(child, "exited with status {code} before it served")) from None
+        except TimeoutError:
+            raise ProcessDied(self.last_words(child, f"served no port within {timeout_s:.0f}s")) from None
+
+    def last_words(self, child: Child, what: str) -> str:
+        """`<name> <what>; the end of its log <path>:` and the log's last lines (`{code}` in `what`: the exit
+        status)."""
+        log = self.files.log(child.name)
+        tail = log_tail(log)
+        said = f"; the end of its log {log}:\n{tail}" if tail else f"; its log {log} is empty"
+        return f"{child.name} {what.format(code=child.proc.poll())}{said}"
 
     def _make_secrets(self) -> None:
         """A development CA, a certificate per role (shards, chief, workers) and a token per role:
@@ -283,6 +320,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     old_term = signal.signal(signal.SIGTERM, on_signal)
     poller: StatusPoller | None = None
     memory = MemoryWatch()
+    shown = False  # a dead process's last lines were shown already
     try:
         where = f" in {run.worker_processes} processes" if 0 < run.worker_processes < run.num_workers else ""
         print(f"asyncps local: {run.num_ps} shards, {run.num_workers} workers{where}, {run.model} on "
@@ -316,6 +354,9 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
                 print("\nasyncps local: the chief died; restarted it (it resumes the run)", file=sys.stderr)
             elif not cluster.chief.alive():
                 break
+    except ProcessDied as exc:
+        print(f"asyncps local: {exc}", file=sys.stderr)
+        shown = True  # and the rest need not finish: without a chief (or a shard) no run will
     except (TimeoutError, RuntimeError) as exc:
         print(f"asyncps local: {exc}; see {cluster.logs}", file=sys.stderr)
     finally:
@@ -323,7 +364,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
             sink.close()
         if poller:
             poller.close()
-        cluster.stop()
+        cluster.stop(grace_s=0.0 if shown else 15.0)
         signal.signal(signal.SIGINT, old)
         signal.signal(signal.SIGTERM, old_term)
     mem = memory.write(run_dir, run.num_workers)
@@ -331,6 +372,8 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     failed = {n: c for n, c in codes.items() if c != 0}
     if failed:
         print(f"asyncps local: non-zero exits {failed}; logs in {cluster.logs}", file=sys.stderr)
+        if codes.get("chief") not in (0, None) and not shown:
+            print(f"asyncps local: {cluster.last_words(cluster.chief, 'exited with status {code}')}", file=sys.stderr)
     if RunDir(run_dir).summary.exists():
         s = RunSummary.load(run_dir)
         print(f"done: {s.updates_applied} updates in {s.wall_s:.1f}s ({s.throughput_updates_per_s:.1f}/s), "
@@ -350,4 +393,4 @@ def final_eval_text(s: RunSummary) -> str:
     return f"final test loss {s.final_eval.loss:.4g}" + "".join(f", {k} {v:.4g}" for k, v in s.metrics.items())
 
 
-__all__ = ["LocalCluster", "final_eval_text", "run_local"]
+__all__ = ["LocalCluster", "ProcessDied", "final_eval_text", "log_tail", "run_local"]
