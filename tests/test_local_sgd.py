@@ -15,12 +15,13 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from asyncps.worker.local import LocalModel
-from asyncps.worker.trainer import BatchStream, GradFn, Telemetry, Trainer, make_grad_fn
+from asyncps.worker.trainer import BatchStream, GradFn, TaskBatches, Telemetry, Trainer, make_grad_fn
 
 from asyncps.config import RunConfig
 from asyncps.delays import NoDelay, StepDelay
-from asyncps.ml.datasets import load_dataset
+from asyncps.ml.datasets import epoch_order, load_dataset
 from asyncps.ml.models import build_model, loss_fn
+from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.placement import VariableSpec, place, split_for_shards
 from asyncps.rules import OUTER_RULES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.outer import LocalRule
@@ -192,6 +193,35 @@ def test_sync_averaging_of_two_workers_gives_the_mean_of_their_local_models(clus
     for _, telemetry in trainers:
         pushes, _ = telemetry.drain()
         assert len(pushes) == 2 * ROUNDS and all(p.accepted and p.local_steps == H for p in pushes)
+
+
+def test_a_round_ends_early_when_the_last_data_is_in_flight_elsewhere(cluster: Cluster) -> None:
+    """The chief has no task left to hand out (the rest is held by workers that wait for this one's
+    tasks to be done): the round pushes the local steps it took instead of waiting for a batch that
+    would never come, and reports its data task done."""
+    rule = local_rule("average")
+    client = cluster.client(0, UpdateRuleConfig(rule.outer.shard_optimizer()))
+    tasks = [cpb.TaskReply(has_task=True, task_id=7, epoch=0, start=0, stop=3 * 32)]  # 3 batches < H
+    source = TaskBatches(lambda: tasks.pop() if tasks else cpb.TaskReply(has_task=False), cluster.x, cluster.y,
+                         32, seed=1, poll_s=0.01)
+    stop = threading.Event()
+    telemetry = Telemetry()
+    trainer = Trainer(client, cluster.names, cluster.grad_fn, source, StepDelay(NoDelay()), telemetry,
+                      on_step=lambda step: stop.set(), local=LocalModel(rule, cluster.names))
+    trainer.run(stop)
+
+    pushes, steps = telemetry.drain()
+    assert [p.local_steps for p in pushes] == [3, 3] and [s.examples for s in steps] == [3 * 32]
+    assert telemetry.drain_tasks() == [7] and client.versions == [1, 1]
+    rows = epoch_order(len(cluster.x), 1, 0)[:3 * 32]
+    center = [cluster.initial[n] for n in cluster.names]
+    w = [v.copy() for v in center]
+    for k in range(3):
+        _, grads = cluster.grad_fn(w, cluster.x[rows[32 * k:32 * k + 32]], cluster.y[rows[32 * k:32 * k + 32]])
+        w = [v - np.float32(LR) * np.asarray(g) for v, g in zip(w, grads, strict=True)]
+    client.pull()
+    assert_close([client.values[n] for n in cluster.names], w, cluster.names)
+    client.close()
 
 
 def test_local_sgd_flags_are_validated_and_choose_the_shards_rule() -> None:

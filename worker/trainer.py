@@ -61,7 +61,7 @@ class BatchStream:
         idx = np.concatenate(picks) if len(picks) > 1 else picks[0]
         return self._x[idx], self._y[idx]
 
-    def next_batch(self, stop: threading.Event) -> Batch | None:
+    def next_batch(self, stop: threading.Event, wait: bool = True) -> Batch | None:
         """The BatchSource interface: a static shard never runs out."""
         x, y = self.next()
         return Batch(x, y)
@@ -92,13 +92,16 @@ class TaskBatches:
             self._orders = {epoch: self._order_of(len(self._x), self._seed, epoch)}  # keep one epoch
         return self._orders[epoch]
 
-    def next_batch(self, stop: threading.Event) -> Batch | None:
-        """The next batch, fetching a task when the current one is used up; None when stopping."""
+    def next_batch(self, stop: threading.Event, wait: bool = True) -> Batch | None:
+        """The next batch, fetching a task when the current one is used up; None when stopping (or,
+        unless `wait`, when no task is to be had now)."""
         while not self._queue:
             if stop.is_set():
                 return None
             reply = self._get_task()
             if not reply.has_task:
+                if not wait:
+                    return None
                 stop.wait(self._poll_s)  # all remaining tasks are in flight elsewhere (or done)
                 continue
             positions = self._order(reply.epoch)[reply.start:reply.stop]
@@ -121,8 +124,9 @@ def nonfinite_detail(loss: float, names: Sequence[str], grads: Sequence[Gradient
 class BatchSource(Protocol):
     """Where a trainer's minibatches come from."""
 
-    def next_batch(self, stop: threading.Event) -> Batch | None:
-        """The next batch, or None when the trainer should stop."""
+    def next_batch(self, stop: threading.Event, wait: bool = True) -> Batch | None:
+        """The next batch, or None when the trainer should stop (or, unless `wait`, when none is to be
+        had now: the remaining data is in flight elsewhere)."""
 
 
 class _Prepended:
@@ -132,12 +136,12 @@ class _Prepended:
         self._first: Batch | None = first
         self._source = source
 
-    def next_batch(self, stop: threading.Event) -> Batch | None:
+    def next_batch(self, stop: threading.Event, wait: bool = True) -> Batch | None:
         """`first` once, then the source's batches."""
         if self._first is not None:
             batch, self._first = self._first, None
             return batch
-        return self._source.next_batch(stop)
+        return self._source.next_batch(stop, wait)
 
 
 GradFn = Callable[[list[Array], Array, Array], tuple[float, list[Gradient]]]
@@ -289,8 +293,10 @@ class Trainer:
 
     def run_round(self, local: LocalModel, stop: threading.Event, pull_s: float = 0.0) -> bool:
         """One round of local SGD: H steps of the local optimizer from the pulled center, then push the
-        change of the local model, w_pulled - w_local, with the versions of w_pulled; False when the
-        batches ran out first (the unfinished round is not pushed, its data tasks not reported)."""
+        change of the local model, w_pulled - w_local, with the versions of w_pulled. A round ends early,
+        pushing the local steps it took, when no batch is to be had now: the last data of a run is in
+        flight with other workers, which may in turn wait for this worker's tasks to be done (pushed).
+        False when told to stop first (the unfinished round is not pushed, its data tasks not reported)."""
         if not local.values:
             local.start(self._client.values)
         base = list(self._client.versions)
@@ -299,14 +305,18 @@ class Trainer:
         start = time.time()
         computed = start
         for k in range(local.steps_per_push):
-            batch = self._batches.next_batch(stop)
+            batch = self._batches.next_batch(stop, wait=k == 0)
+            if batch is None and k > 0 and not stop.is_set():
+                break
             if batch is None:
                 return False
-            loss, grads, started, computed = self._compute(batch, local.values, then_push=k == local.steps_per_push - 1)
+            loss, grads, started, computed = self._compute(batch, local.values, then_push=False)
             start = started if k == 0 else start
             local.step(grads)
             batches.append(batch)
             losses.append(loss)
+        if self._delay.rpc_latency_s > 0:
+            self._sleep(self._delay.rpc_latency_s)
         delta = local.delta(self._client.values)
         pushed = self._exchange(batches, float(np.mean(losses)), delta, base, None, start, computed, pull_s)
         local.follow(self._client.values, delta if pushed else None)
