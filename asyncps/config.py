@@ -21,8 +21,9 @@ from typing import Any
 from asyncps.delays import StepDelay
 from asyncps.ml.specs import spec_problems
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
-from asyncps.rules import MODES, POLICIES, OptimizerConfig, UpdateRuleConfig
+from asyncps.rules import MODES, OUTER_RULES, POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import MODE_ALIASES, fold_mode_aliases, mode_alias_values
+from asyncps.rules.outer import LocalRule
 from asyncps.transport.registry import TRANSPORTS
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 
@@ -38,8 +39,8 @@ NO_WORKERS_START_ALLOWANCE_S = 60.0
 # a reshard: the latest checkpoint restored into the new layout. The stop conditions may change; so
 # may the rest (timeouts, evaluation and checkpoint schedules, transport, threads, injected delays).
 RUN_DEFINING = ("model", "dataset", "loss", "metrics", "batch_size", "optimizer", "learning_rate",
-                "optimizer_params", "mode", "staleness_policy", "num_workers", "seed", "task_size")  # the mode
-# spec holds backup_workers and staleness_bound
+                "optimizer_params", "mode", "staleness_policy", "num_workers", "seed", "task_size",
+                "local_steps", "local_optimizer", "outer")  # the mode spec holds backup_workers and staleness_bound
 SHARD_LAYOUT = ("num_ps", "slice_threshold_bytes")
 STOP_CONDITIONS = ("max_updates", "epochs", "max_seconds")
 
@@ -178,6 +179,15 @@ class RunConfig:
         flags=("--chief-timeout-s", "--chief-timeout"))
     task_size: int = setting(0, help="examples per data task (0: 4 batches)")
     transport: str = setting("auto", help=TRANSPORTS.help())
+    local_steps: int = setting(1, help=(
+        "local SGD: each worker takes this many steps of --local-optimizer on its own model, then pushes the "
+        "change of its model, which the shards apply by --outer (1: push every gradient)"))
+    local_optimizer: str = setting("", help=(
+        "the workers' optimizer of local steps, NAME:lr=LR[,KEY=VALUE...], e.g. adam:lr=0.001 (default: "
+        "--optimizer, --lr and --opt-param)"))
+    outer: str = setting("average", help=(
+        "what the shards do with the workers' model changes (--local-steps > 1): average | easgd[:alpha=A] | "
+        "nesterov[:lr=LR,momentum=M]"))
     pipeline: bool = setting(False, help=(
         "workers compute the next gradient while the previous push is in flight: more steps/s, one more "
         "step of staleness (measured and recorded like any other)"))
@@ -219,6 +229,7 @@ class RunConfig:
         if self.tf_threads < 0:
             problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
         problems += spec_problems(self.model, self.dataset)
+        problems += self._local_sgd_problems()
         if problems:
             raise ValueError("invalid run configuration: " + "; ".join(problems))
         self.update_rule()  # validates optimizer, mode and staleness policy
@@ -236,6 +247,35 @@ class RunConfig:
         for alias, value in mode_alias_values(mode).items():
             object.__setattr__(self, alias, value)
 
+    def _local_sgd_problems(self) -> list[str]:
+        """What is wrong with local_steps, local_optimizer and outer (canonicalizing the two specs)."""
+        if isinstance(self.local_steps, bool) or not isinstance(self.local_steps, int) or self.local_steps < 1:
+            return [f"local_steps (--local-steps) must be an integer >= 1, got {self.local_steps!r}"]
+        problems = []
+        try:
+            object.__setattr__(self, "outer", OUTER_RULES.normalize(self.outer))
+        except ValueError as error:
+            problems.append(f"--outer: {error}")
+        if self.local_optimizer:
+            try:
+                object.__setattr__(self, "local_optimizer", OptimizerConfig.parse(self.local_optimizer).spec)
+            except ValueError as error:
+                problems.append(f"--local-optimizer: {error}")
+        if self.local_steps == 1 and (self.local_optimizer or self.outer != "average"):
+            problems.append("--local-optimizer and --outer apply to local SGD only: set --local-steps H (H > 1)")
+        if self.local_steps > 1 and self.pipeline:
+            problems.append("--pipeline overlaps one gradient with its push; with --local-steps > 1 a push is "
+                            "H steps of local work: leave --pipeline off")
+        return problems
+
+    def local_rule(self) -> LocalRule | None:
+        """The workers' local SGD (None: they push every gradient)."""
+        if self.local_steps == 1:
+            return None
+        optimizer = (OptimizerConfig.parse(self.local_optimizer) if self.local_optimizer
+                     else OptimizerConfig(self.optimizer, self.learning_rate, self.optimizer_params))
+        return LocalRule(self.local_steps, optimizer, OUTER_RULES.parse(self.outer))
+
     def step_delay(self, worker_index: int) -> StepDelay:
         """The injected delays of one worker (seeded by run seed and worker index)."""
         return StepDelay.for_worker(worker_index, self.compute_delay, self.stragglers, self.slowdown,
@@ -247,9 +287,11 @@ class RunConfig:
         return self.no_workers_timeout_s or 2 * self.heartbeat_timeout_s + NO_WORKERS_START_ALLOWANCE_S
 
     def update_rule(self) -> UpdateRuleConfig:
-        """The shards' update rule for this run."""
+        """The shards' update rule for this run (with local SGD: the outer rule's optimizer)."""
+        local = self.local_rule()
         return UpdateRuleConfig(
-            optimizer=OptimizerConfig(self.optimizer, self.learning_rate, self.optimizer_params),
+            optimizer=(local.outer.shard_optimizer() if local is not None
+                       else OptimizerConfig(self.optimizer, self.learning_rate, self.optimizer_params)),
             mode=self.mode, staleness_policy=self.staleness_policy, num_workers=self.num_workers)
 
     def to_json(self) -> str:

@@ -134,7 +134,7 @@ class Recorder:
                 drop = drop_from_wire(p.drop)
                 kind = drop.value if drop is not None else ""
                 row = PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version, p.staleness,
-                              p.accepted, kind, p.effective_lr, p.loss, p.drop_detail)
+                              p.accepted, kind, p.effective_lr, p.loss, p.drop_detail, p.local_steps or 1)
                 self._pushes.write(row)
                 if row.accepted:
                     self._applied.append(row)

@@ -48,7 +48,7 @@ class Batches:
     def __init__(self, n: int) -> None:
         self.left = n
 
-    def next_batch(self, stop: threading.Event) -> Batch | None:
+    def next_batch(self, stop: threading.Event, wait: bool = True) -> Batch | None:
         self.left -= 1
         return Batch(np.zeros((2, 3), np.float32), np.zeros(2, np.int64)) if self.left >= 0 else None
 

@@ -160,7 +160,7 @@ def test_a_worker_resends_an_unanswered_report_unchanged_and_it_is_recorded_once
     try:
         link.register()
         task = link.get_task()
-        telemetry.add([push(1, 0)], timing(1), task.task_id)
+        telemetry.add([push(1, 0)], timing(1), [task.task_id])
         assert outbox.send() is not None
         assert AnswerLost.lost == 1 and outbox.unanswered is None and outbox.seq == 1
         telemetry.add([push(2, 0)], timing(2))

@@ -147,7 +147,7 @@ def test_rows_round_trip(tmp_path: Path, name: str, row_type: type[Any], rows: l
 
 def test_row_formats_are_the_chiefs() -> None:
     assert PushRow(1.5, 0, 1, 2, 3, 4, 1, True, "", 0.1, 0.5).cells() == [
-        "1.500000", "0", "1", "2", "3", "4", "1", "1", "", "0.1", "0.5", ""]
+        "1.500000", "0", "1", "2", "3", "4", "1", "1", "", "0.1", "0.5", "", "1"]
     assert EvalRow(1.0, 2.0, 3, (4, 5), 0.5, 0.25).cells() == ["1.000", "2.000", "3", "4|5", "0.500000", "0.250000"]
 
 
@@ -168,7 +168,7 @@ def test_an_older_pushes_csv_without_drop_detail_reads(tmp_path: Path) -> None:
     path = tmp_path / PUSHES_CSV
     path.write_text("wall_time,worker,shard,step,base_version,version,staleness,accepted,drop_reason,"
                     "effective_lr,loss\r\n100.5,0,1,7,3,5,2,0,stale,0.05,0.5\r\n")
-    assert read_rows(path, PushRow) == [PushRow(100.5, 0, 1, 7, 3, 5, 2, False, "stale", 0.05, 0.5, "")]
+    assert read_rows(path, PushRow) == [PushRow(100.5, 0, 1, 7, 3, 5, 2, False, "stale", 0.05, 0.5, "", 1)]
     with pytest.raises(RunDirError, match="cannot append"):  # resuming it would mix two formats
         RowWriter(path, PushRow, append=True)
 

@@ -137,6 +137,7 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
 def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, run: RunConfig, data: Any,
              model: Any, grad_fn: Any, stop: threading.Event, go: threading.Event) -> None:
     """One logical worker's life: connect, warm up, pull, wait for the release, train."""
+    from asyncps.worker.local import local_model
     from asyncps.worker.start import warm_up
     from asyncps.worker.trainer import TaskBatches, Trainer
 
@@ -154,7 +155,8 @@ def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, r
             if stop.is_set():
                 return
         trainer = Trainer(client, names, grad_fn, batches, delay, w.telemetry, read_wait_s=run.read_wait_s,
-                          on_step=lambda step: w.steps_done.__setitem__(0, step), pipeline=run.pipeline)
+                          on_step=lambda step: w.steps_done.__setitem__(0, step), pipeline=run.pipeline,
+                          local=local_model(run, names))
         try:
             trainer.run(stop, config.max_steps, pulled=run.start_barrier)
         finally:

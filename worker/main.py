@@ -133,6 +133,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     """Build the model and data, train until stopped, send the final report; return the exit code."""
     limit_threads(run.tf_threads)
 
+    from asyncps.worker.local import local_model
     from asyncps.worker.start import wait_for_start, warm_up
     from asyncps.worker.trainer import TaskBatches, Trainer, make_grad_fn
 
@@ -150,7 +151,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
              warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size))
     trainer = Trainer(client, names, grad_fn, batches, delay, telemetry,
                       read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
-                      pipeline=run.pipeline)
+                      pipeline=run.pipeline, local=local_model(run, names))
     code = 0
     lost: str | None = None
     try:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+from asyncps.worker.local import LocalModel
 
 from asyncps.delays import StepDelay
 from asyncps.pb import coordinator_pb2 as cpb
@@ -60,7 +61,7 @@ class BatchStream:
         idx = np.concatenate(picks) if len(picks) > 1 else picks[0]
         return self._x[idx], self._y[idx]
 
-    def next_batch(self, stop: threading.Event) -> Batch | None:
+    def next_batch(self, stop: threading.Event, wait: bool = True) -> Batch | None:
         """The BatchSource interface: a static shard never runs out."""
         x, y = self.next()
         return Batch(x, y)
@@ -91,13 +92,16 @@ class TaskBatches:
             self._orders = {epoch: self._order_of(len(self._x), self._seed, epoch)}  # keep one epoch
         return self._orders[epoch]
 
-    def next_batch(self, stop: threading.Event) -> Batch | None:
-        """The next batch, fetching a task when the current one is used up; None when stopping."""
+    def next_batch(self, stop: threading.Event, wait: bool = True) -> Batch | None:
+        """The next batch, fetching a task when the current one is used up; None when stopping (or,
+        unless `wait`, when no task is to be had now)."""
         while not self._queue:
             if stop.is_set():
                 return None
             reply = self._get_task()
             if not reply.has_task:
+                if not wait:
+                    return None
                 stop.wait(self._poll_s)  # all remaining tasks are in flight elsewhere (or done)
                 continue
             positions = self._order(reply.epoch)[reply.start:reply.stop]
@@ -120,8 +124,9 @@ def nonfinite_detail(loss: float, names: Sequence[str], grads: Sequence[Gradient
 class BatchSource(Protocol):
     """Where a trainer's minibatches come from."""
 
-    def next_batch(self, stop: threading.Event) -> Batch | None:
-        """The next batch, or None when the trainer should stop."""
+    def next_batch(self, stop: threading.Event, wait: bool = True) -> Batch | None:
+        """The next batch, or None when the trainer should stop (or, unless `wait`, when none is to be
+        had now: the remaining data is in flight elsewhere)."""
 
 
 class _Prepended:
@@ -131,12 +136,12 @@ class _Prepended:
         self._first: Batch | None = first
         self._source = source
 
-    def next_batch(self, stop: threading.Event) -> Batch | None:
+    def next_batch(self, stop: threading.Event, wait: bool = True) -> Batch | None:
         """`first` once, then the source's batches."""
         if self._first is not None:
             batch, self._first = self._first, None
             return batch
-        return self._source.next_batch(stop)
+        return self._source.next_batch(stop, wait)
 
 
 GradFn = Callable[[list[Array], Array, Array], tuple[float, list[Gradient]]]
@@ -188,13 +193,12 @@ class Telemetry:
     steps: list[cpb.StepTiming] = field(default_factory=list)
     completed_tasks: list[int] = field(default_factory=list)
 
-    def add(self, pushes: list[cpb.PushRecord], step: cpb.StepTiming, completed_task: int | None = None) -> None:
-        """Queue one step's records (and the data task it finished)."""
+    def add(self, pushes: list[cpb.PushRecord], step: cpb.StepTiming, completed_tasks: Sequence[int] = ()) -> None:
+        """Queue one step's records (and the data tasks it finished)."""
         with self.lock:
             self.pushes.extend(pushes)
             self.steps.append(step)
-            if completed_task is not None:
-                self.completed_tasks.append(completed_task)
+            self.completed_tasks.extend(completed_tasks)
 
     def drain(self) -> tuple[list[cpb.PushRecord], list[cpb.StepTiming]]:
         """Take the push records and step timings queued so far."""
@@ -225,6 +229,7 @@ class Trainer:
         read_wait_s: float = 30.0,
         on_step: Callable[[int], None] | None = None,
         pipeline: bool = False,
+        local: LocalModel | None = None,
     ) -> None:
         self._client = client
         self._names = variable_names
@@ -236,6 +241,9 @@ class Trainer:
         self._read_wait_s = read_wait_s
         self._on_step = on_step
         self._pipeline = pipeline
+        if local is not None and pipeline:
+            raise ValueError("a pipelined trainer pushes every gradient: no local steps")
+        self._local = local
         self.step = 0
         self.examples = 0
         self.nonfinite_steps = 0  # skipped (or refused by a shard) for a NaN/Inf loss or gradient
@@ -259,27 +267,67 @@ class Trainer:
             self._run_pipelined(stop, max_steps, pull_s)
             return
         while not stop.is_set() and (max_steps == 0 or self.step < max_steps):
+            if self._local is not None:
+                if not self.run_round(self._local, stop, pull_s):
+                    return
+                pull_s = 0.0
+                continue
             batch = self._batches.next_batch(stop)
             if batch is None:
                 return
             pull_s = self.run_step(batch, pull_s)
 
-    def _compute(self, batch: Batch, values: list[Array]) -> tuple[float, list[Gradient], float, float]:
-        """Gradients of one batch at `values` (with the injected delays); (loss, grads, start, computed)."""
+    def _compute(self, batch: Batch, values: list[Array], then_push: bool = True
+                 ) -> tuple[float, list[Gradient], float, float]:
+        """Gradients of one batch at `values` (with the injected delays; the round trip's latency when
+        `then_push`); (loss, grads, start, computed)."""
         start = time.time()
         loss, grads = self._grad_fn(values, batch.x, batch.y)
         extra = self._delay.extra_compute_s(time.time() - start)
         if extra > 0:
             self._sleep(extra)
         computed = time.time()
-        if self._delay.rpc_latency_s > 0:
+        if then_push and self._delay.rpc_latency_s > 0:
             self._sleep(self._delay.rpc_latency_s)
         return loss, grads, start, computed
 
-    def _exchange(self, batch: Batch, loss: float, grads: list[Gradient], base: list[int],
-                  incarnations: list[int] | None, start: float, computed: float, pull_s: float) -> None:
-        """Push one step's gradient computed from `base` and receive the new values; record it. A step
-        with a non-finite loss or gradient is not pushed: every shard's record says it was dropped."""
+    def run_round(self, local: LocalModel, stop: threading.Event, pull_s: float = 0.0) -> bool:
+        """One round of local SGD: H steps of the local optimizer from the pulled center, then push the
+        change of the local model, w_pulled - w_local, with the versions of w_pulled. A round ends early,
+        pushing the local steps it took, when no batch is to be had now: the last data of a run is in
+        flight with other workers, which may in turn wait for this worker's tasks to be done (pushed).
+        False when told to stop first (the unfinished round is not pushed, its data tasks not reported)."""
+        if not local.values:
+            local.start(self._client.values)
+        base = list(self._client.versions)
+        batches: list[Batch] = []
+        losses: list[float] = []
+        start = time.time()
+        computed = start
+        for k in range(local.steps_per_push):
+            batch = self._batches.next_batch(stop, wait=k == 0)
+            if batch is None and k > 0 and not stop.is_set():
+                break
+            if batch is None:
+                return False
+            loss, grads, started, computed = self._compute(batch, local.values, then_push=False)
+            start = started if k == 0 else start
+            local.step(grads)
+            batches.append(batch)
+            losses.append(loss)
+        if self._delay.rpc_latency_s > 0:
+            self._sleep(self._delay.rpc_latency_s)
+        delta = local.delta(self._client.values)
+        pushed = self._exchange(batches, float(np.mean(losses)), delta, base, None, start, computed, pull_s)
+        local.follow(self._client.values, delta if pushed else None)
+        return True
+
+    def _exchange(self, batches: Batch | list[Batch], loss: float, grads: list[Gradient], base: list[int],
+                  incarnations: list[int] | None, start: float, computed: float, pull_s: float) -> bool:
+        """Push one step's gradient (or a round's model change) computed from `base` and receive the new
+        values; record it (one push per shard, carrying len(batches) local steps). A step with a
+        non-finite loss or gradient is not pushed: every shard's record says it was dropped (False)."""
+        batches = batches if isinstance(batches, list) else [batches]
         detail = nonfinite_detail(loss, self._names, grads)
         if detail is None:
             results = self._client.push_pull(dict(zip(self._names, grads, strict=True)), self.step, loss,
@@ -291,16 +339,18 @@ class Trainer:
         waited = max((r.waited_s for r in results), default=0.0)
         self.step += 1
         self._count_nonfinite(results)
-        self.examples += len(batch.x)
+        examples = sum(len(b.x) for b in batches)
+        self.examples += examples
         records = [
-            push_record(r.outcome, done, r.shard, base[r.shard], loss, self.step)
+            push_record(r.outcome, done, r.shard, base[r.shard], loss, self.step, len(batches))
             for r in results if r.outcome is not None
         ]
         timing = cpb.StepTiming(step=self.step, start=start, pull_s=pull_s, compute_s=computed - start,
-                                push_s=done - computed - waited, wait_s=waited, examples=len(batch.x))
-        self._telemetry.add(records, timing, batch.completes)
+                                push_s=done - computed - waited, wait_s=waited, examples=examples)
+        self._telemetry.add(records, timing, [b.completes for b in batches if b.completes is not None])
         if self._on_step is not None:
             self._on_step(self.step)
+        return detail is None
 
     def _count_nonfinite(self, results: Sequence[ShardPush]) -> None:
         """Count and log a step skipped (or refused by a shard) for a NaN/Inf: its step and what was not finite."""
@@ -338,7 +388,7 @@ class Trainer:
 
         values = [private[n] for n in self._names]
         base, incarnations = snapshot()
-        inflight: concurrent.futures.Future[None] | None = None
+        inflight: concurrent.futures.Future[bool] | None = None
         submitted = self.step
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exchange") as pool:
             try:

@@ -143,6 +143,7 @@ class PushRecord(google.protobuf.message.Message):
     STEP_FIELD_NUMBER: builtins.int
     DROP_DETAIL_FIELD_NUMBER: builtins.int
     DROP_FIELD_NUMBER: builtins.int
+    LOCAL_STEPS_FIELD_NUMBER: builtins.int
     wall_time: builtins.float
     shard: builtins.int
     base_version: builtins.int
@@ -156,6 +157,8 @@ class PushRecord(google.protobuf.message.Message):
     """the shard's explanation of a drop"""
     drop: asyncps.pb.ps_pb2.DropReason.ValueType
     """DROP_NONE when accepted"""
+    local_steps: builtins.int
+    """local SGD steps the push carried (0 from older workers: 1, a gradient)"""
     def __init__(
         self,
         *,
@@ -170,8 +173,9 @@ class PushRecord(google.protobuf.message.Message):
         step: builtins.int = ...,
         drop_detail: builtins.str = ...,
         drop: asyncps.pb.ps_pb2.DropReason.ValueType = ...,
+        local_steps: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "loss", b"loss", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "local_steps", b"local_steps", "loss", b"loss", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]) -> None: ...
 
 global___PushRecord = PushRecord
 

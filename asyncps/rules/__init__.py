@@ -14,15 +14,17 @@ from typing import Any
 
 from asyncps.rules.modes import MODES, ModeSpec
 from asyncps.rules.optimizers import OPTIMIZERS, OptimizerConfig
+from asyncps.rules.outer import OUTER_RULES, OuterRule
 from asyncps.rules.policies import POLICIES, StalenessPolicy
 from asyncps.rules.registry import Registry
 
-__all__ = ["MODES", "OPTIMIZERS", "POLICIES", "OptimizerConfig", "UpdateRuleConfig", "registries"]
+__all__ = ["MODES", "OPTIMIZERS", "OUTER_RULES", "POLICIES", "OptimizerConfig", "OuterRule", "UpdateRuleConfig",
+           "registries"]
 
 
 def registries() -> tuple[Registry[Any], ...]:
     """The registries of every kind of rule, in the order the README lists them."""
-    return (OPTIMIZERS, POLICIES, MODES)
+    return (OPTIMIZERS, POLICIES, MODES, OUTER_RULES)
 
 
 @dataclass(frozen=True)
@@ -77,4 +79,8 @@ def rules_markdown() -> str:
         MODES.markdown(),
         "`--backup-workers B` and `--staleness-bound S` still work: they fold into the mode spec "
         "(`--mode sync --backup-workers 1` is `--mode sync:backup=1`); a contradiction is an error.",
+        OUTER_RULES.markdown(),
+        "An outer rule applies with `--local-steps H` (H > 1): each worker takes H steps of "
+        "`--local-optimizer` (default: the run's `--optimizer`, `--lr`, `--opt-param`) on its own model, then "
+        "pushes the change of its model; `--outer` says what the shards make of it.",
     ])

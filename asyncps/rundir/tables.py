@@ -114,6 +114,7 @@ class PushRow(CsvRow):
     effective_lr: float = field(metadata=_G6)
     loss: float = field(metadata=_G6)  # the worker's training loss of this step
     drop_detail: str = ""  # the shard's words on the drop (added later: absent in older files)
+    local_steps: int = 1  # local SGD steps the push carried: its examples are local_steps batches (added later)
 
 
 @dataclass(frozen=True)
