@@ -177,6 +177,34 @@ def test_tcp_and_grpc_frames_give_bit_identical_values_and_versions(shard_factor
     assert results[1][1] == 12
 
 
+def test_a_shard_killed_and_restarted_is_reached_again_over_tcp(shard_factory: ShardLauncher) -> None:
+    """kill -9 of the shard under a TCP connection: the client's next call finds the restarted shard
+    (same gRPC address, a new data port asked again over gRPC), as a gRPC client would, and its
+    tensors keep travelling over TCP."""
+    (shard,) = shard_factory(1)
+    client = connect_shard(shard.address, deadline_s=20, transport="tcp")
+    client.initialize("w0", 0, 1, RULE, initial())
+    grads = {"b": np.ones(33, np.float32)}
+    outcome, values = client.push_pull(PushRequest("w0", 0, grads))
+    assert outcome.accepted and values.version == 1 and tcp_in_use(client)
+    first_port = data_port(shard.address)
+    shard.kill()
+    port = shard.address.rsplit(":", 1)[1]
+    (again,) = shard_factory(1, args=("--port", port))  # what a supervisor does: the same address
+    assert again.address == shard.address
+    control = GrpcShardTransport(again.address, deadline_s=20)
+    control.initialize("w0", 0, 1, RULE, initial())
+    control.close()
+    values = client.pull("w0")  # over a fresh connection to the new shard's data port
+    assert values.version == 0 and values.values is not None
+    outcome, values = client.push_pull(PushRequest("w0", 0, grads, incarnation=values.incarnation))
+    assert outcome.accepted and values.version == 1 and tcp_in_use(client)
+    stats = client.stats()
+    assert stats.bytes_pushed_by_transport == {"tcp": grads["b"].nbytes}
+    assert data_port(again.address) > 0 and first_port > 0  # each incarnation announced its own
+    client.close()
+
+
 def test_pull_lands_in_the_callers_buffers_and_not_modified_sends_nothing(shard_factory: ShardLauncher) -> None:
     address = shard_factory(1)[0].address
     client = connect_shard(address, deadline_s=20, transport="tcp")
