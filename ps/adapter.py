@@ -30,6 +30,10 @@ DEFAULT_MAX_REQUEST_BYTES = 2 << 30
 MAX_WAIT_S = 300.0  # longest a long-poll blocks, whatever the caller asks
 
 
+class AdapterStartError(RuntimeError):
+    """A transport adapter cannot begin serving (its message says what to change): the shard exits."""
+
+
 @dataclass(frozen=True)
 class LeanRequest:
     """A request kind an adapter answers on another adapter's lean data connection (the "tcp" data
@@ -136,6 +140,17 @@ def reply_header(reply: ShardValues, push: ps_pb2.PushResult | None, shard_index
     return header
 
 
-__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "MAX_WAIT_S", "AdapterFactory", "LeanRequest",
-           "ShardAdapter",
-           "ShardSide", "add_handlers", "checked_wait", "load_adapter_factory", "reply_header", "wait_limit"]
+__all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "MAX_WAIT_S",
+    "AdapterFactory",
+    "AdapterStartError",
+    "LeanRequest",
+    "ShardAdapter",
+    "ShardSide",
+    "add_handlers",
+    "checked_wait",
+    "load_adapter_factory",
+    "reply_header",
+    "wait_limit",
+]

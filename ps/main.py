@@ -12,6 +12,7 @@ from typing import Any
 
 from asyncps.ps.adapter import (
     DEFAULT_MAX_REQUEST_BYTES,
+    AdapterStartError,
     ShardAdapter,
     ShardSide,
     add_handlers,
@@ -82,7 +83,8 @@ def shard_adapters(side: ShardSide, registry: TransportRegistry = TRANSPORTS) ->
 
 
 def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
-    """Serve until Shutdown or interrupt (0), or until the chief is silent for too long (3)."""
+    """Serve until Shutdown or interrupt (0), or until the chief is silent for too long (3); 4 when a
+    transport cannot start (e.g. its data port is taken)."""
     stop = interrupt or threading.Event()
     watch = ChiefWatch(config.chief_timeout_s)
     # test only: lets SSP workers read beyond the bound, to show the chief's measurement catches it
@@ -105,8 +107,15 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
         max_workers=config.handler_threads, stream_limits=limits,
         interceptors=[*config.security.server_interceptors(), watch.interceptor()],
         credentials=config.security.server_credentials())
-    for adapter in adapters:
-        adapter.start()
+    try:
+        for adapter in adapters:
+            adapter.start()
+    except AdapterStartError as exc:
+        log.error("shard %d cannot serve: %s", config.index, exc)
+        server.stop(grace=None).wait()
+        for adapter in reversed(adapters):
+            adapter.close()
+        return 4
     probe = None
     if config.health_port is not None:
         probe, probe_port = serve_health(f"{config.host}:{config.health_port}", health)

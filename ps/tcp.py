@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -38,6 +39,7 @@ import numpy as np
 from asyncps.ps.adapter import (
     DEFAULT_MAX_REQUEST_BYTES,
     MAX_WAIT_S,
+    AdapterStartError,
     LeanRequest,
     ShardSide,
     checked_wait,
@@ -417,8 +419,14 @@ class TcpAdapter:
             return
         limits = TcpLimits(int(side.setting("max_data_connections")), side.idle_timeout_s,
                            max_request_bytes=min(side.max_request_bytes, TcpLimits.max_request_bytes))
-        server = TcpShardServer(side.service, side.security, side.host, data_port, limits,
-                                side.lean_requests).start()
+        try:
+            server = TcpShardServer(side.service, side.security, side.host, data_port, limits,
+                                    side.lean_requests).start()
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise AdapterStartError(f"the tcp data port {side.host}:{data_port} cannot be bound ({why}): give "
+                                    "--data-port a free port (0: any free port, -1: none, workers use gRPC "
+                                    "frames)") from None
         with self._lock:
             self._server = server
 

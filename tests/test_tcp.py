@@ -205,6 +205,26 @@ def test_a_shard_killed_and_restarted_is_reached_again_over_tcp(shard_factory: S
     client.close()
 
 
+def test_a_taken_data_port_is_a_clear_exit_not_a_traceback(tmp_path: Path) -> None:
+    """A fixed --data-port another process holds: the shard says which port and what to change,
+    and exits 4 (a supervisor's restart cannot help), its gRPC port released."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT, child_env
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "asyncps.tools.cli", "ps", "--port", "0", "--data-port",
+                               str(taken), "--chief-timeout", "0"], capture_output=True, text=True, timeout=60,
+                              env=child_env(), cwd=REPO_ROOT)
+    assert done.returncode == 4, done.stderr[-2000:]
+    assert f"the tcp data port 127.0.0.1:{taken} cannot be bound (Address already in use)" in done.stderr
+    assert "--data-port a free port" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_pull_lands_in_the_callers_buffers_and_not_modified_sends_nothing(shard_factory: ShardLauncher) -> None:
     address = shard_factory(1)[0].address
     client = connect_shard(address, deadline_s=20, transport="tcp")
