@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -143,3 +144,20 @@ def test_options() -> None:
                                                                 "asyncps-tcp"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--transports", "pigeon"])
+
+
+def test_stages_reads_cpu_from_proc_and_tabulates_every_role() -> None:
+    """benchmarks.stages: this process's CPU seconds grow with work; the table has a column per role."""
+    from benchmarks import stages
+
+    before = stages._cpu_s(os.getpid())
+    assert before is not None
+    sum(i * i for i in range(2_000_000))
+    after = stages._cpu_s(os.getpid())
+    assert after is not None and after > before
+    assert stages._cpu_s(2**22 + 7) is None  # no such process
+    rows = [stages.Stages("tcp", "512-512", 100.0, 20.0, 8.0, 9.0, 0.0, 3.0, {"ps": 4.0, "worker": 15.0}),
+            stages.Stages("shm", "512-512", 150.0, 13.3, 8.0, 2.0, 0.0, 3.3, {"chief": 1.0, "ps": 2.0})]
+    text = stages.table(rows)
+    assert "| CPU ms/step chief | CPU ms/step ps | CPU ms/step worker |" in text
+    assert "| tcp | 784-512-512-10 | 100.0 | 20.00 | 8.00 | 9.00 | 0.00 | 3.00 | 0.00 | 4.00 | 15.00 |" in text
