@@ -29,7 +29,7 @@ from asyncps.net.security import (
     secure_channel,
 )
 from asyncps.pb import coordinator_pb2, coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
-from asyncps.tools.devcerts import DevCerts, generate_dev_certs, subject_alt_names
+from asyncps.tools.devcerts import DevCerts, cert_paths, generate_dev_certs, subject_alt_names
 
 TOKEN = "s3cret-token-0123456789abcdef"
 WRONG_TOKEN = "not-the-token-9876543210"
@@ -399,3 +399,33 @@ def test_dev_certs_refuse_to_overwrite(certs: DevCerts) -> None:
     with pytest.raises(FileExistsError, match="--force"):
         generate_dev_certs(certs.ca_cert.parent)
     assert certs.server_key.stat().st_mode & 0o077 == 0
+
+
+def test_dev_certs_from_the_cli_have_the_roles_they_claim(tmp_path: Path) -> None:
+    """`asyncps devcerts` (no openssl binary): a CA that may sign, the chief and server certificates
+    naming the hosts and valid both ways, the client's for client authentication only."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    from asyncps.tools.cli import main as cli_main
+
+    assert cli_main(["devcerts", str(tmp_path / "c"), "--name", "ps-0", "--days", "2"]) == 0
+    assert cli_main(["devcerts", str(tmp_path / "c")]) == 2  # refuses to overwrite
+    paths = cert_paths(tmp_path / "c")
+
+    def load(path: Path) -> x509.Certificate:
+        return x509.load_pem_x509_certificate(path.read_bytes())
+
+    ca, chief, client = load(paths.ca_cert), load(paths.chief_cert), load(paths.client_cert)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    for leaf in (chief, client, load(paths.server_cert)):
+        leaf.verify_directly_issued_by(ca)
+        assert not leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    both = {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    assert set(chief.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == both
+    assert set(client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == {
+        ExtendedKeyUsageOID.CLIENT_AUTH}
+    names = chief.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "ps-0" in names.get_values_for_type(x509.DNSName)
+    assert chief.subject.rfc4514_string() == "CN=asyncps-chief"
+    assert all(p.stat().st_mode & 0o077 == 0 for p in (paths.ca_key, paths.chief_key, paths.client_key))

@@ -462,7 +462,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_user_path_flag(p)
     p.set_defaults(fn=cmd_export)
 
-    from asyncps.tools import composerun, experiment, report  # cheap: matplotlib and the cluster load only when run
+    from asyncps.tools import (  # cheap: matplotlib and the cluster load only when run
+        composerun,
+        devcerts,
+        experiment,
+        report,
+    )
 
     p = sub.add_parser("compose-run", help="docker-compose up -d, restart crashed or killed containers, "
                                            "exit with the chief's status")
@@ -476,6 +481,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="figures and report.md for a run directory or a sweep directory")
     report.add_arguments(p)
     p.set_defaults(fn=report.cmd_report)
+
+    p = sub.add_parser("devcerts", help="development TLS certificates (a throwaway CA, server, chief and client)")
+    devcerts.add_arguments(p)
+    p.set_defaults(fn=devcerts.cmd_devcerts)
     return parser
 
 
