@@ -18,6 +18,7 @@ call) and the values read are one model.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -72,6 +73,9 @@ def _gate(what: str, hold_s: float) -> None:
     give_up = time.monotonic() + hold_s / 2
     while not os.path.exists(go) and time.monotonic() < give_up:
         time.sleep(0.05)
+    for name in (f"held-{what}", f"go-{what}"):  # ready for the next hold
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, name))
 
 
 def at_cut(shards: Sequence[ShardTransport], read: Callable[[int, ShardTransport], Read],

@@ -38,7 +38,7 @@ def kill_during_cut(run_dir: Path, gate: Path, proc: object, what: str, shard: s
     """Hold the next `what` cut, SIGKILL shard `shard` (and `worker`) while it is held, wait until the
     launcher restarted the shard, then let the cut go on."""
     (gate / f"hold-{what}").touch()
-    wait_for(f"a held {what} cut", (gate / f"held-{what}").exists, proc)
+    wait_for(f"a held {what} cut", (gate / f"held-{what}").exists, proc, timeout_s=180)
     old = role_pid(run_dir, "ps", shard)
     os.kill(old, signal.SIGKILL)
     if worker is not None:
