@@ -178,7 +178,7 @@ class Checkpointer:
             return examples_seen(), self._membership.worker_steps(), self._ledger.state()
 
         try:
-            cut = at_cut(self._client.shards, lambda _, shard: shard.snapshot(), records)
+            cut = at_cut(self._client.shards, lambda _, shard: shard.snapshot(), records, what="checkpoint")
         except CutLapsed as exc:
             log.error("checkpoint skipped: %s", exc)  # the next one is due again at once
             return None

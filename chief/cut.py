@@ -18,6 +18,8 @@ call) and the values read are one model.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +37,11 @@ Record = TypeVar("Record")
 # Pushes resume by themselves after this long, should the chief die while holding them.
 DEFAULT_HOLD_S = 30.0
 
+# Tests only: a folder where a file `hold-<what>` makes the next such cut (checkpoint, evaluation) stop
+# once every shard is held: the chief writes `held-<what>` and waits for `go-<what>` (up to half the
+# hold), so a test can kill processes exactly while the chief holds a cut.
+CUT_GATE_ENV = "ASYNCPS_TEST_CUT_GATE"
+
 
 class CutLapsed(RuntimeError):
     """Reading took as long as the hold: a shard may have released pushes by itself mid-cut."""
@@ -51,17 +58,39 @@ class Cut(Generic[Read, Record]):
     sync_steps: list[int] | None = None  # multi-shard sync: each shard's coordinator step at the cut
 
 
+def _gate(what: str, hold_s: float) -> None:
+    """The test gate of CUT_GATE_ENV (nothing unless the variable is set and names a `hold-<what>` file)."""
+    folder = os.environ.get(CUT_GATE_ENV)
+    if not folder:
+        return
+    try:
+        os.unlink(os.path.join(folder, f"hold-{what}"))
+    except FileNotFoundError:
+        return
+    with open(os.path.join(folder, f"held-{what}"), "w"):
+        pass
+    go = os.path.join(folder, f"go-{what}")
+    give_up = time.monotonic() + hold_s / 2
+    while not os.path.exists(go) and time.monotonic() < give_up:
+        time.sleep(0.05)
+    for name in (f"held-{what}", f"go-{what}"):  # ready for the next hold
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, name))
+
+
 def at_cut(shards: Sequence[ShardTransport], read: Callable[[int, ShardTransport], Read],
-           record: Callable[[], Record], hold_s: float = DEFAULT_HOLD_S) -> Cut[Read, Record]:
+           record: Callable[[], Record], hold_s: float = DEFAULT_HOLD_S, what: str = "cut") -> Cut[Read, Record]:
     """Pause every shard, `read` each one, take `record()`, then release every shard.
 
     Each shard is released even when a pause or a read fails (the error is raised after). A cut
-    that took `hold_s` or longer raises CutLapsed: a shard's hold may have expired during it."""
+    that took `hold_s` or longer raises CutLapsed: a shard's hold may have expired during it.
+    `what` names the cut (checkpoint, evaluation) for the test gate (CUT_GATE_ENV)."""
     started = time.monotonic()  # before any pause is sent: every shard's hold ends after started + hold_s
     with ThreadPoolExecutor(max_workers=max(1, len(shards)), thread_name_prefix="cut") as pool:
         try:
             paused, sync_steps = catch_up(shards, list(pool.map(lambda shard: shard.hold(hold_s), shards)),
                                           hold_s, pool.map)
+            _gate(what, hold_s)
             reads = list(pool.map(read, range(len(shards)), shards))
             recorded = record()
             took = time.monotonic() - started
@@ -77,7 +106,7 @@ def pull_at_cut(client: ModelClient, hold_s: float = DEFAULT_HOLD_S) -> list[int
 
     Pushes are held for the pull's duration, so no shard's values can include a gradient computed
     from values of another shard newer than the ones pulled."""
-    return at_cut(client.shards, lambda _, __: None, client.pull, hold_s).record
+    return at_cut(client.shards, lambda _, __: None, client.pull, hold_s, what="evaluation").record
 
 
-__all__ = ["DEFAULT_HOLD_S", "Cut", "CutLapsed", "at_cut", "pull_at_cut"]
+__all__ = ["CUT_GATE_ENV", "DEFAULT_HOLD_S", "Cut", "CutLapsed", "at_cut", "pull_at_cut"]

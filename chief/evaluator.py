@@ -121,9 +121,11 @@ class Evaluation:
         return self._clock.started and time.monotonic() - self._last >= self._every_s
 
     def scheduled(self) -> None:
-        """An evaluation on the schedule (the next one is due `every_s` after it ends)."""
-        self.evaluate()
-        self._last = time.monotonic()
+        """An evaluation on the schedule (the next one is due `every_s` after it ends, or after it failed)."""
+        try:
+            self.evaluate()
+        finally:
+            self._last = time.monotonic()
 
     def evaluate(self) -> tuple[float, float]:
         """Evaluate the model at a cut (asyncps.chief.cut: every shard holds pushes while the whole

@@ -133,10 +133,11 @@ class Lifecycle:
             shares.append(self._clock.elapsed() / run.max_seconds)
         return min(1.0, max(shares)) if shares else -1.0
 
-    def shutdown(self, keep_shards: bool = False) -> None:
-        """Ask the shards to exit (unless keep_shards: a handover), stop serving, close the shard channels."""
+    def shutdown(self, keep_shards: bool = False, reason: str = "training finished") -> None:
+        """Ask the shards to exit, telling them `reason` (unless keep_shards: a handover, or a chief that stops
+        before the run's end and leaves them to the next one), stop serving, close the shard channels."""
         if not keep_shards:
-            self._shutdown_shards()
+            self._shutdown_shards(reason)
         if self._health is not None:
             self._health.enter_graceful_shutdown()
         if self._server is not None:
@@ -145,9 +146,9 @@ class Lifecycle:
             self._probe.stop(grace=None)
         self._client.close()
 
-    def _shutdown_shards(self) -> None:
+    def _shutdown_shards(self, reason: str) -> None:
         for shard in self._client.shards:
             try:
-                shard.shutdown("training finished")
+                shard.shutdown(reason)
             except Exception as exc:  # a shard already gone is fine: we only ask it to exit
                 log.warning("could not ask %s to shut down: %s", shard.address, exc)

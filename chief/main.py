@@ -16,9 +16,11 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import grpc
 from asyncps.chief.checkpointer import LIVE, Checkpointer, ShardStateError
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.evaluator import Evaluation, Evaluator
@@ -42,6 +44,7 @@ from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.startgate import START_TIMEOUT_S, StartGate
 from asyncps.chief.tasks import TaskLedger
 
+from asyncps.errors import FailedPreconditionError, UnavailableError
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
@@ -58,6 +61,12 @@ if TYPE_CHECKING:
 __all__ = ["Chief", "ChiefConfig", "run_chief"]
 
 log = logging.getLogger("asyncps.chief")
+
+T = TypeVar("T")
+
+# A cut (checkpoint, evaluation) that fails while a shard died or restarted empty is tried this many
+# times, the shards polled (and an empty one restored) between tries, then abandoned.
+CUT_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,9 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     initial_values = evaluator.values()
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(config.ps), run.slice_threshold_bytes)
-    client = connect_model("chief", list(config.ps), placement, run.rpc_deadline_s, run.chunk_bytes, config.security)
+    # the chief restores a shard that restarted empty: its reads fail at once there instead of waiting
+    client = connect_model("chief", list(config.ps), placement, run.rpc_deadline_s, run.chunk_bytes, config.security,
+                           ride_restarts=False)
     log.info("model %s: %d variables, %d parameters; bytes per shard %s", run.model, len(specs),
              sum(math.prod(s.shape) for s in specs), placement.shard_bytes())
     return ModelParts(data, model, evaluator, initial_values, placement, client)
@@ -133,6 +144,7 @@ class Chief:
         self.clock = TrainClock(self.manifest.elapsed_s)
         self.started = time.monotonic()
         self.failure: str | None = None  # why the run cannot go on (the shards' state is lost)
+        self.unreachable: str | None = None  # a shard stayed unreachable: the run stops, for a restarted chief
         # diverged or without workers: the run ends with its summary and this verdict's exit status
         self.guard = RunGuard(self.run.max_nonfinite_steps, self.run.no_workers_grace_s(), START_TIMEOUT_S)
         self.verdict: Verdict | None = None
@@ -196,6 +208,8 @@ class Chief:
             metrics = MetricsServer(self.config.host, self.config.metrics_port, self.metrics, self.config.security)
             write_port_file(self.config.metrics_port_file, metrics.port)
         handed_over = False
+        finished = False  # the run reached its end and its summary is written
+        gave_up: str | None = None  # why the run cannot go on (the shards are told so)
         try:
             self._control_loop()
             if self.handover.is_set():
@@ -203,17 +217,24 @@ class Chief:
                 log.warning("SIGTERM (--on-sigterm handover): leaving the shards and the workers to the next chief "
                             "of run %s; exiting %d", self.manifest.run_id, EXIT_HANDED_OVER)
                 return EXIT_HANDED_OVER
+            if self.unreachable is not None:  # a supervisor may bring it back: a restarted chief resumes then
+                raise RuntimeError(f"stopping before the run's end: {self.unreachable}")
             self._final_poll()
             if self.failure is not None:
                 log.error("run stopped: %s", self.failure)
+                gave_up = self.failure
                 return EXIT_SHARD_STATE
             if self.run.checkpoint_every_updates or self.run.checkpoint_every_s:
                 self._checkpoint()
-            final = self.evaluation.evaluate()
+            final = self._at_cut("final evaluation", self.evaluation.evaluate)
+            if final is None:  # the shards could not be read: a chief restarted on them finishes the run
+                raise RuntimeError("the final evaluation failed: no summary written (see above)")
             self._write_summary(final)
+            finished = True
             if self.config.export:
                 export_model(self.model.keras, self.config)
             if self.verdict is not None:
+                gave_up = self.verdict.reason
                 log.error("run ended: %s; exiting %d", self.verdict.reason, self.verdict.exit_code)
                 return self.verdict.exit_code
         finally:
@@ -222,7 +243,10 @@ class Chief:
                 self.progress.done = not handed_over
             self.eval_log.close()
             self.recorder.close()
-            self.lifecycle.shutdown(keep_shards=handed_over)
+            if not (handed_over or finished or gave_up):
+                log.error("the chief stops before the run's end: the shards keep their state for the next chief")
+            self.lifecycle.shutdown(keep_shards=handed_over or not (finished or gave_up),
+                                    reason=f"the chief gave up: {gave_up}" if gave_up else "training finished")
             if metrics is not None:
                 metrics.close()
         log.info("run complete: %s", self.config.run_dir)
@@ -244,17 +268,7 @@ class Chief:
                     log.warning("worker %d (%s) missed heartbeats for %.0fs: declared dead; %d data task(s) "
                                 "re-queued", member.index, member.worker_id, self.run.heartbeat_timeout_s, requeued)
             self._requeue_orphans()
-            try:
-                self.live_set.sync()
-                self.poller.poll()
-            except Unreachable as exc:
-                log.error("%s", exc)
-                self.membership.request_stop(f"shard unreachable: {exc}")
-            except ShardStateError as exc:
-                if self.failure is None:
-                    log.error("%s", exc)
-                    self.failure = str(exc)
-                    self.membership.request_stop(f"shard state lost: {exc}")
+            self._poll(sync_live_set=True)
             self.clock.observe(self.progress.updates)
             self._save_manifest()
             if stop_at is None:
@@ -271,11 +285,49 @@ class Chief:
                 elif self.checkpointer.due(self.clock.started):
                     self._checkpoint()
                 elif self.evaluation.due():
-                    self.evaluation.scheduled()
+                    self._at_cut("evaluation", self.evaluation.scheduled)
             elif self.membership.all_done() or time.monotonic() - stop_at > self.config.stop_grace_s:
                 self.clock.stop()
                 self._save_manifest(force=True)
                 return
+
+    def _poll(self, sync_live_set: bool = False) -> bool:
+        """One round of the shards' counters (first the live set, with `sync_live_set`), restoring a shard
+        that restarted empty; False (the run asked to stop, and why) when a shard stayed unreachable or
+        its state is lost with nothing to restore."""
+        try:
+            if sync_live_set:
+                self.live_set.sync()
+            self.poller.poll()
+            return True
+        except Unreachable as exc:
+            log.error("%s", exc)
+            self.unreachable = f"shard unreachable: {exc}"
+            self.membership.request_stop(self.unreachable)
+        except ShardStateError as exc:
+            if self.failure is None:
+                log.error("%s", exc)
+                self.failure = str(exc)
+                self.membership.request_stop(f"shard state lost: {exc}")
+        return False
+
+    def _at_cut(self, what: str, take: Callable[[], T]) -> T | None:
+        """Take a cut (a checkpoint, an evaluation) that survives a shard's death: when it fails (a shard
+        died, or restarted empty, while the cut held it), the shards are polled, which restores a shard
+        that came back empty, and the cut is tried again, CUT_TRIES times in all; then it is abandoned
+        (None, logged), never the run."""
+        for attempt in range(1, CUT_TRIES + 1):
+            try:
+                return take()
+            except (grpc.RpcError, Unreachable, FailedPreconditionError, UnavailableError) as exc:
+                detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+                log.warning("%s: the cut failed (attempt %d of %d): %s", what, attempt, CUT_TRIES, detail)
+                if not self._poll():
+                    break
+        log.error("%s abandoned: the cut failed %s; the run goes on", what,
+                  "and the shards could not be brought back" if self.failure or self.membership.stop_reason
+                  else f"{CUT_TRIES} times")
+        return None
 
     def _final_poll(self) -> None:
         """The shards' counters once every worker is done (a last push may land after the loop's poll)."""
@@ -304,7 +356,7 @@ class Chief:
             self._manifest_saved = now
 
     def _checkpoint(self) -> None:
-        self.checkpointer.checkpoint(lambda: self.recorder.snapshot()[2])
+        self._at_cut("checkpoint", lambda: self.checkpointer.checkpoint(lambda: self.recorder.snapshot()[2]))
 
     def _write_summary(self, final: tuple[float, float]) -> None:
         write_summary(self.config.run_dir, final, self.clock.wall_s(), self.progress,

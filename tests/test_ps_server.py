@@ -352,6 +352,14 @@ def test_uninitialized_shard_refuses_pushes_and_pulls(shard_server: str) -> None
             call()
         assert "FAILED_PRECONDITION" in str(unreachable.value), name
         assert "shard 0 is not initialized" in str(unreachable.value), name
+    # the chief's client does not: it is the one that restores the shard (a cut reading it fails at once)
+    chiefs = connect_model("chief", [shard_server], place([VariableSpec("b", (3,), "float32")], 1), deadline_s=30.0,
+                           ride_restarts=False)
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as info:
+        chiefs.pull()
+    assert info.value.code() == Code.FAILED_PRECONDITION and time.monotonic() - started < 10.0
+    chiefs.close()
     bad_inits = [
         (RULE, {"b": np.array([np.inf, 0, 0], np.float32)}, "NaN or Inf"),
         (RULE, {"i": np.arange(3, dtype=np.int32)}, "floating point"),

@@ -239,11 +239,19 @@ class LocalCluster:
     def restart_dead_chief(self) -> bool:
         """Start the chief again, on the same port, if it died (it resumes the run); True if restarted.
 
-        A chief that exited with one of its final codes (done, or an error a restart cannot fix) stays down."""
+        A chief that exited with one of its final codes (done, or an error a restart cannot fix) stays down.
+        With it, every shard that is not running starts again (one the dead chief shut down exited 0)."""
         from asyncps.chief.lifecycle import FINAL_EXIT_CODES
 
         chief = self.chief
-        return chief.proc.poll() not in (None, *FINAL_EXIT_CODES) and self._restart(chief)
+        if chief.proc.poll() in (None, *FINAL_EXIT_CODES) or not self._restart(chief):
+            return False
+        # a shard the dead chief told to exit (exit 0) is needed by the run it resumes: started again
+        # on its port, empty, it gets the latest checkpoint from the new chief
+        for child in list(self.children):
+            if child.name.startswith("ps-") and not child.alive():
+                self._restart(child)
+        return True
 
     def _restart(self, child: Child) -> bool:
         """Replace a dead child by a new process with its arguments (within max_restarts per name)."""

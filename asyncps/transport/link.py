@@ -32,8 +32,11 @@ class ShardLink:
         security: SecurityConfig | None = None,
         call_timeout_s: float = 30.0,
         seed: int | None = None,
+        ride_restarts: bool = True,
     ) -> None:
         self.address = address
+        # training calls wait for a restarted shard's restore; the chief, which restores it, must not
+        self.ride_restarts = ride_restarts
         self.deadline_s = deadline_s  # how long a call keeps retrying UNAVAILABLE
         self.call_timeout_s = call_timeout_s  # the deadline of one attempt
         self.channel = secure_channel(address, security) if security else make_channel(address)
@@ -45,8 +48,9 @@ class ShardLink:
         return f"/{SHARD_SERVICE}/{method}"
 
     def retry(self, fn: Callable[[], T], deadline_s: float | None = None, training: bool = False) -> T:
-        """Call fn, retrying UNAVAILABLE (and, for training calls, a shard waiting to be restored)."""
-        codes = _TRAINING_RETRY if training else _RETRY
+        """Call fn, retrying UNAVAILABLE (and, for training calls on a link that rides restarts, a shard
+        waiting to be restored)."""
+        codes = _TRAINING_RETRY if training and self.ride_restarts else _RETRY
         return call_with_retry(fn, f"parameter server {self.address}",
                                self.deadline_s if deadline_s is None else deadline_s, retry_codes=codes,
                                rng=self._rng)

@@ -1,0 +1,178 @@
+"""A seeded chaos run (issue 24, item 7, its start): `asyncps local` on 2 shards (async) with checkpoints
+every 3 s, and a seeded schedule of SIGKILLs of shards, workers and the chief: two at once, a shard
+during a checkpoint cut (held by the chief's test gate, asyncps.chief.cut.CUT_GATE_ENV), the chief
+during its own restart. The run must finish by itself (exit 0, summary.json) with an accuracy within
+1 point of an unfaulted run of the same seed, and leave no process or shared-memory segment behind.
+
+The schedule and the figures are printed; ASYNCPS_CHAOS_SEED=N replays a seed's schedule (the same
+faults in the same order at the same offsets; the processes' own timing is the machine's)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from asyncps.chief.checkpoint import CheckpointDir
+from asyncps.chief.cut import CUT_GATE_ENV
+
+from asyncps.rundir import RunDir, RunSummary
+from asyncps.transport.shmseg import SHM_DIR, TAG_ENV
+from tests.test_chief_restart import finish, role_pid, start_local
+from tests.test_cut_survives import kill_during_cut, wait_for, worker_pid
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+SEED = int(os.environ.get("ASYNCPS_CHAOS_SEED", "1"))
+ARGS = ("--workers", "3", "--num-ps", "2", "--mode", "async", "--epochs", "300", "--checkpoint-every", "3s",
+        "--eval-every", "5")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One step of the schedule: what it kills, and how."""
+
+    name: str
+    kills: int  # processes killed
+    act: Callable[[Path, Path, subprocess.Popen[str]], None]
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def live_pid(what: str, find: Callable[[], int], proc: subprocess.Popen[str]) -> int:
+    """The pid `find()` gives once it finds one (the process may be restarting)."""
+    found: list[int] = []
+
+    def ready() -> bool:
+        try:
+            found.append(find())
+            return True
+        except (AssertionError, OSError, ValueError):
+            return False
+
+    wait_for(what, ready, proc, timeout_s=120)
+    return found[-1]
+
+
+def shard(i: str) -> Callable[[Path, Path, subprocess.Popen[str]], None]:
+    return lambda run_dir, _, proc: kill(live_pid(f"ps-{i}", lambda: role_pid(run_dir, "ps", i), proc))
+
+
+def worker(i: str) -> Callable[[Path, Path, subprocess.Popen[str]], None]:
+    return lambda run_dir, _, proc: kill(live_pid(f"worker {i}", lambda: worker_pid(run_dir, i), proc))
+
+
+def chief(run_dir: Path, _: Path, proc: subprocess.Popen[str]) -> None:
+    kill(live_pid("the chief", lambda: role_pid(run_dir, "chief"), proc))
+
+
+def at_once(*acts: Callable[[Path, Path, subprocess.Popen[str]], None]
+            ) -> Callable[[Path, Path, subprocess.Popen[str]], None]:
+    def act(run_dir: Path, gate: Path, proc: subprocess.Popen[str]) -> None:
+        for one in acts:
+            one(run_dir, gate, proc)
+    return act
+
+
+def chief_during_restart(run_dir: Path, _: Path, proc: subprocess.Popen[str]) -> None:
+    """Kill the chief, then its replacement as soon as the launcher started it (before it resumed)."""
+    first = live_pid("the chief", lambda: role_pid(run_dir, "chief"), proc)
+    kill(first)
+
+    def replacement() -> int:
+        pid = role_pid(run_dir, "chief")
+        assert pid != first
+        return pid
+
+    kill(live_pid("the restarted chief", replacement, proc))
+
+
+def shard_during_checkpoint(i: str) -> Callable[[Path, Path, subprocess.Popen[str]], None]:
+    return lambda run_dir, gate, proc: kill_during_cut(run_dir, gate, proc, "checkpoint", i, None)
+
+
+FAULTS = [
+    Fault("kill ps-0", 1, shard("0")),
+    Fault("kill worker 1 and ps-1 at once", 2, at_once(worker("1"), shard("1"))),
+    Fault("kill ps-0 during a checkpoint cut", 1, shard_during_checkpoint("0")),
+    Fault("kill the chief", 1, chief),
+    Fault("kill the chief, then the restarted chief during its restart", 2, chief_during_restart),
+    Fault("kill worker 0", 1, worker("0")),
+    Fault("kill ps-1 and worker 2 at once", 2, at_once(shard("1"), worker("2"))),
+    Fault("kill ps-1 during a checkpoint cut", 1, shard_during_checkpoint("1")),
+    Fault("kill the chief and ps-0 at once", 2, at_once(chief, shard("0"))),
+]
+
+
+def schedule(seed: int) -> list[tuple[float, Fault]]:
+    """The seed's order of FAULTS, each with the pause (s) before it."""
+    rng = random.Random(seed)
+    return [(round(rng.uniform(1.0, 4.0), 1), fault) for fault in rng.sample(FAULTS, len(FAULTS))]
+
+
+def leftovers(launcher: subprocess.Popen[str]) -> tuple[list[int], list[str]]:
+    """Processes of this launcher's run still alive (by its shm tag in their environment), and its
+    shared-memory segments still in SHM_DIR."""
+    tag = f"{TAG_ENV}=run{launcher.pid}x".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if tag in (entry / "environ").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids, [p.name for p in SHM_DIR.glob(f"asyncps-run{launcher.pid}x*")]
+
+
+def run(run_dir: Path, faults: list[tuple[float, Fault]]) -> tuple[RunSummary, float, str]:
+    gate = run_dir.parent / f"{run_dir.name}-gate"
+    gate.mkdir()
+    started = time.monotonic()
+    proc = start_local(run_dir, *ARGS, "--seed", str(SEED), env={CUT_GATE_ENV: str(gate)})
+    try:
+        if faults:  # from the first checkpoint on: a shard that lost its state is restored from one
+            wait_for("a checkpoint", CheckpointDir(RunDir(run_dir).checkpoints).complete, proc, timeout_s=180)
+        for pause, fault in faults:
+            time.sleep(pause)  # the schedule's offsets, not an ordering of threads
+            assert proc.poll() is None, f"the run ended before {fault.name!r}"
+            print(f"  t={time.monotonic() - started:5.1f}s  {fault.name}", flush=True)
+            fault.act(run_dir, gate, proc)
+        out = finish(proc, timeout_s=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    took = time.monotonic() - started
+    pids, segments = leftovers(proc)
+    assert not pids and not segments, f"left behind: processes {pids}, shared-memory segments {segments}"
+    return RunSummary.load(run_dir), took, out
+
+
+def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path) -> None:
+    faults = schedule(SEED)
+    print(f"\nchaos seed {SEED} (replay: ASYNCPS_CHAOS_SEED={SEED} pytest -m chaos tests/test_chaos.py): "
+          f"{len(faults)} faults, {sum(f.kills for _, f in faults)} processes killed")
+    for pause, fault in faults:
+        print(f"  after {pause:.1f}s: {fault.name}")
+    assert len(faults) >= 8
+    base, base_s, _ = run(tmp_path / "unfaulted", [])
+    print("faulted run:")
+    faulted, faulted_s, out = run(tmp_path / "faulted", faults)
+    chief_log = RunDir(tmp_path / "faulted").log("chief").read_text()
+    print(f"unfaulted: accuracy {base.final_eval.accuracy:.4f}, {base.updates_applied} updates, {base_s:.0f}s; "
+          f"faulted: accuracy {faulted.final_eval.accuracy:.4f}, {faulted.updates_applied} updates, "
+          f"{faulted_s:.0f}s; chief starts {chief_log.count('chief serving on port')}, "
+          f"restores {chief_log.count('restored from ckpt-')}, cuts retried {chief_log.count('the cut failed')}")
+    assert "abandoned" not in chief_log, chief_log[-4000:]
+    assert faulted.data["tasks_done"] == faulted.data["tasks_planned"], faulted.data
+    assert abs(faulted.final_eval.accuracy - base.final_eval.accuracy) <= 0.01, (
+        base.final_eval.accuracy, faulted.final_eval.accuracy, out[-3000:])
