@@ -157,8 +157,11 @@ class Checkpointer:
         of the shard: a pull of nothing newer carries it)."""
         incarnation = self._client.shards[shard].pull("", 1 << 62).incarnation
         row = RestoreRow(time.time(), shard, version, incarnation, checkpoint)
-        with self._restores_lock, RowWriter(RunDir(self._config.run_dir).restores, RestoreRow, append=True) as out:
-            out.write(row)
+        path = RunDir(self._config.run_dir).restores
+        with self._restores_lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with RowWriter(path, RestoreRow, append=True) as out:
+                out.write(row)
         log.info("shard %d: pushes it applied after version %d are rolled back (restores.csv)", shard, version)
 
     def recover_shard(self, shard: int) -> None:
