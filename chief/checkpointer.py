@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
 
 from asyncps.ml.userfns import user_path_from_env
+from asyncps.rundir import RestoreRow, RowWriter, RunDir
 from asyncps.wire.codec import Array
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ class Checkpointer:
         self._number = 0
         self._last = (since, 0)  # (monotonic time, updates) of the last checkpoint
         self.run_id = run_id
+        self._restores_lock = threading.Lock()  # restores.csv: shards start in parallel
 
     def initialize_shards(self) -> None:
         """A new run: initialize every shard from the initial values (refused on another run's shards)."""
@@ -105,7 +108,9 @@ class Checkpointer:
             log.warning("cannot resume the shards' state and there is no checkpoint: re-initializing them "
                         "(allow_reinit)")
         with ThreadPoolExecutor(max_workers=n) as pool:
-            list(pool.map(lambda shard: self._start_shard(shard, ckpt), range(n)))
+            # a resumed run's shards lose the pushes after the checkpoint (or all, re-initialized)
+            list(pool.map(lambda shard: self._start_shard(shard, ckpt, record=resuming or ckpt is not None),
+                          range(n)))
         return INITIALIZED if ckpt is None else RESTORED
 
     def _live(self, stats: list[StoreStats], ckpt: Checkpoint | None) -> bool:
@@ -123,8 +128,9 @@ class Checkpointer:
                         ckpt.path.name, want)
         return not behind
 
-    def _start_shard(self, shard: int, ckpt: Checkpoint | None) -> None:
-        """Initialize a shard from the initial values, or restore it from a checkpoint."""
+    def _start_shard(self, shard: int, ckpt: Checkpoint | None, record: bool = True) -> None:
+        """Initialize a shard from the initial values, or restore it from a checkpoint; `record`: write
+        the restore to restores.csv (the pushes the shard had after its new version are rolled back)."""
         from asyncps.chief.checkpoint import split
 
         from asyncps.placement import split_for_shards
@@ -136,11 +142,27 @@ class Checkpointer:
                                       self.run_id)
             log.info("shard %d at %s: %s at version %d", shard, self._config.ps[shard],
                      "initialized" if reply.created else "already initialized", reply.version)
+            if record and reply.created:
+                self._record_restore(shard, reply.version, "")
             return
         snap = dataclasses.replace(split(self._placement, ckpt, self._run.update_rule())[shard], run_id=self.run_id)
         reply = client.restore(snap, shard)
         log.info("shard %d at %s: restored from %s at version %d", shard, self._config.ps[shard], ckpt.path.name,
                  reply.version)
+        if record:
+            self._record_restore(shard, reply.version, ckpt.path.name)
+
+    def _record_restore(self, shard: int, version: int, checkpoint: str) -> None:
+        """Append the restore to restores.csv, with the incarnation it gave the shard's state (asked
+        of the shard: a pull of nothing newer carries it)."""
+        incarnation = self._client.shards[shard].pull("", 1 << 62).incarnation
+        row = RestoreRow(time.time(), shard, version, incarnation, checkpoint)
+        path = RunDir(self._config.run_dir).restores
+        with self._restores_lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with RowWriter(path, RestoreRow, append=True) as out:
+                out.write(row)
+        log.info("shard %d: pushes it applied after version %d are rolled back (restores.csv)", shard, version)
 
     def recover_shard(self, shard: int) -> None:
         """A shard came back empty (it crashed and restarted): restore its part of the latest checkpoint."""

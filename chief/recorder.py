@@ -25,6 +25,8 @@ from asyncps.rundir import (
     FinalEval,
     Provenance,
     PushRow,
+    RestoreRow,
+    Rollbacks,
     RowWriter,
     RunDir,
     RunSummary,
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
     from asyncps.ml.datasets import Dataset
 
-_OUTCOMES = ("applied", "dropped", "partially_applied", "not_pushed", "nonfinite")
+_OUTCOMES = ("applied", "dropped", "partially_applied", "not_pushed", "nonfinite", "rolled_back")
 _NONFINITE = DropReason.NONFINITE.value
 
 
@@ -79,8 +81,11 @@ class Recorder:
         self.last_loss = float("nan")
         self._applied: list[PushRow] = []  # for the clock lead measured from the pushes themselves
         # examples by what became of their gradient: applied on every shard it was pushed to,
-        # dropped on every one, or applied on some and dropped on others
+        # dropped on every one, or applied on some and dropped on others (as the pushes said;
+        # example_outcomes moves the steps a shard restore rolled back to "rolled_back")
         self.examples_by_outcome: collections.Counter[str] = collections.Counter()
+        self._step_outcomes: dict[tuple[int, int], tuple[str, int]] = {}  # (worker, step) -> (outcome, examples)
+        self._run_dir = run_dir
         self._streaks: dict[int, NonfiniteStreak] = {}  # per worker index: its consecutive non-finite steps
         if append:
             self._reload(run_dir)
@@ -105,6 +110,8 @@ class Recorder:
 
     def _count_outcome(self, worker: int, step: int, outcome: str, loss: float, examples: int) -> None:
         self.examples_by_outcome[outcome] += examples
+        if outcome in ("applied", "partially_applied"):  # a restore can roll back what was applied
+            self._step_outcomes[(worker, step)] = (outcome, examples)
         if outcome == "nonfinite":
             before = self._streaks.get(worker)
             self._streaks[worker] = NonfiniteStreak((before.steps if before else 0) + 1, step, loss)
@@ -134,7 +141,8 @@ class Recorder:
                 drop = drop_from_wire(p.drop)
                 kind = drop.value if drop is not None else ""
                 row = PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version, p.staleness,
-                              p.accepted, kind, p.effective_lr, p.loss, p.drop_detail, p.local_steps or 1)
+                              p.accepted, kind, p.effective_lr, p.loss, p.drop_detail, p.local_steps or 1,
+                              p.incarnation)
                 self._pushes.write(row)
                 if row.accepted:
                     self._applied.append(row)
@@ -158,9 +166,32 @@ class Recorder:
             self._steps.flush()
 
     def example_outcomes(self) -> dict[str, int]:
-        """Examples whose gradients were applied, dropped, partially applied (summary.json's data)."""
+        """Examples whose gradients were applied, dropped, partially applied, not pushed, not finite,
+        or rolled back (summary.json's data): a step with a push that a shard restore rolled back
+        (restores.csv) counts as rolled back, whatever its other pushes did."""
         with self._lock:
-            return {f"examples_{kind}": self.examples_by_outcome[kind] for kind in _OUTCOMES}
+            counts = collections.Counter(self.examples_by_outcome)
+            for key in self._rolled_back_steps():
+                outcome, examples = self._step_outcomes.get(key, ("", 0))
+                if outcome:
+                    counts[outcome] -= examples
+                    counts["rolled_back"] += examples
+            return {f"examples_{kind}": counts[kind] for kind in _OUTCOMES}
+
+    def rolled_back_by_shard(self) -> dict[int, int]:
+        """Per shard: the accepted pushes a restore of it rolled back (from pushes.csv and restores.csv)."""
+        with self._lock:
+            rollbacks = self._rollbacks()
+            return dict(collections.Counter(p.shard for p in self._applied if rollbacks.rolled_back(p)))
+
+    def _rolled_back_steps(self) -> set[tuple[int, int]]:
+        rollbacks = self._rollbacks()
+        if not len(rollbacks):
+            return set()
+        return {(p.worker, p.step) for p in self._applied if rollbacks.rolled_back(p)}
+
+    def _rollbacks(self) -> Rollbacks:
+        return Rollbacks(iter_rows(RunDir(self._run_dir).restores, RestoreRow))
 
     def nonfinite_streaks(self) -> dict[int, NonfiniteStreak]:
         """Per worker index whose latest steps were non-finite: how many in a row, and the last one."""
@@ -275,6 +306,7 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
                   provenance: Provenance | None = None) -> None:
     """summary.json: the run's outcome (with the final training loss where the optimum is known)."""
     histogram, _, examples, _ = recorder.snapshot()
+    rolled_back = recorder.rolled_back_by_shard()
     train_loss: float | None = None
     gap: float | None = None
     metrics = dict(evaluator.last_metrics)  # of the final evaluation, on the test set
@@ -297,7 +329,7 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         epochs=examples / max(1, len(data.x_train)),
         stop_reason=stop_reason,
         pushes_recorded=recorder.pushes_recorded,
-        data={**ledger.summary(), **recorder.example_outcomes()},
+        data={**ledger.summary(), **recorder.example_outcomes(), "pushes_rolled_back": sum(rolled_back.values())},
         # the shards count what they drop; a non-finite step is dropped by its worker (or refused by a shard)
         dropped_by_reason={**p.dropped_by_reason,
                            **{k: v for k, v in recorder.dropped().items() if k == _NONFINITE}},
@@ -308,9 +340,10 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         backup_workers=run.backup_workers,
         staleness_bound=run.staleness_bound,
         shards=tuple(ShardCounters(version=v, accepted=a, dropped=d, bytes_pushed=pushed, bytes_pulled=pulled,
-                                   bytes_by_transport=by)
-                     for v, a, d, pushed, pulled, by in zip(p.versions, p.accepted, p.dropped, p.bytes_pushed,
-                                                            p.bytes_pulled, p.bytes_by_transport, strict=True)),
+                                   bytes_by_transport=by, rolled_back=rolled_back.get(i, 0))
+                     for i, (v, a, d, pushed, pulled, by) in enumerate(zip(
+                         p.versions, p.accepted, p.dropped, p.bytes_pushed, p.bytes_pulled, p.bytes_by_transport,
+                         strict=True))),
         final_train_loss=train_loss,
         optimality_gap=gap,
         staleness_steady=StalenessSummary.of(recorder.steady.snapshot()),

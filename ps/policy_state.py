@@ -1,4 +1,4 @@
-"""A staleness policy's state: per variable, row by row, and the values each worker last read.
+"""A staleness policy's state: per variable, row by row, and the values each worker read.
 
 DC-ASGD-a keeps a running mean square and gap-aware a previous value and a step estimate, each
 element by element. With sparse gradients a push touches some rows only: each row's state must
@@ -111,19 +111,34 @@ class RowState:
 
 
 class ReadValues:
-    """The values each worker last pulled, kept for policies that correct a gradient with the values
-    it was computed from (DC-ASGD, gap-aware). The arrays are the shard's read-only shared ones."""
+    """The values each worker read, by version, kept for policies that correct a gradient with the
+    values it was computed from (DC-ASGD, gap-aware). The arrays are the shard's read-only shared ones.
+
+    A pipelined worker (--pipeline) pushes a gradient computed from the values one exchange older
+    than its last read: a push is corrected against the values of its own base version, so the
+    last KEEP reads of each worker are kept (two cover a pipeline of depth one).
+    """
+
+    KEEP = 2
 
     def __init__(self) -> None:
-        self._by_worker: dict[str, dict[str, Array]] = {}
+        self._by_worker: dict[str, dict[int, dict[str, Array]]] = {}
 
-    def keep(self, worker_id: str, values: dict[str, Array]) -> None:
-        """Remember what worker_id just read."""
-        self._by_worker[worker_id] = values
+    def keep(self, worker_id: str, version: int, values: dict[str, Array]) -> None:
+        """Remember that worker_id read `values` at `version` (forgetting its oldest read beyond KEEP)."""
+        reads = self._by_worker.setdefault(worker_id, {})
+        reads[version] = values
+        while len(reads) > self.KEEP:
+            del reads[min(reads)]
 
-    def get(self, worker_id: str) -> dict[str, Array] | None:
-        """What worker_id last read (None: nothing yet)."""
-        return self._by_worker.get(worker_id)
+    def get(self, worker_id: str, version: int) -> dict[str, Array] | None:
+        """The values worker_id read at `version`; if it kept no read of that version, its latest
+        read (None: nothing yet)."""
+        reads = self._by_worker.get(worker_id)
+        if not reads:
+            return None
+        found = reads.get(version)
+        return found if found is not None else reads[max(reads)]
 
 
 def _finite_float(array: Array) -> bool:

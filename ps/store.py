@@ -99,7 +99,7 @@ class ShardStore:
         self._optimizer: Optimizer | None = None
         self._policy: StalenessPolicy | None = None
         self._mode: Consistency | None = None  # the consistency mode's state, accumulation included
-        self._reads = ReadValues()  # the values each worker last pulled (staleness policies)
+        self._reads = ReadValues()  # the values each worker read, by version (staleness policies)
         self._version = 0
         self._accepted = 0
         self._dropped = 0
@@ -198,7 +198,7 @@ class ShardStore:
                     var.shared = True
                 values[name] = var.value
             if self._policy.needs_read_values and worker_id:
-                self._reads.keep(worker_id, values)
+                self._reads.keep(worker_id, self._version, values)
             return ShardValues(self._version, self._incarnation, values, decisions=decisions)
 
     def wait_readable(self, worker_id: str, base_version: int, timeout_s: float) -> ReadGate:
@@ -351,7 +351,7 @@ class ShardStore:
                 return self._remember(worker_id, step, PushOutcome(False, staleness, version_now, 0.0, drop,
                                                                    admission.reason or decision.reason))
             lr = self._rule.optimizer.learning_rate * decision.lr_scale
-            read = self._reads.get(worker_id) if self._policy.needs_read_values else None
+            read = self._reads.get(worker_id, base_version) if self._policy.needs_read_values else None
             for name in sorted(grads):
                 self._apply(self._vars[name], self._adjusted(name, grads[name], read), lr)
             self._version += 1

@@ -28,7 +28,7 @@ def test_recorder_counts_examples_by_what_became_of_their_gradient(tmp_path: Pat
     recorder.close()
     assert recorder.example_outcomes() == {"examples_applied": 32, "examples_dropped": 16,
                                            "examples_partially_applied": 8, "examples_not_pushed": 4,
-                                           "examples_nonfinite": 0}
+                                           "examples_nonfinite": 0, "examples_rolled_back": 0}
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from asyncps.chief.checkpoint import CheckpointDir, assemble, assemble_policy_state, split
+from asyncps.ps.policy_state import ReadValues
 from asyncps.ps.store import ShardStore
 
 from asyncps.errors import InvalidArgumentError
@@ -245,3 +246,21 @@ def test_a_bad_restored_policy_state_is_invalid_and_changes_nothing(state: dict[
     assert store.version == 0
     with pytest.raises(InvalidArgumentError, match="unknown variables"):
         store.restore(Snapshot(snap.rule, 5, 0, 0, snap.values, snap.slots, snap.updates, policy_state={"x": {}}))
+
+
+def test_a_push_is_corrected_against_the_values_of_its_base_version_not_the_last_read() -> None:
+    """A pipelined worker read w0, then w1 (the reply of its previous push), and pushes a gradient
+    computed from w0: DC-ASGD's gap is w_now - w0. Only the last two reads are kept."""
+    lam = np.float32(0.5)
+    store = store_with("dc-asgd:lambda=0.5", {"w": f32(1, 2, 3)})
+    g1, g2 = f32(1, -2, 0.5), f32(2, 1, -1)
+    w0 = store.pull(-1, "A").values["w"].copy()  # type: ignore[index]
+    store.push("A", 0, {"w": g1})
+    w1 = store.pull(-1, "A").values["w"].copy()  # type: ignore[index]
+    assert store.push("A", 0, {"w": g2}).staleness == 1  # computed from w0
+    np.testing.assert_allclose(store.values()["w"], w1 - np.float32(LR) * (g2 + lam * g2 * g2 * (w1 - w0)),
+                               rtol=1e-6)
+    for _ in range(3):  # more reads: the read of version 0 is forgotten, memory stays bounded
+        store.push("A", store.version, {"w": g1})
+        store.pull(-1, "A")
+    assert len(store._reads._by_worker["A"]) == ReadValues.KEEP

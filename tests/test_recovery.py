@@ -193,3 +193,49 @@ def test_exported_model_loads_without_asyncps_and_gives_the_recorded_accuracy(tm
     accuracy = float(out.stdout.strip().splitlines()[-1])
     assert accuracy == pytest.approx(summary["final_eval"]["accuracy"], abs=1e-9)
     assert RunDir(run_dir).exported_model.stat().st_size > 0
+
+
+def test_a_killed_shards_rolled_back_pushes_and_examples_are_accounted(tmp_path: Path) -> None:
+    """kill -9 a shard with checkpoints on: the chief restores it and records the restore
+    (restores.csv); the pushes it had applied after the checkpoint are rolled back, counted per
+    shard, and every push row and every example is accounted for."""
+    import collections
+
+    from asyncps.rundir import PushRow, RestoreRow, Rollbacks, StepRow, iter_rows
+
+    run = RunConfig(num_workers=2, num_ps=2, epochs=12.0, checkpoint_every_updates=100, eval_every_s=30.0, seed=1)
+
+    def kill_once(cluster: LocalCluster, updates: int) -> None:
+        if updates >= 250:  # past two checkpoints, well before the end
+            victim = next(c for c in cluster.children if c.name == "ps-1")
+            victim.proc.send_signal(signal.SIGKILL)
+            cluster._done_progress = True  # type: ignore[attr-defined]
+
+    run_dir = tmp_path / "crashed"
+    summary = run_cluster(run, run_dir, kill_once)
+    files = RunDir(run_dir)
+    restores = list(iter_rows(files.restores, RestoreRow))
+    assert [r.shard for r in restores] == [1] and restores[0].checkpoint.startswith("ckpt-"), restores
+    rollbacks = Rollbacks(restores)
+    rows = list(iter_rows(files.pushes, PushRow))
+    assert all(r.incarnation for r in rows)  # every push names the state it went to
+    shards = summary["shards"]  # type: ignore[index]
+    data = summary["data"]  # type: ignore[index]
+    rolled = collections.Counter(r.shard for r in rows if rollbacks.rolled_back(r))
+    assert rolled[1] > 0 and rolled[0] == 0, rolled  # the checkpoint was behind the crash
+    for shard in (0, 1):
+        mine = [r for r in rows if r.shard == shard]
+        applied = sum(r.accepted for r in mine) - rolled[shard]
+        dropped = sum(not r.accepted for r in mine)
+        counters = shards[shard]  # type: ignore[index]
+        assert counters["rolled_back"] == rolled[shard]  # type: ignore[index]
+        # the shard's own counters: what it applied (a restored shard counts from its checkpoint)
+        assert counters["accepted"] == applied, (shard, counters, applied)  # type: ignore[index]
+        assert counters["dropped"] == dropped, (shard, counters, dropped)  # type: ignore[index]
+        assert len(mine) == applied + dropped + rolled[shard]
+    assert data["pushes_rolled_back"] == sum(rolled.values())  # type: ignore[index]
+    steps = {(s.worker, s.step): s.examples for s in iter_rows(files.timeline, StepRow)}
+    back = {(r.worker, r.step) for r in rows if rollbacks.rolled_back(r)}
+    assert data["examples_rolled_back"] == sum(steps[k] for k in back) > 0  # type: ignore[index]
+    fates = ("applied", "dropped", "partially_applied", "not_pushed", "nonfinite", "rolled_back")
+    assert sum(data[f"examples_{k}"] for k in fates) == data["examples_done"], data  # type: ignore[index]

@@ -104,7 +104,7 @@ def test_the_check_catches_each_way_of_spelling_a_run_file() -> None:
 
 def test_every_named_file_is_reached_through_run_dir() -> None:
     run = names.RunDir(Path("/r"))
-    reached = {run.config, run.summary, run.manifest, run.pushes, run.timeline, run.evals, run.ledger,
+    reached = {run.config, run.summary, run.manifest, run.pushes, run.timeline, run.restores, run.evals, run.ledger,
                run.reports, run.memory, run.chief_lock, run.launcher_log, run.launch_config, run.exported_model,
                run.input_model, run.input_data,
                names.CheckpointNames.arrays(run.checkpoints / "ckpt-00000001")}

@@ -41,7 +41,7 @@ class Setup:
     trainer: Trainer
 
 
-def one_worker(start_shards: Callable[[int], list[str]], pipeline: bool = False) -> Setup:
+def one_worker(start_shards: Callable[[int], list[str]], pipeline: bool = False, policy: str = "none") -> Setup:
     addresses = start_shards(2)
     data = load_dataset("digits", 0)
     x, y = data.x_train[:600], data.y_train[:600]
@@ -53,7 +53,7 @@ def one_worker(start_shards: Callable[[int], list[str]], pipeline: bool = False)
     assert any(p.sliced for p in placement.parts)
     initial = {v.path: np.array(v.numpy()) for v in model.trainable_variables}
     client = connect_model("worker-0", addresses, placement)
-    rule = UpdateRuleConfig(OptimizerConfig("sgd", LR))
+    rule = UpdateRuleConfig(OptimizerConfig("sgd", LR), staleness_policy=policy)
     for shard, values in enumerate(split_for_shards(placement, initial)):
         client.shards[shard].initialize("test", shard, 2, rule, values)
     telemetry = Telemetry()
@@ -120,4 +120,45 @@ def test_a_pipelined_worker_computes_sgd_delayed_by_one_step_and_records_it(
     client.pull()
     for name, value in zip(names, current, strict=True):
         np.testing.assert_allclose(client.values[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+    client.close()
+
+
+def test_a_pipelined_worker_with_dc_asgd_is_corrected_against_the_values_of_its_base_version(
+    start_shards: Callable[[int], list[str]],
+) -> None:
+    """--pipeline with DC-ASGD: gradient k is computed from w[k-1] and pushed with its version, so
+    the shard corrects it against w[k-1], not against the values the worker read last (w[k], which
+    would make the gap zero for one worker): w[k+1] = w[k] - lr * (g + lambda * g * g * (w[k] - w[k-1]))
+    with g = g(w[k-1]), computed here in numpy."""
+    lam = np.float32(50.0)  # large enough that the correction shows well above the tolerance
+    setup = one_worker(start_shards, pipeline=True, policy=f"dc-asgd:lambda={float(lam)}")
+    x, y, model, names, initial = setup.x, setup.y, setup.model, setup.names, setup.initial
+    client, telemetry, trainer = setup.client, setup.telemetry, setup.trainer
+    trainer.run(threading.Event(), max_steps=STEPS)
+    pushes, _ = telemetry.drain()
+    assert all(p.accepted for p in pushes) and client.versions == [STEPS, STEPS]
+
+    grad_fn = make_grad_fn(model, loss_fn)
+    batches = BatchStream(x, y, 32, seed=5)
+    current = [initial[n].copy() for n in names]
+    previous = [v.copy() for v in current]
+    uncorrected = [v.copy() for v in current]  # delayed SGD: what a zero gap gives
+    uncorrected_previous = [v.copy() for v in current]
+    lr = np.float32(LR)
+    for _ in range(STEPS):
+        bx, by = batches.next()
+        _, grads = grad_fn(previous, bx, by)
+        _, plain = grad_fn(uncorrected_previous, bx, by)
+        g = [np.asarray(v, dtype=np.float32) for v in grads]
+        corrected = [gk + lam * gk * gk * (w - r) for gk, w, r in zip(g, current, previous, strict=True)]
+        previous = [v.copy() for v in current]
+        current = [w - lr * c for w, c in zip(current, corrected, strict=True)]
+        uncorrected_previous = [v.copy() for v in uncorrected]
+        uncorrected = [w - lr * np.asarray(p) for w, p in zip(uncorrected, plain, strict=True)]
+
+    client.pull()
+    for name, value in zip(names, current, strict=True):
+        np.testing.assert_allclose(client.values[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+    gap = max(float(np.abs(c - u).max()) for c, u in zip(current, uncorrected, strict=True))
+    assert gap > 1e-3, f"the correction is too small to tell apart from none ({gap})"
     client.close()

@@ -329,6 +329,7 @@ class Trainer:
         non-finite loss or gradient is not pushed: every shard's record says it was dropped (False)."""
         batches = batches if isinstance(batches, list) else [batches]
         detail = nonfinite_detail(loss, self._names, grads)
+        sent = list(self._client.incarnations if incarnations is None else incarnations)  # before the reply
         if detail is None:
             results = self._client.push_pull(dict(zip(self._names, grads, strict=True)), self.step, loss,
                                               self._read_wait_s, base, incarnations)
@@ -342,7 +343,7 @@ class Trainer:
         examples = sum(len(b.x) for b in batches)
         self.examples += examples
         records = [
-            push_record(r.outcome, done, r.shard, base[r.shard], loss, self.step, len(batches))
+            push_record(r.outcome, done, r.shard, base[r.shard], loss, self.step, len(batches), sent[r.shard])
             for r in results if r.outcome is not None
         ]
         timing = cpb.StepTiming(step=self.step, start=start, pull_s=pull_s, compute_s=computed - start,

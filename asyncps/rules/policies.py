@@ -52,8 +52,10 @@ class StalenessPolicy(abc.ABC):
     """Decides, from a gradient's staleness, whether and how strongly to apply it.
 
     Policies that correct the gradient itself (DC-ASGD, gap-aware) set `needs_read_values`; the
-    store then keeps, per worker, a copy of the values that worker last pulled and calls
-    `adjust` for every (dense, or the touched rows of a sparse) gradient before applying it.
+    store then keeps, per worker, the values that worker read at its last two versions (a
+    pipelined gradient is one exchange older than the last read) and calls `adjust`, with the
+    values of the version the gradient was computed from, for every (dense, or the touched rows
+    of a sparse) gradient before applying it.
     """
 
     needs_read_values: ClassVar[bool] = False

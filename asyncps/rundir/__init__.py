@@ -34,6 +34,7 @@ from asyncps.rundir.names import (
     EVAL_CSV,
     MANIFEST_JSON,
     PUSHES_CSV,
+    RESTORES_CSV,
     SUMMARY_JSON,
     TIMELINE_CSV,
     CheckpointNames,
@@ -43,6 +44,7 @@ from asyncps.rundir.names import (
 )
 from asyncps.rundir.partial import UNFINISHED, is_run_dir, load_summary, summary_from_tables
 from asyncps.rundir.provenance import Provenance
+from asyncps.rundir.rollback import Rollbacks
 from asyncps.rundir.summary import (
     INTERRUPTED,
     FinalEval,
@@ -51,7 +53,17 @@ from asyncps.rundir.summary import (
     ShardCounters,
     StalenessSummary,
 )
-from asyncps.rundir.tables import CsvRow, EvalRow, PushRow, RowWriter, StepRow, iter_rows, read_rows, write_rows
+from asyncps.rundir.tables import (
+    CsvRow,
+    EvalRow,
+    PushRow,
+    RestoreRow,
+    RowWriter,
+    StepRow,
+    iter_rows,
+    read_rows,
+    write_rows,
+)
 
 __all__ = [
     "CONFIG_JSON",
@@ -59,6 +71,7 @@ __all__ = [
     "INTERRUPTED",
     "MANIFEST_JSON",
     "PUSHES_CSV",
+    "RESTORES_CSV",
     "SUMMARY_JSON",
     "TIMELINE_CSV",
     "UNFINISHED",
@@ -70,6 +83,8 @@ __all__ = [
     "PeakMemory",
     "Provenance",
     "PushRow",
+    "RestoreRow",
+    "Rollbacks",
     "RowWriter",
     "RunConfigRecord",
     "RunDir",

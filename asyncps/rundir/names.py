@@ -11,6 +11,7 @@ CONFIG_JSON = "config.json"  # the run's settings, written by the chief when it 
 SUMMARY_JSON = "summary.json"  # the run's outcome, written by the chief when it finishes
 PUSHES_CSV = "pushes.csv"  # one row per push a worker reported
 TIMELINE_CSV = "timeline.csv"  # one row per worker step (pull, compute, push, wait)
+RESTORES_CSV = "restores.csv"  # one row per shard the chief restored (pushes after its checkpoint are rolled back)
 EVAL_CSV = "eval.csv"  # one row per evaluation of the model on the test set
 MANIFEST_JSON = "manifest.json"  # the run's id and training time so far: a restarted chief resumes
 LEDGER_JSONL = "ledger.jsonl"  # the data-task ledger's journal: a restarted chief continues its tasks
@@ -100,6 +101,11 @@ class RunDir:
     def pushes(self) -> Path:
         """pushes.csv (PushRow)."""
         return self.root / PUSHES_CSV
+
+    @property
+    def restores(self) -> Path:
+        """restores.csv (RestoreRow)."""
+        return self.root / RESTORES_CSV
 
     @property
     def timeline(self) -> Path:

@@ -240,6 +240,9 @@ class ShardCounters:
     bytes_pulled: int = 0
     # the same by the transport that carried them: {"tcp": {"pushed": n, "pulled": m}, ...} (added later)
     bytes_by_transport: dict[str, dict[str, int]] = field(default_factory=dict)
+    # the accepted pushes (pushes.csv rows) that a restore of the shard to a checkpoint rolled back:
+    # rows of the shard = accepted + dropped + rolled_back, as far as the shard's counters go (added later)
+    rolled_back: int = 0
 
 
 def _by_transport(shard: _Fields) -> dict[str, dict[str, int]]:
@@ -344,7 +347,7 @@ class RunSummary:
             backup_workers=f.integer("backup_workers"), staleness_bound=f.integer("staleness_bound"),
             shards=tuple(ShardCounters(s.integer("version"), s.integer("accepted"), s.integer("dropped"),
                                        s.integer("bytes_pushed", 0), s.integer("bytes_pulled", 0),
-                                       _by_transport(s))
+                                       _by_transport(s), s.integer("rolled_back", 0))
                          for s in f.objects("shards")),
             data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
             max_clock_lead=f.number("max_clock_lead", 0.0), start=f.mapping("start", {}),

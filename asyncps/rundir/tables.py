@@ -25,7 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, ClassVar, Generic, TypeVar
 
-from asyncps.rundir.names import EVAL_CSV, PUSHES_CSV, TIMELINE_CSV, RunDirError
+from asyncps.rundir.names import EVAL_CSV, PUSHES_CSV, RESTORES_CSV, TIMELINE_CSV, RunDirError
 
 # How numbers are written (a field's metadata): the formats earlier chiefs used.
 _F3, _F6, _G6 = {"fmt": ".3f"}, {"fmt": ".6f"}, {"fmt": ".6g"}
@@ -115,6 +115,10 @@ class PushRow(CsvRow):
     loss: float = field(metadata=_G6)  # the worker's training loss of this step
     drop_detail: str = ""  # the shard's words on the drop (added later: absent in older files)
     local_steps: int = 1  # local SGD steps the push carried: its examples are local_steps batches (added later)
+    # the incarnation of the shard's state the push was sent to (an accepted push: applied to); 0 in older
+    # files. A push is rolled back when a later restore of its shard (restores.csv) went back to a
+    # version before it: asyncps.rundir.rollback.Rollbacks marks it (added later)
+    incarnation: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,19 @@ class StepRow(CsvRow):
     def end(self) -> float:
         """When the step's round trip came back."""
         return self.start + self.compute_s + self.push_s + self.wait_s
+
+
+@dataclass(frozen=True)
+class RestoreRow(CsvRow):
+    """restores.csv: the chief replaced a shard's state with a checkpoint's part (a crashed shard
+    restarted empty, or the run resumed on shards behind its checkpoint), or re-initialized it."""
+
+    FILE: ClassVar[str] = RESTORES_CSV
+    wall_time: float = field(metadata=_F6)
+    shard: int
+    version: int  # the version the shard went back to (0: re-initialized): its later pushes are rolled back
+    incarnation: int  # the incarnation the restore gave the shard's state
+    checkpoint: str  # the checkpoint's directory name; empty when re-initialized
 
 
 @dataclass(frozen=True)

@@ -135,14 +135,16 @@ def push_request(header: ps_pb2.PushHeader, grads: Mapping[str, Gradient]) -> Pu
 
 def push_record(
     outcome: PushOutcome, wall_time: float, shard: int, base_version: int, loss: float, step: int,
-    local_steps: int = 1,
+    local_steps: int = 1, incarnation: int = 0,
 ) -> coordinator_pb2.PushRecord:
     """The telemetry record of one push, as a worker reports it to the chief (`local_steps`: the
-    steps of local SGD its model change carried; 1 for a gradient)."""
+    steps of local SGD its model change carried; 1 for a gradient; `incarnation`: of the shard's
+    state the push was sent to)."""
     return coordinator_pb2.PushRecord(
         wall_time=wall_time, shard=shard, base_version=base_version, version=outcome.version,
         staleness=outcome.staleness, accepted=outcome.accepted, effective_lr=outcome.effective_lr, loss=loss,
-        step=step, drop=drop_to_wire(outcome.drop), drop_detail=outcome.detail, local_steps=local_steps)
+        step=step, drop=drop_to_wire(outcome.drop), drop_detail=outcome.detail, local_steps=local_steps,
+        incarnation=incarnation)
 
 
 def stats_to_proto(stats: StoreStats) -> ps_pb2.ShardStats:
