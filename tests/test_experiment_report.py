@@ -495,3 +495,32 @@ check:
     for name in ("curves", "staleness", "timeline", "scaling"):
         assert_png(out / "figures" / f"{name}.png")
     assert "![timeline](figures/timeline.png)" in (out / "report.md").read_text()
+
+
+def test_the_loss_curves_figure_draws_mean_and_sd_per_variant(tmp_path: Path) -> None:
+    from asyncps.tools.experiment.momentum_figure import loss_curves_figure, mean_sd_curve
+
+    # seeds evaluated at different update counts: the mean is taken where all of them have a value
+    xs, means, sds = mean_sd_curve([([0, 10, 20], [1.0, 0.5, 0.3]), ([0, 5, 15], [1.2, 0.9, 0.5])])
+    assert xs == [0, 5, 10, 15]
+    assert means[0] == pytest.approx(1.1) and sds[0] == pytest.approx(math.sqrt(0.02))
+    assert means[1] == pytest.approx((0.75 + 0.9) / 2) and means[3] == pytest.approx((0.4 + 0.5) / 2)
+    spec_path = write_spec(tmp_path, """
+name: curves
+base: {model: logreg, num_ps: 1, max_updates: 50, num_workers: 4}
+grid:
+  variant:
+    - {label: "lr 1"}
+    - {label: "lr 0.5", learning_rate: 0.5}
+  seed: [0, 1, 2]
+target: {metric: loss, value: 0.5}
+""")
+    spec = load_spec(spec_path)
+    for point in spec.points():
+        run_dir = tmp_path / "out" / point.slug
+        fake_run(run_dir, point.config, rate=20)
+        write_rows(run_dir / EVAL_CSV, [EvalRow(100 + i, float(i), 10 * i + point.config.seed, (0,),
+                                                1.0 / (1 + i) + 0.05 * point.config.seed, 0.5) for i in range(6)],
+                   EvalRow)
+    assert loss_curves_figure(spec_path, tmp_path / "out", tmp_path / "curves.png") == 6
+    assert_png(tmp_path / "curves.png")
