@@ -23,6 +23,8 @@ import tomllib
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
+from asyncps.rundir import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 TF_SPECS = os.environ.get("ASYNCPS_INSTALL_TF", "2.16.*").split()
 
@@ -87,6 +89,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a fresh TensorFlow install: 85 s with pip's cache on an idle machine, minutes when loaded
 @pytest.mark.parametrize("tf_spec", TF_SPECS)
 def test_the_wheel_installs_beside_tensorflow_and_trains(tf_spec: str, wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
@@ -102,5 +105,5 @@ def test_the_wheel_installs_beside_tensorflow_and_trains(tf_spec: str, wheel: Pa
     run_dir = tmp_path / "run"
     run([str(venv / "bin" / "asyncps"), "local", "--run-dir", str(run_dir), "--quiet", "--model", "logreg",
          "--num-workers", "2", "--num-ps", "1", "--max-updates", "40", "--tf-threads", "1"], cwd=tmp_path, timeout=300)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     assert summary["final_eval"]["accuracy"] > 0.5, summary["final_eval"]
