@@ -18,7 +18,7 @@
 #   wheel - builds the project wheel from the source in the build context and
 #           installs it (--no-deps) under /install, laid out like the venv
 #   shard-deps - a venv with only what a shard imports (numpy, grpcio,
-#           grpcio-health-checking, protobuf: pyproject.toml's first four
+#           protobuf: pyproject.toml's first three
 #           dependencies, with their floors)
 #   shard - base + shard-deps + /install: the slim image of the ps-* services
 #           (`docker build --target shard -t asyncps-shard:dev .`); shards
@@ -76,7 +76,7 @@ RUN set -eu; \
     else \
         set --; \
     fi; \
-    /opt/asyncps/bin/python -c 'import re, tomllib; deps = tomllib.load(open("/tmp/wheelhouse/pyproject.toml", "rb"))["project"]["dependencies"]; print("\n".join(d for d in deps if re.match(r"(numpy|grpcio|grpcio-health-checking|protobuf)\b", d)))' \
+    /opt/asyncps/bin/python -c 'import re, tomllib; deps = tomllib.load(open("/tmp/wheelhouse/pyproject.toml", "rb"))["project"]["dependencies"]; print("\n".join(d for d in deps if re.match(r"(numpy|grpcio|protobuf)\b", d)))' \
         > /tmp/requirements.txt; \
     cat /tmp/requirements.txt; \
     /opt/asyncps/bin/pip install "$@" --requirement /tmp/requirements.txt; \

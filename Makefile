@@ -51,7 +51,7 @@ $(FLOORS_VENV)/.installed: pyproject.toml scripts/floors.py
 	$(QUIET_EDITABLE) $(FLOORS_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
 
-## test-floors: numpy, grpcio, grpcio-health-checking and protobuf at pyproject.toml's floors; the shard's tests
+## test-floors: numpy, grpcio and protobuf at pyproject.toml's floors; the shard's tests
 test-floors: $(FLOORS_VENV)/.installed
 	$(FLOORS_VENV)/bin/python -c 'import google.protobuf, grpc, numpy; print("floors:", "numpy", numpy.__version__, "grpcio", grpc.__version__, "protobuf", google.protobuf.__version__)'
 	$(FLOORS_VENV)/bin/python -m pytest -p no:cacheprovider -m "not slow and not docker" $(FLOOR_TESTS) $(PYTEST_ARGS)

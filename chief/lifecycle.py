@@ -21,8 +21,8 @@ from asyncps.rundir import INTERRUPTED, Provenance, RunConfigRecord, RunDir, exp
 
 if TYPE_CHECKING:
     import grpc
-    from grpc_health.v1.health import HealthServicer
 
+    from asyncps.net.health import HealthServicer
     from asyncps.transport import ModelClient
 
 log = logging.getLogger("asyncps.chief")

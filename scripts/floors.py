@@ -1,6 +1,6 @@
 """Print the shard's dependencies pinned at their floors (pyproject.toml's `>=`), for `make test-floors`.
 
-The shard set (numpy, grpcio, grpcio-health-checking, protobuf) is what the slim shard image installs
+The shard set (numpy, grpcio, protobuf) is what the slim shard image installs
 and what the checked-in generated code runs on; installing exactly the floors and running the shard's
 tests shows the floors are true, not hopeful.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARD_SET = ("numpy", "grpcio", "grpcio-health-checking", "protobuf")
+SHARD_SET = ("numpy", "grpcio", "protobuf")
 
 
 def floors(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:

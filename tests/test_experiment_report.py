@@ -42,7 +42,16 @@ from asyncps.tools.experiment import (
     steady_staleness,
     time_to_target,
 )
-from asyncps.tools.report import delayed_gd, discover_runs, make_report, stale_gradient_figure, timeline_window
+from asyncps.tools.report import (
+    _series,
+    delayed_gd,
+    discover_runs,
+    make_report,
+    mean_sd,
+    plot_scaling,
+    stale_gradient_figure,
+    timeline_window,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parent.parent
@@ -393,6 +402,44 @@ def test_report_of_a_sweep_and_of_one_run(tmp_path: Path) -> None:
         discover_runs(tmp_path / "figs")
 
 
+SEEDED_SPEC_YAML = """
+name: seeded
+base: {model: logreg, num_ps: 1, max_updates: 50, learning_rate: 1}
+grid:
+  variant:
+    - {label: plain}
+    - {label: lr-scale, staleness_policy: lr-scale}
+  workers:
+    - {label: "λ=1", num_workers: 1}
+    - {label: "λ=4", num_workers: 4}
+    - {label: "λ=16", num_workers: 16}
+  seed: [0, 1, 2]
+"""
+
+
+class SeededRunner:
+    """Made-up runs whose throughput differs by seed (the spread the figure must show)."""
+
+    def __call__(self, run: RunConfig, run_dir: Path) -> int:
+        scale = 2.0 if run.staleness_policy == "lr-scale" else 1.0
+        fake_run(run_dir, run, rate=scale * 10.0 * run.num_workers * (1 + 0.1 * (run.seed - 1)),
+                 staleness=run.num_workers - 1, accuracy_end=0.8 + 0.05 * run.seed)
+        return 0
+
+
+def test_the_scaling_figure_shows_mean_and_sd_per_spec_label(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, SEEDED_SPEC_YAML))
+    run_sweep(spec, tmp_path / "out", SeededRunner(), io.StringIO())
+    runs = discover_runs(tmp_path / "out")
+    # one series per variant label: the λ part names the x value, the seed is what the spread is over
+    assert list(dict.fromkeys(_series(runs, "num_workers"))) == ["plain", "lr-scale"]
+    rates = [r.metrics["updates_per_s"] for r in runs if r.label.startswith("plain, λ=4,")]
+    mean, sd = mean_sd(rates)
+    assert len(rates) == 3 and mean == pytest.approx(40) and sd == pytest.approx(4)
+    assert_png(plot_scaling(runs, tmp_path / "scaling.png") or tmp_path / "none")
+    assert mean_sd([1.0, math.nan]) == (1.0, 0.0) and all(math.isnan(v) for v in mean_sd([math.nan]))
+
+
 def test_timeline_window_skips_start_up() -> None:
     steps = [StepRow(0, 1, 0.0, 0.1, 2.0, 0.01, 0.0, 32), StepRow(1, 1, 0.5, 0.1, 0.05, 0.01, 0.0, 32),
              *[StepRow(w, n, 2.0 + n * 0.1, 0.0, 0.08, 0.01, 0.01, 32) for w in (0, 1) for n in range(2, 60)]]
@@ -448,3 +495,32 @@ check:
     for name in ("curves", "staleness", "timeline", "scaling"):
         assert_png(out / "figures" / f"{name}.png")
     assert "![timeline](figures/timeline.png)" in (out / "report.md").read_text()
+
+
+def test_the_loss_curves_figure_draws_mean_and_sd_per_variant(tmp_path: Path) -> None:
+    from asyncps.tools.experiment.momentum_figure import loss_curves_figure, mean_sd_curve
+
+    # seeds evaluated at different update counts: the mean is taken where all of them have a value
+    xs, means, sds = mean_sd_curve([([0, 10, 20], [1.0, 0.5, 0.3]), ([0, 5, 15], [1.2, 0.9, 0.5])])
+    assert xs == [0, 5, 10, 15]
+    assert means[0] == pytest.approx(1.1) and sds[0] == pytest.approx(math.sqrt(0.02))
+    assert means[1] == pytest.approx((0.75 + 0.9) / 2) and means[3] == pytest.approx((0.4 + 0.5) / 2)
+    spec_path = write_spec(tmp_path, """
+name: curves
+base: {model: logreg, num_ps: 1, max_updates: 50, num_workers: 4}
+grid:
+  variant:
+    - {label: "lr 1"}
+    - {label: "lr 0.5", learning_rate: 0.5}
+  seed: [0, 1, 2]
+target: {metric: loss, value: 0.5}
+""")
+    spec = load_spec(spec_path)
+    for point in spec.points():
+        run_dir = tmp_path / "out" / point.slug
+        fake_run(run_dir, point.config, rate=20)
+        write_rows(run_dir / EVAL_CSV, [EvalRow(100 + i, float(i), 10 * i + point.config.seed, (0,),
+                                                1.0 / (1 + i) + 0.05 * point.config.seed, 0.5) for i in range(6)],
+                   EvalRow)
+    assert loss_curves_figure(spec_path, tmp_path / "out", tmp_path / "curves.png") == 6
+    assert_png(tmp_path / "curves.png")

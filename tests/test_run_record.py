@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.lifecycle import check_resume, prepare_run_dir
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from asyncps.config import RunConfig
+from asyncps.net import health
 from asyncps.net.rpc import Unreachable, call_with_retry, make_channel
 from asyncps.rundir import (
     ChiefLock,
@@ -202,13 +202,12 @@ def test_an_unreachable_peer_is_reported_once_while_the_retries_go_on(caplog: py
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
     channel = make_channel(address)
-    health = health_pb2_grpc.HealthStub(channel)
     attempts = 0
 
     def check() -> object:
         nonlocal attempts
         attempts += 1
-        return health.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+        return health.check(channel, timeout_s=1.0)
 
     caplog.set_level(logging.WARNING, logger="asyncps.net.rpc")
     t0 = time.time()  # log records carry wall-clock times

@@ -16,9 +16,8 @@ from asyncps.ps.service import ShardService
 from asyncps.ps.store import ShardStore
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message_factory import GetMessageClass
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from asyncps.net import rpc
+from asyncps.net import health, rpc
 from asyncps.net.security import (
     TOKEN_ENV,
     SecurityConfig,
@@ -225,9 +224,7 @@ def test_explicit_call_metadata_wins_over_the_channel_token(channels: dict[str, 
 
 
 def test_health_needs_no_token(token_server: str, channels: dict[str, grpc.Channel]) -> None:
-    reply = health_pb2_grpc.HealthStub(channels["none"]).Check(health_pb2.HealthCheckRequest(),
-                                                               timeout=CALL_TIMEOUT_S)
-    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    assert health.check(channels["none"], timeout_s=CALL_TIMEOUT_S) == health.SERVING
     assert check_health(token_server, SecurityConfig())
 
 

@@ -12,9 +12,9 @@ from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from asyncps import errors
+from asyncps.net import health
 from asyncps.net.streamguard import StreamGuard, StreamLimits
 
 log = logging.getLogger(__name__)
@@ -178,12 +178,12 @@ def create_server(
     for add in register:
         add(server)
     health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health.add_to_server(health_servicer, server)
     port = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"could not bind {address}")
     server.start()
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set(health.OVERALL, health.SERVING)
     return server, port, health_servicer
 
 
@@ -192,7 +192,7 @@ def serve_health(address: str, servicer: health.HealthServicer) -> tuple[grpc.Se
     servicer, so both answer alike, NOT_SERVING once it shuts down): for probes that can neither
     speak TLS nor send a token, such as the kubelet's `grpc:` probes. It reveals nothing else."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"))
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    health.add_to_server(servicer, server)
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind {address}")

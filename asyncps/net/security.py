@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from asyncps.net import health
 from asyncps.net.authz import DEFAULT_CHIEF_IDENTITY, Authorizer, TokenRoles
 from asyncps.net.rpc import MAX_MESSAGE_BYTES, channel_options
 
@@ -433,9 +433,7 @@ def secure_channel(address: str, security: SecurityConfig,
 def check_health(address: str, security: SecurityConfig, timeout_s: float = 3.0) -> bool:
     """True when the server at address answers SERVING on the health service over this transport."""
     with secure_channel(address, security) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
         try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+            return health.check(channel, health.OVERALL, timeout_s) == health.SERVING
         except grpc.RpcError:
             return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

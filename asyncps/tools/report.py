@@ -5,7 +5,7 @@ Figures (matplotlib, Agg backend, small PNGs):
 - `staleness.png`: the staleness histogram of every run;
 - `timeline.png`: a Gantt chart of each worker's steps (compute, push/pull round trip, time held
   back by the consistency model) over a short window, one panel per run (sync vs async);
-- `scaling.png`: updates/s, mean staleness, idle share and final quality against the number of
+- `scaling.png`: updates/s, mean staleness, idle share and final quality (mean ± sd over seeds) against the number of
   workers (or per run, when every run has the same number of workers).
 
 `python -m asyncps.tools.report --stale-gradient-figure PATH` draws the teaching picture of a stale
@@ -356,12 +356,25 @@ def scaling_axis(runs: Sequence[RunData]) -> str | None:
 
 
 def _series(runs: Sequence[RunData], x_key: str) -> list[str]:
-    """A name per run for the varying settings other than x_key."""
+    """A series name per run: its label (the spec's, from results.csv) without the seed and without the
+    part that names the x value (a label part in one-to-one correspondence with x_key); runs without
+    comparable labels are named by their varying settings other than x_key."""
+    parts = [run.label.split(", ") for run in runs]
+    if runs and all(run.label for run in runs) and len({len(p) for p in parts}) == 1:
+        keep = []
+        for j in range(len(parts[0])):
+            values = [p[j] for p in parts]
+            if all(re.fullmatch(r"seed=\d+", v) for v in values):
+                continue
+            pairs = {(v, float(run.config[x_key])) for v, run in zip(values, runs, strict=True)}
+            if len(pairs) == len({v for v, _ in pairs}) == len({x for _, x in pairs}):
+                continue  # this axis names the x value
+            keep.append(j)
+        return [", ".join(p[j] for j in keep) or "runs" for p in parts]
     others = [k for k in _varying(runs) if k != x_key]
     names = []
     for r in runs:
-        parts = [f"{k}={r.config.get(k)}" for k in others]
-        names.append(", ".join(parts) or str(r.config.get("mode", "runs")))
+        names.append(", ".join(f"{k}={r.config.get(k)}" for k in others) or str(r.config.get("mode", "runs")))
     return names
 
 
@@ -374,30 +387,64 @@ def group_by_label_without_seed(runs: Sequence[RunData]) -> list[tuple[str, list
     return list(groups.items())
 
 
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and sample standard deviation of the finite values (sd 0 for one; NaNs for none)."""
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return math.nan, math.nan
+    mean = sum(finite) / len(finite)
+    if len(finite) == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+
+
+def _log_workers_axis(ax: Any, xs: Sequence[float]) -> None:
+    """λ on a base-2 log axis, ticked at the swept values."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [f"{x:g}" for x in xs])
+    ax.minorticks_off()
+    ax.set_xlim(min(xs) / 1.25, max(xs) * 1.25)
+
+
 def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
-    """Updates/s, staleness, idle share and quality against workers (or the one swept numeric setting,
-    e.g. the SSP bound), one line per combination of the other settings; else one bar per run."""
+    """Updates/s, staleness, idle share and quality against workers λ (log axis) or the one swept numeric
+    setting (e.g. the SSP bound), one series per label of the spec: the mean over seeds, with a band of
+    ± one standard deviation; else one bar per label (mean, ± sd whiskers). Panels with no value are left out."""
     if not runs:
         return None
     plt = _pyplot()
     panels = [*_SCALING_PANELS, _quality_panel(runs)]
     if any(r.target for r in runs):
         panels += [("updates_to_target", "updates to the target"), ("time_to_target_s", "seconds to the target")]
-    rows = len(panels) // 2
+    panels = [(m, t) for m, t in panels if any(not math.isnan(r.metrics[m]) for r in runs)]
+    if not panels:
+        return None
+    rows = math.ceil(len(panels) / 2)
     x_key = scaling_axis(runs)
     if x_key is not None:
         xs_all = sorted({float(r.config[x_key]) for r in runs})
-        fig, axes = plt.subplots(rows, 2, figsize=(9, 3.1 * rows))
+        log_x = x_key == "num_workers" and min(xs_all) > 0 and len(xs_all) > 1
+        fig, axes = plt.subplots(rows, 2, figsize=(9, 3.1 * rows), squeeze=False)
         series = _series(runs, x_key)
         names = list(dict.fromkeys(series))
-        for ax, (metric, title) in zip(axes.flat, panels, strict=True):
+        seeds = max(sum(1 for r, s in zip(runs, series, strict=True) if s == name and float(r.config[x_key]) == x)
+                    for name in names for x in xs_all)
+        for ax, (metric, title) in zip(axes.flat, panels, strict=False):
             for i, name in enumerate(names):
                 points: dict[float, list[float]] = {}
                 for run, s in zip(runs, series, strict=True):
                     if s == name:
                         points.setdefault(float(run.config[x_key]), []).append(run.metrics[metric])
-                xs = sorted(points)
-                ax.plot(xs, [sum(points[x]) / len(points[x]) for x in xs], marker="o", color=_color(i), label=name)
+                stats = [(x, *mean_sd(points[x])) for x in sorted(points)]
+                stats = [(x, m, sd) for x, m, sd in stats if not math.isnan(m)]
+                if not stats:
+                    continue
+                xs, means, sds = zip(*stats, strict=True)
+                ax.plot(xs, means, marker="o", ms=4, color=_color(i), label=name)
+                if any(sd > 0 for sd in sds):
+                    ax.fill_between(xs, [m - sd for m, sd in zip(means, sds, strict=True)],
+                                    [m + sd for m, sd in zip(means, sds, strict=True)],
+                                    color=_color(i), alpha=0.18, lw=0)
             if (x_key == "num_workers" and metric == "staleness_mean"
                     and any(r.setting("mode") == "async" for r in runs)):
                 (reference,) = ax.plot(xs_all, [w - 1 for w in xs_all], ls="--", color="black", lw=1)
@@ -405,28 +452,44 @@ def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
             top = ax.get_ylim()[1]
             ax.set_ylim(0, top * 1.08 if top > 0 else 1.0)  # from zero, with room above the highest point
             ax.set_title(title)
-            ax.set_xlabel("workers λ" if x_key == "num_workers" else x_key)
-            ax.set_xticks(xs_all, [f"{x:g}" for x in xs_all])
+            ax.set_xlabel("workers λ (log scale)" if log_x else "workers λ" if x_key == "num_workers" else x_key)
+            if log_x:
+                _log_workers_axis(ax, xs_all)
+            else:
+                ax.set_xticks(xs_all, [f"{x:g}" for x in xs_all])
             ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(panels):]:
+            fig.delaxes(ax)
         handles, labels = axes[0][0].get_legend_handles_labels()
+        if seeds > 1:
+            labels = [*labels, f"band: mean ± sd over {seeds} seeds"]
+            handles = [*handles, plt.matplotlib.patches.Patch(color="#999999", alpha=0.3)]
         _figure_legend(fig, handles, labels)
     else:
         groups = group_by_label_without_seed(runs)
-        labels = [name + (f" (mean of {len(members)})" if len(members) > 1 else "") for name, members in groups]
-        fig, axes = plt.subplots(rows, 2, figsize=(9, 0.6 + (0.6 + 0.5 * len(groups)) * rows), sharey=True)
+        labels = [name + (f" (n={len(members)})" if len(members) > 1 else "") for name, members in groups]
+        fig, axes = plt.subplots(rows, 2, figsize=(9, 0.8 + (0.6 + 0.5 * len(groups)) * rows), sharey=True,
+                                 squeeze=False)
         ys = list(range(len(groups)))
-        for ax, (metric, title) in zip(axes.flat, panels, strict=True):
-            values = [sum(r.metrics[metric] for r in members) / len(members) for _, members in groups]
-            ax.barh(ys, [0 if math.isnan(v) else v for v in values], color=[_color(i) for i in ys])
-            for y, v in zip(ys, values, strict=True):
-                ax.text(0 if math.isnan(v) else v, y, f" {v:.3g}", va="center", fontsize=8)
+        for ax, (metric, title) in zip(axes.flat, panels, strict=False):
+            spreads = [mean_sd([r.metrics[metric] for r in members]) for _, members in groups]
+            values = [m for m, _ in spreads]
+            errors = [0 if math.isnan(sd) else sd for _, sd in spreads]
+            ax.barh(ys, [0 if math.isnan(v) else v for v in values], color=[_color(i) for i in ys],
+                    xerr=errors if any(errors) else None, error_kw={"lw": 1, "capsize": 3})
+            for y, (v, sd) in zip(ys, spreads, strict=True):
+                text = f" {v:.3g}" + (f" ± {sd:.2g}" if sd > 0 else "")
+                ax.text(0 if math.isnan(v) else v + (0 if math.isnan(sd) else sd), y, text, va="center", fontsize=8)
             ax.set_title(title)
-            ax.margins(x=0.2)
+            ax.margins(x=0.25)
             ax.grid(alpha=0.3, axis="x")
+        for ax in list(axes.flat)[len(panels):]:
+            fig.delaxes(ax)
         axes[0][0].set_yticks(ys, labels)
         axes[0][0].invert_yaxis()  # the y axis is shared: first run on top
         workers = sorted({str(r.setting("num_workers")) for r in runs})
-        fig.suptitle(f"{', '.join(workers)} workers per run", fontsize=9)
+        spread = " (bars: mean ± sd over seeds)" if any(len(m) > 1 for _, m in groups) else ""
+        fig.suptitle(f"{', '.join(workers)} workers per run{spread}", fontsize=9)
         fig.tight_layout()
     return _save(fig, path)
 

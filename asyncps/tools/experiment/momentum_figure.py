@@ -1,4 +1,4 @@
-"""E6's figure: the test loss against updates of every run of a sweep, one colour per variant.
+"""E6's figure: the test loss against updates of a sweep, one colour per variant: the mean over seeds ± sd.
 
 Asynchrony begets momentum (Mitliagkas et al. 2016) shows in the shape of these curves rather than
 in any one number: the run that keeps the one-worker momentum overshoots (its loss climbs back after
@@ -12,6 +12,7 @@ target whose updates-to-reach the checks compare.
 from __future__ import annotations
 
 import argparse
+import bisect
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,17 +21,40 @@ from asyncps.rundir import EVAL_CSV, EvalRow, RunDir, read_rows
 from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.metrics import excess, optimal_test_loss
 from asyncps.tools.experiment.spec import load_spec
-from asyncps.tools.report import _color, _pyplot, _save
+from asyncps.tools.report import _color, _pyplot, _save, mean_sd
+
+
+def _interpolate(xs: Sequence[float], ys: Sequence[float], at: float) -> float:
+    """ys at `at`, linear between the neighbouring xs (xs increasing, at within their range)."""
+    i = bisect.bisect_left(xs, at)
+    if i < len(xs) and xs[i] == at:
+        return ys[i]
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (at - x0) / (x1 - x0)
+
+
+def mean_sd_curve(curves: Sequence[tuple[Sequence[float], Sequence[float]]],
+                  ) -> tuple[list[float], list[float], list[float]]:
+    """The mean and sd of several (updates, loss) curves (one per seed) at every update count any of them
+    was evaluated at, within the range all of them cover (interpolated between evaluations)."""
+    lo = max(xs[0] for xs, _ in curves)
+    hi = min(xs[-1] for xs, _ in curves)
+    grid = sorted({x for xs, _ in curves for x in xs if lo <= x <= hi})
+    means, sds = [], []
+    for x in grid:
+        mean, sd = mean_sd([_interpolate(xs, ys, x) for xs, ys in curves])
+        means.append(mean)
+        sds.append(sd)
+    return grid, means, sds
 
 
 def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = False) -> int:
-    """Draw every finished point's test loss against updates (one colour per variant label, one
-    line per seed); the number of runs drawn."""
+    """Draw the test loss against updates, one colour per variant label: the mean over its seeds with a
+    band of ± one sd (a single run as its own line); the number of runs drawn."""
     spec = load_spec(spec_path, reduced=reduced)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
-    colours: dict[str, str] = {}
-    drawn = 0
+    curves: dict[str, list[tuple[list[float], list[float]]]] = {}
     excess_target = spec.target is not None and spec.target.metric == "excess_loss"
     for point in spec.points():
         eval_csv = RunDir(runs / point.slug).evals
@@ -39,19 +63,26 @@ def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = F
         rows = read_rows(eval_csv, EvalRow)
         if excess_target:  # each seed's own data: curves drawn above that data's optimum
             rows = excess(rows, optimal_test_loss(runs / point.slug))
+        if not rows:
+            continue
         variant = str(point.axes.get("variant", point.label))
-        first = variant not in colours
-        colour = colours.setdefault(variant, _color(len(colours)))
-        ax.plot([r.updates for r in rows], [r.loss for r in rows], color=colour, lw=1.2, alpha=0.8,
-                label=variant if first else None)
-        drawn += 1
+        curves.setdefault(variant, []).append(([float(r.updates) for r in rows], [r.loss for r in rows]))
+    drawn = sum(len(c) for c in curves.values())
     if not drawn:
         raise ExperimentError(f"no {EVAL_CSV} under {runs} for the points of {spec_path}")
+    seeds = max(len(c) for c in curves.values())
+    for i, (variant, members) in enumerate(curves.items()):
+        xs, means, sds = mean_sd_curve(members)
+        label = variant + (f" (mean ± sd of {len(members)})" if len(members) > 1 else "")
+        ax.plot(xs, means, color=_color(i), lw=1.4, label=label)
+        if len(members) > 1:
+            ax.fill_between(xs, [m - sd for m, sd in zip(means, sds, strict=True)],
+                            [m + sd for m, sd in zip(means, sds, strict=True)], color=_color(i), alpha=0.2, lw=0)
     if spec.target is not None and spec.target.metric != "accuracy":
         ax.axhline(spec.target.value, color="black", ls="--", lw=0.8, label=f"target: {spec.target.describe()}")
     ax.set_xlabel("updates applied")
     ax.set_ylabel("test loss above the optimum's" if excess_target else "test loss")
-    ax.set_title(f"{spec.name}: test loss per run ({drawn} runs)")
+    ax.set_title(f"{spec.name}: test loss, {drawn} runs" + (f" (up to {seeds} seeds per variant)" if seeds > 1 else ""))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     _save(fig, out)
