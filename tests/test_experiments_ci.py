@@ -182,6 +182,7 @@ check:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # a reduced sweep may take longer than the suite's 300 s default (E7: ~6 min here)
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
 def test_reduced_experiment_passes(tmp_path: Path, path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "asyncps.tools.cli", "experiment", str(path), "--reduced",
