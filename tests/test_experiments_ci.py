@@ -18,7 +18,9 @@ from asyncps.tools.experiment.metrics import METRICS
 from asyncps.tools.experiment.tables import RESULTS_CSV, group_by_setting, seed_table
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECS = sorted((ROOT / "experiments").glob("e[1-5]_*.yaml"))
+# the specs whose grid has >= 3 seeds and 1 and 2 shards and whose reduced check runs in CI (E6 and E9
+# fix their shard count; their reduced checks are not yet measured for stability, see docs/teaching.md)
+SPECS = sorted((ROOT / "experiments").glob("e[1-57]_*.yaml"))
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
@@ -48,6 +50,24 @@ def test_bound_check_fails_above_the_bound_and_on_missing_values() -> None:
     assert not check.evaluate([*rows, Row("s=0", {"staleness_bound": 0}, {"clock_lead": 1.0})]).passed
     assert not check.evaluate([Row("s=0", {"staleness_bound": 0}, {"clock_lead": math.nan})]).passed
 
+
+
+def test_normalized_compare_divides_each_side_by_its_own_baseline() -> None:
+    check = parse_check({"kind": "compare", "metric": "updates_to_target", "op": ">",
+                         "left": {"optimizer": "adam", "lam": 8}, "right": {"optimizer": "sgd", "lam": 8},
+                         "normalize": {"lam": 1}}, {"optimizer", "lam"})
+
+    def rows(adam: tuple[float, float], sgd: tuple[float, float]) -> list[Row]:
+        return [Row(f"{o} {lam}", {"optimizer": o, "lam": lam}, {"updates_to_target": x})
+                for o, pair in (("adam", adam), ("sgd", sgd)) for lam, x in zip((1, 8), pair, strict=True)]
+
+    outcome = check.evaluate(rows(adam=(50, 150), sgd=(100, 200)))
+    assert outcome.passed and "= 3" in outcome.detail  # 3x against 2x, though adam's raw 150 < sgd's 200
+    assert not check.evaluate(rows(adam=(100, 150), sgd=(50, 200))).passed  # 1.5x against 4x
+    assert not check.evaluate(rows(adam=(50, math.nan), sgd=(100, 200))).passed  # never reached: no claim
+    assert not check.evaluate(rows(adam=(0, 150), sgd=(100, 200))).passed  # no positive baseline
+    with pytest.raises(ExperimentError, match="unknown"):
+        parse_check({"kind": "compare", "metric": "updates", "normalize": {"depth": 1}}, {"lam"})
 
 
 def test_closer_check_passes_only_when_the_left_runs_land_nearer_the_reference() -> None:
@@ -162,9 +182,29 @@ check:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # a reduced sweep may take longer than the suite's 300 s default (E7: ~6 min here)
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
 def test_reduced_experiment_passes(tmp_path: Path, path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "asyncps.tools.cli", "experiment", str(path), "--reduced",
                              "--out", str(tmp_path / "sweep")], cwd=ROOT, capture_output=True, text=True,
                             timeout=1500)
     assert result.returncode == 0 and "check: PASS" in result.stdout, result.stdout + result.stderr
+
+
+def test_e7_figure_normalizes_each_run_by_its_own_lambda_one_run(tmp_path: Path) -> None:
+    from asyncps.tools.experiment.staleness_figure import normalized_costs, staleness_figure
+
+    path = ROOT / "experiments" / "e7_staleness_optimizers.yaml"
+    points = load_spec(path, reduced=True).points()
+    cost = {("sgd", 1): 100.0, ("sgd", 8): 150.0, ("adam", 1): 200.0, ("adam", 8): math.nan}
+    with open(tmp_path / RESULTS_CSV, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["point", "label", "status", *METRICS])
+        for p in points:
+            value = cost[(str(p.axes["opt"]), p.config.num_workers)]
+            writer.writerow([p.slug, p.label, "ran", *(value if m == "updates_to_target" else "" for m in METRICS)])
+    costs = normalized_costs(path, tmp_path, reduced=True)
+    assert costs["3 hidden"]["sgd"] == {1: [1.0], 8: [1.5]}
+    assert math.isnan(costs["1 hidden"]["adam"][8][0])  # never reached: drawn as a cross, not dropped
+    assert staleness_figure(path, tmp_path, tmp_path / "e7.png", reduced=True) == 8
+    assert (tmp_path / "e7.png").stat().st_size > 0

@@ -219,7 +219,9 @@ _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
 
 @dataclass(frozen=True)
 class Compare(Check):
-    """agg(left rows' metric) op factor * agg(right rows' metric)."""
+    """agg(left rows' metric) op factor * agg(right rows' metric). With `normalize` (settings, e.g.
+    {staleness: "λ=1"}) each side is divided by the same aggregate over its rows with those settings
+    in place: a normalized cost, e.g. updates to the target at λ over those at λ = 1 (Dai et al. 2019)."""
 
     left: dict[str, Any] = field(default_factory=dict)
     right: dict[str, Any] = field(default_factory=dict)
@@ -227,6 +229,7 @@ class Compare(Check):
     factor: float = 1.0
     left_agg: str = "mean"
     right_agg: str = "mean"
+    normalize: dict[str, Any] = field(default_factory=dict)
     kind: ClassVar[str] = "compare"
 
     def __post_init__(self) -> None:
@@ -237,9 +240,18 @@ class Compare(Check):
                 raise ExperimentError(f"check {self.name}: aggregates are {', '.join(_AGGREGATES)}")
 
     def _side(self, rows: Sequence[Row], where: dict[str, Any], agg: str) -> tuple[float, str]:
+        value, text = self._aggregate(rows, where, agg)
+        if not self.normalize or math.isnan(value):
+            return value, text
+        base, base_text = self._aggregate(rows, {**where, **self.normalize}, agg)
+        if math.isnan(base) or base <= 0:
+            return math.nan, f"{text} / [{base_text}]: no positive baseline"
+        return value / base, f"{text} / [{base_text}] = {_num(value / base)}"
+
+    def _aggregate(self, rows: Sequence[Row], where: dict[str, Any], agg: str) -> tuple[float, str]:
         selected = self.selected(rows, where)
         if not selected:
-            return math.nan, "no rows match " + json.dumps(where)
+            return math.nan, "no rows match " + json.dumps(where, ensure_ascii=False)
         values = [float(r.value(self.metric)) for r in selected]
         name = ", ".join(f"{k}={format_value(v)}" for k, v in where.items())
         many = f"{agg} of {len(values)} " if len(values) > 1 else ""
@@ -309,7 +321,7 @@ def parse_check(data: Any, names: Iterable[str], index: int = 0) -> Check:
     if data["metric"] not in METRICS:
         raise ExperimentError(f"check {index}: unknown metric {data['metric']!r}; valid: {', '.join(METRICS)}")
     known = set(names)
-    filters = [data.get("where") or {}] + [data.get(k) or {} for k in ("left", "right", "reference")]
+    filters = [data.get("where") or {}] + [data.get(k) or {} for k in ("left", "right", "reference", "normalize")]
     for where in filters:
         if not isinstance(where, dict) or set(where) - known:
             raise ExperimentError(f"check {index}: filters name settings, axes or label; "
