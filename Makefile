@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed-dev
 PYTEST_ARGS ?=
 # the code generator's own venv (its grpcio-tools cannot share .venv with TensorFlow's protobuf)
 PROTO_VENV ?= .venv-proto
-# the shard's dependencies at exactly their floors (scripts/floors.py), for test-floors
+# the shard's dependencies at exactly their floors (scripts/floors.py), for test-floors; the tests make their
+# certificates with asyncps devcerts, hence cryptography
 FLOORS_VENV ?= .venv-floors
 # the tests that need only the shard's dependencies (no TensorFlow): they run again at the floors
 FLOOR_TESTS := $(addprefix tests/test_,$(addsuffix .py,codec frames ps_store ps_server hostile_input \
@@ -43,11 +44,11 @@ test: $(STAMP) proto-check lint typecheck layers
 	$(PY) -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
 	$(MAKE) test-floors
 
-$(FLOORS_VENV)/.installed: pyproject.toml scripts/floors.py
+$(FLOORS_VENV)/.installed: pyproject.toml scripts/floors.py Makefile
 	rm -rf $(FLOORS_VENV)
 	$(PYTHON) -m venv $(FLOORS_VENV)
 	$(FLOORS_VENV)/bin/python -m pip install --quiet $$($(PYTHON) scripts/floors.py) \
-		pyyaml pytest pytest-timeout hypothesis
+		pyyaml pytest pytest-timeout hypothesis cryptography
 	$(QUIET_EDITABLE) $(FLOORS_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
 
