@@ -18,7 +18,7 @@ BENCH_ARGS ?=
 TF_EXTRA ?= cpu
 comma := ,
 # setuptools tells every editable install of a flat layout to mind same-named folders (ten lines
-# that newer pip shows even with --quiet); the layout is deliberate (README: Architecture)
+# that newer pip shows even with --quiet); the layout is deliberate (docs/architecture.md)
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test test-e2e test-floors layers lint typecheck proto proto-check bench clean

@@ -51,7 +51,7 @@ class Option:
 
     help: str
     # None: --field-name; (): no flag of its own; else the field spelled as a flag first (checked by
-    # tests/test_config.py), then older spellings kept as aliases (README: CLI reference)
+    # tests/test_config.py), then older spellings kept as aliases (docs/cli.md: CLI reference)
     flags: tuple[str, ...] | None = None
     env: tuple[str, ...] | None = None  # None: ASYNCPS_<FIELD>, then ASYNCPS_<FLAG> of every flag
     parse: Callable[[str], Any] | None = None  # text -> value; None: by the field's type
@@ -114,7 +114,7 @@ class RunConfig:
         factory=dict, help="optimizer hyperparameter KEY=VALUE (repeatable), e.g. beta_1=0.9",
         flags=("--optimizer-params", "--opt-param"), parse=parse_opt_params, repeat=True)
     # The mode and the policy are specs (sync:backup=1, drop:bound=4), kept canonical; the table of
-    # every mode and policy with its parameters is in the README (scripts/rules_table.py).
+    # every mode and policy with its parameters is in docs/experiments.md (scripts/rules_table.py).
     mode: str = setting("async", help="consistency mode spec: async | sync[:backup=B] | ssp[:bound=S]")
     staleness_policy: str = setting(
         "none", help="staleness policy spec (async): none | drop:bound=K | lr-scale | dc-asgd[:lambda=L] | "
@@ -128,7 +128,7 @@ class RunConfig:
     num_ps: int = setting(2, help="number of parameter-server shards")
     worker_processes: int = setting(0, help=(
         "run the workers as logical workers (threads) in this many processes (0: one process each); "
-        "see the README on what logical workers share"))
+        "see docs/experiments.md on what logical workers share"))
     start_barrier: bool = setting(True, help=(
         "hold every worker until all planned workers registered and computed a warm-up gradient "
         "(--start-barrier false / --no-start-barrier: start each as soon as it is ready)"))

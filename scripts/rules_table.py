@@ -1,5 +1,5 @@
-"""Write the README's table of optimizers, staleness policies and modes from the registries
-(or, with --check, fail if the README's copy is stale)."""
+"""Write the table of optimizers, staleness policies and modes in docs/experiments.md from the
+registries (or, with --check, fail if the page's copy is stale)."""
 
 from __future__ import annotations
 
@@ -7,33 +7,33 @@ import argparse
 import sys
 from pathlib import Path
 
-from asyncps.rules import README_BEGIN, README_END, rules_markdown
+from asyncps.rules import RULES_TABLE_BEGIN, RULES_TABLE_END, rules_markdown
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "experiments.md"
 
 
 def with_table(text: str) -> str:
-    """The README text with the block between the markers replaced by the current tables."""
-    before, begin, rest = text.partition(README_BEGIN)
-    _, end, after = rest.partition(README_END)
+    """The page's text with the block between the markers replaced by the current tables."""
+    before, begin, rest = text.partition(RULES_TABLE_BEGIN)
+    _, end, after = rest.partition(RULES_TABLE_END)
     if not begin or not end:
-        raise SystemExit(f"{README}: the markers {README_BEGIN!r} ... {README_END!r} are missing")
-    return f"{before}{README_BEGIN}\n{rules_markdown()}\n{README_END}{after}"
+        raise SystemExit(f"{DOC}: the markers {RULES_TABLE_BEGIN!r} ... {RULES_TABLE_END!r} are missing")
+    return f"{before}{RULES_TABLE_BEGIN}\n{rules_markdown()}\n{RULES_TABLE_END}{after}"
 
 
 def main() -> int:
-    """Rewrite the README block, or compare it."""
+    """Rewrite the page's block, or compare it."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="fail if README.md's table is stale")
+    parser.add_argument("--check", action="store_true", help="fail if docs/experiments.md's table is stale")
     args = parser.parse_args()
-    text = README.read_text()
+    text = DOC.read_text()
     wanted = with_table(text)
     if args.check:
         if wanted != text:
-            print("README.md's rules table is stale: run scripts/rules_table.py", file=sys.stderr)
+            print("docs/experiments.md's rules table is stale: run scripts/rules_table.py", file=sys.stderr)
             return 1
         return 0
-    README.write_text(wanted)
+    DOC.write_text(wanted)
     return 0
 
 

@@ -2,8 +2,8 @@
 
 Round trips of every registered entry, error messages, the old spellings folded into the mode spec
 (RunConfig and the command line), a policy registered at run time and used by a real ShardStore,
-the sync mode's accumulation against the arithmetic the store used to do itself, and the README
-table generated from the registries.
+the sync mode's accumulation against the arithmetic the store used to do itself, and the rules
+table in docs/experiments.md generated from the registries.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from asyncps.rules import (
     MODES,
     OPTIMIZERS,
     POLICIES,
-    README_BEGIN,
-    README_END,
+    RULES_TABLE_BEGIN,
+    RULES_TABLE_END,
     OptimizerConfig,
     UpdateRuleConfig,
     registries,
@@ -374,19 +374,19 @@ def test_the_sync_mode_owns_its_pending_step() -> None:
         MODES.parse("async").start(2).accumulate("a", {})
 
 
-# -- the README ----------------------------------------------------------------------------------
+# -- the rules table in docs/experiments.md -------------------------------------------------------
 
 
-def test_readme_lists_every_rule_as_the_registries_do() -> None:
-    text = (ROOT / "README.md").read_text()
-    block = text.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip("\n")
-    assert block == rules_markdown(), "README.md is stale: run scripts/rules_table.py"
+def test_docs_list_every_rule_as_the_registries_do() -> None:
+    text = (ROOT / "docs" / "experiments.md").read_text()
+    block = text.split(RULES_TABLE_BEGIN, 1)[1].split(RULES_TABLE_END, 1)[0].strip("\n")
+    assert block == rules_markdown(), "docs/experiments.md is stale: run scripts/rules_table.py"
     for registry in registries():
         for entry in registry.entries():  # every built-in; plugins other tests loaded are not asyncps's
             assert (f"| `{entry.name}` |" in block) != entry.plugin
 
 
-def test_rules_table_script_checks_the_readme() -> None:
+def test_rules_table_script_checks_the_docs() -> None:
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "rules_table.py"), "--check"],
                             capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr

@@ -126,7 +126,7 @@ class Param:
 
 @dataclass(frozen=True)
 class Entry:
-    """A registered class with its name, parameters and one-line summary (for help and README)."""
+    """A registered class with its name, parameters and one-line summary (for help and docs/experiments.md)."""
 
     name: str
     cls: type
