@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # the specs whose grid has >= 3 seeds and 1 and 2 shards and whose reduced check runs in CI (E6 and E9
 # fix their shard count; their reduced checks are not yet measured for stability, see docs/teaching.md)
 SPECS = sorted((ROOT / "experiments").glob("e[1-57]_*.yaml"))
+# the reduced checks CI runs: E7's passed 2 of 2 here but takes 6-7 min, and is not yet shown stable
+# over 10 consecutive runs, so it stays in the full sweep until it is (CI's budget: 70 min in all)
+CI_RUNS = [p for p in SPECS if not p.name.startswith("e7_")]
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
@@ -183,7 +186,7 @@ check:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # a reduced sweep may take longer than the suite's 300 s default (E7: ~6 min here)
-@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", CI_RUNS, ids=lambda p: p.stem)
 def test_reduced_experiment_passes(tmp_path: Path, path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "asyncps.tools.cli", "experiment", str(path), "--reduced",
                              "--out", str(tmp_path / "sweep")], cwd=ROOT, capture_output=True, text=True,

@@ -48,3 +48,46 @@ def test_gradients_at_given_values_match_a_tape_over_assigned_variables(spec: st
     for var, original in zip(model.trainable_variables, build_model(spec, 12, 3, seed=1).trainable_variables,
                              strict=True):
         np.testing.assert_array_equal(var.numpy(), original.numpy())
+
+
+def test_aligned_writable_values_enter_the_computation_without_a_copy() -> None:
+    """ModelClient's buffers are aligned, so TensorFlow reads them in place (DLPack); an unaligned or
+    read-only array is handed over as it is (TensorFlow copies it)."""
+    from asyncps.worker.trainer import shared_input
+
+    from asyncps.wire.codec import aligned_zeros, is_aligned
+
+    buffer = aligned_zeros((256, 64), np.float32)
+    assert is_aligned(buffer) and buffer.flags.writeable
+    tensor = shared_input(buffer)
+    assert not isinstance(tensor, np.ndarray)
+    buffer[3, 5] = 7.0  # written after the tensor was made: seen through it
+    assert float(tensor[3, 5]) == 7.0
+    unaligned = aligned_zeros((256 * 64 + 1,), np.float32)[1:].reshape(256, 64)
+    assert not is_aligned(unaligned)
+    assert shared_input(unaligned) is unaligned
+    frozen = aligned_zeros((4, 4), np.float32)
+    frozen.flags.writeable = False
+    assert shared_input(frozen) is frozen
+
+
+def test_gradients_are_the_same_from_shared_and_copied_values() -> None:
+    from asyncps.wire.codec import aligned_zeros
+
+    model = build_model("mlp:32", 12, 3, seed=2)
+    grad_fn = make_grad_fn(model, loss_fn)
+    rng = np.random.default_rng(1)
+    copied = [rng.standard_normal(v.shape).astype(np.float32) for v in model.trainable_variables]
+    shared = [aligned_zeros(v.shape, np.float32) for v in copied]
+    for dst, src in zip(shared, copied, strict=True):
+        np.copyto(dst, src)
+    unaligned = [aligned_zeros((v.size + 1,), np.float32)[1:].reshape(v.shape) for v in copied]
+    for dst, src in zip(unaligned, copied, strict=True):
+        np.copyto(dst, src)
+    x = rng.standard_normal((8, 12)).astype(np.float32)
+    y = rng.integers(0, 3, 8)
+    results = [grad_fn(values, x, y) for values in (copied, shared, unaligned)]
+    for loss, grads in results[1:]:
+        assert loss == results[0][0]
+        for got, want in zip(grads, results[0][1], strict=True):
+            np.testing.assert_array_equal(got, want)

@@ -16,7 +16,7 @@ import numpy as np
 from asyncps.config import RunConfig
 from asyncps.rules.optimizers import Optimizer, Slots, make_optimizer
 from asyncps.rules.outer import LocalRule
-from asyncps.wire.codec import Array, Gradient, SparseRows
+from asyncps.wire.codec import Array, Gradient, SparseRows, aligned_zeros
 
 
 class LocalModel:
@@ -39,7 +39,9 @@ class LocalModel:
 
     def start(self, center: Mapping[str, Array]) -> None:
         """Take the pulled center as the local model (the first round, or after a discarded round)."""
-        self.values = [np.array(center[n], dtype=np.float32, copy=True) for n in self._names]
+        self.values = [aligned_zeros(center[n].shape, np.float32) for n in self._names]  # computed from in place
+        for value, n in zip(self.values, self._names, strict=True):
+            np.copyto(value, center[n], casting="same_kind")
         if not self._slots:
             self._slots = [self._optimizer.init_slots(v) for v in self.values]
 

@@ -18,7 +18,7 @@ from asyncps.delays import StepDelay
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rules.drops import DropReason
 from asyncps.transport import ModelClient, ShardPush
-from asyncps.wire.codec import Array, Gradient, SparseRows, all_finite, coalesce_rows
+from asyncps.wire.codec import Array, Gradient, SparseRows, aligned_zeros, all_finite, coalesce_rows, is_aligned
 from asyncps.wire.proto import push_record
 from asyncps.wire.shard import PushOutcome
 
@@ -147,6 +147,19 @@ class _Prepended:
 GradFn = Callable[[list[Array], Array, Array], tuple[float, list[Gradient]]]
 
 
+def shared_input(value: Array) -> Any:
+    """`value` as a TensorFlow tensor sharing its memory (DLPack) when it is writable and aligned, else
+    `value` itself (TensorFlow copies it when it enters a computation)."""
+    if not (value.flags.writeable and is_aligned(value)):  # DLPack refuses read-only arrays
+        return value
+    import tensorflow as tf
+
+    try:
+        return tf.experimental.dlpack.from_dlpack(value.__dlpack__())
+    except (BufferError, TypeError, ValueError):  # a dtype or layout DLPack cannot carry
+        return value
+
+
 def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any]) -> GradFn:
     """A tf.function that computes (loss, gradients) of the model at the given values.
 
@@ -156,6 +169,13 @@ def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any]) -> GradFn:
     1.2 ms to a 3.6 ms step). Models with non-trainable state (e.g. BatchNormalization
     statistics) keep it in their own variables, updated from the stateless call's result.
     IndexedSlices gradients (embeddings) come back as SparseRows, one row per touched row.
+
+    No copy on either side where it can be avoided: an aligned, writable buffer (ModelClient's are)
+    enters the computation through DLPack, sharing its memory (converting a numpy array copies it:
+    3.2 ms against 0.55 ms for a 16 MB tensor, measured); the gradients leave as read-only numpy views
+    of TensorFlow's results (`.numpy()` copies them again). Sharing is safe because a worker never
+    writes its values while it computes from them (the exchange follows the gradient; a pipelined
+    worker computes from a private copy).
     """
     import tensorflow as tf
 
@@ -172,14 +192,14 @@ def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any]) -> GradFn:
         return loss, tape.gradient(loss, values)
 
     def run(values: list[Array], x: Array, y: Array) -> tuple[float, list[Gradient]]:
-        loss, grads = step(values, x, y)
+        loss, grads = step([shared_input(v) for v in values], x, y)
         out: list[Gradient] = []
         for g in grads:
             if isinstance(g, tf.IndexedSlices):
-                out.append(coalesce_rows(g.indices.numpy(), g.values.numpy()))
+                out.append(coalesce_rows(np.asarray(g.indices), np.asarray(g.values)))
             else:
-                out.append(g.numpy())
-        return float(loss.numpy()), out
+                out.append(np.asarray(g))
+        return float(loss), out
 
     return run
 
@@ -380,7 +400,7 @@ class Trainer:
         computed from one consistent set of values, pushed with exactly their versions, and the
         extra step of staleness shows in what the shards measure.
         """
-        private = {n: np.empty_like(v) for n, v in self._client.values.items()}
+        private = {n: aligned_zeros(v.shape, v.dtype) for n, v in self._client.values.items()}
 
         def snapshot() -> tuple[list[int], list[int]]:
             for name, value in self._client.values.items():

@@ -19,7 +19,7 @@ from asyncps.placement import Placement
 from asyncps.rules.drops import DropReason
 from asyncps.rules.sync.client import WorkerStep, coordinated_step
 from asyncps.transport.base import ShardTransport
-from asyncps.wire.codec import Array, Gradient, SparseRows
+from asyncps.wire.codec import Array, Gradient, SparseRows, aligned_zeros
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
 
 T = TypeVar("T")
@@ -51,8 +51,9 @@ class ModelClient:
         self.worker_index = worker_index  # sent with every push when known (staleness policies see it)
         self.placement = placement
         self.shards = list(shards)
+        # aligned, so that TensorFlow computes from them in place (asyncps.worker.trainer.make_grad_fn)
         self.values: dict[str, Array] = {
-            v.name: np.zeros(v.shape, dtype=v.dtype) for v in placement.variables
+            v.name: aligned_zeros(tuple(v.shape), v.dtype) for v in placement.variables
         }
         self.versions = [-1] * placement.num_shards
         self.incarnations = [0] * placement.num_shards

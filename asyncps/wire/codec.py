@@ -53,6 +53,26 @@ def all_finite(a: Array) -> bool:
     return bool(np.isfinite(a).all())
 
 
+#: The alignment of the buffers a worker computes from: TensorFlow reads a CPU buffer in place (DLPack)
+#: only when it is aligned to Eigen's widest vector (64 bytes with AVX-512), and copies it otherwise.
+BUFFER_ALIGNMENT = 64
+
+
+def aligned_zeros(shape: tuple[int, ...], dtype: npt.DTypeLike, align: int = BUFFER_ALIGNMENT) -> Array:
+    """A zero-filled C-contiguous array whose data starts on an `align`-byte boundary."""
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.zeros(nbytes + align, dtype=np.uint8)
+    start = -raw.ctypes.data % align
+    out: Array = raw[start:start + nbytes].view(dt).reshape(shape)
+    return out
+
+
+def is_aligned(array: Array, align: int = BUFFER_ALIGNMENT) -> bool:
+    """Whether `array` is C-contiguous and starts on an `align`-byte boundary."""
+    return bool(array.flags.c_contiguous) and array.ctypes.data % align == 0
+
+
 def coalesce_rows(indices: npt.NDArray[np.integer[Any]], values: Array) -> SparseRows:
     """One row per distinct index, duplicates summed, indices sorted.
 
