@@ -48,6 +48,7 @@ from asyncps.errors import FailedPreconditionError, UnavailableError
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.procenv import freeze_heap
 from asyncps.rundir import ChiefLock, Provenance, RunDir, RunManifest, StalenessSummary, write_port_file
 from asyncps.wire.codec import Array
 
@@ -210,6 +211,7 @@ class Chief:
         handed_over = False
         finished = False  # the run reached its end and its summary is written
         gave_up: str | None = None  # why the run cannot go on (the shards are told so)
+        freeze_heap()  # set up (TensorFlow, the model, the data): later collections skip them
         try:
             self._control_loop()
             if self.handover.is_set():

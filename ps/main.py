@@ -26,6 +26,7 @@ from asyncps.ps.watchdog import ChiefWatch
 from asyncps.net.rpc import create_server, serve_health
 from asyncps.net.security import LOOPBACK_HOST, SecurityConfig, check_host, exposure_warning
 from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S, StreamLimits
+from asyncps.procenv import freeze_heap
 from asyncps.rules.registry import import_plugin_modules
 from asyncps.rundir import write_port_file
 from asyncps.transport.registry import TRANSPORTS, TransportRegistry
@@ -121,6 +122,7 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
         probe, probe_port = serve_health(f"{config.host}:{config.health_port}", health)
         log.info("shard %d: health service in plaintext on port %d", config.index, probe_port)
     log.info("shard %d serving on port %d of %s (%s)", config.index, port, config.host, config.security.describe())
+    freeze_heap()  # set up: later collections walk only what requests allocate
     exposed = exposure_warning(f"shard {config.index}", f"{config.host}:{port}", config.security)
     if exposed:
         log.warning("%s", exposed)

@@ -29,6 +29,7 @@ from asyncps.identity import new_worker_id
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.procenv import freeze_heap
 from asyncps.transport.coordinator import CoordinatorClient
 
 log = logging.getLogger("asyncps.worker")
@@ -101,6 +102,7 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
 
     data, model = build_run_model(run)
     grad_fn = make_grad_fn(model, make_loss(run.loss, model))
+    freeze_heap()  # set up: later collections skip TensorFlow's objects
     go = threading.Event()
     def run_and_report(w: LogicalWorker) -> None:
         # Each logical worker reports its end as soon as it stops, as a worker process does: a sync

@@ -19,6 +19,7 @@ from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.net.rpc import Unreachable
 from asyncps.net.security import SecurityConfig
 from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.procenv import freeze_heap
 from asyncps.transport.coordinator import CoordinatorClient
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     grad_fn = make_grad_fn(model, make_loss(run.loss, model))
     log.info("warm-up gradient (traces the function): %.2fs",
              warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size))
+    freeze_heap()  # set up: later collections skip TensorFlow's objects
     trainer = Trainer(client, names, grad_fn, batches, delay, telemetry,
                       read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
                       pipeline=run.pipeline, local=local_model(run, names))
