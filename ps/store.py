@@ -401,12 +401,17 @@ class ShardStore:
 
     def _apply(self, var: _Variable, grad: Gradient, lr: float) -> None:
         assert self._optimizer is not None
-        if var.shared:  # a reader holds the current array: update a private copy
-            var.value = var.value.copy()
-            var.shared = False
         var.updates += 1
         if isinstance(grad, SparseRows):
+            if var.shared:  # a reader holds the current array: update a private copy
+                var.value = var.value.copy()
+                var.shared = False
             self._optimizer.apply_sparse(var.value, grad.indices, grad.values, var.slots, lr, var.updates)
+        elif var.shared:  # a reader holds the current array: the update is written to a new one
+            updated = np.empty_like(var.value)
+            self._optimizer.apply_dense(updated, grad, var.slots, lr, var.updates, source=var.value)
+            var.value = updated
+            var.shared = False
         else:
             self._optimizer.apply_dense(var.value, grad, var.slots, lr, var.updates)
 

@@ -294,3 +294,28 @@ def test_a_large_dense_update_in_blocks_gives_the_bits_of_one_whole_update(name:
     assert v_blocked.tobytes() == v_whole.tobytes()
     assert all(s_blocked[k].tobytes() == s_whole[k].tobytes() for k in s_whole)
     assert not np.array_equal(v_blocked, value)
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+@pytest.mark.parametrize("shape", [(4, 3), (3, _BLOCK // 2 + 7)])  # one block, and several
+def test_an_update_from_a_source_equals_copy_then_update(name: str, shape: tuple[int, ...]) -> None:
+    """The shard's copy-on-write: reading the old values from `source` and writing the result to a new
+    array gives the same bits (values and slots) as copying first and updating in place, and leaves the
+    source as it was (a reader may still be sending it)."""
+    rng = np.random.default_rng(3)
+    opt = make_optimizer(OptimizerConfig(name, 0.1))
+    source = _random(rng, shape)
+    source_before = source.copy()
+    slots_a, slots_b = opt.init_slots(source), opt.init_slots(source)
+    for step in (1, 2):
+        grad = _random(rng, shape)
+        copied = source.copy()
+        opt.apply_dense(copied, grad, slots_a, 0.1, step)
+        written = np.empty_like(source)
+        opt.apply_dense(written, grad, slots_b, 0.1, step, source=source)
+        np.testing.assert_array_equal(written, copied)
+        for slot in slots_a:
+            np.testing.assert_array_equal(slots_b[slot], slots_a[slot])
+        np.testing.assert_array_equal(source, source_before)
+    with pytest.raises(ValueError, match="source"):
+        opt.apply_dense(np.empty_like(source), grad, slots_b, 0.1, 3, source=source[:1])
