@@ -310,6 +310,38 @@ def test_the_model_client_over_shared_memory_is_a_model_client(start_shards: Cal
     client.close()
 
 
+def test_the_model_client_computes_from_the_segment_so_values_are_written_once(
+        start_shards: Callable[[int], list[str]]) -> None:
+    """A whole variable's buffer becomes its region of the segment (the shard writes the values there and
+    the worker computes from them: no copy out); a sliced variable keeps its own buffer. The values stay
+    those a frames client reads, step after step."""
+    addresses = start_shards(2)
+    specs = [VariableSpec("w", (300, 40)), VariableSpec("b", (40,)), VariableSpec("c", (7, 3))]
+    placement = place(specs, 2, slice_threshold_bytes=16 * 1024)  # w is sliced over both shards
+    assert any(p.sliced for p in placement.parts if p.variable == "w")
+    initial = {"w": initial_values()["w"], "b": np.arange(40, dtype=np.float32), "c": np.ones((7, 3), np.float32)}
+    client = connect_model("w0", addresses, placement, transport="shm")
+    frames = connect_model("probe", addresses, placement, transport="grpc")
+    for shard, values in enumerate(split_for_shards(placement, initial)):
+        client.shards[shard].initialize("t", shard, 2, RULE, values)
+    own_w = client.values["w"]
+    client.pull()
+    regions = {name: array for s in client.shards for name, array in s.data._mapping.values.items()}  # type: ignore[attr-defined]
+    for name in ("b", "c"):
+        assert client.values[name] is regions[name]
+    assert client.values["w"] is own_w  # sliced: its rows come from two segments
+    grads = {"w": np.full((300, 40), 0.5, np.float32), "b": np.ones(40, np.float32), "c": np.ones((7, 3), np.float32)}
+    for step in range(3):
+        results = client.push_pull(grads, step, 0.0)
+        assert all(r.outcome is not None and r.outcome.accepted for r in results)
+        frames.pull()
+        for name, value in frames.values.items():
+            assert client.values[name].tobytes() == value.tobytes(), (step, name)
+    assert all(shm_in_use(s) for s in client.shards)
+    client.close()
+    frames.close()
+
+
 def test_pull_and_push_travel_through_the_segment_too(shard: ShardProcess) -> None:
     """Pull (with if_newer_than) and Push over a mapped segment mean what they mean over frames."""
     frames = GrpcShardTransport(shard.address, deadline_s=CALL_TIMEOUT_S)

@@ -58,9 +58,12 @@ class ModelClient:
         self.versions = [-1] * placement.num_shards
         self.incarnations = [0] * placement.num_shards
         self._views: list[dict[str, Array]] = [{} for _ in shards]
+        self._whole: list[dict[str, str]] = [{} for _ in shards]  # per shard: part name -> its whole variable
         for part in placement.parts:
             full = self.values[part.variable]
             self._views[part.shard][part.name] = full[part.rows()] if part.sliced else full
+            if not part.sliced:
+                self._whole[part.shard][part.name] = part.variable
         self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="shard")
         # sync over several shards: shard 0 decides each step for all (asyncps.rules.sync)
         self.coordinated = coordinated
@@ -82,6 +85,23 @@ class ModelClient:
         for name, value in reply.values.items():
             if value is not views[name]:  # not received in place: shapes differ or a first pull
                 np.copyto(views[name], value)
+        if reply.lent is not None:
+            self._adopt(shard, reply.lent)
+
+    def _adopt(self, shard: int, lent: Mapping[str, Array]) -> None:
+        """Take the arrays a path lends (shared memory's value regions) as the buffers of this shard's
+        whole variables, so the values are written once, by the shard, and computed from where they
+        land. Called right after a reply's values were received, when both hold the same values; a
+        sliced variable keeps its own buffer (its rows come from several shards). A lent array is
+        only written during this client's own exchanges, never while a gradient is computed from it."""
+        views = self._views[shard]
+        for name, variable in self._whole[shard].items():
+            array = lent.get(name)
+            current = views[name]
+            if array is None or array is current or array.shape != current.shape or array.dtype != current.dtype:
+                continue
+            views[name] = array
+            self.values[variable] = array
 
     def pull(self, only_if_newer: bool = False) -> list[int]:
         """Refresh every variable from every shard; return the version vector."""

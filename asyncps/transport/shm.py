@@ -229,7 +229,8 @@ class ShmDataPath:
             values = dict(buffers)
         outcome = None if pull_only else outcome_from_proto(reply.push)
         decisions = decisions_from_proto(reply.sync) if reply.HasField("sync") else None
-        return outcome, ShardValues(reply.version, reply.incarnation, values, reply.waited_s, decisions)
+        return outcome, ShardValues(reply.version, reply.incarnation, values, reply.waited_s, decisions,
+                                    lent=mapping.values)
 
     def _ring(self, worker_id: str, message: ps_pb2.ShmPushPullRequest, wait_s: float) -> ps_pb2.PullHeader:
         """Tell the shard the segment holds a request; its reply's header. Over the data connection

@@ -59,6 +59,10 @@ class ShardValues:
     values: Mapping[str, Array] | None
     waited_s: float = 0.0  # time the consistency model held the reply back (sync/ssp)
     decisions: Decisions | None = None  # from the sync coordinator: steps decided since the caller's
+    # arrays the path receives this shard's values into by itself, this time and every next time (shared
+    # memory: the segment's value regions, written by the shard): a caller that takes them as its buffers
+    # computes from them in place instead of copying each reply out (asyncps.transport.ModelClient)
+    lent: Mapping[str, Array] | None = None
 
 
 @dataclass(frozen=True)
