@@ -274,6 +274,9 @@ def test_up_exit_code_from_chief_trains_digits(compose: Compose) -> None:
     assert summary["final_eval"]["accuracy"] >= 0.90, summary
     assert summary["workers"] == 2 and summary["ps_shards"] == 2, summary
     assert set(pushes_by_worker(compose.run_file(PUSHES_CSV))) == {0, 1}
+    # containers see no common /dev/shm here: `auto` carried the tensors over the shards' TCP data ports
+    carried = [shard["bytes_by_transport"] for shard in summary["shards"]]
+    assert all(c.get("tcp", {}).get("pushed", 0) > 0 and c["tcp"].get("pulled", 0) > 0 for c in carried), carried
 
     compose.down()
     assert compose.leftovers() == {}, f"`down -v --remove-orphans` left {compose.leftovers()}"

@@ -69,9 +69,18 @@ class ModelClient:
         self.coordinated = coordinated
 
     def _on_all(self, fn: Callable[[int], T]) -> list[T]:
+        """fn(shard) for every shard at once: shard 0 in the calling thread (one thread hand-off fewer per
+        step), the others in the pool; the results in shard order, the first error raised."""
         if len(self.shards) == 1:
             return [fn(0)]
-        return list(self._pool.map(fn, range(len(self.shards))))
+        others = [self._pool.submit(fn, shard) for shard in range(1, len(self.shards))]
+        try:
+            first = fn(0)
+        except BaseException:
+            for future in others:
+                future.cancel()
+            raise
+        return [first, *(future.result() for future in others)]
 
     def _accept(self, shard: int, reply: ShardValues) -> None:
         self.versions[shard] = reply.version
