@@ -118,7 +118,7 @@ def test_a_running_shard_loads_neither_tensorflow_nor_matplotlib(shard_factory: 
     # nor anything else the slim shard image (Dockerfile target `shard`: numpy, grpcio, protobuf) lacks
     heavy = {m for m in loaded if m.split(".")[0] in ("tensorflow", "keras", "matplotlib", "sklearn", "pandas",
                                                       "scipy", "yaml", "rich", "prometheus_client", "tensorboard",
-                                                      "PIL")}
+                                                      "PIL", "cryptography")}
     assert not heavy, f"a shard imported {sorted(heavy)[:10]}"
 
 

@@ -24,11 +24,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+# cryptography is imported where certificates are made, not here: every command line builds its parser
+# with this module, the shard's too, and the slim shard image installs only numpy, grpcio and protobuf
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 DEFAULT_NAMES = ("localhost", "127.0.0.1", "::1")
 DEFAULT_DAYS = 30
@@ -67,6 +69,8 @@ def cert_paths(directory: Path) -> DevCerts:
 
 def _names(extra_names: Sequence[str]) -> list[x509.GeneralName]:
     """The subjectAltName entries: defaults plus extra names, deduplicated, each checked."""
+    from cryptography import x509
+
     entries: list[x509.GeneralName] = []
     for name in [*DEFAULT_NAMES, *extra_names]:
         entry: x509.GeneralName
@@ -83,12 +87,16 @@ def _names(extra_names: Sequence[str]) -> list[x509.GeneralName]:
 
 def subject_alt_names(extra_names: Sequence[str] = ()) -> str:
     """The server certificate's names as openssl spells them ("DNS:localhost, IP:127.0.0.1, ...")."""
+    from cryptography import x509
+
     return ", ".join(f"IP:{n.value}" if isinstance(n, x509.IPAddress) else f"DNS:{n.value}"
                      for n in _names(extra_names))
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     """The key as unencrypted PKCS#8 PEM, in a file only its owner can read (created so)."""
+    from cryptography.hazmat.primitives import serialization
+
     data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -101,6 +109,10 @@ def _certificate(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Cer
                  issuer_key: ec.EllipticCurvePrivateKey, days: int, usages: Sequence[x509.ObjectIdentifier],
                  names: Sequence[x509.GeneralName]) -> x509.Certificate:
     """A CA certificate (no issuer: self-signed, may sign leaves) or a leaf signed by `issuer`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
     now = datetime.datetime.now(datetime.timezone.utc)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     public = key.public_key()
@@ -134,6 +146,10 @@ def generate_dev_certs(directory: Path, extra_names: Sequence[str] = (), days: i
                        overwrite: bool = False) -> DevCerts:
     """Write a new CA, a server and a chief certificate (localhost, 127.0.0.1, ::1 + extra_names)
     and a client certificate into directory; refuse to replace existing files unless overwrite."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
     if days < 1:
         raise ValueError(f"days must be at least 1, got {days}")
     names = _names(extra_names)
