@@ -26,7 +26,8 @@ from packaging.requirements import Requirement
 from asyncps.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
-TF_SPECS = os.environ.get("ASYNCPS_INSTALL_TF", "2.16.*").split()
+# the oldest TensorFlow asyncps supports and the newest the index has ("newest": no version given)
+TF_SPECS = os.environ.get("ASYNCPS_INSTALL_TF", "2.16.* newest").split()
 
 
 def extra(name: str) -> list[Requirement]:
@@ -95,7 +96,8 @@ def test_the_wheel_installs_beside_tensorflow_and_trains(tf_spec: str, wheel: Pa
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path)
     python = venv / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "--quiet", f"tensorflow-cpu=={tf_spec}"], cwd=tmp_path)
+    requirement = "tensorflow-cpu" if tf_spec == "newest" else f"tensorflow-cpu=={tf_spec}"
+    run([str(python), "-m", "pip", "install", "--quiet", requirement], cwd=tmp_path)
     versions = "import google.protobuf, tensorflow as tf; print(tf.__version__, google.protobuf.__version__)"
     before = run([str(python), "-c", versions], cwd=tmp_path).stdout.split()
     run([str(python), "-m", "pip", "install", "--quiet", str(wheel)], cwd=tmp_path)  # as a user would, afterwards
