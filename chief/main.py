@@ -201,6 +201,9 @@ class Chief:
     # -- the run --------------------------------------------------------------------------
     def serve(self) -> int:
         """Run to completion; return the process exit code."""
+        # set up (TensorFlow, the model, the data): later collections skip them. Before the server starts,
+        # so the full collection this takes never delays the control loop (checkpoints) of a running run
+        freeze_heap()
         servicer = CoordinatorServicer(self.membership, self.recorder, self.config.ps, self.run.to_json(),
                                        self.status, self.ledger, self.gate, self.reports)
         self.lifecycle.start(servicer)
@@ -211,7 +214,6 @@ class Chief:
         handed_over = False
         finished = False  # the run reached its end and its summary is written
         gave_up: str | None = None  # why the run cannot go on (the shards are told so)
-        freeze_heap()  # set up (TensorFlow, the model, the data): later collections skip them
         try:
             self._control_loop()
             if self.handover.is_set():

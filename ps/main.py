@@ -102,6 +102,7 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
                                         security=config.security, settings=config.transport_settings,
                                         plugin_modules=plugin_modules,
                                         idle_timeout_s=config.stream_idle_timeout_s))
+    freeze_heap()  # set up, before serving: later collections walk only what requests allocate
     server, port, health = create_server(
         f"{config.host}:{config.port}",
         [lambda s: add_handlers(s, adapters)],
@@ -122,7 +123,6 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
         probe, probe_port = serve_health(f"{config.host}:{config.health_port}", health)
         log.info("shard %d: health service in plaintext on port %d", config.index, probe_port)
     log.info("shard %d serving on port %d of %s (%s)", config.index, port, config.host, config.security.describe())
-    freeze_heap()  # set up: later collections walk only what requests allocate
     exposed = exposure_warning(f"shard {config.index}", f"{config.host}:{port}", config.security)
     if exposed:
         log.warning("%s", exposed)

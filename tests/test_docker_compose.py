@@ -24,6 +24,9 @@ Scenarios:
      0 with a complete summary.json on the host.
   E  compose-run over mutual TLS with a token per role, all files from a host directory mounted
      read-only at /secrets: trains to the end, exit 0, every server logs "mTLS, per-role tokens auth".
+  F  network partitions (`docker network disconnect`/`connect`): a worker cut off past the heartbeat
+     timeout is declared dead and trains on once healed; then ps-1 is cut off for twice the heartbeat
+     timeout and healed without a restart; the chief exits 0 with accuracy >= 0.90.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -436,3 +439,63 @@ def test_compose_run_over_mtls_with_per_role_tokens(compose: Compose, tmp_path: 
         assert "(mTLS, per-role tokens auth)" in compose.docker_logs(container), service
     summary = json.loads(RunDir(runs / compose.run_name).summary.read_text())
     assert summary["final_eval"]["accuracy"] >= 0.90, summary
+
+
+# -- F: network partitions, healed ---------------------------------------------------------------
+PARTITION_HEARTBEAT_TIMEOUT_S = 6
+
+
+def _cut_off(compose: Compose, container: str, until: Callable[[], None], heal_after_s: float) -> float:
+    """Disconnect a container from the project's network, wait for `until` and heal_after_s more, connect it
+    again; the seconds it was cut off."""
+    networks = subprocess.run(["docker", "network", "ls", "-q", "--filter", compose.label],
+                              capture_output=True, text=True, check=True).stdout.split()
+    assert len(networks) == 1, networks
+    aliases = subprocess.run(["docker", "inspect", "-f", "{{.Config.Labels}}", container],
+                             capture_output=True, text=True, check=True).stdout
+    service = re.search(r"com\.docker\.compose\.service:([\w-]+)", aliases)
+    assert service is not None, aliases
+    started = time.monotonic()
+    subprocess.run(["docker", "network", "disconnect", networks[0], container], check=True, capture_output=True)
+    try:
+        until()
+        time.sleep(heal_after_s)
+    finally:  # the service name again as its alias, so the others reach it by name as before
+        subprocess.run(["docker", "network", "connect", "--alias", service.group(1), networks[0], container],
+                       check=True, capture_output=True)
+    return time.monotonic() - started
+
+
+def test_a_worker_then_a_shard_cut_off_and_healed_and_the_run_finishes(compose: Compose) -> None:
+    """A worker cut off from everything longer than the heartbeat timeout is declared dead (its tasks
+    freed), comes back when the network heals and trains on; then shard 1 is cut off and healed: the
+    workers' retries ride it out. The run ends by itself (exit 0) with its accuracy."""
+    compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=70, ASYNCPS_WORKERS=2, ASYNCPS_CHECKPOINT_EVERY=100,
+                ASYNCPS_HEARTBEAT_TIMEOUT=PARTITION_HEARTBEAT_TIMEOUT_S)
+    start = time.monotonic()
+    compose("up", "-d", "--no-build", timeout=120)
+    compose.wait_for_log("worker", r"injected delays: ", timeout=SETUP_TIMEOUT_S, every=True)
+    compose.wait_for_log("chief", r"checkpoint ckpt-\d{8} at versions", timeout=120)
+    worker = compose.containers("worker")[0]
+    declared = r"worker \d+ \(.*\) missed heartbeats for \d+s: declared dead"
+    worker_cut = _cut_off(compose, worker, lambda: compose.wait_for_log("chief", declared, timeout=60), 2.0)
+    healed_at = time.time()
+    print(f"scenario F: a worker cut off for {worker_cut:.1f}s (from {time.monotonic() - start - worker_cut:.1f}s)")
+    dead = re.findall(r"worker (\d+) \(.*\) missed heartbeats", compose.docker_logs(compose.containers("chief")[0]))
+    assert len(dead) == 1, dead
+    (ps1,) = compose.containers("ps-1")
+    shard_cut = _cut_off(compose, ps1, lambda: None, 2.0 * PARTITION_HEARTBEAT_TIMEOUT_S)
+    print(f"scenario F: ps-1 cut off for {shard_cut:.1f}s")
+    code = compose.wait_for_exit("chief", timeout=SCENARIO_TIMEOUT_S)
+    print(f"scenario F: chief exited {code} after {time.monotonic() - start:.1f}s")
+    assert code == 0, compose.logs()
+    assert compose.restart_count(ps1) == 0, "ps-1 restarted: a partition is not a crash"
+    summary = json.loads(compose.run_file(SUMMARY_JSON))
+    assert summary["final_eval"]["accuracy"] >= 0.90, summary
+    pushes = list(csv.DictReader(io.StringIO(compose.run_file(PUSHES_CSV))))
+    assert {int(row["worker"]) for row in pushes} == {0, 1}
+    # the worker declared dead came back when the network healed and trained on
+    assert any(int(row["worker"]) == int(dead[0]) and float(row["wall_time"]) > healed_at for row in pushes)
+
+    compose.down()
+    assert compose.leftovers() == {}, f"`down -v --remove-orphans` left {compose.leftovers()}"
