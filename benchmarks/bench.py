@@ -428,6 +428,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 ax.bar([i + 0.4 * k for i in range(len(names))],
                        [data["contenders"][n][way]["median"] for n in names], width=0.4, label=way)
             ax.set_xticks([i + 0.2 for i in range(len(names))], names)
+            ax.tick_params(axis="x", rotation=20)  # five contender names side by side collide otherwise
             ax.set_ylabel("MB/s (median)")
             ax.legend()
         else:
