@@ -265,8 +265,11 @@ class TcpShardServer:
                 connection.waiting_since = time.monotonic()
             idle_deadline = connection.waiting_since + limits.idle_timeout_s
             try:
+                # idle until a request's first byte, which may come just before the idle deadline (a
+                # worker held by sync on another shard for as long): then the rest follows promptly
                 request, places = read_head(sock, ps_pb2.TcpRequest.FromString, "request", limits.max_request_bytes,
-                                            deadline=idle_deadline, first_byte=working)
+                                            deadline=idle_deadline, first_byte=working,
+                                            then_within_s=limits.idle_timeout_s)
                 # the frame's bytes must follow promptly: a slow drip is as idle as silence
                 payload_deadline = time.monotonic() + limits.idle_timeout_s
                 kind = request.WhichOneof("kind") or "none"

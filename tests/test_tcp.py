@@ -7,6 +7,7 @@ import dataclasses
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -511,3 +512,28 @@ def test_mutual_tls_and_a_token_over_tcp(shard_factory: ShardLauncher, tmp_path:
         sock.sendall(frame(ps_pb2.TcpRequest(hello=ps_pb2.TcpHello(token=TOKEN))))
         assert closed(sock)
     assert state(address, worker)[0] == 1
+
+
+def test_a_request_that_starts_just_before_the_idle_deadline_is_read_whole(shard_factory: ShardLauncher) -> None:
+    """A worker held elsewhere (sync on another shard) for about the idle timeout sends its next request
+    just before it runs out: the rest of the frame gets its own time, as the payload does, instead of the
+    idle deadline's remainder (which cut such requests off with 'did not arrive' and killed the worker
+    in long sync runs)."""
+    idle_s = 1.0
+    shard = shard_factory(1, args=("--stream-idle-timeout", str(idle_s)))[0]
+    setup = GrpcShardTransport(shard.address, deadline_s=10)
+    setup.initialize("chief", 0, 1, RULE, initial())
+    setup.close()
+    sock = raw(data_port(shard.address))
+    try:
+        reply = hello(sock, "")
+        assert reply is not None and reply.WhichOneof("kind") == "hello", reply
+        request = frame(ps_pb2.TcpRequest(pull=ps_pb2.PullRequest(worker_id="held")))
+        time.sleep(0.8 * idle_s)  # the shard's idle clock, not an ordering of threads
+        sock.sendall(request[:1])
+        time.sleep(0.5 * idle_s)  # past the idle deadline, well within a fresh one
+        sock.sendall(request[1:])
+        reply = read_reply(sock)
+        assert reply is not None and reply.WhichOneof("kind") == "values", reply
+    finally:
+        sock.close()

@@ -89,16 +89,20 @@ def recv_exactly(sock: socket.socket, view: memoryview, deadline: float | None =
 def read_head(
     sock: socket.socket, parse: Callable[[bytes], M], what: str, max_frame_bytes: int,
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES, deadline: float | None = None,
-    first_byte: Callable[[], None] | None = None,
+    first_byte: Callable[[], None] | None = None, then_within_s: float | None = None,
 ) -> tuple[M, list[Place]]:
     """Read a frame's prefix and message and check where every tensor's bytes lie in it; the
     bytes themselves are left on the stream for read_payload. first_byte runs once the first
-    byte of the frame is in (the reader is no longer idle)."""
+    byte of the frame is in (the reader is no longer idle). `deadline` is for the first byte; with
+    then_within_s, the rest of the head must follow within that many seconds of it (a frame that
+    starts just before an idle deadline is read, not cut off), else by `deadline` too."""
     prefix = bytearray(8)
     view = memoryview(prefix)
     recv_exactly(sock, view[:1], deadline)
     if first_byte is not None:
         first_byte()
+    if then_within_s is not None:
+        deadline = time.monotonic() + then_within_s
     recv_exactly(sock, view[1:4], deadline)
     (total,) = _U32.unpack_from(prefix)
     if total > max_frame_bytes:
