@@ -203,15 +203,27 @@ def test_a_killed_shards_rolled_back_pushes_and_examples_are_accounted(tmp_path:
 
     from asyncps.rundir import PushRow, RestoreRow, Rollbacks, StepRow, iter_rows
 
-    run = RunConfig(num_workers=2, num_ps=2, epochs=12.0, checkpoint_every_updates=100, eval_every_s=30.0, seed=1)
+    # ~45 updates an epoch at a few hundred a second: long enough for this test's 0.1 s polls to
+    # place the kill between two checkpoints
+    run = RunConfig(num_workers=2, num_ps=2, epochs=60.0, checkpoint_every_updates=300, eval_every_s=30.0, seed=1)
+
+    run_dir = tmp_path / "crashed"
+    checkpoints = CheckpointDir(RunDir(run_dir).checkpoints)
+    seen: dict[str, int] = {}  # a checkpoint's name -> the updates when this test first saw it
 
     def kill_once(cluster: LocalCluster, updates: int) -> None:
-        if updates >= 250:  # past two checkpoints, well before the end
+        # Past two checkpoints, well before the end, and 60 updates after the newest one was seen
+        # (the next is due 300 after it): the shard has applied pushes the restore will roll back.
+        # Killing at a fixed count could land in a cut, where the checkpoint holds every push.
+        done = checkpoints.complete()
+        if len(done) < 2:
+            return
+        first_seen = seen.setdefault(done[-1].name, updates)
+        if updates - first_seen >= 60:
             victim = next(c for c in cluster.children if c.name == "ps-1")
             victim.proc.send_signal(signal.SIGKILL)
             cluster._done_progress = True  # type: ignore[attr-defined]
 
-    run_dir = tmp_path / "crashed"
     summary = run_cluster(run, run_dir, kill_once)
     files = RunDir(run_dir)
     restores = list(iter_rows(files.restores, RestoreRow))

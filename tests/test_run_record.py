@@ -222,6 +222,46 @@ def test_an_unreachable_peer_is_reported_once_while_the_retries_go_on(caplog: py
     assert attempts > 3  # the retries went on after the warning
 
 
+
+def test_a_stopping_caller_gives_up_on_an_unreachable_peer_at_once() -> None:
+    """`abort` set (a worker told to stop, or that lost its chief): the next failed attempt ends the
+    retries with Unreachable, long before the deadline."""
+    import threading
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    channel = make_channel(address)
+    stop = threading.Event()
+    attempts = 0
+
+    def check() -> object:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 3:
+            stop.set()  # from inside the third attempt: that attempt fails, and no fourth is made
+        return health.check(channel, timeout_s=1.0)
+
+    t0 = time.monotonic()
+    with pytest.raises(Unreachable, match=f"gave up on the peer at {address} after .*: stopping"):
+        call_with_retry(check, f"the peer at {address}", deadline_s=60.0, max_backoff_s=0.2, abort=stop)
+    channel.close()
+    assert attempts == 3 and time.monotonic() - t0 < 10.0
+    # without the event set, the same call goes on retrying (the control: it is the event that ended it)
+    again = make_channel(address)
+    calls = 0
+
+    def count() -> object:
+        nonlocal calls
+        calls += 1
+        return health.check(again, timeout_s=1.0)
+
+    with pytest.raises(Unreachable, match="within 1s"):
+        call_with_retry(count, f"the peer at {address}", deadline_s=1.0, max_backoff_s=0.1,
+                        abort=threading.Event())
+    again.close()
+    assert calls > 3
+
 # -- end to end: a real chief holds its run, a killed one gives it to its successor, a resume keeps it ---------
 @pytest.mark.slow
 def test_a_running_chief_holds_its_run_dir_and_a_resume_keeps_the_recorded_run(tmp_path: Path) -> None:

@@ -147,7 +147,7 @@ def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, r
     try:
         names = [v.path for v in model.trainable_variables]
         batches = TaskBatches(w.link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
-        client = connect_worker(w.link.worker_id, w.reg, model, run, config.security)
+        client = connect_worker(w.link.worker_id, w.reg, model, run, config.security, stop)
         delay = run.step_delay(w.reg.index)
         warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size)
         if run.start_barrier:  # the values at the release: every planned worker's first gradient reads them

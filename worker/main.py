@@ -115,9 +115,11 @@ def run_worker(config: WorkerConfig, interrupt: threading.Event | None = None) -
 
 
 def connect_worker(worker_id: str, reg: cpb.RegisterResponse, model: Any, run: RunConfig,
-                   security: SecurityConfig) -> ModelClient:
+                   security: SecurityConfig, stop: threading.Event | None = None) -> ModelClient:
     """A worker's client to every shard, as the run says: placement, transport, its index, and for a
-    sync run over several shards shard 0 deciding each step (every worker of a process or a logical one)."""
+    sync run over several shards shard 0 deciding each step (every worker of a process or a logical one).
+    Once `stop` is set (the chief said stop, or is gone) a failing shard call is not retried: shards
+    that lost the chief exit too, and the worker must not wait out rpc_deadline_s for them."""
     from asyncps.placement import VariableSpec, place
     from asyncps.transport import connect_model
 
@@ -125,7 +127,7 @@ def connect_worker(worker_id: str, reg: cpb.RegisterResponse, model: Any, run: R
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
     return connect_model(worker_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
                          security, transport=run.transport, worker_index=reg.index,
-                         coordinated=run.update_rule().consistency().coordinated)
+                         coordinated=run.update_rule().consistency().coordinated, abort=stop)
 
 
 def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run: RunConfig,
@@ -144,7 +146,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     data, model = build_run_model(run)
     names = [v.path for v in model.trainable_variables]
     batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
-    client = connect_worker(link.worker_id, reg, model, run, config.security)
+    client = connect_worker(link.worker_id, reg, model, run, config.security, stop)
     delay = run.step_delay(reg.index)
     log.info("injected delays: %s", delay.describe())
     grad_fn = make_grad_fn(model, make_loss(run.loss, model))

@@ -6,6 +6,7 @@ import functools
 import inspect
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
@@ -232,13 +233,16 @@ def call_with_retry(
     max_backoff_s: float = 2.0,
     rng: random.Random | None = None,
     warn_after_s: float = UNREACHABLE_WARNING_S,
+    abort: threading.Event | None = None,
 ) -> T:
     """Call fn, retrying only the given codes with exponential backoff and full jitter.
 
     Once the peer has failed for warn_after_s, logs one WARNING naming `what` while the retries go
     on (a wrong address or a peer that is down shows within seconds, not at the deadline), and one
     INFO line if it answers after all. Raises Unreachable naming `what` once deadline_s has passed;
-    other errors propagate at once.
+    other errors propagate at once. `abort` (the caller's stop event) ends the retries early: once it
+    is set, a failed attempt raises Unreachable at once (a stopping worker does not wait out the deadline
+    of a shard that went away with the chief).
     """
     rng = rng or random.Random()
     started = time.monotonic()
@@ -263,6 +267,9 @@ def call_with_retry(
                     f"could not reach {what} within {deadline_s:.0f}s ({code.name if code else '?'}: "
                     f"{detail})"
                 ) from exc
+            if abort is not None and abort.is_set():
+                raise Unreachable(f"gave up on {what} after {now - started:.1f}s: stopping "
+                                  f"({code.name if code else '?'}: {detail})") from exc
             if not warned and now - started >= warn_after_s:
                 warned = True
                 log.warning("cannot reach %s for %.1fs (%s: %s); still trying, for up to %.0fs more", what,
@@ -271,5 +278,8 @@ def call_with_retry(
             pause = rng.uniform(0, backoff)
             if not warned:
                 pause = min(pause, max(0.0, started + warn_after_s - now))
-            time.sleep(min(left, pause))
+            if abort is not None:
+                abort.wait(min(left, pause))
+            else:
+                time.sleep(min(left, pause))
             backoff = min(max_backoff_s, backoff * 2)

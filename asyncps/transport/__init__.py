@@ -25,6 +25,7 @@ are asyncps.errors classes carried typed by asyncps.net.rpc (outcome_of), never 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from asyncps.net.security import SecurityConfig
@@ -48,13 +49,15 @@ def connect_shard(
     transport: str = "grpc",
     registry: TransportRegistry = TRANSPORTS,
     ride_restarts: bool = True,
+    abort: threading.Event | None = None,
 ) -> ShardClient:
     """A client to the shard at `address` (host:port): the gRPC control face paired with the data
     path the `transport` setting names in the registry ("auto": the best available path, each
     falling back to the next; a name: that path required, e.g. "shm" is an error on another host).
     `ride_restarts`: training calls wait while the shard restarted empty (a worker's), or fail at once
-    with FAILED_PRECONDITION (the chief's: it is the one that restores the shard)."""
-    link = ShardLink(address, deadline_s, security, call_timeout_s, ride_restarts=ride_restarts)
+    with FAILED_PRECONDITION (the chief's: it is the one that restores the shard). `abort`: the owner's
+    stop event; once it is set, a call that fails is not retried (Unreachable at once)."""
+    link = ShardLink(address, deadline_s, security, call_timeout_s, ride_restarts=ride_restarts, abort=abort)
     try:
         data = registry.data_path(transport, ClientSetup(link, chunk_bytes, security))
     except BaseException:
@@ -74,12 +77,13 @@ def connect_model(
     worker_index: int | None = None,
     coordinated: bool = False,
     ride_restarts: bool = True,
+    abort: threading.Event | None = None,
 ) -> ModelClient:
     """A ModelClient over transports to every shard, in shard order (see connect_shard); a worker's
     client sends its index with every push, and a coordinated one (a sync run's worker) has shard 0
-    decide each step for every shard. `ride_restarts`: see connect_shard."""
+    decide each step for every shard. `ride_restarts`, `abort`: see connect_shard."""
     return ModelClient(worker_id, [connect_shard(a, deadline_s, chunk_bytes, security, transport=transport,
-                                                 ride_restarts=ride_restarts)
+                                                 ride_restarts=ride_restarts, abort=abort)
                                    for a in addresses], placement, worker_index, coordinated)
 
 

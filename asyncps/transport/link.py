@@ -4,6 +4,7 @@ every data path over gRPC share (and what a data path's factory is handed, async
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -33,6 +34,7 @@ class ShardLink:
         call_timeout_s: float = 30.0,
         seed: int | None = None,
         ride_restarts: bool = True,
+        abort: threading.Event | None = None,
     ) -> None:
         self.address = address
         # training calls wait for a restarted shard's restore; the chief, which restores it, must not
@@ -41,6 +43,8 @@ class ShardLink:
         self.call_timeout_s = call_timeout_s  # the deadline of one attempt
         self.channel = secure_channel(address, security) if security else make_channel(address)
         self._rng = random.Random(seed)
+        # the owner's stop event: once set, retries give up at the next failure (call_with_retry)
+        self.abort = abort
 
     @staticmethod
     def path(method: str) -> str:
@@ -53,7 +57,7 @@ class ShardLink:
         codes = _TRAINING_RETRY if training and self.ride_restarts else _RETRY
         return call_with_retry(fn, f"parameter server {self.address}",
                                self.deadline_s if deadline_s is None else deadline_s, retry_codes=codes,
-                               rng=self._rng)
+                               rng=self._rng, abort=self.abort)
 
     def close(self) -> None:
         """Close the channel."""

@@ -72,7 +72,8 @@ class TcpConnection:
 
     def __init__(self, address: str, data_port: Callable[[], int], security: SecurityConfig | None = None,
                  deadline_s: float = 60.0, call_timeout_s: float = 30.0,
-                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S, seed: int | None = None) -> None:
+                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S, seed: int | None = None,
+                 abort: threading.Event | None = None) -> None:
         self.address = address
         self._host = _split_host(address)
         self._data_port = data_port
@@ -81,6 +82,7 @@ class TcpConnection:
         self._call_timeout_s = call_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._rng = random.Random(seed)
+        self._abort = abort  # the owner's stop event: a broken exchange is not retried once it is set
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._tls = self._client_context(self._security)
@@ -160,7 +162,14 @@ class TcpConnection:
             if left <= 0:
                 raise Unreachable(f"could not reach parameter server {self.address} over TCP within "
                                   f"{self._deadline_s:.0f}s ({type(problem).__name__}: {problem})") from problem
-            time.sleep(min(left, self._rng.uniform(0, backoff)))
+            if self._abort is not None and self._abort.is_set():
+                raise Unreachable(f"gave up on parameter server {self.address} over TCP: stopping "
+                                  f"({type(problem).__name__}: {problem})") from problem
+            pause = min(left, self._rng.uniform(0, backoff))
+            if self._abort is not None:
+                self._abort.wait(pause)
+            else:
+                time.sleep(pause)
             backoff = min(2.0, backoff * 2)
 
     def _once(self, worker_id: str, request: ps_pb2.TcpRequest, tensors: Sequence[Slice],
@@ -236,7 +245,8 @@ def data_connection(link: ShardLink, security: SecurityConfig | None = None,
         reply = link.retry(lambda: ask(ps_pb2.DataPortRequest(), timeout=link.call_timeout_s))
         return int(reply.port)
 
-    return TcpConnection(link.address, data_port, security, link.deadline_s, link.call_timeout_s, connect_timeout_s)
+    return TcpConnection(link.address, data_port, security, link.deadline_s, link.call_timeout_s, connect_timeout_s,
+                         abort=link.abort)
 
 
 def _slices(request: PushRequest) -> list[Slice]:
