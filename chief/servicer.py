@@ -82,7 +82,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self._membership.index_of(request.worker_id)  # registered members only
         if self._membership.stop_reason is not None:
             return cpb.TaskReply(has_task=False, finished=True)
-        task = self._ledger.next_task(request.worker_id)
+        task = self._ledger.next_task(request.worker_id, request.seq)
         if task is None:
             return cpb.TaskReply(has_task=False, finished=self._ledger.finished())
         return cpb.TaskReply(has_task=True, task_id=task.task_id, epoch=task.epoch, start=task.start,

@@ -57,6 +57,7 @@ class TaskLedger:
         self._lost_by: dict[int, str] = {}  # re-queued task -> the worker that died holding it
         self.tasks_rerun = 0
         self.examples_rerun = 0
+        self._last_request: dict[str, tuple[int, int]] = {}  # worker -> (request number, task issued)
 
     def task(self, task_id: int) -> Task:
         """The range of a task id."""
@@ -64,9 +65,14 @@ class TaskLedger:
         start = index * self.task_size
         return Task(task_id, epoch, start, min(start + self.task_size, self.num_examples))
 
-    def next_task(self, worker: str) -> Task | None:
-        """Issue a task to a worker, or None when nothing is left to issue right now."""
+    def next_task(self, worker: str, seq: int = 0) -> Task | None:
+        """Issue a task to a worker, or None when nothing is left to issue right now. A request
+        number `seq` > 0 that repeats the worker's last one gets the task that request was given, while
+        the worker still holds it (the reply was lost and the call sent again): nothing is issued twice."""
         with self._lock:
+            last = self._last_request.get(worker)
+            if seq > 0 and last is not None and last[0] == seq and self._in_flight.get(last[1]) == worker:
+                return self.task(last[1])
             if self._pending:
                 task_id = self._pending.popleft()
             elif self.total_tasks is None or self._next < self.total_tasks:
@@ -76,6 +82,8 @@ class TaskLedger:
                 return None
             self._in_flight[task_id] = worker
             self._record({"issue": task_id, "to": worker})
+            if seq > 0:
+                self._last_request[worker] = (seq, task_id)
             return self.task(task_id)
 
     def complete(self, worker: str, task_id: int) -> bool:

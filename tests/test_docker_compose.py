@@ -490,6 +490,9 @@ def test_a_worker_then_a_shard_cut_off_and_healed_and_the_run_finishes(compose: 
     print(f"scenario F: chief exited {code} after {time.monotonic() - start:.1f}s")
     assert code == 0, compose.logs()
     assert compose.restart_count(ps1) == 0, "ps-1 restarted: a partition is not a crash"
+    # nor for the worker: a call to the chief that timed out in the partition is sent again (a worker
+    # that crashed here came back under a new index, and pushes.csv named three workers)
+    assert compose.restart_count(worker) == 0, compose.docker_logs(worker)[-4000:]
     summary = json.loads(compose.run_file(SUMMARY_JSON))
     assert summary["final_eval"]["accuracy"] >= 0.90, summary
     pushes = list(csv.DictReader(io.StringIO(compose.run_file(PUSHES_CSV))))

@@ -185,3 +185,50 @@ def test_a_worker_resends_an_unanswered_report_unchanged_and_it_is_recorded_once
     finally:
         link.coord.close()
         chief.stop()
+
+
+class TaskReplyLate(CoordinatorServicer):
+    """A chief whose first answer to a numbered task request arrives after the worker's call timed out,
+    as an answer lost in a network partition does (DEADLINE_EXCEEDED: the worker's client tries again)."""
+
+    late = 0
+    hold_s = 1.5
+
+    def GetTask(self, request: cpb.TaskRequest, context: grpc.ServicerContext) -> cpb.TaskReply:
+        reply = super().GetTask(request, context)
+        if request.seq > 0 and TaskReplyLate.late == 0:
+            TaskReplyLate.late += 1
+            time.sleep(TaskReplyLate.hold_s)  # the task is issued; its answer misses the call's deadline
+        return reply
+
+
+def test_a_task_request_that_timed_out_is_sent_again_and_gets_the_same_task(tmp_path: Path) -> None:
+    TaskReplyLate.late = 0
+    chief = start_chief(tmp_path, servicer_type=TaskReplyLate)
+    link = ChiefLink(CoordinatorClient(f"127.0.0.1:{chief.port}", deadline_s=20, call_timeout_s=0.5), "worker#0-x", 0)
+    try:
+        link.register()
+        first = link.get_task()  # timed out once, sent again under the same number
+        assert TaskReplyLate.late == 1 and first.has_task
+        summary = chief.ledger.summary()
+        assert summary["tasks_in_flight"] == 1, summary  # one task issued, not one lost to nobody
+        second = link.get_task()  # the next request is new
+        assert second.task_id != first.task_id and chief.ledger.summary()["tasks_in_flight"] == 2
+        # an unnumbered request (a worker of an earlier version) gets a new task every time, as before
+        third, fourth = (link.coord.get_task("worker#0-x") for _ in range(2))
+        assert len({first.task_id, second.task_id, third.task_id, fourth.task_id}) == 4
+    finally:
+        link.coord.close()
+        chief.stop()
+
+
+def test_a_repeated_task_request_gets_its_task_only_while_the_worker_holds_it() -> None:
+    ledger = TaskLedger(100, 10, 1)
+    task = ledger.next_task("w", seq=1)
+    assert task is not None and ledger.next_task("w", seq=1) == task  # the same request: the same task
+    assert ledger.next_task("other", seq=1) != task  # request numbers are per worker
+    assert ledger.requeue("w") == 1  # declared dead: its task went back to the queue ...
+    again = ledger.next_task("w", seq=1)  # ... so a late repeat gets a task like any request
+    assert again is not None and again.task_id == task.task_id and ledger.summary()["tasks_in_flight"] == 2
+    ledger.complete("w", again.task_id)
+    assert ledger.next_task("w", seq=1) != again  # done: a repeat does not hand it out again

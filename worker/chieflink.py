@@ -38,6 +38,7 @@ class ChiefLink:
         self.index = index  # the index to ask for again: the one the first chief gave
         self._lock = threading.Lock()
         self.registrations = 0
+        self._task_requests = 0  # numbers this worker's task requests (TaskRequest.seq)
 
     def register(self) -> cpb.RegisterResponse:
         """Register (again) with the chief under this worker id and index."""
@@ -76,8 +77,11 @@ class ChiefLink:
                                                     completed_tasks, seq))
 
     def get_task(self) -> cpb.TaskReply:
-        """The next data task for this worker."""
-        return self._call(lambda: self.coord.get_task(self.worker_id))
+        """The next data task for this worker (a timed-out request is sent again under its number)."""
+        with self._lock:
+            self._task_requests += 1
+            seq = self._task_requests
+        return self._call(lambda: self.coord.get_task(self.worker_id, seq=seq))
 
 
 __all__ = ["ChiefLink", "ChiefLost"]

@@ -267,13 +267,20 @@ class TaskRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     WORKER_ID_FIELD_NUMBER: builtins.int
+    SEQ_FIELD_NUMBER: builtins.int
     worker_id: builtins.str
+    seq: builtins.int
+    """The worker's request number (1, 2, ...; 0: not numbered). A request sent again with the same
+    number (its reply was lost, e.g. the call timed out in a network partition) gets the task the
+    first one was given while the worker still holds it, so no task is issued twice to nobody.
+    """
     def __init__(
         self,
         *,
         worker_id: builtins.str = ...,
+        seq: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["worker_id", b"worker_id"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["seq", b"seq", "worker_id", b"worker_id"]) -> None: ...
 
 global___TaskRequest = TaskRequest
 

@@ -6,6 +6,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import grpc
+
 from asyncps.net.rpc import call_with_retry, make_channel
 from asyncps.net.security import SecurityConfig, secure_channel
 from asyncps.pb import coordinator_pb2 as cpb
@@ -14,8 +16,16 @@ from asyncps.pb import coordinator_pb2_grpc
 T = TypeVar("T")
 
 
+# Every call to the chief may be sent again: Register (one worker id, one member), Heartbeat and
+# GetStatus read or refresh, Report is recorded once per report number, GetTask repeats its answer
+# to a repeated request number. So an attempt that timed out (DEADLINE_EXCEEDED: its request or reply
+# was lost in a network partition, the connection behind it gone) is retried like UNAVAILABLE.
+_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
 class CoordinatorClient:
-    """Typed calls to the chief with deadlines; UNAVAILABLE is retried until deadline_s."""
+    """Typed calls to the chief with deadlines; UNAVAILABLE and a timed-out attempt are retried until
+    deadline_s."""
 
     def __init__(
         self, address: str, deadline_s: float = 60.0, security: SecurityConfig | None = None,
@@ -30,7 +40,8 @@ class CoordinatorClient:
 
     def _retry(self, fn: Callable[[], T], deadline_s: float | None) -> T:
         return call_with_retry(fn, f"the chief at {self.address}",
-                               self._deadline_s if deadline_s is None else deadline_s, rng=self._rng)
+                               self._deadline_s if deadline_s is None else deadline_s, retry_codes=_RETRY,
+                               rng=self._rng)
 
     def register(self, worker_id: str, role: str = "worker", requested_index: int = -1,
                  address: str = "") -> cpb.RegisterResponse:
@@ -54,9 +65,9 @@ class CoordinatorClient:
                                     steps=steps, final=final, completed_tasks=completed_tasks, seq=seq)
         return self._retry(lambda: self._stub.Report(request, timeout=self._call_timeout_s), deadline_s)
 
-    def get_task(self, worker_id: str, deadline_s: float | None = None) -> cpb.TaskReply:
-        """The next data task for this worker."""
-        request = cpb.TaskRequest(worker_id=worker_id)
+    def get_task(self, worker_id: str, deadline_s: float | None = None, seq: int = 0) -> cpb.TaskReply:
+        """The next data task for this worker; `seq`: the worker's request number (TaskRequest.seq)."""
+        request = cpb.TaskRequest(worker_id=worker_id, seq=seq)
         return self._retry(lambda: self._stub.GetTask(request, timeout=self._call_timeout_s), deadline_s)
 
     def wait_start(self, worker_ids: Sequence[str], wait_s: float,
