@@ -151,7 +151,7 @@ class Chief:
         self.verdict: Verdict | None = None
         self._manifest_saved = 0.0
         self._orphans_checked = False
-        self.live_set = LiveSet(membership, model.client.shards)
+        self.live_set = LiveSet(membership, model.client.shards, ledger.workers_with_work)
         self.poller = ShardPoller(model.client.shards, config.ps, self.run.rpc_deadline_s, progress,
                                   self._recover_shard)
         self.evaluation = Evaluation(model.evaluator, model.client, model.data, self.run.eval_every_s, progress,

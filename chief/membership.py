@@ -156,24 +156,36 @@ class LiveWorkersSink(Protocol):
 
 
 class LiveSet:
-    """Pushes the live worker set to the shards once every planned worker joined, and on every change."""
+    """Pushes the live worker set to the shards once every planned worker joined, and on every change.
 
-    def __init__(self, membership: Membership, shards: Sequence[LiveWorkersSink]) -> None:
+    `with_work` (the data ledger's workers_with_work) narrows it at the end of an epochs-limited run: a
+    live worker with no task left to do will push no more, so a synchronous quorum (or an SSP bound)
+    must not wait for it. Without this the last worker still training waited read_wait_s at every step
+    for the idle ones. A worker that gets a task again (one re-queued from a dead worker) is counted
+    again at the next sync."""
+
+    def __init__(self, membership: Membership, shards: Sequence[LiveWorkersSink],
+                 with_work: Callable[[], set[str] | None] | None = None) -> None:
         self._membership = membership
         self._shards = shards
+        self._with_work = with_work
         self._sent: list[str] | None = None
 
     def sync(self) -> None:
-        """Tell the shards who is alive once every planned worker has joined, and on every change."""
+        """Tell the shards who is alive (and has work) once every planned worker has joined, and on
+        every change."""
         if self._membership.indices_seen() < self._membership.num_workers:
             return
-        live = sorted(m.worker_id for m in self._membership.live_workers())
+        working = self._with_work() if self._with_work is not None else None
+        alive = [m.worker_id for m in self._membership.live_workers()]
+        live = sorted(w for w in alive if working is None or w in working)
         if live == self._sent:
             return
         for shard in self._shards:
             shard.set_live_workers(live)
         self._sent = live
-        log.info("live workers: %d", len(live))
+        idle = len(alive) - len(live)
+        log.info("live workers: %d%s", len(live), f" ({idle} more alive with no data task left)" if idle else "")
 
     def restored(self, shard: int) -> None:
         """A shard was restored (or started anew): its live set is gone with its old state, send it again."""

@@ -120,6 +120,15 @@ class TaskLedger:
                 self._record({"requeue": worker})
             return len(lost)
 
+    def workers_with_work(self) -> set[str] | None:
+        """The workers that can still push for the planned epochs: those holding a task, once nothing
+        is left to hand out (no task pending, every task issued); None while there is (any worker may
+        get one) or when the run has no epoch limit."""
+        with self._lock:
+            if self.total_tasks is None or self._pending or self._next < self.total_tasks:
+                return None
+            return set(self._in_flight.values())
+
     def holders(self) -> set[str]:
         """The workers holding tasks in flight."""
         with self._lock:

@@ -133,3 +133,18 @@ def test_no_stall_after_a_shard_restore_a_worker_death_and_a_join(tmp_path: Path
     finally:
         coord.close()
         cluster.stop()
+
+
+@pytest.mark.parametrize("mode", ["sync", "k-async:k=3"])
+def test_an_epochs_limited_run_does_not_wait_for_workers_with_no_data_left(tmp_path: Path, mode: str) -> None:
+    """At the end of an epochs-limited run the workers that hold no task are left out of the live set the
+    shards count: the workers still training are not held read_wait_s (30 s) at every step by a quorum
+    that waits for a worker that will never push again. 2.6 epochs are 32 tasks of 128 examples: the last
+    round of tasks leaves one of the three workers without one even in lockstep. (Without the narrowed
+    live set both modes fail here with steps that waited 30.0 s.)"""
+    run_dir, s = run(tmp_path, "tail", "--mode", mode, "--workers", "3", "--epochs", "2.6", "--stragglers", "0:3x",
+                     "--read-wait", "30")
+    assert s["data"]["tasks_done"] == s["data"]["tasks_planned"] == 32, s["data"]
+    waits = [row.wait_s for row in read_rows(RunDir(run_dir).timeline, StepRow)]
+    assert max(waits) < 10.0, sorted(waits)[-5:]  # a step held for a quorum that cannot come waited ~30 s
+    assert "more alive with no data task left" in RunDir(run_dir).log("chief").read_text()

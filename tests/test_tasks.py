@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,36 @@ def test_killing_a_worker_loses_no_data(tmp_path: Path) -> None:
     assert data["tasks_rerun"] == data["tasks_requeued"] >= 1 and data["examples_rerun"] >= 1
     assert data["examples_dropped"] == 0 and data["examples_applied"] > 0  # async, no drop policy
     assert "re-queued" in RunDir(tmp_path / "run").log("chief").read_text()
+
+
+def test_the_live_set_leaves_out_workers_with_no_data_left_and_counts_them_again_with_a_task() -> None:
+    from asyncps.chief.membership import LiveSet, Membership
+
+    class Shard:  # the sink end of set_live_workers, recording what the chief sent
+        def __init__(self) -> None:
+            self.sent: list[list[str]] = []
+
+        def set_live_workers(self, worker_ids: Sequence[str]) -> None:
+            self.sent.append(list(worker_ids))
+
+    ledger = TaskLedger(num_examples=30, task_size=10, epochs=1)
+    membership = Membership(3, heartbeat_timeout_s=60)
+    for index, worker in enumerate(("a", "b", "c")):
+        membership.register(worker, "worker", index)
+    shard = Shard()
+    live = LiveSet(membership, [shard], ledger.workers_with_work)
+    tasks = {w: ledger.next_task(w) for w in ("a", "b")}
+    live.sync()
+    assert ledger.workers_with_work() is None and shard.sent == [["a", "b", "c"]]  # a task is left to hand out
+    task_c = ledger.next_task("c")
+    assert task_c is not None and ledger.next_task("a") is None  # every task issued
+    ledger.complete("a", tasks["a"].task_id)  # type: ignore[union-attr]
+    live.sync()
+    assert shard.sent[-1] == ["b", "c"]  # a has nothing left to push for
+    ledger.requeue("c")  # c died holding its task: it is pending again, anyone may take it
+    live.sync()
+    assert shard.sent[-1] == ["a", "b", "c"]
+    assert ledger.next_task("a") == task_c
+    ledger.complete("b", tasks["b"].task_id)  # type: ignore[union-attr]
+    live.sync()
+    assert shard.sent[-1] == ["a"]  # membership still counts c alive: the chief's reap() decides that
