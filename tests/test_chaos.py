@@ -1,4 +1,4 @@
-"""A seeded chaos run (issue 24, item 7, its start): `asyncps local` on 2 shards (async) with checkpoints
+"""A seeded chaos run: `asyncps local` on 2 shards, async and sync (one decision for both shards), with checkpoints
 every 3 s, and a seeded schedule of SIGKILLs of shards, workers and the chief: two at once, a shard
 during a checkpoint cut (held by the chief's test gate, asyncps.chief.cut.CUT_GATE_ENV), the chief
 during its own restart. The run must finish by itself (exit 0, summary.json) with an accuracy within
@@ -30,8 +30,7 @@ from tests.test_cut_survives import kill_during_cut, wait_for, worker_pid
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 SEED = int(os.environ.get("ASYNCPS_CHAOS_SEED", "1"))
-ARGS = ("--workers", "3", "--num-ps", "2", "--mode", "async", "--epochs", "300", "--checkpoint-every", "3s",
-        "--eval-every", "5")
+ARGS = ("--workers", "3", "--num-ps", "2", "--epochs", "300", "--checkpoint-every", "3s", "--eval-every", "5")
 
 
 @dataclass(frozen=True)
@@ -133,11 +132,11 @@ def leftovers(launcher: subprocess.Popen[str]) -> tuple[list[int], list[str]]:
     return pids, [p.name for p in SHM_DIR.glob(f"asyncps-run{launcher.pid}x*")]
 
 
-def run(run_dir: Path, faults: list[tuple[float, Fault]]) -> tuple[RunSummary, float, str]:
+def run(run_dir: Path, faults: list[tuple[float, Fault]], mode: str = "async") -> tuple[RunSummary, float, str]:
     gate = run_dir.parent / f"{run_dir.name}-gate"
     gate.mkdir()
     started = time.monotonic()
-    proc = start_local(run_dir, *ARGS, "--seed", str(SEED), env={CUT_GATE_ENV: str(gate)})
+    proc = start_local(run_dir, *ARGS, "--mode", mode, "--seed", str(SEED), env={CUT_GATE_ENV: str(gate)})
     try:
         if faults:  # from the first checkpoint on: a shard that lost its state is restored from one
             wait_for("a checkpoint", CheckpointDir(RunDir(run_dir).checkpoints).complete, proc, timeout_s=180)
@@ -157,16 +156,17 @@ def run(run_dir: Path, faults: list[tuple[float, Fault]]) -> tuple[RunSummary, f
     return RunSummary.load(run_dir), took, out
 
 
-def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path, mode: str) -> None:
     faults = schedule(SEED)
     print(f"\nchaos seed {SEED} (replay: ASYNCPS_CHAOS_SEED={SEED} pytest -m chaos tests/test_chaos.py): "
           f"{len(faults)} faults, {sum(f.kills for _, f in faults)} processes killed")
     for pause, fault in faults:
         print(f"  after {pause:.1f}s: {fault.name}")
     assert len(faults) >= 8
-    base, base_s, _ = run(tmp_path / "unfaulted", [])
-    print("faulted run:")
-    faulted, faulted_s, out = run(tmp_path / "faulted", faults)
+    base, base_s, _ = run(tmp_path / "unfaulted", [], mode)
+    print(f"faulted run ({mode}):")
+    faulted, faulted_s, out = run(tmp_path / "faulted", faults, mode)
     chief_log = RunDir(tmp_path / "faulted").log("chief").read_text()
     print(f"unfaulted: accuracy {base.final_eval.accuracy:.4f}, {base.updates_applied} updates, {base_s:.0f}s; "
           f"faulted: accuracy {faulted.final_eval.accuracy:.4f}, {faulted.updates_applied} updates, "
