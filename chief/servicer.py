@@ -62,12 +62,16 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def Report(self, request: cpb.ReportRequest, context: grpc.ServicerContext) -> cpb.ReportResponse:
         """Record a worker's telemetry, once per report number; a final report marks it finished."""
         index = self._membership.index_of(request.worker_id)
+        self._ledger.check_ids(request.completed_tasks)  # INVALID_ARGUMENT before anything is recorded
         with self._reports.once(request.worker_id, request.seq) as fresh:
             if fresh:
-                self._recorder.add(index, request.pushes, request.steps)
+                # the tasks first: a refusal (INVALID_ARGUMENT) then leaves no rows behind to be
+                # written again when the worker sends the report again
                 for task_id in request.completed_tasks:
                     if not self._ledger.complete(request.worker_id, task_id):
-                        log.info("task %d completed again by worker %d (it was re-queued)", task_id, index)
+                        log.info("task %d completed again by worker %d (it was re-queued, or rolled back with "
+                                 "the shards)", task_id, index)
+                self._recorder.add(index, request.pushes, request.steps)
             else:
                 log.info("report %d of worker %d (%s) was recorded before: not again", request.seq, index,
                          request.worker_id)

@@ -17,9 +17,11 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from asyncps.errors import InvalidArgumentError
 
 Journal = Callable[[dict[str, Any]], None]
 
@@ -51,6 +53,7 @@ class TaskLedger:
         self._in_flight: dict[int, str] = {}
         self._done: set[int] = set()
         self.duplicates = 0
+        self.stale_completions = 0  # completions of tasks issued past the checkpoint this ledger went back to
         self.requeued = 0
         self.examples_done = 0
         self.journal: Journal | None = None  # told every change, under the lock
@@ -86,15 +89,31 @@ class TaskLedger:
                 self._last_request[worker] = (seq, task_id)
             return self.task(task_id)
 
+    def check_ids(self, task_ids: Iterable[int]) -> None:
+        """InvalidArgumentError naming the first id that no ledger of this run can have issued."""
+        for task_id in task_ids:
+            if task_id < 0 or (self.total_tasks is not None and task_id >= self.total_tasks):
+                raise InvalidArgumentError(f"task {task_id} is not a task of this run (0 to "
+                                           f"{'unbounded' if self.total_tasks is None else self.total_tasks - 1})")
+
     def complete(self, worker: str, task_id: int) -> bool:
-        """Record a finished task; False if it was already done (a duplicate)."""
+        """Record a finished task; False if it was already done (a duplicate), or if this ledger never
+        issued it (a stale completion: see below).
+
+        A ledger that went back to a checkpoint (a chief restarted and restored the shards from one)
+        has not issued the tasks an earlier chief issued after that checkpoint; their pushes were
+        rolled back with the shards, and the tasks will be issued again. A worker still reporting
+        one done is counted (stale_completions) and changes nothing else: raising here made the
+        chief answer the report with an internal error, and every re-send recorded its rows again."""
         with self._lock:
             if task_id in self._done:
                 self.duplicates += 1
                 self._record({"duplicate": task_id})
                 return False
             if task_id >= self._next:
-                raise ValueError(f"task {task_id} was never issued")
+                self.stale_completions += 1
+                self._record({"stale": task_id})
+                return False
             self._in_flight.pop(task_id, None)
             if task_id in self._pending:  # its worker was declared dead but finished it after all
                 self._pending.remove(task_id)
@@ -165,6 +184,8 @@ class TaskLedger:
                 "tasks_pending": len(self._pending),
                 "tasks_requeued": self.requeued,
                 "duplicate_completions": self.duplicates,
+                # completions of tasks issued after the checkpoint this ledger went back to (rolled back)
+                "stale_completions": self.stale_completions,
                 "examples_done": self.examples_done,
                 # tasks a dead worker held, completed again by another worker, and their examples
                 "tasks_rerun": self.tasks_rerun,
@@ -189,6 +210,7 @@ class TaskLedger:
             self._in_flight = {int(t): str(w) for t, w in state.get("in_flight", {}).items()}
             self.examples_done = int(state["examples_done"])
             self.duplicates = int(state.get("duplicates", 0))
+            self.stale_completions = int(state.get("stale_completions", 0))
             self.requeued = int(state.get("requeued", 0))
             self.tasks_rerun = int(state.get("tasks_rerun", 0))  # absent in older checkpoints
             self.examples_rerun = int(state.get("examples_rerun", 0))
@@ -199,7 +221,8 @@ class TaskLedger:
         with self._lock:
             return {"next": self._next, "done": sorted(self._done), "examples_done": self.examples_done,
                     "pending": list(self._pending), "in_flight": {str(t): w for t, w in self._in_flight.items()},
-                    "duplicates": self.duplicates, "requeued": self.requeued, "tasks_rerun": self.tasks_rerun,
+                    "duplicates": self.duplicates, "stale_completions": self.stale_completions,
+                    "requeued": self.requeued, "tasks_rerun": self.tasks_rerun,
                     "examples_rerun": self.examples_rerun, "lost_by": {str(t): w for t, w in self._lost_by.items()}}
 
     def replay(self, event: dict[str, Any]) -> None:
@@ -219,6 +242,9 @@ class TaskLedger:
         elif "duplicate" in event:
             with self._lock:
                 self.duplicates += 1
+        elif "stale" in event:
+            with self._lock:
+                self.stale_completions += 1
         elif "requeue" in event:
             self.requeue(str(event["requeue"]))
         else:

@@ -9,6 +9,7 @@ faults in the same order at the same offsets; the processes' own timing is the m
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import signal
@@ -22,7 +23,7 @@ import pytest
 from asyncps.chief.checkpoint import CheckpointDir
 from asyncps.chief.cut import CUT_GATE_ENV
 
-from asyncps.rundir import RunDir, RunSummary
+from asyncps.rundir import RunDir, RunSummary, StepRow, iter_rows
 from asyncps.transport.shmseg import SHM_DIR, TAG_ENV
 from tests.test_chief_restart import finish, role_pid, start_local
 from tests.test_cut_survives import kill_during_cut, wait_for, worker_pid
@@ -173,6 +174,10 @@ def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path, mod
           f"{faulted_s:.0f}s; chief starts {chief_log.count('chief serving on port')}, "
           f"restores {chief_log.count('restored from ckpt-')}, cuts retried {chief_log.count('the cut failed')}")
     assert "abandoned" not in chief_log, chief_log[-4000:]
+    assert "Traceback" not in chief_log, chief_log[-4000:]  # every report answered (a refused one was re-sent)
+    steps = collections.Counter((s.worker, s.step, s.start) for s in iter_rows(RunDir(tmp_path / "faulted").timeline,
+                                                                               StepRow))
+    assert not [k for k, n in steps.items() if n > 1], "a report's rows were recorded more than once"
     assert faulted.data["tasks_done"] == faulted.data["tasks_planned"], faulted.data
     assert abs(faulted.final_eval.accuracy - base.final_eval.accuracy) <= 0.01, (
         base.final_eval.accuracy, faulted.final_eval.accuracy, out[-3000:])

@@ -232,3 +232,34 @@ def test_a_repeated_task_request_gets_its_task_only_while_the_worker_holds_it() 
     assert again is not None and again.task_id == task.task_id and ledger.summary()["tasks_in_flight"] == 2
     ledger.complete("w", again.task_id)
     assert ledger.next_task("w", seq=1) != again  # done: a repeat does not hand it out again
+
+
+def test_a_task_completed_past_the_checkpoint_the_ledger_went_back_to_is_recorded_once(tmp_path: Path) -> None:
+    """A chief that restored the shards from a checkpoint took its ledger from it too: a worker that trained
+    a task issued after that checkpoint reports it done. The report is answered and its rows recorded once;
+    the completion is counted stale and the task is issued again. (Before, the ledger raised "never
+    issued", the chief answered INTERNAL, and each re-send wrote the report's rows again: the chaos run
+    had one 172-step report eight times in timeline.csv.)"""
+    chief = start_chief(tmp_path)
+    client = CoordinatorClient(f"127.0.0.1:{chief.port}", deadline_s=5)
+    try:
+        client.register("worker-a", "worker", 0)
+        at_checkpoint = chief.ledger.state()
+        task = client.get_task("worker-a")  # issued after the checkpoint
+        chief.ledger.load(at_checkpoint)  # the next chief's ledger, from the checkpoint
+        report: dict[str, Any] = {"pushes": [push(1, 0)], "steps": [timing(1)], "completed_tasks": [task.task_id]}
+        client.report("worker-a", 0, seq=1, **report)
+        client.report("worker-a", 0, seq=1, **report)  # sent again: not recorded again
+        assert rows(tmp_path) == ([(1, 0)], [1])
+        summary = chief.ledger.summary()
+        assert summary["stale_completions"] == 1 and summary["tasks_done"] == 0, summary
+        assert client.get_task("worker-a").task_id == task.task_id  # issued again
+        # a task id no ledger of this run can have issued is refused before anything is recorded
+        with pytest.raises(grpc.RpcError) as refused:
+            client.report("worker-a", 0, seq=2, pushes=[push(2, 0)], steps=[timing(2)], completed_tasks=[10])
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "task 10 is not a task of this run (0 to 9)" in (refused.value.details() or "")
+        assert rows(tmp_path) == ([(1, 0)], [1]) and chief.reports.last("worker-a") == 1
+    finally:
+        client.close()
+        chief.stop()

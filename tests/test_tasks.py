@@ -146,3 +146,22 @@ def test_the_live_set_leaves_out_workers_with_no_data_left_and_counts_them_again
     ledger.complete("b", tasks["b"].task_id)  # type: ignore[union-attr]
     live.sync()
     assert shard.sent[-1] == ["a"]  # membership still counts c alive: the chief's reap() decides that
+
+
+def test_a_stale_completion_is_counted_and_journaled_and_the_task_is_issued_again() -> None:
+    ledger = TaskLedger(num_examples=40, task_size=10, epochs=1)
+    journal: list[dict[str, object]] = []
+    checkpoint = ledger.state()
+    first = ledger.next_task("w")
+    assert first is not None
+    ledger.load(checkpoint)  # went back to the checkpoint: task 0 is not issued in this ledger
+    start = ledger.full_state()  # the journal's first line
+    ledger.journal = journal.append
+    assert not ledger.complete("w", first.task_id)
+    assert ledger.summary()["stale_completions"] == 1 and ledger.summary()["tasks_done"] == 0
+    again = TaskLedger(num_examples=40, task_size=10, epochs=1)
+    again.load(start)
+    for event in journal:
+        again.replay(event)  # type: ignore[arg-type]
+    assert again.summary() == ledger.summary()
+    assert ledger.next_task("w") == first
