@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-from asyncps.chief.checkpointer import LIVE, Checkpointer, ShardStateError
+from asyncps.chief.checkpointer import LIVE, RESTORED, Checkpointer, ShardStateError
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.evaluator import Evaluation, Evaluator
 from asyncps.chief.guard import RunGuard, Verdict
@@ -408,6 +408,17 @@ def _run_locked(config: ChiefConfig, interrupt: threading.Event | None,
     files = RunDir(config.run_dir)
     if how == LIVE and replay(files.ledger, ledger):
         log.info("data ledger continues from %s: %s", files.ledger.name, ledger.summary())
+    elif how == RESTORED and resuming:
+        previous = TaskLedger(ledger.num_examples, ledger.task_size, run.epochs)
+        try:
+            found = replay(files.ledger, previous)
+        except ValueError as exc:  # the accounting of the rewind is lost, not the run
+            log.warning("the previous chief's data ledger cannot be read (%s): rewound tasks not counted", exc)
+            found = False
+        if found:
+            rewound = ledger.rewound_from(previous)
+            log.info("data ledger went back to the checkpoint: %d task(s) the previous chief had done are done "
+                     "again (tasks_rewound)", rewound)
     ledger_log = LedgerLog(files.ledger, ledger)
     manifest.save(config.run_dir)
     append = resuming or config.resume

@@ -54,6 +54,8 @@ class TaskLedger:
         self._done: set[int] = set()
         self.duplicates = 0
         self.stale_completions = 0  # completions of tasks issued past the checkpoint this ledger went back to
+        self.tasks_rewound = 0  # done before a restarted chief went back to a checkpoint, not in it: done again
+        self.examples_rewound = 0
         self.requeued = 0
         self.examples_done = 0
         self.journal: Journal | None = None  # told every change, under the lock
@@ -148,6 +150,27 @@ class TaskLedger:
                 return None
             return set(self._in_flight.values())
 
+    def rewound_from(self, previous: TaskLedger) -> int:
+        """This ledger went back to a checkpoint (a restarted chief restored the shards from it) and
+        `previous` is where the dead chief's ledger was (its journal): the tasks it had done that the
+        checkpoint has not are counted rewound (their pushes were rolled back with the shards, and they
+        will be issued and trained again); the counts of what happened (re-queues, re-runs, duplicate and
+        stale completions) are the previous ledger's, which the checkpoint is behind. Returns how many."""
+        with previous._lock:
+            done, p = set(previous._done), previous
+            counts = (p.duplicates, p.stale_completions, p.requeued, p.tasks_rerun, p.examples_rerun,
+                      p.tasks_rewound, p.examples_rewound)
+        with self._lock:
+            lost = sorted(done - self._done)
+            (self.duplicates, self.stale_completions, self.requeued, self.tasks_rerun, self.examples_rerun,
+             self.tasks_rewound, self.examples_rewound) = (
+                max(mine, theirs) for mine, theirs in zip(
+                    (self.duplicates, self.stale_completions, self.requeued, self.tasks_rerun, self.examples_rerun,
+                     self.tasks_rewound, self.examples_rewound), counts, strict=True))
+            self.tasks_rewound += len(lost)
+            self.examples_rewound += sum(self.task(t).stop - self.task(t).start for t in lost)
+            return len(lost)
+
     def holders(self) -> set[str]:
         """The workers holding tasks in flight."""
         with self._lock:
@@ -186,6 +209,9 @@ class TaskLedger:
                 "duplicate_completions": self.duplicates,
                 # completions of tasks issued after the checkpoint this ledger went back to (rolled back)
                 "stale_completions": self.stale_completions,
+                # tasks done before a restarted chief went back to a checkpoint without them: done again
+                "tasks_rewound": self.tasks_rewound,
+                "examples_rewound": self.examples_rewound,
                 "examples_done": self.examples_done,
                 # tasks a dead worker held, completed again by another worker, and their examples
                 "tasks_rerun": self.tasks_rerun,
@@ -199,7 +225,8 @@ class TaskLedger:
         with self._lock:
             return {"next": self._next, "done": sorted(self._done), "examples_done": self.examples_done,
                     "pending": sorted({*self._pending, *self._in_flight}), "tasks_rerun": self.tasks_rerun,
-                    "examples_rerun": self.examples_rerun}
+                    "examples_rerun": self.examples_rerun, "tasks_rewound": self.tasks_rewound,
+                    "examples_rewound": self.examples_rewound}
 
     def load(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's state (or a journal's, with its in-flight tasks and counts)."""
@@ -211,6 +238,8 @@ class TaskLedger:
             self.examples_done = int(state["examples_done"])
             self.duplicates = int(state.get("duplicates", 0))
             self.stale_completions = int(state.get("stale_completions", 0))
+            self.tasks_rewound = int(state.get("tasks_rewound", 0))  # absent in older checkpoints and journals
+            self.examples_rewound = int(state.get("examples_rewound", 0))
             self.requeued = int(state.get("requeued", 0))
             self.tasks_rerun = int(state.get("tasks_rerun", 0))  # absent in older checkpoints
             self.examples_rerun = int(state.get("examples_rerun", 0))
@@ -223,7 +252,8 @@ class TaskLedger:
                     "pending": list(self._pending), "in_flight": {str(t): w for t, w in self._in_flight.items()},
                     "duplicates": self.duplicates, "stale_completions": self.stale_completions,
                     "requeued": self.requeued, "tasks_rerun": self.tasks_rerun,
-                    "examples_rerun": self.examples_rerun, "lost_by": {str(t): w for t, w in self._lost_by.items()}}
+                    "examples_rerun": self.examples_rerun, "lost_by": {str(t): w for t, w in self._lost_by.items()},
+                    "tasks_rewound": self.tasks_rewound, "examples_rewound": self.examples_rewound}
 
     def replay(self, event: dict[str, Any]) -> None:
         """Apply one journaled change (the same change the call that journaled it made)."""

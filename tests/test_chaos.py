@@ -173,6 +173,12 @@ def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path, mod
           f"faulted: accuracy {faulted.final_eval.accuracy:.4f}, {faulted.updates_applied} updates, "
           f"{faulted_s:.0f}s; chief starts {chief_log.count('chief serving on port')}, "
           f"restores {chief_log.count('restored from ckpt-')}, cuts retried {chief_log.count('the cut failed')}")
+    d = faulted.data
+    fates = sum(int(d[f"examples_{k}"]) for k in ("applied", "dropped", "partially_applied", "not_pushed",
+                                                  "nonfinite", "rolled_back"))
+    print(f"examples trained {fates} = done {d['examples_done']} + re-run {d['examples_rerun']} + rewound "
+          f"{d['examples_rewound']} + {d['stale_completions']} stale task(s) + partial attempts "
+          f"{fates - int(d['examples_done']) - int(d['examples_rerun']) - int(d['examples_rewound'])}")
     assert "abandoned" not in chief_log, chief_log[-4000:]
     assert "Traceback" not in chief_log, chief_log[-4000:]  # every report answered (a refused one was re-sent)
     steps = collections.Counter((s.worker, s.step, s.start) for s in iter_rows(RunDir(tmp_path / "faulted").timeline,

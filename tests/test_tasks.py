@@ -165,3 +165,26 @@ def test_a_stale_completion_is_counted_and_journaled_and_the_task_is_issued_agai
         again.replay(event)  # type: ignore[arg-type]
     assert again.summary() == ledger.summary()
     assert ledger.next_task("w") == first
+
+
+def test_a_ledger_gone_back_to_a_checkpoint_counts_the_tasks_done_since_as_rewound() -> None:
+    dead = TaskLedger(num_examples=35, task_size=10, epochs=1)  # tasks of 10, 10, 10 and 5 examples
+    first = dead.next_task("w")
+    assert first is not None and dead.complete("w", first.task_id)
+    checkpoint = dead.state()
+    for _ in range(3):  # done after the checkpoint, by the chief that then died
+        task = dead.next_task("w")
+        assert task is not None and dead.complete("w", task.task_id)
+    dead.requeue("nobody")
+    restarted = TaskLedger(num_examples=35, task_size=10, epochs=1)
+    restarted.load(checkpoint)
+    assert restarted.rewound_from(dead) == 3
+    summary = restarted.summary()
+    assert summary["tasks_rewound"] == 3 and summary["examples_rewound"] == 25 and summary["tasks_done"] == 1
+    assert restarted.next_task("v") == dead.task(1)  # done again
+    again = TaskLedger(num_examples=35, task_size=10, epochs=1)
+    again.load(restarted.full_state())  # the new chief's journal keeps the count ...
+    assert again.summary()["examples_rewound"] == 25
+    later = TaskLedger(num_examples=35, task_size=10, epochs=1)
+    later.load(restarted.state())  # ... and so does its next checkpoint
+    assert later.summary()["tasks_rewound"] == 3
