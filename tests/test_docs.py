@@ -86,3 +86,17 @@ def test_the_anchor_rules_match_github() -> None:
     assert {"kubernetes--kubeflow-tf_config", "the-run-directory", "beyond-one-machine"} <= anchors(page)
     assert "5-why-synchronous-training-waits-for-the-slowest-worker-e3" in anchors(ROOT / "docs" / "teaching.md")
     assert "copy-the-run-directory-out" not in anchors(page)  # a comment in a bash block is no heading
+
+
+def test_teachings_reproduce_table_lists_every_spec_with_its_point_counts() -> None:
+    """docs/teaching.md's "Reproduce everything" table: one row per spec in experiments/, and its
+    "points: full / reduced" are the numbers of points the spec makes (a changed grid changes them)."""
+    from asyncps.tools.experiment.spec import load_spec
+
+    text = (ROOT / "docs" / "teaching.md").read_text()
+    rows = dict(re.findall(r"^\| \[(e\d+_\w+)\]\([^)]*\) \|.*\| (\d+ / \d+) \|$", text, re.MULTILINE))
+    specs = sorted((ROOT / "experiments").glob("e*.yaml"))
+    assert sorted(rows) == [p.stem for p in specs]
+    for path in specs:
+        counts = f"{len(load_spec(path).points())} / {len(load_spec(path, reduced=True).points())}"
+        assert rows[path.stem] == counts, (path.stem, rows[path.stem], counts)
