@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -197,29 +198,37 @@ def test_local_shows_the_last_lines_of_a_process_that_died_before_it_served(tmp_
     assert ".port" not in done.stderr
 
 
-def test_an_unreachable_peer_is_reported_once_while_the_retries_go_on(caplog: pytest.LogCaptureFixture) -> None:
+def counted_health_check(on_attempt: Callable[[int], None] = lambda n: None
+                          ) -> tuple[str, Callable[[], object], Callable[[], int], Callable[[], None]]:
+    """An address nobody listens on, a health check of it that counts its attempts (calling
+    `on_attempt` with each number), the count so far, and the channel's close."""
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
     channel = make_channel(address)
-    attempts = 0
+    attempts = [0]
 
     def check() -> object:
-        nonlocal attempts
-        attempts += 1
+        attempts[0] += 1
+        on_attempt(attempts[0])
         return health.check(channel, timeout_s=1.0)
 
+    return address, check, lambda: attempts[0], channel.close
+
+
+def test_an_unreachable_peer_is_reported_once_while_the_retries_go_on(caplog: pytest.LogCaptureFixture) -> None:
+    address, check, attempts, close = counted_health_check()
     caplog.set_level(logging.WARNING, logger="asyncps.net.rpc")
     t0 = time.time()  # log records carry wall-clock times
     with pytest.raises(Unreachable, match=f"could not reach the peer at {address} within 2s"):
         call_with_retry(check, f"the peer at {address}", deadline_s=2.0, max_backoff_s=0.2, warn_after_s=0.5)
-    channel.close()
+    close()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert f"cannot reach the peer at {address}" in warnings[0].getMessage()
     assert "still trying" in warnings[0].getMessage()
     assert warnings[0].created - t0 < 1.5 < time.time() - t0  # well before the end of the retries
-    assert attempts > 3  # the retries went on after the warning
+    assert attempts() > 3  # the retries went on after the warning
 
 
 
@@ -228,39 +237,25 @@ def test_a_stopping_caller_gives_up_on_an_unreachable_peer_at_once() -> None:
     retries with Unreachable, long before the deadline."""
     import threading
 
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
-    channel = make_channel(address)
     stop = threading.Event()
-    attempts = 0
 
-    def check() -> object:
-        nonlocal attempts
-        attempts += 1
-        if attempts == 3:
+    def stop_at_third(n: int) -> None:
+        if n == 3:
             stop.set()  # from inside the third attempt: that attempt fails, and no fourth is made
-        return health.check(channel, timeout_s=1.0)
 
+    address, check, attempts, close = counted_health_check(stop_at_third)
     t0 = time.monotonic()
     with pytest.raises(Unreachable, match=f"gave up on the peer at {address} after .*: stopping"):
         call_with_retry(check, f"the peer at {address}", deadline_s=60.0, max_backoff_s=0.2, abort=stop)
-    channel.close()
-    assert attempts == 3 and time.monotonic() - t0 < 10.0
+    close()
+    assert attempts() == 3 and time.monotonic() - t0 < 10.0
     # without the event set, the same call goes on retrying (the control: it is the event that ended it)
-    again = make_channel(address)
-    calls = 0
-
-    def count() -> object:
-        nonlocal calls
-        calls += 1
-        return health.check(again, timeout_s=1.0)
-
+    address, count, calls, close = counted_health_check()
     with pytest.raises(Unreachable, match="within 1s"):
         call_with_retry(count, f"the peer at {address}", deadline_s=1.0, max_backoff_s=0.1,
                         abort=threading.Event())
-    again.close()
-    assert calls > 3
+    close()
+    assert calls() > 3
 
 # -- end to end: a real chief holds its run, a killed one gives it to its successor, a resume keeps it ---------
 @pytest.mark.slow
