@@ -13,6 +13,7 @@ from asyncps.pb import tensor_pb2
 from asyncps.wire.codec import (
     SparseRows,
     TensorAssembler,
+    all_finite,
     decode_tensor,
     dtype_from_proto,
     dtype_to_proto,
@@ -405,3 +406,31 @@ def test_coalesce_rows_sums_duplicate_rows_once_per_index() -> None:
     np.testing.assert_array_equal(rows.values, dense[[1, 3, 5]])
     empty = coalesce_rows(np.zeros(0, np.int64), np.zeros((0, 2), np.float32))
     assert empty.indices.size == 0 and empty.values.shape == (0, 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "0-d"])
+def test_all_finite_finds_one_nan_or_inf_anywhere(dtype: type, bad: float, layout: str) -> None:
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((64, 33)).astype(dtype)
+    array = {"contiguous": base, "strided": base[:, ::2], "0-d": base[:1, :1].reshape(())}[layout]
+    assert all_finite(array)
+    for where in ([0] * array.ndim, [d - 1 for d in array.shape]):
+        spoiled = array.copy() if layout != "strided" else base.copy()[:, ::2]
+        spoiled[tuple(where)] = bad
+        assert not all_finite(spoiled), (layout, where)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_finite_is_not_fooled_by_squares_that_overflow(dtype: type) -> None:
+    # the sum of squares of large finite values overflows to inf: every element is then checked
+    huge = np.full(1000, np.finfo(dtype).max / 2, dtype)
+    assert all_finite(huge)
+    huge[-1] = np.nan
+    assert not all_finite(huge)
+
+
+def test_all_finite_on_integers_and_empty_arrays() -> None:
+    assert all_finite(np.arange(10, dtype=np.int64))
+    assert all_finite(np.zeros((0, 3), np.float32))
