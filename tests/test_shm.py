@@ -312,9 +312,9 @@ def test_the_model_client_over_shared_memory_is_a_model_client(start_shards: Cal
 
 def test_the_model_client_computes_from_the_segment_so_values_are_written_once(
         start_shards: Callable[[int], list[str]]) -> None:
-    """A whole variable's buffer becomes its region of the segment (the shard writes the values there and
-    the worker computes from them: no copy out); a sliced variable keeps its own buffer. The values stay
-    those a frames client reads, step after step."""
+    """Every variable's buffer, sliced or whole, lies in the worker's arena, and each shard writes its
+    parts (a sliced variable's rows included) straight into it: the worker computes from where the
+    values land, no copy out. The values stay those a frames client reads, step after step."""
     addresses = start_shards(2)
     specs = [VariableSpec("w", (300, 40)), VariableSpec("b", (40,)), VariableSpec("c", (7, 3))]
     placement = place(specs, 2, slice_threshold_bytes=16 * 1024)  # w is sliced over both shards
@@ -324,12 +324,16 @@ def test_the_model_client_computes_from_the_segment_so_values_are_written_once(
     frames = connect_model("probe", addresses, placement, transport="grpc")
     for shard, values in enumerate(split_for_shards(placement, initial)):
         client.shards[shard].initialize("t", shard, 2, RULE, values)
-    own_w = client.values["w"]
+    buffers = dict(client.values)
+    arena = client._arena
+    assert arena is not None and all(arena.offset_of(v) is not None for v in buffers.values())
     client.pull()
-    regions = {name: array for s in client.shards for name, array in s.data._mapping.values.items()}  # type: ignore[attr-defined]
-    for name in ("b", "c"):
-        assert client.values[name] is regions[name]
-    assert client.values["w"] is own_w  # sliced: its rows come from two segments
+    assert all(client.values[n] is buffers[n] for n in buffers)  # never replaced, never copied into
+    for s in client.shards:
+        regions = s.data._mapping.values  # type: ignore[attr-defined]
+        for part in placement.parts_on(client.shards.index(s)):
+            # what the shard writes is a view of the variable's own buffer (w's rows of this shard)
+            assert np.shares_memory(regions[part.name], buffers[part.variable]), part
     grads = {"w": np.full((300, 40), 0.5, np.float32), "b": np.ones(40, np.float32), "c": np.ones((7, 3), np.float32)}
     for step in range(3):
         results = client.push_pull(grads, step, 0.0)
@@ -337,9 +341,43 @@ def test_the_model_client_computes_from_the_segment_so_values_are_written_once(
         frames.pull()
         for name, value in frames.values.items():
             assert client.values[name].tobytes() == value.tobytes(), (step, name)
+        assert all(client.values[n] is buffers[n] for n in buffers)
     assert all(shm_in_use(s) for s in client.shards)
     client.close()
     frames.close()
+
+
+def test_the_arena_is_named_only_until_every_shard_has_mapped_it(start_shards: Callable[[int], list[str]]) -> None:
+    """The arena keeps a name while its shards attach for the first time, and none after; a shard that
+    forgets the attachment later (here replaced by another client of the same worker id, as after a
+    restart) gets a segment of the path's own, and the values keep arriving in the same buffers."""
+    addresses = start_shards(2)
+    placement = place([VariableSpec("w", (300, 40)), VariableSpec("b", (40,))], 2, slice_threshold_bytes=16 * 1024)
+    before = segments()
+    client = connect_model("w0", addresses, placement, transport="shm")
+    assert len(segments() - before) == 1  # the arena's base name, while no shard has mapped it
+    for shard, values in enumerate(split_for_shards(placement, initial_values())):
+        client.shards[shard].initialize("t", shard, 2, RULE, values)
+    buffers = dict(client.values)
+    grads = {"w": np.ones((300, 40), np.float32), "b": np.ones(40, np.float32)}
+    client.pull()
+    assert segments() <= before  # both shards mapped it: no name is left
+    client.push_pull(grads, 0, 0.0)
+    first = client.shards[0].data._mapping  # type: ignore[attr-defined]
+    other = connect_model("w0", addresses, placement, transport="shm")
+    other.pull()
+    results = client.push_pull(grads, 1, 0.0)
+    again = client.shards[0].data._mapping  # type: ignore[attr-defined]
+    assert all(r.outcome is not None and r.outcome.accepted for r in results)
+    assert again is not first and isinstance(again.owner, shmseg.Segment)  # the path's own segment now
+    assert isinstance(first.owner, shmseg.Arena)
+    assert client.values["w"] is buffers["w"]  # sliced: its own buffer still (a whole one may be lent anew)
+    probe = connect_model("probe", addresses, placement, transport="grpc")
+    probe.pull()
+    assert all(probe.values[n].tobytes() == client.values[n].tobytes() for n in buffers)
+    assert segments() <= before
+    for c in (client, other, probe):
+        c.close()
 
 
 def test_pull_and_push_travel_through_the_segment_too(shard: ShardProcess) -> None:

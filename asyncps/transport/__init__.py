@@ -50,16 +50,18 @@ def connect_shard(
     registry: TransportRegistry = TRANSPORTS,
     ride_restarts: bool = True,
     abort: threading.Event | None = None,
+    arena: shmseg.Arena | None = None,
 ) -> ShardClient:
     """A client to the shard at `address` (host:port): the gRPC control face paired with the data
     path the `transport` setting names in the registry ("auto": the best available path, each
     falling back to the next; a name: that path required, e.g. "shm" is an error on another host).
     `ride_restarts`: training calls wait while the shard restarted empty (a worker's), or fail at once
     with FAILED_PRECONDITION (the chief's: it is the one that restores the shard). `abort`: the owner's
-    stop event; once it is set, a call that fails is not retried (Unreachable at once)."""
+    stop event; once it is set, a call that fails is not retried (Unreachable at once). `arena`: the
+    worker's shared memory, for a path that can use it (see connect_model)."""
     link = ShardLink(address, deadline_s, security, call_timeout_s, ride_restarts=ride_restarts, abort=abort)
     try:
-        data = registry.data_path(transport, ClientSetup(link, chunk_bytes, security))
+        data = registry.data_path(transport, ClientSetup(link, chunk_bytes, security, arena))
     except BaseException:
         link.close()
         raise
@@ -78,16 +80,34 @@ def connect_model(
     coordinated: bool = False,
     ride_restarts: bool = True,
     abort: threading.Event | None = None,
+    registry: TransportRegistry = TRANSPORTS,
 ) -> ModelClient:
     """A ModelClient over transports to every shard, in shard order (see connect_shard); a worker's
     client sends its index with every push, and a coordinated one (a sync run's worker) has shard 0
-    decide each step for every shard. `ride_restarts`, `abort`: see connect_shard."""
-    return ModelClient(worker_id, [connect_shard(a, deadline_s, chunk_bytes, security, transport=transport,
-                                                 ride_restarts=ride_restarts, abort=abort)
-                                   for a in addresses], placement, worker_index, coordinated)
+    decide each step for every shard. `ride_restarts`, `abort`: see connect_shard. Where the
+    transport may use shared memory, the model's buffers live in one arena (shmseg.Arena) that
+    every shard on this host writes its values into, rows of sliced variables included."""
+    arena = None
+    if any(entry.name == "shm" for entry, _ in registry.chain(transport)):
+        arena = shmseg.Arena.create(arena_bytes(placement), len(addresses))
+    try:
+        shards = [connect_shard(a, deadline_s, chunk_bytes, security, transport=transport, registry=registry,
+                                ride_restarts=ride_restarts, abort=abort, arena=arena) for a in addresses]
+    except BaseException:
+        if arena is not None:
+            arena.close()
+        raise
+    return ModelClient(worker_id, shards, placement, worker_index, coordinated, arena)
+
+
+def arena_bytes(placement: Placement) -> int:
+    """An arena's size for a placement: every variable once (the values) and every part once (its
+    gradient region), each aligned."""
+    return (2 * sum(shmseg.align(v.nbytes) for v in placement.variables)
+            + shmseg.ALIGN * (len(placement.parts) + len(placement.variables)))
 
 
 __all__ = ["AUTO", "TRANSPORTS", "ClientSetup", "DataPath", "FramesDataPath", "GrpcShardControl",
            "GrpcShardTransport", "InitResult", "ModelClient", "ShardClient", "ShardControl", "ShardLink",
-           "ShardPush", "ShardTransport", "ShmDataPath", "Transport", "TransportRegistry", "connect_model",
-           "connect_shard", "shmseg"]
+           "ShardPush", "ShardTransport", "ShmDataPath", "Transport", "TransportRegistry", "arena_bytes",
+           "connect_model", "connect_shard", "shmseg"]

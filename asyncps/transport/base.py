@@ -21,6 +21,7 @@ from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, 
 if TYPE_CHECKING:
     from asyncps.net.security import SecurityConfig
     from asyncps.transport.link import ShardLink
+    from asyncps.transport.shmseg import Arena
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,13 @@ class InitResult:
 class ClientSetup:
     """What a transport's data-path factory is given for one shard: the shard's gRPC link (shared
     with the control face: its channel, deadlines and retry policy), the frame size and the
-    cluster's security (a path of its own authenticates and encrypts as gRPC does)."""
+    cluster's security (a path of its own authenticates and encrypts as gRPC does), and the
+    worker's shared-memory arena when it has one (its model's buffers live there: see shmseg.Arena)."""
 
     link: ShardLink
     chunk_bytes: int
     security: SecurityConfig | None = None
+    arena: Arena | None = None
 
 
 class DataPath(Protocol):

@@ -72,21 +72,28 @@ class _Layout:
 
 
 class _Mapping:
-    """One attached segment: its views and the shard's attachment id."""
+    """One segment the shard has mapped: the arrays over its value and gradient regions and the
+    shard's attachment id."""
 
-    def __init__(self, segment: shmseg.Segment, layout: _Layout, attachment: int) -> None:
-        self.segment = segment
+    def __init__(self, layout: _Layout, attachment: int, values: dict[str, Array], grads: dict[str, Array],
+                 owner: object) -> None:
         self.layout = layout
         self.attachment = attachment
+        self.values = values
+        self.grads = grads
+        self.owner = owner  # what keeps the memory mapped (the segment or the arena)
+        self.grad_chunks = {name: _Layout.chunk(name, w) for name, w in layout.grads.items()}
 
+    @classmethod
+    def over(cls, segment: shmseg.Segment, layout: _Layout, attachment: int) -> _Mapping:
+        """Views of this path's own segment."""
         def view(where: tuple[int, np.dtype[Any], tuple[int, ...]]) -> Array:
             offset, dtype, shape = where
             count = int(np.prod(shape, dtype=np.int64))
             return np.frombuffer(segment.buffer, dtype, count, offset).reshape(shape)
 
-        self.values = {name: view(w) for name, w in layout.values.items()}
-        self.grads = {name: view(w) for name, w in layout.grads.items()}
-        self.grad_chunks = {name: _Layout.chunk(name, w) for name, w in layout.grads.items()}
+        return cls(layout, attachment, {name: view(w) for name, w in layout.values.items()},
+                   {name: view(w) for name, w in layout.grads.items()}, segment)
 
 
 class ShmDataPath:
@@ -95,8 +102,13 @@ class ShmDataPath:
     shard on another host)."""
 
     def __init__(self, link: ShardLink, fallback: DataPath, required: bool = False,
-                 doorbell: TcpConnection | None = None) -> None:
+                 doorbell: TcpConnection | None = None, arena: shmseg.Arena | None = None) -> None:
         self.address = link.address
+        # the worker's arena (asyncps.transport.connect_model): when the buffers lie in it, the shard
+        # writes the values straight into them and the gradients go to regions of it kept for this path
+        self._arena = arena
+        self._arena_grads: dict[str, tuple[int, Array]] = {}
+        self._settled = False  # told the arena this path attached once (or gave up on shared memory)
         self._link = link
         self._doorbell = doorbell  # the shard's data port, None: ring with ShmPushPull over gRPC
         self._fallback = fallback
@@ -117,36 +129,86 @@ class ShmDataPath:
         return self._mapping is not None
 
     def _attach_segment(self, worker_id: str, like: Mapping[str, Array]) -> _Mapping | None:
-        """A fresh segment shaped like `like`, mapped by the shard; None when the shard cannot see it."""
+        """A segment the shard maps, shaped like `like`: the worker's arena when every buffer lies in
+        it, else a fresh segment of this path's own; None when the shard cannot see it."""
+        arena = self._arena
+        placed = self._arena_layout(arena, like) if arena is not None else None
+        if arena is not None and placed is not None:
+            layout, grads = placed
+            with arena.named() as name:
+                attachment = (self._request_attach(worker_id, name, arena.size, arena.token, layout)
+                              if name is not None else False)
+            if attachment is not False:
+                if not self._settled:
+                    self._settled = True
+                    arena.settled()
+                if attachment is None:
+                    return None
+                log.info("shard %s: tensors through shared memory (the worker's arena: values written in place)",
+                         self.address)
+                return _Mapping(layout, attachment, dict(like), grads, arena)
+            log.info("shard %s: the worker's arena has no name left to attach again: a segment of this path's own",
+                     self.address)
         layout = _Layout.of(like)
         segment = shmseg.create(layout.size)
-        request = ps_pb2.AttachShmRequest(
-            worker_id=worker_id, segment=segment.name, segment_bytes=segment.size, token=segment.token,
-            values=[_Layout.chunk(n, w) for n, w in layout.values.items()])
-        give_up = time.monotonic() + self._link.deadline_s
         try:
-            while True:
-                try:
-                    reply = self._link.retry(lambda: self._attach(request, timeout=self._link.call_timeout_s))
-                    break
-                except grpc.RpcError as exc:
-                    outcome = outcome_of(exc)
-                    if outcome is PathNotVisibleError:
-                        if self._required:
-                            raise
-                        log.info("shard %s cannot map this worker's shared memory (%s): using the fallback",
-                                 self.address, exc.details())  # type: ignore[attr-defined]
-                        self._unavailable = True
-                        return None
-                    if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
-                        raise
-                    if time.monotonic() > give_up:  # e.g. a restarted shard never restored
-                        raise
-                    time.sleep(0.05)  # a restarted shard waiting for the chief to restore it
+            attachment = self._request_attach(worker_id, segment.name, segment.size, segment.token, layout)
         finally:
             segment.unlink()  # mapped by both sides now (or by nobody): the name is not needed
+        if attachment is None:
+            return None
         log.info("shard %s: tensors through shared memory (%d bytes)", self.address, segment.size)
-        return _Mapping(segment, layout, reply.attachment)
+        return _Mapping.over(segment, layout, attachment)
+
+    def _arena_layout(self, arena: shmseg.Arena, like: Mapping[str, Array]) -> tuple[_Layout, dict[str, Array]] | None:
+        """Where `like` (the values) lie in the arena and the arena's gradient regions of this path,
+        kept from one attachment to the next; None when a buffer is not in the arena or the arena
+        has no room left (this path then uses a segment of its own)."""
+        values: dict[str, tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
+        for name, buffer in like.items():
+            offset = arena.offset_of(buffer)
+            if offset is None:
+                return None
+            values[name] = (offset, buffer.dtype, tuple(buffer.shape))
+        grads: dict[str, tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
+        arrays: dict[str, Array] = {}
+        for name, buffer in like.items():
+            kept = self._arena_grads.get(name)
+            if kept is None or kept[1].shape != buffer.shape or kept[1].dtype != buffer.dtype:
+                try:
+                    kept = self._arena_grads[name] = arena.take(tuple(buffer.shape), buffer.dtype)
+                except MemoryError as exc:
+                    log.warning("shard %s: %s; this path uses a segment of its own", self.address, exc)
+                    return None
+            grads[name] = (kept[0], buffer.dtype, tuple(buffer.shape))
+            arrays[name] = kept[1]
+        return _Layout(values, grads, arena.size), arrays
+
+    def _request_attach(self, worker_id: str, name: str, size: int, token: bytes, layout: _Layout) -> int | None:
+        """AttachShm: the shard maps the segment `name` (and unlinks the name); the attachment id, or
+        None when the shard cannot see it (the fallback from now on)."""
+        request = ps_pb2.AttachShmRequest(
+            worker_id=worker_id, segment=name, segment_bytes=size, token=token,
+            values=[_Layout.chunk(n, w) for n, w in layout.values.items()])
+        give_up = time.monotonic() + self._link.deadline_s
+        while True:
+            try:
+                reply = self._link.retry(lambda: self._attach(request, timeout=self._link.call_timeout_s))
+                return int(reply.attachment)
+            except grpc.RpcError as exc:
+                outcome = outcome_of(exc)
+                if outcome is PathNotVisibleError:
+                    if self._required:
+                        raise
+                    log.info("shard %s cannot map this worker's shared memory (%s): using the fallback",
+                             self.address, exc.details())  # type: ignore[attr-defined]
+                    self._unavailable = True
+                    return None
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
+                    raise
+                if time.monotonic() > give_up:  # e.g. a restarted shard never restored
+                    raise
+                time.sleep(0.05)  # a restarted shard waiting for the chief to restore it
 
     def _mapped(self, worker_id: str, buffers: Mapping[str, Array], call: Callable[[_Mapping], T]) -> T | None:
         """call(mapping) with a segment shaped like `buffers` mapped by the shard (a fresh one after
@@ -270,7 +332,7 @@ def shm_data_path(setup: ClientSetup, fallback: DataPath | None, required: bool)
     """The registry's factory for "shm": shared memory over the link, with the next path of "auto"
     (or gRPC frames) as the fallback; `required` when shm was asked for by name."""
     return ShmDataPath(setup.link, fallback or FramesDataPath(setup.link, setup.chunk_bytes), required,
-                       doorbell=data_connection(setup.link, setup.security))
+                       doorbell=data_connection(setup.link, setup.security), arena=setup.arena)
 
 
 __all__ = ["ShmDataPath", "shm_data_path"]
