@@ -1,8 +1,12 @@
 """The same-host transport: gRPC carries the headers, shared memory carries the tensors.
 
-Per shard, the worker creates a segment holding that shard's value parts and one region per
-dense gradient part, asks the shard to map it (AttachShm, proven by a token), and unlinks its
-name right after: nothing is left in /dev/shm whatever happens to either process later. A push
+A worker made by connect_model keeps its whole model in one arena (shmseg.Arena: every
+variable's buffer and a region per dense gradient part) that each of its shards maps (AttachShm,
+proven by a token), so a shard writes its values, sliced rows included, where the worker computes
+from them. Otherwise (no arena, or a shard that must map again after the arena's name is gone),
+per shard, the worker creates a segment holding that shard's value parts and gradient regions.
+Every name is unlinked once mapped: nothing is left in /dev/shm whatever happens to either process
+later (the arena's base name only once all its shards have mapped it: see shmseg.Arena). A push
 then writes the gradients into the segment and sends only a small ShmPushPull; the shard copies
 them out, decides exactly as for a framed push, and writes the new values back into the
 segment. That small request rings the shard over the data connection of the "tcp" transport
