@@ -328,8 +328,11 @@ def parse_check(data: Any, names: Iterable[str], index: int = 0) -> Check:
                                   f"unknown {sorted(set(where) - known) if isinstance(where, dict) else where}")
     if kind is Trend and data.get("by", "num_workers") not in known:
         raise ExperimentError(f"check {index}: by must name a setting")
+    full_only = data.get("full_only")
+    if full_only is not None and (not isinstance(full_only, str) or not full_only.strip()):
+        raise ExperimentError(f"check {index}: full_only gives the reason the reduced run leaves the claim out")
     fields = {f.name for f in dataclasses.fields(kind)}
-    args = {k: v for k, v in data.items() if k != "kind"}
+    args = {k: v for k, v in data.items() if k not in ("kind", "full_only")}
     unknown = sorted(set(args) - fields)
     if unknown:
         raise ExperimentError(f"check {index} ({kind.kind}): unknown keys {unknown}; valid: {sorted(fields)}")
