@@ -33,6 +33,8 @@ Check kinds (every claim has a `metric`, an optional `where` row filter and a `w
   the row (e.g. `clock_lead <= staleness_bound`); a missing value fails;
 - `compare`: an aggregate (`left_agg`, default mean) of the `left` rows `op` (`<`, `<=`, `>`, `>=`)
   `factor` times an aggregate (`right_agg`) of the `right` rows.
+Any claim may say `full_only: <reason>`: the reduced run (`--reduced`, CI) leaves it out, for a claim
+too noisy for the reduced run's few seeds; the full sweep checks it.
 
 Modules, one job each: `spec` (the file), `grid` (its points), `metrics` (one run's numbers, read
 through `asyncps.rundir`), `expr` (the `expected` expressions), `checks` (the claims), `sweep`
