@@ -26,6 +26,7 @@ from asyncps.rundir import (
     RunSummary,
     StalenessSummary,
     StepRow,
+    read_rows,
     write_rows,
 )
 from asyncps.tools.experiment import (
@@ -254,6 +255,18 @@ def test_run_metrics_from_a_run_directory(tmp_path: Path) -> None:
     assert m["updates_to_target"] == pytest.approx(10 + 10 * 0.175 / 0.225)
     assert math.isnan(m["optimality_gap"])
     assert set(m) == set(METRICS) - {"run_s"}
+    pushes = len(read_rows(tmp_path / "r" / PUSHES_CSV, PushRow))  # one shard, 40 updates
+    assert m["pushes_to_target"] == pytest.approx(m["updates_to_target"] * pushes / 40)
+
+
+def test_pushes_to_target_counts_a_sync_update_as_its_pushes() -> None:
+    from asyncps.tools.experiment.metrics import pushes_to_target
+
+    # sync over 4 workers and 2 shards: 50 updates, 400 push rows (4 per update on each shard)
+    assert pushes_to_target(10.0, 400, 2, 50) == pytest.approx(40.0)
+    assert pushes_to_target(10.0, 100, 2, 50) == pytest.approx(10.0)  # async: one push per update
+    assert math.isnan(pushes_to_target(math.nan, 400, 2, 50))  # never reached
+    assert math.isnan(pushes_to_target(10.0, 0, 1, 0))
 
 
 def test_time_to_target_and_steady_staleness() -> None:
@@ -524,3 +537,6 @@ target: {metric: loss, value: 0.5}
                    EvalRow)
     assert loss_curves_figure(spec_path, tmp_path / "out", tmp_path / "curves.png") == 6
     assert_png(tmp_path / "curves.png")
+    # E10's form: accuracy against pushes per shard
+    assert loss_curves_figure(spec_path, tmp_path / "out", tmp_path / "acc.png", x="pushes", y="accuracy") == 6
+    assert_png(tmp_path / "acc.png")

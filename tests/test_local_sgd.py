@@ -158,6 +158,33 @@ def test_nesterov_outer_applies_the_deltas_with_outer_momentum(cluster: Cluster)
     client.close()
 
 
+def test_delayed_nesterov_outer_steps_the_momentum_once_per_period(cluster: Cluster) -> None:
+    """Async local SGD's outer rule (Liu et al. 2024): each delta moves the center by lr/period of
+    itself at once, the momentum steps with the mean of every `period` deltas; kept across rounds."""
+    rule = local_rule("delayed-nesterov:lr=0.7,momentum=0.9,period=2")
+    client = cluster.client(0, UpdateRuleConfig(rule.outer.shard_optimizer()))
+    trainer, _ = cluster.trainer(client, LocalModel(rule, cluster.names), seed=9)
+    trainer.run(threading.Event(), max_steps=ROUNDS)
+
+    batches = BatchStream(cluster.x, cluster.y, 32, seed=9)
+    center = [cluster.initial[n] for n in cluster.names]
+    velocity = [np.zeros_like(c) for c in center]
+    total = [np.zeros_like(c) for c in center]
+    lr, mu, period = np.float32(0.7), np.float32(0.9), 2
+    for r in range(1, ROUNDS + 1):
+        local = cluster.local_round(center, batches)
+        delta = [c - w for c, w in zip(center, local, strict=True)]
+        center = [c - lr / period * d for c, d in zip(center, delta, strict=True)]
+        total = [t + d for t, d in zip(total, delta, strict=True)]
+        if r % period == 0:
+            velocity = [mu * v - lr / period * t for v, t in zip(velocity, total, strict=True)]
+            center = [c + mu * v for c, v in zip(center, velocity, strict=True)]
+            total = [np.zeros_like(t) for t in total]
+    client.pull()
+    assert_close([client.values[n] for n in cluster.names], center, cluster.names)
+    client.close()
+
+
 def test_sync_averaging_of_two_workers_gives_the_mean_of_their_local_models(cluster: Cluster) -> None:
     """Sync over two shards with outer `average`: every round both workers start from one center
     and the next center is the mean of their two local models (periodic model averaging)."""

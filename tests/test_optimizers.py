@@ -24,7 +24,7 @@ from asyncps.rules.optimizers import (
 
 STEPS = 20
 SHAPES = [(17,), (6, 5)]
-ALL_NAMES = ["sgd", "momentum", "nesterov", "adam", "adagrad"]
+ALL_NAMES = ["sgd", "momentum", "nesterov", "adam", "adagrad", "delayed-nesterov"]
 
 # (our config, factory for the equivalent keras optimizer)
 KERAS_CASES: dict[str, tuple[OptimizerConfig, Callable[[], keras.optimizers.Optimizer]]] = {
@@ -108,6 +108,39 @@ def test_matches_keras(case: str, shape: tuple[int, ...]) -> None:
         )
 
 
+@pytest.mark.parametrize("period", [1, 3])
+def test_delayed_nesterov_is_one_keras_nesterov_step_of_the_mean_per_period(period: int) -> None:
+    """Every `period` updates land where keras' Nesterov lands with one step of their mean gradient
+    (async local SGD with n workers and no staleness = sync Nesterov averaging), and in between the
+    value has moved by lr/period of each gradient, with no momentum."""
+    rng = np.random.default_rng(7)
+    lr, mu = 0.3, 0.9
+    initial = _random(rng, (6, 5))
+    reference = keras.Variable(initial.copy(), dtype="float32")
+    keras_opt = keras.optimizers.SGD(learning_rate=lr, momentum=mu, nesterov=True)
+    ours = make_optimizer(OptimizerConfig("delayed-nesterov", lr, {"momentum": mu, "period": period}))
+    value = initial.copy()
+    slots = ours.init_slots(value)
+    step = 0
+    for _ in range(5):
+        grads = [_random(rng, (6, 5)) for _ in range(period)]
+        for k, grad in enumerate(grads):
+            before = value.copy()
+            step += 1
+            ours.apply_dense(value, grad, slots, lr, step)
+            if k < period - 1:
+                np.testing.assert_allclose(value, before - np.float32(lr / period) * grad, rtol=1e-6, atol=1e-7)
+        keras_opt.apply_gradients([(tf.constant(np.mean(grads, axis=0, dtype=np.float32)), reference)])
+        np.testing.assert_allclose(value, reference.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"after {step} updates")
+
+
+def test_delayed_nesterov_period_must_be_a_whole_number() -> None:
+    with pytest.raises(ValueError, match=r"period must be an integer >= 1, got 2\.5"):
+        make_optimizer(OptimizerConfig("delayed-nesterov", 0.1, {"period": 2.5}))
+    with pytest.raises(ValueError, match=r"period must be in \[1.0, inf\)"):
+        OptimizerConfig("delayed-nesterov", 0.1, {"period": 0})
+
+
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_dense_update_keeps_float32_and_leaves_grad_alone(name: str) -> None:
     rng = np.random.default_rng(0)
@@ -187,7 +220,9 @@ def test_sparse_leaves_untouched_rows_exactly_unchanged(name: str) -> None:
     assert not np.array_equal(value[touched], value_before[touched])
     for key, slot in slots.items():
         np.testing.assert_array_equal(slot[untouched], slots_before[key][untouched])
-        assert not np.array_equal(slot[touched], slots_before[key][touched]), key
+    changed = [key for key, slot in slots.items() if not np.array_equal(slot[touched], slots_before[key][touched])]
+    # delayed Nesterov moves its running sum at this update (3) and its momentum at every second one
+    assert changed == (["sum"] if name == "delayed-nesterov" else list(slots)), changed
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))

@@ -107,8 +107,8 @@ def test_every_entry_parses_by_its_name_or_says_what_it_needs(kind: str) -> None
 @settings(max_examples=100, deadline=None)
 @given(name=st.sampled_from(OPTIMIZERS.names()), lr=st.floats(1e-9, 10.0), data=st.data())
 def test_optimizer_config_spec_round_trips(name: str, lr: float, data: st.DataObject) -> None:
-    params = {p.key: data.draw(st.floats(1e-6, 0.99)) for p in OPTIMIZERS.entry(name).params
-              if data.draw(st.booleans())}
+    params = {p.key: data.draw(st.integers(1, 64) if p.kind is int else st.floats(1e-6, 0.99))
+              for p in OPTIMIZERS.entry(name).params if data.draw(st.booleans())}
     config = OptimizerConfig(name, lr, params)
     assert OptimizerConfig.parse(config.spec) == config
     assert config.spec.startswith(f"{name}:lr=")

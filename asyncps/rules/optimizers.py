@@ -261,6 +261,49 @@ class Nesterov(Momentum):
         value += look_ahead
 
 
+@OPTIMIZERS.register("delayed-nesterov")
+@dataclass(frozen=True)
+class DelayedNesterov(Optimizer):
+    """Nesterov momentum whose momentum moves once per `period` updates (the outer rule of
+    asynchronous local SGD, after Liu et al. 2024's "delayed Nesterov": momentum on every single
+    stale delta accelerates the center too far).
+
+    Every update moves the value by ``lr * g / period`` and adds `g` to a running sum; the
+    `period`-th update also updates the velocity with the mean of the sum, ``v = m*v - lr*mean``,
+    moves the value by the look-ahead ``m*v`` and clears the sum. Over `period` updates with the
+    same mean gradient this is exactly one keras Nesterov step (``value += m*v - lr*mean``): with
+    `period` workers and no staleness, async lands where sync Nesterov averaging does.
+    """
+
+    name = "delayed-nesterov"
+    slot_names = ("momentum", "sum")
+    hyperparameters = frozenset({"momentum", "period"})
+
+    momentum: float = param(0.9, help="velocity decay m, in [0, 1]")
+    period: int = param(2, help="updates per momentum step (the number of workers), an integer >= 1")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "momentum", _check_hyperparameter("momentum", self.momentum))
+        period = _check_hyperparameter("period", self.period)
+        if period != int(period):
+            raise ValueError(f"period must be an integer >= 1, got {self.period!r}")
+        object.__setattr__(self, "period", int(period))
+
+    def _apply(
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+    ) -> None:
+        dtype = value.dtype.type
+        total, velocity = slots["sum"], slots["momentum"]
+        value -= np.multiply(grad, lr / dtype(self.period))
+        total += grad
+        if step % self.period == 0:
+            mu = dtype(self.momentum)
+            velocity *= mu
+            velocity -= np.multiply(total, lr / dtype(self.period))
+            value += np.multiply(velocity, mu)
+            total[...] = 0
+
+
 @OPTIMIZERS.register("adam")
 @dataclass(frozen=True)
 class Adam(Optimizer):
@@ -365,6 +408,7 @@ _BOUNDS: dict[str, tuple[float, float, bool, bool]] = {
     # epsilon == 0 lets an all-zero slot row turn into 0/0 = NaN.
     "epsilon": (0.0, math.inf, False, False),
     "initial_accumulator_value": (0.0, math.inf, True, False),
+    "period": (1.0, math.inf, True, False),
 }
 
 

@@ -13,6 +13,11 @@ optimizer machinery, so the outer rule is the optimizer it names here:
   moves its own model toward the center it pulled, `w_local -= A * (w_local - w_pulled)`.
 - `nesterov:lr=LR,momentum=M`: an outer SGD with Nesterov momentum (DiLoCo, Douillard et al. 2023:
   lr 0.7, momentum 0.9).
+- `delayed-nesterov:lr=LR,momentum=M,period=N`: for async local SGD (Liu et al. 2024, "Asynchronous
+  Local-SGD Training for Language Modeling"): each delta moves the center by lr/N of itself at once,
+  the momentum steps once per N deltas with their mean (N: the number of workers). Without
+  staleness N async deltas land where one sync Nesterov step of their mean does; plain `nesterov`
+  in async applies the momentum to every stale delta.
 
 Staleness is counted in outer versions (the shard's version rises by one per applied delta).
 """
@@ -91,6 +96,23 @@ class NesterovOuter(OuterRule):
     def shard_optimizer(self) -> OptimizerConfig:
         """keras' SGD(lr, momentum, nesterov=True) on the deltas."""
         return OptimizerConfig("nesterov", self.lr, {"momentum": self.momentum})
+
+
+@OUTER_RULES.register("delayed-nesterov")
+@dataclass(frozen=True)
+class DelayedNesterovOuter(OuterRule):
+    """Outer Nesterov whose momentum steps once per `period` deltas (Liu et al. 2024)."""
+
+    lr: float = param(0.7, help="outer learning rate, > 0")
+    momentum: float = param(0.9, help="outer momentum, in [0, 1]")
+    period: int = param(2, help="deltas per momentum step: the number of workers, >= 1")
+
+    def __post_init__(self) -> None:
+        self.shard_optimizer()  # every value checked: a ValueError saying which is wrong
+
+    def shard_optimizer(self) -> OptimizerConfig:
+        """asyncps.rules.optimizers.DelayedNesterov on the deltas."""
+        return OptimizerConfig("delayed-nesterov", self.lr, {"momentum": self.momentum, "period": self.period})
 
 
 @dataclass(frozen=True)

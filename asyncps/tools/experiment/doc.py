@@ -76,12 +76,17 @@ def _run_time(rows: list[Row]) -> str:
     return f", {sum(times):.0f} s in all (point s: each point's wall time, start-up included)"
 
 
-def update_document(doc: Path, specs: Path, runs: Path, reduced: bool = False) -> list[str]:
-    """Replace every marked block of `doc`; the names of the sweeps it holds."""
+def update_document(doc: Path, specs: Path, runs: Path, reduced: bool = False,
+                    only: Sequence[str] = ()) -> list[str]:
+    """Replace every marked block of `doc` (with `only`: the blocks of those sweeps, the others kept as
+    they are); the names of the sweeps regenerated."""
     text = doc.read_text()
-    marks = BLOCK.findall(text)
+    marks = [mark for mark in BLOCK.findall(text) if not only or mark[0] in only]
+    unknown = sorted(set(only) - {name for name, _ in marks})
+    if unknown:
+        raise ExperimentError(f"{doc} has no experiment table of {', '.join(unknown)}")
     blocks = {mark: experiment_block(mark[0], specs, runs, reduced, mark[1]) for mark in marks}
-    doc.write_text(BLOCK.sub(lambda m: blocks[(m[1], m[2] or "")], text))
+    doc.write_text(BLOCK.sub(lambda m: blocks.get((m[1], m[2] or ""), m[0]), text))
     return [name for name, _ in marks]
 
 
@@ -93,9 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--specs", default="experiments", help="where the specs are (NAME.yaml)")
     p.add_argument("--runs", default="runs", help="where the sweeps are (NAME/results.csv)")
     p.add_argument("--reduced", action="store_true", help="the reduced sweeps (NAME_reduced)")
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="regenerate only this sweep's tables (repeatable); the others are left as they are")
     args = p.parse_args(argv)
     try:
-        names = update_document(Path(args.doc), Path(args.specs), Path(args.runs), args.reduced)
+        names = update_document(Path(args.doc), Path(args.specs), Path(args.runs), args.reduced, args.only)
     except ExperimentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

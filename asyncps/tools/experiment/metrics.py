@@ -27,7 +27,7 @@ METRICS: tuple[str, ...] = (
     "updates", "wall_s", "updates_per_s", "gradients_per_s", "staleness_mean", "staleness_steady_mean",
     "staleness_p95", "staleness_max", "dropped_pct", "idle_pct", "time_to_target_s", "updates_to_target",
     "final_accuracy", "final_loss", "optimality_gap", "clock_lead", "late_workers", "worker_mb", "loss_rebound",
-    "run_s", "gap_tail",
+    "run_s", "gap_tail", "pushes_to_target",
 )
 
 
@@ -77,6 +77,15 @@ def time_to_target(evals: Sequence[EvalRow], target: Target) -> tuple[float, flo
             return (previous[0] + frac * (elapsed - previous[0]), previous[1] + frac * (updates - previous[1]))
         previous = (elapsed, updates, value)
     return math.nan, math.nan
+
+
+def pushes_to_target(updates_to_target: float, pushes: int, shards: int, updates: int) -> float:
+    """The pushes (rounds of communication: gradients, or local SGD's deltas) per shard that the
+    run's updates to the target stand for: updates_to_target times the run's pushes per update. Unlike
+    updates it counts a sync step's n pushes as n, so sync and async runs compare by what they sent."""
+    if math.isnan(updates_to_target) or updates <= 0:
+        return math.nan
+    return updates_to_target * pushes / max(1, shards) / updates
 
 
 def loss_rebound(evals: Sequence[EvalRow]) -> float:
@@ -185,7 +194,7 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
     else:
         applied, dropped = s.updates_applied, s.updates_dropped
         dropped_pct = 100.0 * dropped / (applied + dropped) if applied + dropped else 0.0
-    reach_s, reach_updates = math.nan, math.nan
+    reach_s, reach_updates, reach_pushes = math.nan, math.nan, math.nan
     evals = read_rows(RunDir(run_dir).evals, EvalRow) if RunDir(run_dir).evals.exists() else []
     floor = optimal_test_loss(run_dir) if s.optimality_gap is not None and evals else math.nan
     if target:
@@ -193,6 +202,7 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
             evals = excess(evals, optimal_test_loss(run_dir) if math.isnan(floor) else floor)
             floor = 0.0
         reach_s, reach_updates = time_to_target(evals, target)
+        reach_pushes = pushes_to_target(reach_updates, len(pushes), shards, s.updates_applied)
     return {
         "updates": float(s.updates_applied),
         "wall_s": s.wall_s,
@@ -218,4 +228,5 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
         "worker_mb": worker_mb(run_dir),
         "loss_rebound": loss_rebound(evals),
         "gap_tail": math.nan if math.isnan(floor) else gap_tail(evals, floor),
+        "pushes_to_target": reach_pushes,
     }

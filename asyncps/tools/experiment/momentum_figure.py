@@ -1,4 +1,6 @@
 """E6's figure: the test loss against updates of a sweep, one colour per variant: the mean over seeds ± sd.
+(`--y accuracy` draws the test accuracy, `--x pushes` puts the pushes per shard on the x axis, so that a
+sync update of n pushes and an async one of 1 compare by what was sent: E10.)
 
 Asynchrony begets momentum (Mitliagkas et al. 2016) shows in the shape of these curves rather than
 in any one number: the run that keeps the one-worker momentum overshoots (its loss climbs back after
@@ -17,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from asyncps.rundir import EVAL_CSV, EvalRow, RunDir, read_rows
+from asyncps.rundir import EVAL_CSV, EvalRow, PushRow, RunDir, iter_rows, load_summary, read_rows
 from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.metrics import excess, optimal_test_loss
 from asyncps.tools.experiment.spec import load_spec
@@ -48,9 +50,20 @@ def mean_sd_curve(curves: Sequence[tuple[Sequence[float], Sequence[float]]],
     return grid, means, sds
 
 
-def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = False) -> int:
-    """Draw the test loss against updates, one colour per variant label: the mean over its seeds with a
-    band of ± one sd (a single run as its own line); the number of runs drawn."""
+def pushes_per_update(run_dir: Path) -> float:
+    """The run's pushes per shard for each update applied (pushes.csv against summary.json)."""
+    summary = load_summary(run_dir)
+    pushes = sum(1 for _ in iter_rows(RunDir(run_dir).pushes, PushRow))
+    if summary.updates_applied <= 0:
+        raise ExperimentError(f"{run_dir}: no update applied")
+    return pushes / max(1, summary.ps_shards) / summary.updates_applied
+
+
+def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = False, x: str = "updates",
+                       y: str = "loss") -> int:
+    """Draw the test loss (or accuracy) against updates (or pushes per shard), one colour per variant
+    label: the mean over its seeds with a band of ± one sd (a single run as its own line); the number
+    of runs drawn."""
     spec = load_spec(spec_path, reduced=reduced)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
@@ -66,23 +79,26 @@ def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = F
         if not rows:
             continue
         variant = str(point.axes.get("variant", point.label))
-        curves.setdefault(variant, []).append(([float(r.updates) for r in rows], [r.loss for r in rows]))
+        scale = pushes_per_update(runs / point.slug) if x == "pushes" else 1.0
+        curves.setdefault(variant, []).append(([scale * r.updates for r in rows],
+                                               [r.accuracy if y == "accuracy" else r.loss for r in rows]))
     drawn = sum(len(c) for c in curves.values())
     if not drawn:
         raise ExperimentError(f"no {EVAL_CSV} under {runs} for the points of {spec_path}")
     seeds = max(len(c) for c in curves.values())
     for i, (variant, members) in enumerate(curves.items()):
         xs, means, sds = mean_sd_curve(members)
-        label = variant + (f" (mean ± sd of {len(members)})" if len(members) > 1 else "")
+        label = variant + (f" (mean ± sd of {len(members)} runs)" if len(members) > 1 else "")
         ax.plot(xs, means, color=_color(i), lw=1.4, label=label)
         if len(members) > 1:
             ax.fill_between(xs, [m - sd for m, sd in zip(means, sds, strict=True)],
                             [m + sd for m, sd in zip(means, sds, strict=True)], color=_color(i), alpha=0.2, lw=0)
-    if spec.target is not None and spec.target.metric != "accuracy":
+    if spec.target is not None and (spec.target.metric == "accuracy") == (y == "accuracy"):
         ax.axhline(spec.target.value, color="black", ls="--", lw=0.8, label=f"target: {spec.target.describe()}")
-    ax.set_xlabel("updates applied")
-    ax.set_ylabel("test loss above the optimum's" if excess_target else "test loss")
-    ax.set_title(f"{spec.name}: test loss, {drawn} runs" + (f" (up to {seeds} seeds per variant)" if seeds > 1 else ""))
+    ax.set_xlabel("pushes per shard (a sync update is one per worker)" if x == "pushes" else "updates applied")
+    what = "test accuracy" if y == "accuracy" else "test loss"
+    ax.set_ylabel(what if y == "accuracy" else "test loss above the optimum's" if excess_target else what)
+    ax.set_title(f"{spec.name}: {what}, {drawn} runs" + (f" (up to {seeds} runs per variant)" if seeds > 1 else ""))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     _save(fig, out)
@@ -97,9 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("runs", type=Path, help="the sweep's output directory (its --out)")
     p.add_argument("out", type=Path, help="the PNG to write")
     p.add_argument("--reduced", action="store_true", help="the spec's reduced points")
+    p.add_argument("--x", choices=("updates", "pushes"), default="updates",
+                   help="x axis: updates applied, or pushes per shard (sync and async compared by what they sent)")
+    p.add_argument("--y", choices=("loss", "accuracy"), default="loss", help="y axis: test loss or test accuracy")
     args = p.parse_args(argv)
     try:
-        drawn = loss_curves_figure(args.spec, args.runs, args.out, args.reduced)
+        drawn = loss_curves_figure(args.spec, args.runs, args.out, args.reduced, args.x, args.y)
     except ExperimentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

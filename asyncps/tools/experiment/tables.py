@@ -129,7 +129,8 @@ SEED_METRICS: tuple[tuple[str, str, str], ...] = (
     ("staleness_mean", "staleness mean", ".2f"), ("staleness_steady_mean", "steady staleness", ".2f"),
     ("idle_pct", "idle %", ".1f"), ("dropped_pct", "dropped %", ".1f"), ("clock_lead", "clock lead", ".0f"),
     ("time_to_target_s", "time to target (s)", ".2f"), ("updates_to_target", "updates to target", ".0f"),
-    ("optimality_gap", "optimality gap", ".4f"), ("final_accuracy", "final accuracy", ".3f"),
+    ("pushes_to_target", "pushes to target", ".0f"), ("optimality_gap", "optimality gap", ".4f"),
+    ("final_accuracy", "final accuracy", ".3f"),
     ("worker_mb", "MB per worker", ".0f"), ("run_s", "point s", ".0f"),
 )
 
