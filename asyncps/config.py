@@ -187,7 +187,8 @@ class RunConfig:
         "--optimizer, --lr and --opt-param)"))
     outer: str = setting("average", help=(
         "what the shards do with the workers' model changes (--local-steps > 1): average | easgd[:alpha=A] | "
-        "nesterov[:lr=LR,momentum=M]"))
+        "nesterov[:lr=LR,momentum=M] | delayed-nesterov[:lr=LR,momentum=M,period=N] (async: momentum once per N "
+        "deltas)"))
     pipeline: bool = setting(False, help=(
         "workers compute the next gradient while the previous push is in flight: more steps/s, one more "
         "step of staleness (measured and recorded like any other)"))
