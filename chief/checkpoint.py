@@ -109,8 +109,13 @@ def split(placement: Placement, ckpt: Checkpoint, rule: UpdateRuleConfig) -> lis
         counters = ckpt.manifest["shard_counters"]
         accepted = counters[shard]["accepted"] if same_shape else max(c["accepted"] for c in counters)
         dropped = counters[shard]["dropped"] if same_shape else max(c["dropped"] for c in counters)
+        # the answers the shard had given (older checkpoints: none counted; another shard count: a new count)
+        answers = int(counters[shard].get("answers", 0)) if same_shape else 0
+        by_worker = {int(w): int(n) for w, n in counters[shard].get("answers_by_worker", {}).items()} \
+            if same_shape else {}
         snaps.append(Snapshot(rule=rule, version=version, accepted=accepted, dropped=dropped,
-                              values=values, slots=slots, updates=part_updates, policy_state=policy_state))
+                              values=values, slots=slots, updates=part_updates, policy_state=policy_state,
+                              answers=answers, answers_by_worker=by_worker))
     return snaps
 
 

@@ -143,20 +143,20 @@ class Checkpointer:
             log.info("shard %d at %s: %s at version %d", shard, self._config.ps[shard],
                      "initialized" if reply.created else "already initialized", reply.version)
             if record and reply.created:
-                self._record_restore(shard, reply.version, "")
+                self._record_restore(shard, reply.version, "", 0)
             return
         snap = dataclasses.replace(split(self._placement, ckpt, self._run.update_rule())[shard], run_id=self.run_id)
         reply = client.restore(snap, shard)
         log.info("shard %d at %s: restored from %s at version %d", shard, self._config.ps[shard], ckpt.path.name,
                  reply.version)
         if record:
-            self._record_restore(shard, reply.version, ckpt.path.name)
+            self._record_restore(shard, reply.version, ckpt.path.name, snap.answers)
 
-    def _record_restore(self, shard: int, version: int, checkpoint: str) -> None:
+    def _record_restore(self, shard: int, version: int, checkpoint: str, answers: int) -> None:
         """Append the restore to restores.csv, with the incarnation it gave the shard's state (asked
-        of the shard: a pull of nothing newer carries it)."""
+        of the shard: a pull of nothing newer carries it) and the answers to pushes that state had given."""
         incarnation = self._client.shards[shard].pull("", 1 << 62).incarnation
-        row = RestoreRow(time.time(), shard, version, incarnation, checkpoint)
+        row = RestoreRow(time.time(), shard, version, incarnation, checkpoint, answers)
         path = RunDir(self._config.run_dir).restores
         with self._restores_lock:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -214,7 +214,9 @@ class Checkpointer:
             variable_updates[part.variable] = max(variable_updates.get(part.variable, 0), updates.get(part.name, 0))
         path = self.checkpoints.save(self._number, values, slots, {
             "shard_versions": [s.version for s in snaps],
-            "shard_counters": [{"accepted": s.accepted, "dropped": s.dropped} for s in snaps],
+            "shard_counters": [{"accepted": s.accepted, "dropped": s.dropped, "answers": s.answers,
+                                "answers_by_worker": {str(w): n for w, n in sorted(s.answers_by_worker.items())}}
+                               for s in snaps],
             "updates": updates,
             "variable_updates": variable_updates,
             "examples": examples + self.examples_offset,

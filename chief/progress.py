@@ -29,6 +29,9 @@ class Progress:
     bytes_pulled: list[int] = dataclasses.field(default_factory=list)
     # per shard: transport -> {"pushed": bytes, "pulled": bytes}
     bytes_by_transport: list[dict[str, dict[str, int]]] = dataclasses.field(default_factory=list)
+    # per shard: the answers to pushes its state has given, by worker index (asyncps.ps.store.Answers)
+    answers: list[int] = dataclasses.field(default_factory=list)
+    answers_by_worker: list[dict[int, int]] = dataclasses.field(default_factory=list)
     dropped_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
     max_clock_lead: float = 0.0
     reads_refused: dict[str, int] = dataclasses.field(default_factory=dict)  # SSP: by why, over shards
@@ -106,6 +109,8 @@ class ShardPoller:
             p.bytes_pushed = [s.bytes_pushed for s in stats]
             p.bytes_pulled = [s.bytes_pulled for s in stats]
             p.bytes_by_transport = [s.bytes_by_transport() for s in stats]
+            p.answers = [s.answers for s in stats]
+            p.answers_by_worker = [dict(s.answers_by_worker) for s in stats]
             reasons: dict[str, int] = {}
             for s in stats:
                 for reason, count in s.dropped_by_reason.items():

@@ -80,6 +80,8 @@ class Recorder:
         self.pushes_recorded = 0
         self.last_loss = float("nan")
         self._applied: list[PushRow] = []  # for the clock lead measured from the pushes themselves
+        self._answered: list[PushRow] = []  # rows a shard numbered (seq): against the shards' answers
+        self._rows_by_shard: collections.Counter[int] = collections.Counter()
         # examples by what became of their gradient: applied on every shard it was pushed to,
         # dropped on every one, or applied on some and dropped on others (as the pushes said;
         # example_outcomes moves the steps a shard restore rolled back to "rolled_back")
@@ -102,6 +104,7 @@ class Recorder:
             losses[(p.worker, p.step)] = p.loss
             if p.accepted:
                 self._applied.append(p)
+            self._keep_row(p)
         for s in iter_rows(RunDir(run_dir).timeline, StepRow):
             key = (s.worker, s.step)
             self._count_outcome(s.worker, s.step, _outcome(pushes.get(key, [])), losses.get(key, math.nan),
@@ -142,10 +145,11 @@ class Recorder:
                 kind = drop.value if drop is not None else ""
                 row = PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version, p.staleness,
                               p.accepted, kind, p.effective_lr, p.loss, p.drop_detail, p.local_steps or 1,
-                              p.incarnation)
+                              p.incarnation, p.seq)
                 self._pushes.write(row)
                 if row.accepted:
                     self._applied.append(row)
+                self._keep_row(row)
                 self._count_push(p.staleness, kind, p.loss)
                 if kind != _NONFINITE:
                     self.steady.add(worker, p.shard, p.wall_time, p.base_version, p.staleness)
@@ -177,6 +181,36 @@ class Recorder:
                     counts[outcome] -= examples
                     counts["rolled_back"] += examples
             return {f"examples_{kind}": counts[kind] for kind in _OUTCOMES}
+
+    def _keep_row(self, row: PushRow) -> None:
+        self._rows_by_shard[row.shard] += 1
+        if row.seq > 0:
+            self._answered.append(row)
+
+    def push_accounting(self, answers: Sequence[int], answers_by_worker: Sequence[Mapping[int, int]],
+                        ) -> list[dict[str, Any]]:
+        """Per shard, pushes.csv against the shard's own count of its answers (asyncps.ps.store.Answers):
+        its rows, those whose answer a restore took back, and per worker index the answers of the final
+        state that no row reports (answers - rows kept; pushes of workers killed before their report).
+        Rows of a worker's skipped step (not finite) were never answered and are not in the count."""
+        with self._lock:
+            rollbacks = self._rollbacks()
+            taken_back: collections.Counter[int] = collections.Counter()
+            kept: collections.defaultdict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+            for row in self._answered:
+                if rollbacks.taken_back(row):
+                    taken_back[row.shard] += 1
+                else:
+                    kept[row.shard][row.worker] += 1
+            rows = dict(self._rows_by_shard)
+        out = []
+        for shard, (total, by_worker) in enumerate(zip(answers, answers_by_worker, strict=True)):
+            workers = sorted(set(by_worker) | set(kept[shard]))
+            out.append({"answers": total, "answers_by_worker": {str(w): n for w, n in sorted(by_worker.items())},
+                        "rows": rows.get(shard, 0), "rows_taken_back": taken_back[shard],
+                        "unreported": {str(w): by_worker.get(w, 0) - kept[shard][w] for w in workers
+                                       if by_worker.get(w, 0) != kept[shard][w]}})
+        return out
 
     def rolled_back_by_shard(self) -> dict[int, int]:
         """Per shard: the accepted pushes a restore of it rolled back (from pushes.csv and restores.csv)."""
@@ -307,6 +341,8 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
     """summary.json: the run's outcome (with the final training loss where the optimum is known)."""
     histogram, _, examples, _ = recorder.snapshot()
     rolled_back = recorder.rolled_back_by_shard()
+    accounting = (recorder.push_accounting(p.answers, p.answers_by_worker) if len(p.answers) == len(p.versions)
+                  else [{} for _ in p.versions])
     train_loss: float | None = None
     gap: float | None = None
     metrics = dict(evaluator.last_metrics)  # of the final evaluation, on the test set
@@ -340,10 +376,10 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         backup_workers=run.backup_workers,
         staleness_bound=run.staleness_bound,
         shards=tuple(ShardCounters(version=v, accepted=a, dropped=d, bytes_pushed=pushed, bytes_pulled=pulled,
-                                   bytes_by_transport=by, rolled_back=rolled_back.get(i, 0))
-                     for i, (v, a, d, pushed, pulled, by) in enumerate(zip(
+                                   bytes_by_transport=by, rolled_back=rolled_back.get(i, 0), **counted)
+                     for i, (v, a, d, pushed, pulled, by, counted) in enumerate(zip(
                          p.versions, p.accepted, p.dropped, p.bytes_pushed, p.bytes_pulled, p.bytes_by_transport,
-                         strict=True))),
+                         accounting, strict=True))),
         final_train_loss=train_loss,
         optimality_gap=gap,
         staleness_steady=StalenessSummary.of(recorder.steady.snapshot()),

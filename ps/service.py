@@ -83,7 +83,8 @@ class ShardService:
         if request.decisions is not None:
             if request.grads or request.ballot is None:
                 raise InvalidArgumentError("a sync commit carries the worker's ballot and no gradients")
-            return self.store.commit(request.worker_id, request.ballot, request.decisions, request.step)
+            return self.store.commit(request.worker_id, request.ballot, request.decisions, request.step,
+                                     request.worker_index)
         return self.store.push(request.worker_id, request.base_version, request.grads, request.incarnation,
                                request.step, request.ballot, request.worker_index)
 

@@ -15,6 +15,7 @@ its locks once (ShardService.push_pull drives them):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import secrets
@@ -41,9 +42,31 @@ from asyncps.rules.optimizers import Optimizer, make_optimizer
 from asyncps.rules.policies import PushContext, StalenessPolicy
 from asyncps.rules.sync.coordinated import Coordinator
 from asyncps.rules.sync.follower import SyncFollower
-from asyncps.rules.sync.types import Ballot, Decisions, Held
+from asyncps.rules.sync.types import Ballot, Decisions, Held, Resolution
 from asyncps.wire.codec import Array, Gradient, SparseRows, all_finite, coalesce_rows
 from asyncps.wire.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
+
+
+class Answers:
+    """The answers a shard's state has given to pushes, the ones workers record in pushes.csv: in all
+    and by worker index (-1: a push that named none). Each answer carries its number (PushOutcome.seq);
+    a snapshot keeps the counts, so after a restore an answer numbered above the restored count is one
+    the restore took back, and the final counts against pushes.csv say which answers no worker
+    reported (those of workers killed before their report). Guarded by the store's state lock."""
+
+    def __init__(self, total: int = 0, by_worker: Mapping[int, int] | None = None) -> None:
+        self.total = total
+        self._by_worker = collections.Counter(by_worker or {})
+
+    def give(self, outcome: PushOutcome, worker_index: int | None) -> PushOutcome:
+        """Count one answer; the outcome numbered."""
+        self.total += 1
+        self._by_worker[-1 if worker_index is None else worker_index] += 1
+        return dataclasses.replace(outcome, seq=self.total)
+
+    def by_worker(self) -> dict[int, int]:
+        """The answers by worker index."""
+        return dict(self._by_worker)
 
 
 @dataclass
@@ -104,6 +127,7 @@ class ShardStore:
         self._accepted = 0
         self._dropped = 0
         self._dropped_by_reason: dict[str, int] = {}
+        self._answers = Answers()  # the answers workers record (PushOutcome.seq), restored with the state
         self._incarnation = 0
         self._run_id = ""  # the run this state belongs to (set by initialize and restore)
         self._paused_until = 0.0  # pushes wait while clock() < this (a checkpoint cut)
@@ -230,9 +254,11 @@ class ShardStore:
         steps = self._mode.decisions_since(step)
         return Decisions(self._incarnation, steps) if steps else None
 
-    def commit(self, worker_id: str, ballot: Ballot, decisions: Decisions, step: int | None = None) -> PushOutcome:
+    def commit(self, worker_id: str, ballot: Ballot, decisions: Decisions, step: int | None = None,
+               worker_index: int | None = None) -> PushOutcome:
         """A follower applies the coordinator's decided steps (SyncFollower); what became of
-        worker_id's gradient staged under `ballot` (accepted while it is still staged)."""
+        worker_id's gradient staged under `ballot` (accepted while it is still staged): the answer
+        the worker records for this shard (counted, PushOutcome.seq)."""
         self._require_initialized()
         assert self._rule is not None
         if ballot.push is None and step is not None:
@@ -241,14 +267,22 @@ class ShardStore:
         lr = self._rule.optimizer.learning_rate
         with self._unpaused(sorted(self._vars)):  # a cut holds commits too
             self._apply_decisions(follower, decisions)
-            resolution = follower.resolution(worker_id, ballot)
+            # the commit is the answer a worker records for this shard (its staging was not): what
+            # became of the gradient, else why staging refused it, else staged still; else this
+            # state never saw it (the shard was restored since)
+            resolution = follower.resolution(worker_id, ballot) or follower.refusal(worker_id, ballot)
+            if resolution is None and not follower.holds(worker_id, ballot):
+                resolution = Resolution(False, self._version, 0, DropReason.RESTORED,
+                                        "its staged gradient was lost: the shard was restored since it was staged")
             if resolution is None:
-                return PushOutcome(True, 0, self._version, lr)
-            if resolution.accepted:
-                return PushOutcome(True, resolution.staleness, resolution.version, lr)
-            assert resolution.drop is not None
-            return PushOutcome(False, resolution.staleness, resolution.version, 0.0, resolution.drop,
-                               resolution.reason)
+                outcome = PushOutcome(True, 0, self._version, lr)
+            elif resolution.accepted:
+                outcome = PushOutcome(True, resolution.staleness, resolution.version, lr)
+            else:
+                assert resolution.drop is not None
+                outcome = PushOutcome(False, resolution.staleness, resolution.version, 0.0, resolution.drop,
+                                      resolution.reason)
+            return self._answers.give(outcome, worker_index)
 
     def _follower(self) -> SyncFollower:
         """The follower state of a coordinated mode on this shard (InvalidArgumentError on others)."""
@@ -318,14 +352,26 @@ class ShardStore:
         names = sorted(self._vars) if self._mode.exclusive else sorted(grads)
         # one state-lock entry for admission, update and version bump: the variable locks already
         # order pushes to the same variables, and a pull takes every variable lock anyway
+        # the answer a worker records (counted: PushOutcome.seq), except a follower's staging: its
+        # commit answers for it (a refusal is kept for the commit to give)
+        follower = self._mode if isinstance(self._mode, SyncFollower) else None
+
+        def answer(outcome: PushOutcome) -> PushOutcome:
+            if follower is None:
+                return self._answers.give(outcome, worker_index)
+            if not outcome.accepted and ballot is not None:
+                follower.refuse(worker_id, ballot, Resolution(False, outcome.version, outcome.staleness,
+                                                              outcome.drop, outcome.detail))
+            return outcome
+
         with self._unpaused(names):
             version_now = self._version
             if incarnation and incarnation != self._incarnation:
                 # computed from values this shard no longer has (it was restored): drop, the
                 # worker gets the current values with the reply
                 self._count_drop(DropReason.RESTORED)
-                return PushOutcome(False, 0, version_now, 0.0, DropReason.RESTORED,
-                                   "gradient from a previous incarnation of the shard (it was restored)")
+                return answer(PushOutcome(False, 0, version_now, 0.0, DropReason.RESTORED,
+                                          "gradient from a previous incarnation of the shard (it was restored)"))
             if base_version > version_now:
                 raise InvalidArgumentError(
                     f"base_version {base_version} is from the future: shard version is {version_now}"
@@ -341,15 +387,15 @@ class ShardStore:
                 self._mode.accumulate(worker_id, grads, ballot)
                 self._maybe_complete_step()
                 self._version_cond.notify_all()
-                return PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate)
+                return answer(PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate))
             decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness, worker_index))
             if admission.verdict is Verdict.DROP or not decision.accept:
                 drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
                 assert drop is not None, "a drop verdict names its reason"
                 self._count_drop(drop)
                 self._version_cond.notify_all()
-                return self._remember(worker_id, step, PushOutcome(False, staleness, version_now, 0.0, drop,
-                                                                   admission.reason or decision.reason))
+                return self._remember(worker_id, step, answer(PushOutcome(False, staleness, version_now, 0.0, drop,
+                                                                          admission.reason or decision.reason)))
             lr = self._rule.optimizer.learning_rate * decision.lr_scale
             read = self._reads.get(worker_id, base_version) if self._policy.needs_read_values else None
             for name in sorted(grads):
@@ -357,7 +403,7 @@ class ShardStore:
             self._version += 1
             self._accepted += 1
             self._version_cond.notify_all()
-            return self._remember(worker_id, step, PushOutcome(True, staleness, self._version, lr))
+            return self._remember(worker_id, step, answer(PushOutcome(True, staleness, self._version, lr)))
 
     def _remember(self, worker_id: str, step: int | None, outcome: PushOutcome) -> PushOutcome:
         """Keep the outcome of a worker's push for a retry of it, in the mode's memo (state lock held)."""
@@ -527,12 +573,17 @@ class ShardStore:
                 slots={n: {k: a.copy() for k, a in v.slots.items()} for n, v in self._vars.items()},
                 updates={n: v.updates for n, v in self._vars.items()}, run_id=self._run_id,
                 policy_state={n: state for n, v in self._vars.items() if (state := v.policy_state.export())},
+                answers=self._answers.total, answers_by_worker=self._answers.by_worker(),
             )
 
     def restore(self, snap: Snapshot) -> None:
         """Replace the whole state with a snapshot (a new incarnation: older gradients are dropped)."""
-        if min(snap.version, snap.accepted, snap.dropped, *snap.updates.values()) < 0:
+        if min(snap.version, snap.accepted, snap.dropped, snap.answers, *snap.updates.values(),
+               *snap.answers_by_worker.values()) < 0:
             raise InvalidArgumentError("restored version, counters and update counts must be >= 0")
+        if sum(snap.answers_by_worker.values()) > snap.answers:
+            raise InvalidArgumentError(f"restored answers by worker add up to {sum(snap.answers_by_worker.values())}, "
+                                       f"more than the {snap.answers} answers in all")
         unknown = sorted(set(snap.updates) - set(snap.values))
         if unknown:
             raise InvalidArgumentError(f"update counts for unknown variables {unknown}")
@@ -564,6 +615,7 @@ class ShardStore:
             self._mode = self._start_mode(snap.rule)
             self._rule = snap.rule
             self._version, self._accepted, self._dropped = snap.version, snap.accepted, snap.dropped
+            self._answers = Answers(snap.answers, snap.answers_by_worker)
             self._reads = ReadValues()
             self._incarnation = secrets.randbits(62) + 1
             self._run_id = snap.run_id
@@ -594,6 +646,7 @@ class ShardStore:
             by_reason = dict(self._dropped_by_reason)
             mode_stats = self._mode.stats() if self._mode else {}
             run_id = self._run_id
+            answers, answers_by_worker = self._answers.total, self._answers.by_worker()
         return StoreStats(
             initialized=self._rule is not None,
             version=version,
@@ -604,6 +657,8 @@ class ShardStore:
             dropped_by_reason=by_reason,
             mode_stats=mode_stats,
             run_id=run_id,
+            answers=answers,
+            answers_by_worker=answers_by_worker,
         )
 
     def _require_initialized(self) -> None:

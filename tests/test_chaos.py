@@ -3,6 +3,8 @@ every 3 s, and a seeded schedule of SIGKILLs of shards, workers and the chief: t
 during a checkpoint cut (held by the chief's test gate, asyncps.chief.cut.CUT_GATE_ENV), the chief
 during its own restart. The run must finish by itself (exit 0, summary.json) with an accuracy within
 1 point of an unfaulted run of the same seed, and leave no process or shared-memory segment behind.
+Every push row is accounted per shard against the shard's own numbered count of its answers (kept,
+taken back by a restore, and answers no row reports: only killed workers' last steps).
 
 The schedule and the figures are printed; ASYNCPS_CHAOS_SEED=N replays a seed's schedule (the same
 faults in the same order at the same offsets; the processes' own timing is the machine's)."""
@@ -179,6 +181,18 @@ def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path, mod
     print(f"examples trained {fates} = done {d['examples_done']} + re-run {d['examples_rerun']} + rewound "
           f"{d['examples_rewound']} + {d['stale_completions']} stale task(s) + partial attempts "
           f"{fates - int(d['examples_done']) - int(d['examples_rerun']) - int(d['examples_rewound'])}")
+    for name, summary in (("unfaulted", base), ("faulted", faulted)):
+        for i, counts in enumerate(summary.shards):
+            print(f"{name} ps-{i}: {counts.rows} push rows = {counts.rows - counts.rows_taken_back} kept + "
+                  f"{counts.rows_taken_back} taken back by restores; the shard's {counts.answers} answers = the rows "
+                  f"kept + {sum(counts.unreported.values())} no worker reported {counts.unreported or ''}")
+    # every push row against the shard's own count of its answers (numbered, restored with its state):
+    # exact without faults; after them, the only answers without a row are of killed workers' last steps
+    assert all(not c.unreported and not c.rows_taken_back and c.answers == c.rows for c in base.shards), base.shards
+    for counts in faulted.shards:
+        assert counts.answers == sum(counts.answers_by_worker.values()), counts
+        assert all(n > 0 for n in counts.unreported.values()), f"rows the shard never answered: {counts}"
+        assert counts.answers == counts.rows - counts.rows_taken_back + sum(counts.unreported.values()), counts
     assert "abandoned" not in chief_log, chief_log[-4000:]
     assert "Traceback" not in chief_log, chief_log[-4000:]  # every report answered (a refused one was re-sent)
     steps = collections.Counter((s.worker, s.step, s.start) for s in iter_rows(RunDir(tmp_path / "faulted").timeline,

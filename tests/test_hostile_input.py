@@ -1340,8 +1340,8 @@ def test_long_poll_without_deadline_is_refused_or_bounded(shards: Shards, wait: 
 def with_header(**fields: Any) -> Callable[[ps_pb2.SnapshotHeader], None]:
     def change(header: ps_pb2.SnapshotHeader) -> None:
         for key, value in fields.items():
-            if key == "updates":
-                header.updates.update(value)
+            if key in ("updates", "answers_by_worker"):
+                getattr(header, key).update(value)
             else:
                 setattr(header, key, value)
     return change
@@ -1349,8 +1349,10 @@ def with_header(**fields: Any) -> Callable[[ps_pb2.SnapshotHeader], None]:
 
 @pytest.mark.parametrize("change", [
     with_header(version=-5), with_header(pushes_accepted=-1), with_header(pushes_dropped=-1),
-    with_header(updates={"w": -2}), with_header(updates={"zz": 3}),
-], ids=["negative-version", "negative-accepted", "negative-dropped", "negative-updates", "updates-unknown-variable"])
+    with_header(updates={"w": -2}), with_header(updates={"zz": 3}), with_header(answers=-1),
+    with_header(answers=4, answers_by_worker={0: -1}), with_header(answers=4, answers_by_worker={0: 3, 1: 2}),
+], ids=["negative-version", "negative-accepted", "negative-dropped", "negative-updates", "updates-unknown-variable",
+        "negative-answers", "negative-answers-of-a-worker", "answers-by-worker-beyond-all"])
 def test_restore_with_impossible_counters_is_invalid_argument(
     shards: Shards, change: Callable[[ps_pb2.SnapshotHeader], None],
 ) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from asyncps.chief.recorder import Recorder
 
 from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.pb import ps_pb2
 from asyncps.rundir import PushRow, RestoreRow, Rollbacks, RowWriter, RunDir
 
 OLD, NEW, NEWER = 11, 22, 33  # incarnations: the initial state, then two restores
@@ -54,3 +55,43 @@ def test_the_recorder_counts_the_examples_of_rolled_back_steps_and_the_rows_per_
     again = Recorder(tmp_path, append=True)  # a restarted chief reads the same from the files
     assert again.example_outcomes() == outcomes and again.rolled_back_by_shard() == {1: 2}
     again.close()
+
+
+def numbered(shard: int, seq: int, incarnation: int, accepted: bool = True) -> PushRow:
+    return PushRow(0.0, 0, shard, 1, 0, seq, 0, accepted, "" if accepted else "stale", 0.1, 0.5,
+                   incarnation=incarnation, seq=seq)
+
+
+def test_a_restore_takes_back_the_answers_numbered_above_the_count_it_went_back_to() -> None:
+    """By the answers' numbers (pushes.csv seq, restores.csv answers): drops too, and in sync, where a
+    version is a step of several pushes; rows or restores without numbers fall back to versions."""
+    rollbacks = Rollbacks([RestoreRow(0.0, 1, 100, NEW, "ckpt-00000002", answers=130)])
+    assert rollbacks.rolled_back(numbered(1, 131, OLD)) and rollbacks.taken_back(numbered(1, 131, OLD))
+    assert not rollbacks.taken_back(numbered(1, 130, OLD))  # answered before the checkpoint
+    dropped = numbered(1, 140, OLD, accepted=False)
+    assert rollbacks.taken_back(dropped) and not rollbacks.rolled_back(dropped)  # no longer counted; no update undone
+    assert not rollbacks.taken_back(numbered(1, 131, NEW))  # the restored state's own answer
+    old_file = Rollbacks([RestoreRow(0.0, 1, 100, NEW, "ckpt-00000002")])  # answers -1: not known
+    assert old_file.taken_back(numbered(1, 101, OLD)) and not old_file.taken_back(numbered(1, 140, OLD, False))
+
+
+def test_every_answered_row_is_accounted_against_the_shards_own_count(tmp_path: Path) -> None:
+    """summary.json's shards[i]: answers = rows kept + the answers no row reports, by worker."""
+    def answered(step: int, seq: int, incarnation: int, accepted: bool = True) -> cpb.PushRecord:
+        return cpb.PushRecord(step=step, shard=0, version=seq, accepted=accepted, incarnation=incarnation, seq=seq,
+                              drop=ps_pb2.DROP_NONE if accepted else ps_pb2.DROP_STALE)
+
+    recorder = Recorder(tmp_path)
+    recorder.add(0, [answered(1, 1, OLD), answered(2, 2, OLD), answered(3, 3, OLD)], [])
+    recorder.add(1, [answered(1, 4, OLD, accepted=False)], [])
+    recorder.add(1, [cpb.PushRecord(step=2, shard=0, drop=ps_pb2.DROP_NONFINITE)], [])  # skipped: never answered
+    with RowWriter(RunDir(tmp_path).restores, RestoreRow, append=True) as out:
+        out.write(RestoreRow(0.0, 0, 2, NEW, "ckpt-00000001", answers=2))  # w0's first two answers in it
+    recorder.add(0, [answered(4, 3, NEW)], [])  # numbered on from the restored count
+    # the shard's final state: 3 answers to w0, and one to w1 that w1 never reported (killed)
+    [shard] = recorder.push_accounting([4], [{0: 3, 1: 1}])
+    assert shard == {"answers": 4, "answers_by_worker": {"0": 3, "1": 1}, "rows": 6, "rows_taken_back": 2,
+                     "unreported": {"1": 1}}
+    [exact] = recorder.push_accounting([3], [{0: 3}])
+    assert exact["unreported"] == {}
+    recorder.close()

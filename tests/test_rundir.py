@@ -147,7 +147,7 @@ def test_rows_round_trip(tmp_path: Path, name: str, row_type: type[Any], rows: l
 
 def test_row_formats_are_the_chiefs() -> None:
     assert PushRow(1.5, 0, 1, 2, 3, 4, 1, True, "", 0.1, 0.5).cells() == [
-        "1.500000", "0", "1", "2", "3", "4", "1", "1", "", "0.1", "0.5", "", "1", "0"]
+        "1.500000", "0", "1", "2", "3", "4", "1", "1", "", "0.1", "0.5", "", "1", "0", "0"]
     assert EvalRow(1.0, 2.0, 3, (4, 5), 0.5, 0.25).cells() == ["1.000", "2.000", "3", "4|5", "0.500000", "0.250000"]
 
 

@@ -117,6 +117,8 @@ def test_ssp_refuses_a_read_beyond_the_bound_and_applies_the_repeated_push_once(
     outcome, values = service.push_pull(fast, -1, read_wait_s=0.05)
     assert outcome.accepted and outcome.version == 1 and values.values is not None and store.version == 2
     assert store.stats().mode_stats["max_clock_lead"] == 0
+    # one answer each: the repetitions of w0's push got its first answer again, numbered as it was
+    assert outcome.seq == 1 and store.stats().answers == 2
 
 
 def test_ssp_refuses_at_once_when_no_waiting_slot_is_free() -> None:
@@ -134,3 +136,37 @@ def test_without_the_bound_ssp_lets_a_worker_run_ahead() -> None:
     for step in range(3):
         service.push_pull(PushRequest("w0", step, {"a": g(1.0)}, step=step), -1, read_wait_s=0.05)
     assert store.version == 3 and store.stats().mode_stats["max_clock_lead"] == 3
+
+
+def test_every_answer_a_worker_records_is_numbered_once_and_a_follower_answers_at_commit() -> None:
+    """Answers (PushOutcome.seq, ShardStats.answers): the coordinator numbers each push's answer; a
+    follower numbers none at staging (its commit is the answer the worker records: the step's fate, or
+    the staging's refusal); the counts survive a snapshot, and a gradient a restore lost is answered
+    as dropped (restored)."""
+    coord, follower = shard(0, "sync:backup=1", "a"), shard(1, "sync:backup=1", "b")
+    ballot = Ballot(0, coord.incarnation)
+    for i, w in enumerate(WORKERS[:2]):
+        staged = follower.push(w, 0, {"b": g(1.0)}, follower.incarnation, ballot=ballot, worker_index=i)
+        assert staged.accepted and staged.seq == 0
+    answers = [coord.push(w, 0, {"a": g(1.0)}, coord.incarnation, ballot=ballot, worker_index=i)
+               for i, w in enumerate(WORKERS)]
+    assert [a.seq for a in answers] == [1, 2, 3] and answers[2].drop is DropReason.LATE
+    decisions = coord.decisions_since(0)
+    assert decisions is not None
+    commits = [follower.commit(w, ballot, decisions, worker_index=i) for i, w in enumerate(WORKERS[:2])]
+    assert [c.seq for c in commits] == [1, 2] and all(c.accepted for c in commits)
+    # w2 stages after its step was decided: refused at once, unnumbered; its commit gives the refusal
+    late = follower.push("w2", 0, {"b": g(1.0)}, follower.incarnation, ballot=ballot, worker_index=2)
+    assert late.drop is DropReason.LATE and late.seq == 0
+    refused = follower.commit("w2", ballot, decisions, worker_index=2)
+    assert refused.drop is DropReason.LATE and refused.seq == 3
+    assert follower.stats().answers == 3 and follower.stats().answers_by_worker == {0: 1, 1: 1, 2: 1}
+    assert coord.stats().answers == 3 and coord.stats().answers_by_worker == {0: 1, 1: 1, 2: 1}
+    # staged, then the follower is restored from a snapshot: the staged gradient is lost, and said so
+    ballot1 = Ballot(1, coord.incarnation)
+    follower.push("w1", 1, {"b": g(1.0)}, follower.incarnation, ballot=ballot1, worker_index=1)
+    follower.restore(follower.snapshot())
+    assert follower.stats().answers == 3 and follower.stats().answers_by_worker == {0: 1, 1: 1, 2: 1}
+    lost = follower.commit("w1", ballot1, Decisions(coord.incarnation, ()), worker_index=1)
+    assert lost.drop is DropReason.RESTORED and lost.seq == 4
+    assert follower.stats().answers_by_worker == {0: 1, 1: 2, 2: 1}

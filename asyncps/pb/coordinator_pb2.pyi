@@ -145,6 +145,7 @@ class PushRecord(google.protobuf.message.Message):
     DROP_FIELD_NUMBER: builtins.int
     LOCAL_STEPS_FIELD_NUMBER: builtins.int
     INCARNATION_FIELD_NUMBER: builtins.int
+    SEQ_FIELD_NUMBER: builtins.int
     wall_time: builtins.float
     shard: builtins.int
     base_version: builtins.int
@@ -164,6 +165,10 @@ class PushRecord(google.protobuf.message.Message):
     """The incarnation of the shard's state the push was sent to, the one an accepted push was applied
     to (0 from older workers): a restore of the shard to a checkpoint rolls back its later pushes.
     """
+    seq: builtins.int
+    """The shard's answer number (PushResult.seq; 0 from older shards): pushes.csv against the shards'
+    own count of answers, and which answers a restore took back.
+    """
     def __init__(
         self,
         *,
@@ -180,8 +185,9 @@ class PushRecord(google.protobuf.message.Message):
         drop: asyncps.pb.ps_pb2.DropReason.ValueType = ...,
         local_steps: builtins.int = ...,
         incarnation: builtins.int = ...,
+        seq: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "incarnation", b"incarnation", "local_steps", b"local_steps", "loss", b"loss", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "incarnation", b"incarnation", "local_steps", b"local_steps", "loss", b"loss", "seq", b"seq", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]) -> None: ...
 
 global___PushRecord = PushRecord
 

@@ -327,6 +327,7 @@ class PushResult(google.protobuf.message.Message):
     EFFECTIVE_LR_FIELD_NUMBER: builtins.int
     DROP_DETAIL_FIELD_NUMBER: builtins.int
     DROP_FIELD_NUMBER: builtins.int
+    SEQ_FIELD_NUMBER: builtins.int
     accepted: builtins.bool
     staleness: builtins.int
     """version_now - base_version when the push arrived"""
@@ -338,6 +339,11 @@ class PushResult(google.protobuf.message.Message):
     """a human-readable explanation; empty when accepted"""
     drop: global___DropReason.ValueType
     """DROP_NONE when accepted"""
+    seq: builtins.int
+    """The number of this answer among every answer the shard's state has given (a restore takes the
+    count back to its checkpoint's): the one a worker records for this push; 0 when it is not the
+    recorded one (a gradient staged on a sync follower: the commit answers for it).
+    """
     def __init__(
         self,
         *,
@@ -347,8 +353,9 @@ class PushResult(google.protobuf.message.Message):
         effective_lr: builtins.float = ...,
         drop_detail: builtins.str = ...,
         drop: global___DropReason.ValueType = ...,
+        seq: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "staleness", b"staleness", "version", b"version"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "seq", b"seq", "staleness", b"staleness", "version", b"version"]) -> None: ...
 
 global___PushResult = PushResult
 
@@ -520,6 +527,22 @@ class ShardStats(google.protobuf.message.Message):
         ) -> None: ...
         def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
+    @typing.final
+    class AnswersByWorkerEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.int
+        value: builtins.int
+        def __init__(
+            self,
+            *,
+            key: builtins.int = ...,
+            value: builtins.int = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
     SHARD_INDEX_FIELD_NUMBER: builtins.int
     INITIALIZED_FIELD_NUMBER: builtins.int
     VERSION_FIELD_NUMBER: builtins.int
@@ -534,6 +557,8 @@ class ShardStats(google.protobuf.message.Message):
     RUN_ID_FIELD_NUMBER: builtins.int
     BYTES_PULLED_BY_TRANSPORT_FIELD_NUMBER: builtins.int
     BYTES_PUSHED_BY_TRANSPORT_FIELD_NUMBER: builtins.int
+    ANSWERS_FIELD_NUMBER: builtins.int
+    ANSWERS_BY_WORKER_FIELD_NUMBER: builtins.int
     shard_index: builtins.int
     initialized: builtins.bool
     version: builtins.int
@@ -543,6 +568,10 @@ class ShardStats(google.protobuf.message.Message):
     bytes_pushed: builtins.int
     run_id: builtins.str
     """the run that initialized or restored this state (empty: none said)"""
+    answers: builtins.int
+    """The answers to pushes the state has given (those a worker records: PushResult.seq), in all and
+    by worker index (-1: a push that named none); restored with the state
+    """
     @property
     def variables(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___VariableInfo]: ...
     @property
@@ -559,6 +588,8 @@ class ShardStats(google.protobuf.message.Message):
 
     @property
     def bytes_pushed_by_transport(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.int]: ...
+    @property
+    def answers_by_worker(self) -> google.protobuf.internal.containers.ScalarMap[builtins.int, builtins.int]: ...
     def __init__(
         self,
         *,
@@ -576,9 +607,11 @@ class ShardStats(google.protobuf.message.Message):
         run_id: builtins.str = ...,
         bytes_pulled_by_transport: collections.abc.Mapping[builtins.str, builtins.int] | None = ...,
         bytes_pushed_by_transport: collections.abc.Mapping[builtins.str, builtins.int] | None = ...,
+        answers: builtins.int = ...,
+        answers_by_worker: collections.abc.Mapping[builtins.int, builtins.int] | None = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["rule", b"rule"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["bytes_pulled", b"bytes_pulled", "bytes_pulled_by_transport", b"bytes_pulled_by_transport", "bytes_pushed", b"bytes_pushed", "bytes_pushed_by_transport", b"bytes_pushed_by_transport", "dropped_by_reason", b"dropped_by_reason", "initialized", b"initialized", "mode_stats", b"mode_stats", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "variables", b"variables", "version", b"version"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["answers", b"answers", "answers_by_worker", b"answers_by_worker", "bytes_pulled", b"bytes_pulled", "bytes_pulled_by_transport", b"bytes_pulled_by_transport", "bytes_pushed", b"bytes_pushed", "bytes_pushed_by_transport", b"bytes_pushed_by_transport", "dropped_by_reason", b"dropped_by_reason", "initialized", b"initialized", "mode_stats", b"mode_stats", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "variables", b"variables", "version", b"version"]) -> None: ...
 
 global___ShardStats = ShardStats
 
@@ -733,6 +766,22 @@ class SnapshotHeader(google.protobuf.message.Message):
         ) -> None: ...
         def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
+    @typing.final
+    class AnswersByWorkerEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.int
+        value: builtins.int
+        def __init__(
+            self,
+            *,
+            key: builtins.int = ...,
+            value: builtins.int = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
     RULE_FIELD_NUMBER: builtins.int
     VERSION_FIELD_NUMBER: builtins.int
     PUSHES_ACCEPTED_FIELD_NUMBER: builtins.int
@@ -740,18 +789,24 @@ class SnapshotHeader(google.protobuf.message.Message):
     UPDATES_FIELD_NUMBER: builtins.int
     SHARD_INDEX_FIELD_NUMBER: builtins.int
     RUN_ID_FIELD_NUMBER: builtins.int
+    ANSWERS_FIELD_NUMBER: builtins.int
+    ANSWERS_BY_WORKER_FIELD_NUMBER: builtins.int
     version: builtins.int
     pushes_accepted: builtins.int
     pushes_dropped: builtins.int
     shard_index: builtins.int
     run_id: builtins.str
     """the run the state belongs to (Restore: it becomes the shard's run)"""
+    answers: builtins.int
+    """ShardStats.answers and answers_by_worker of the state"""
     @property
     def rule(self) -> global___UpdateRule: ...
     @property
     def updates(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.int]:
         """per variable: updates applied (optimizer step counters)"""
 
+    @property
+    def answers_by_worker(self) -> google.protobuf.internal.containers.ScalarMap[builtins.int, builtins.int]: ...
     def __init__(
         self,
         *,
@@ -762,9 +817,11 @@ class SnapshotHeader(google.protobuf.message.Message):
         updates: collections.abc.Mapping[builtins.str, builtins.int] | None = ...,
         shard_index: builtins.int = ...,
         run_id: builtins.str = ...,
+        answers: builtins.int = ...,
+        answers_by_worker: collections.abc.Mapping[builtins.int, builtins.int] | None = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["rule", b"rule"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "updates", b"updates", "version", b"version"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["answers", b"answers", "answers_by_worker", b"answers_by_worker", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "updates", b"updates", "version", b"version"]) -> None: ...
 
 global___SnapshotHeader = SnapshotHeader
 

@@ -1,7 +1,10 @@
 """Which recorded pushes a shard restore rolled back (pushes.csv against restores.csv).
 
 A restore puts a shard back to a checkpoint's version v with a new incarnation: the pushes it
-had applied after v are gone. A push row carries the incarnation of the state it was applied to;
+had applied after v are gone. Every answer a shard's state gives to a push is numbered (pushes.csv's
+seq, counted in the state and its checkpoints), and restores.csv keeps the count the restore went
+back to: an answer numbered above it was taken back, accepted or dropped. Rows of older files
+without numbers fall back to versions: A push row carries the incarnation of the state it was applied to;
 the restores after that incarnation began (every restore of the shard when no restore created it:
 the state the run initialized) went back to versions at or below the smallest v among them, so an
 accepted push with a resulting version above that v is rolled back. A push of incarnation 0 (an
@@ -29,14 +32,24 @@ class Rollbacks:
 
     def rolled_back(self, push: PushRow) -> bool:
         """Whether an accepted push was undone by a later restore of its shard."""
+        return push.accepted and self.taken_back(push)
+
+    def taken_back(self, push: PushRow) -> bool:
+        """Whether a later restore of its shard took the push's answer back: an accepted push's update is
+        undone, a drop is no longer in the restored state's count of answers. By the answer's number
+        (seq) where the row and the restores carry them, else (older files) by version, accepted only."""
         restores = self._by_shard.get(push.shard)
-        if not push.accepted or not restores or not push.incarnation:
+        if not restores or not push.incarnation:
             return False
         later = restores
         for i, row in enumerate(restores):
             if row.incarnation == push.incarnation:
                 later = restores[i + 1:]  # the last such restore: incarnations are random, never repeated
-        return bool(later) and push.version > min(row.version for row in later)
+        if not later:
+            return False
+        if push.seq > 0 and all(row.answers >= 0 for row in later):
+            return push.seq > min(row.answers for row in later)
+        return push.accepted and push.version > min(row.version for row in later)
 
     def __len__(self) -> int:
         return sum(len(rows) for rows in self._by_shard.values())

@@ -243,6 +243,16 @@ class ShardCounters:
     # the accepted pushes (pushes.csv rows) that a restore of the shard to a checkpoint rolled back:
     # rows of the shard = accepted + dropped + rolled_back, as far as the shard's counters go (added later)
     rolled_back: int = 0
+    # added later (0 and {} in older run directories): the answers to pushes the shard's final state had
+    # given (each numbered: pushes.csv's seq), in all and by worker index; the shard's pushes.csv rows,
+    # those whose answer a restore took back (rolled back, or dropped by a state that was replaced), and
+    # per worker index the answers no row reports (pushes of workers killed before their report):
+    # answers == rows - rows_taken_back + sum(unreported), and by worker the same
+    answers: int = 0
+    answers_by_worker: dict[str, int] = field(default_factory=dict)
+    rows: int = 0
+    rows_taken_back: int = 0
+    unreported: dict[str, int] = field(default_factory=dict)
 
 
 def _by_transport(shard: _Fields) -> dict[str, dict[str, int]]:
@@ -347,7 +357,9 @@ class RunSummary:
             backup_workers=f.integer("backup_workers"), staleness_bound=f.integer("staleness_bound"),
             shards=tuple(ShardCounters(s.integer("version"), s.integer("accepted"), s.integer("dropped"),
                                        s.integer("bytes_pushed", 0), s.integer("bytes_pulled", 0),
-                                       _by_transport(s), s.integer("rolled_back", 0))
+                                       _by_transport(s), s.integer("rolled_back", 0), s.integer("answers", 0),
+                                       s.counts("answers_by_worker", {}), s.integer("rows", 0),
+                                       s.integer("rows_taken_back", 0), s.counts("unreported", {}))
                          for s in f.objects("shards")),
             data=f.counts("data", {}, nullable=True), idle_fraction=f.numbers("idle_fraction", {}),
             max_clock_lead=f.number("max_clock_lead", 0.0), start=f.mapping("start", {}),

@@ -119,6 +119,9 @@ class PushRow(CsvRow):
     # files. A push is rolled back when a later restore of its shard (restores.csv) went back to a
     # version before it: asyncps.rundir.rollback.Rollbacks marks it (added later)
     incarnation: int = 0
+    # the shard's number of its answer (asyncps.ps.store.Answers; 0: none, an older shard or worker): an
+    # answer numbered above the count a later restore went back to was taken back (added later)
+    seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,9 @@ class RestoreRow(CsvRow):
     version: int  # the version the shard went back to (0: re-initialized): its later pushes are rolled back
     incarnation: int  # the incarnation the restore gave the shard's state
     checkpoint: str  # the checkpoint's directory name; empty when re-initialized
+    # the answers to pushes the restored state had given (its pushes.csv rows numbered above were taken
+    # back); -1 in older files: not known (added later)
+    answers: int = -1
 
 
 @dataclass(frozen=True)

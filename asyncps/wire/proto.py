@@ -77,6 +77,7 @@ def outcome_to_proto(outcome: PushOutcome) -> ps_pb2.PushResult:
         effective_lr=outcome.effective_lr,
         drop=drop_to_wire(outcome.drop),
         drop_detail=outcome.detail,
+        seq=outcome.seq,
     )
 
 
@@ -84,7 +85,7 @@ def outcome_from_proto(msg: ps_pb2.PushResult) -> PushOutcome:
     """Decode a push outcome; an inconsistent one is InvalidArgumentError."""
     try:
         return PushOutcome(msg.accepted, msg.staleness, msg.version, msg.effective_lr, drop_from_wire(msg.drop),
-                           msg.drop_detail)
+                           msg.drop_detail, msg.seq)
     except ValueError as exc:
         raise InvalidArgumentError(f"bad push result: {exc}") from None
 
@@ -144,7 +145,7 @@ def push_record(
         wall_time=wall_time, shard=shard, base_version=base_version, version=outcome.version,
         staleness=outcome.staleness, accepted=outcome.accepted, effective_lr=outcome.effective_lr, loss=loss,
         step=step, drop=drop_to_wire(outcome.drop), drop_detail=outcome.detail, local_steps=local_steps,
-        incarnation=incarnation)
+        incarnation=incarnation, seq=outcome.seq)
 
 
 def stats_to_proto(stats: StoreStats) -> ps_pb2.ShardStats:
@@ -165,6 +166,8 @@ def stats_to_proto(stats: StoreStats) -> ps_pb2.ShardStats:
         dropped_by_reason=stats.dropped_by_reason,
         mode_stats=stats.mode_stats,
         run_id=stats.run_id,
+        answers=stats.answers,
+        answers_by_worker=stats.answers_by_worker,
     )
 
 
@@ -185,6 +188,8 @@ def stats_from_proto(msg: ps_pb2.ShardStats) -> StoreStats:
         bytes_pulled_by_transport=dict(msg.bytes_pulled_by_transport),
         bytes_pushed_by_transport=dict(msg.bytes_pushed_by_transport),
         run_id=msg.run_id,
+        answers=msg.answers,
+        answers_by_worker=dict(msg.answers_by_worker),
     )
 
 
@@ -192,7 +197,8 @@ def snapshot_header(snap: Snapshot, shard_index: int) -> ps_pb2.SnapshotHeader:
     """The header of a snapshot stream: rule, version and counters."""
     return ps_pb2.SnapshotHeader(rule=rule_to_proto(snap.rule), version=snap.version,
                                  pushes_accepted=snap.accepted, pushes_dropped=snap.dropped,
-                                 updates=snap.updates, shard_index=shard_index, run_id=snap.run_id)
+                                 updates=snap.updates, shard_index=shard_index, run_id=snap.run_id,
+                                 answers=snap.answers, answers_by_worker=snap.answers_by_worker)
 
 
 def snapshot_frames(
@@ -231,7 +237,8 @@ def snapshot_from_wire(header: ps_pb2.SnapshotHeader, tensors: dict[str, Gradien
         raise InvalidArgumentError(f"slots for unknown variables {sorted(set(slots) - set(values))}")
     return Snapshot(rule=rule_from_proto(header.rule), version=header.version, accepted=header.pushes_accepted,
                     dropped=header.pushes_dropped, values=values, slots=slots, updates=dict(header.updates),
-                    policy_state=policy_state, run_id=header.run_id)
+                    policy_state=policy_state, run_id=header.run_id, answers=header.answers,
+                    answers_by_worker=dict(header.answers_by_worker))
 
 
 # -- the shard service's streams ---------------------------------------------------------------

@@ -25,6 +25,10 @@ class PushOutcome:
     effective_lr: float
     drop: DropReason | None = None
     detail: str = ""  # a human-readable explanation of a drop
+    # the answer's number among the shard state's answers (asyncps.ps.store.Answers); 0: not the answer
+    # a worker records (a gradient staged on a sync follower), or from an older shard. Bookkeeping,
+    # not part of what became of the push: outcomes compare equal without it
+    seq: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
         if self.accepted == (self.drop is not None):
@@ -79,6 +83,8 @@ class Snapshot:
     run_id: str = ""  # the run this state belongs to (empty: none said)
     # the staleness policy's per-row state (asyncps.ps.policy_state): variable -> arrays
     policy_state: dict[str, dict[str, Array]] = field(default_factory=dict)
+    answers: int = 0  # the answers to pushes the state had given, in all and by worker index
+    answers_by_worker: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,9 @@ class StoreStats:
     bytes_pulled_by_transport: dict[str, int] = field(default_factory=dict)
     bytes_pushed_by_transport: dict[str, int] = field(default_factory=dict)
     run_id: str = ""  # the run that initialized or restored the shard (empty: none said)
+    # the answers to pushes the state has given (the ones workers record), in all and by worker index
+    answers: int = 0
+    answers_by_worker: dict[int, int] = field(default_factory=dict)
 
     def bytes_by_transport(self) -> dict[str, dict[str, int]]:
         """{transport: {"pushed": bytes, "pulled": bytes}} for each transport that carried any."""

@@ -90,8 +90,11 @@ def coordinated_step(
     def commit(shard: int) -> StepOnShard:
         verdict, values = shards[shard].push_pull(work.request(shard, ballot, decisions), -1, buffers[shard], 0.0)
         accept(shard, values)
-        # a gradient dropped when staged is dropped; otherwise the commit says what became of it
-        return StepOnShard(shard, staged[shard] if not staged[shard].accepted else verdict, values.version)
+        # the commit says what became of the gradient, a refusal when it was staged included (the
+        # answer the shard counts: PushOutcome.seq); the staging reply tells it only when the commit
+        # is from an older shard (no number)
+        chosen = staged[shard] if not staged[shard].accepted and not verdict.seq else verdict
+        return StepOnShard(shard, chosen, values.version)
 
     return results + list(parallel(commit, followers))
 

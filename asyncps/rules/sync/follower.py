@@ -81,6 +81,8 @@ class SyncFollower(Consistency):
         self._retired: set[int] = set()
         self._staged: dict[_Key, _Staged] = {}
         self._resolved: collections.OrderedDict[_Key, Resolution] = collections.OrderedDict()
+        # gradients refused when staged (late, duplicate, from a restored state), for the commit to answer
+        self._refused: collections.OrderedDict[_Key, Resolution] = collections.OrderedDict()
         self.version = 0  # this shard's version (the store's, given with each commit)
         self._admitted_base = 0
         self.skipped_steps = 0  # decided steps with none of their gradients staged here
@@ -173,6 +175,21 @@ class SyncFollower(Consistency):
     def resolution(self, worker_id: str, ballot: Ballot) -> Resolution | None:
         """What became of worker_id's gradient staged under `ballot` (None while it is staged)."""
         return self._resolved.get(self._key(worker_id, ballot))
+
+    def refuse(self, worker_id: str, ballot: Ballot, refusal: Resolution) -> None:
+        """Remember that staging refused worker_id's gradient under `ballot` (the commit answers it)."""
+        key = self._key(worker_id, ballot)
+        self._refused[key] = refusal
+        while len(self._refused) > DECISION_LOG:
+            self._refused.popitem(last=False)
+
+    def refusal(self, worker_id: str, ballot: Ballot) -> Resolution | None:
+        """Why staging refused worker_id's gradient under `ballot` (None: it did not)."""
+        return self._refused.get(self._key(worker_id, ballot))
+
+    def holds(self, worker_id: str, ballot: Ballot) -> bool:
+        """Whether worker_id's gradient of `ballot` is staged here, waiting for its step."""
+        return self._key(worker_id, ballot) in self._staged
 
     def sync_position(self) -> tuple[int, int] | None:
         """(the coordinator incarnation followed, the first step not committed here)."""
