@@ -78,7 +78,9 @@ def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = F
             rows = excess(rows, optimal_test_loss(runs / point.slug))
         if not rows:
             continue
-        variant = str(point.axes.get("variant", point.label))
+        # one curve per variant, else per setting of the other axes: seeds and shard counts pooled
+        variant = str(point.axes["variant"]) if "variant" in point.axes else ", ".join(
+            f"{k}={v}" for k, v in point.axes.items() if k not in ("seed", "num_ps")) or point.label
         scale = pushes_per_update(runs / point.slug) if x == "pushes" else 1.0
         curves.setdefault(variant, []).append(([scale * r.updates for r in rows],
                                                [r.accuracy if y == "accuracy" else r.loss for r in rows]))
