@@ -540,3 +540,6 @@ target: {metric: loss, value: 0.5}
     # E10's form: accuracy against pushes per shard
     assert loss_curves_figure(spec_path, tmp_path / "out", tmp_path / "acc.png", x="pushes", y="accuracy") == 6
     assert_png(tmp_path / "acc.png")
+    assert loss_curves_figure(spec_path, tmp_path / "out", tmp_path / "clock.png", x="seconds",
+                              only=["lr 1"]) == 3  # E8's form: error against wall clock, some variants
+    assert_png(tmp_path / "clock.png")

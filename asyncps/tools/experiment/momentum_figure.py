@@ -1,6 +1,7 @@
 """E6's figure: the test loss against updates of a sweep, one colour per variant: the mean over seeds ± sd.
 (`--y accuracy` draws the test accuracy, `--x pushes` puts the pushes per shard on the x axis, so that a
-sync update of n pushes and an async one of 1 compare by what was sent: E10.)
+sync update of n pushes and an async one of 1 compare by what was sent: E10; `--x seconds` the seconds
+of training, error against wall clock: E8.)
 
 Asynchrony begets momentum (Mitliagkas et al. 2016) shows in the shape of these curves rather than
 in any one number: the run that keeps the one-worker momentum overshoots (its loss climbs back after
@@ -60,7 +61,7 @@ def pushes_per_update(run_dir: Path) -> float:
 
 
 def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = False, x: str = "updates",
-                       y: str = "loss") -> int:
+                       y: str = "loss", only: Sequence[str] = ()) -> int:
     """Draw the test loss (or accuracy) against updates (or pushes per shard), one colour per variant
     label: the mean over its seeds with a band of ± one sd (a single run as its own line); the number
     of runs drawn."""
@@ -81,9 +82,11 @@ def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = F
         # one curve per variant, else per setting of the other axes: seeds and shard counts pooled
         variant = str(point.axes["variant"]) if "variant" in point.axes else ", ".join(
             f"{k}={v}" for k, v in point.axes.items() if k not in ("seed", "num_ps")) or point.label
+        if only and variant not in only:
+            continue
         scale = pushes_per_update(runs / point.slug) if x == "pushes" else 1.0
-        curves.setdefault(variant, []).append(([scale * r.updates for r in rows],
-                                               [r.accuracy if y == "accuracy" else r.loss for r in rows]))
+        xs = [r.elapsed_s for r in rows] if x == "seconds" else [scale * r.updates for r in rows]
+        curves.setdefault(variant, []).append((xs, [r.accuracy if y == "accuracy" else r.loss for r in rows]))
     drawn = sum(len(c) for c in curves.values())
     if not drawn:
         raise ExperimentError(f"no {EVAL_CSV} under {runs} for the points of {spec_path}")
@@ -97,7 +100,8 @@ def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = F
                             [m + sd for m, sd in zip(means, sds, strict=True)], color=_color(i), alpha=0.2, lw=0)
     if spec.target is not None and (spec.target.metric == "accuracy") == (y == "accuracy"):
         ax.axhline(spec.target.value, color="black", ls="--", lw=0.8, label=f"target: {spec.target.describe()}")
-    ax.set_xlabel("pushes per shard (a sync update is one per worker)" if x == "pushes" else "updates applied")
+    ax.set_xlabel({"pushes": "pushes per shard (a sync update is one per worker)",
+                   "seconds": "seconds of training (wall clock)"}.get(x, "updates applied"))
     what = "test accuracy" if y == "accuracy" else "test loss"
     ax.set_ylabel(what if y == "accuracy" else "test loss above the optimum's" if excess_target else what)
     ax.set_title(f"{spec.name}: {what}, {drawn} runs" + (f" (up to {seeds} runs per variant)" if seeds > 1 else ""))
@@ -115,12 +119,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("runs", type=Path, help="the sweep's output directory (its --out)")
     p.add_argument("out", type=Path, help="the PNG to write")
     p.add_argument("--reduced", action="store_true", help="the spec's reduced points")
-    p.add_argument("--x", choices=("updates", "pushes"), default="updates",
-                   help="x axis: updates applied, or pushes per shard (sync and async compared by what they sent)")
+    p.add_argument("--x", choices=("updates", "pushes", "seconds"), default="updates",
+                   help="x axis: updates applied, pushes per shard (sync and async compared by what they sent), or "
+                        "seconds of training (error against wall clock: E8)")
     p.add_argument("--y", choices=("loss", "accuracy"), default="loss", help="y axis: test loss or test accuracy")
+    p.add_argument("--only", action="append", default=[], metavar="VARIANT",
+                   help="draw this variant's curve (repeatable; default: every variant)")
     args = p.parse_args(argv)
     try:
-        drawn = loss_curves_figure(args.spec, args.runs, args.out, args.reduced, args.x, args.y)
+        drawn = loss_curves_figure(args.spec, args.runs, args.out, args.reduced, args.x, args.y, args.only)
     except ExperimentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
