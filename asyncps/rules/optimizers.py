@@ -264,9 +264,10 @@ class Nesterov(Momentum):
 @OPTIMIZERS.register("delayed-nesterov")
 @dataclass(frozen=True)
 class DelayedNesterov(Optimizer):
-    """Nesterov momentum whose momentum moves once per `period` updates (the outer rule of
-    asynchronous local SGD, after Liu et al. 2024's "delayed Nesterov": momentum on every single
-    stale delta accelerates the center too far).
+    """Nesterov momentum whose velocity moves once per `period` updates (async local SGD's outer rule).
+
+    After Liu et al. 2024's "delayed Nesterov": momentum on every single stale delta accelerates the
+    center too far.
 
     Every update moves the value by ``lr * g / period`` and adds `g` to a running sum; the
     `period`-th update also updates the velocity with the mean of the sum, ``v = m*v - lr*mean``,
