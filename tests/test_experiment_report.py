@@ -50,6 +50,7 @@ from asyncps.tools.report import (
     make_report,
     mean_sd,
     plot_scaling,
+    scaling_panels,
     stale_gradient_figure,
     timeline_window,
 )
@@ -451,6 +452,12 @@ def test_the_scaling_figure_shows_mean_and_sd_per_spec_label(tmp_path: Path) -> 
     assert len(rates) == 3 and mean == pytest.approx(40) and sd == pytest.approx(4)
     assert_png(plot_scaling(runs, tmp_path / "scaling.png") or tmp_path / "none")
     assert mean_sd([1.0, math.nan]) == (1.0, 0.0) and all(math.isnan(v) for v in mean_sd([math.nan]))
+    # no empty panel: staleness measured (λ > 1) is drawn; a metric that is zero in every run is not
+    metrics = [m for m, _ in scaling_panels(runs)]
+    assert "staleness_mean" in metrics and "updates_per_s" in metrics
+    for run in runs:  # the metrics of sync runs (a cached property: set on the instance)
+        run.__dict__["metrics"] = {**run.metrics, "staleness_mean": 0.0}
+    assert "staleness_mean" not in [m for m, _ in scaling_panels(runs)]
 
 
 def test_timeline_window_skips_start_up() -> None:

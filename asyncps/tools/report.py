@@ -406,17 +406,24 @@ def _log_workers_axis(ax: Any, xs: Sequence[float]) -> None:
     ax.set_xlim(min(xs) / 1.25, max(xs) * 1.25)
 
 
-def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
-    """Updates/s, staleness, idle share and quality against workers λ (log axis) or the one swept numeric
-    setting (e.g. the SSP bound), one series per label of the spec: the mean over seeds, with a band of
-    ± one standard deviation; else one bar per label (mean, ± sd whiskers). Panels with no value are left out."""
-    if not runs:
-        return None
-    plt = _pyplot()
+def scaling_panels(runs: Sequence[RunData]) -> list[tuple[str, str]]:
+    """The scaling figure's panels, (metric, title): those where some run measured something other than
+    zero (the staleness of sync runs or the idle time of async ones would be an empty panel)."""
     panels = [*_SCALING_PANELS, _quality_panel(runs)]
     if any(r.target for r in runs):
         panels += [("updates_to_target", "updates to the target"), ("time_to_target_s", "seconds to the target")]
-    panels = [(m, t) for m, t in panels if any(not math.isnan(r.metrics[m]) for r in runs)]
+    return [(m, t) for m, t in panels if any(not math.isnan(r.metrics[m]) and r.metrics[m] != 0 for r in runs)]
+
+
+def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
+    """Updates/s, staleness, idle share and quality against workers λ (log axis) or the one swept numeric
+    setting (e.g. the SSP bound), one series per label of the spec: the mean over seeds, with a band of
+    ± one standard deviation; else one bar per label (mean, ± sd whiskers). Panels with no value but zero are
+    left out."""
+    if not runs:
+        return None
+    plt = _pyplot()
+    panels = scaling_panels(runs)
     if not panels:
         return None
     rows = math.ceil(len(panels) / 2)
