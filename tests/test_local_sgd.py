@@ -136,53 +136,55 @@ def test_easgd_moves_the_center_and_the_worker_toward_each_other_by_alpha(cluste
     client.close()
 
 
-def test_nesterov_outer_applies_the_deltas_with_outer_momentum(cluster: Cluster) -> None:
-    """DiLoCo's outer rule: keras' SGD(lr, momentum, nesterov=True) on the deltas, the momentum
-    kept on the shards across rounds."""
-    rule = local_rule("nesterov:lr=0.7,momentum=0.9")
+def outer_rounds(cluster: Cluster, outer: str,
+                 step: Callable[[int, list[np.ndarray], list[np.ndarray]], list[np.ndarray]]) -> None:
+    """ROUNDS rounds of one worker's local SGD under `outer` on the shard, against the same rounds
+    replayed by hand: `step(round, center, delta)` is the outer rule's new center (1-based rounds)."""
+    rule = local_rule(outer)
     client = cluster.client(0, UpdateRuleConfig(rule.outer.shard_optimizer()))
     trainer, _ = cluster.trainer(client, LocalModel(rule, cluster.names), seed=9)
     trainer.run(threading.Event(), max_steps=ROUNDS)
 
     batches = BatchStream(cluster.x, cluster.y, 32, seed=9)
     center = [cluster.initial[n] for n in cluster.names]
-    velocity = [np.zeros_like(c) for c in center]
-    lr, mu = np.float32(0.7), np.float32(0.9)
-    for _ in range(ROUNDS):
+    for r in range(1, ROUNDS + 1):
         local = cluster.local_round(center, batches)
-        delta = [c - w for c, w in zip(center, local, strict=True)]
-        velocity = [mu * v - lr * d for v, d in zip(velocity, delta, strict=True)]
-        center = [c + mu * v - lr * d for c, v, d in zip(center, velocity, delta, strict=True)]
+        center = step(r, center, [c - w for c, w in zip(center, local, strict=True)])
     client.pull()
     assert_close([client.values[n] for n in cluster.names], center, cluster.names)
     client.close()
+
+
+def test_nesterov_outer_applies_the_deltas_with_outer_momentum(cluster: Cluster) -> None:
+    """DiLoCo's outer rule: keras' SGD(lr, momentum, nesterov=True) on the deltas, the momentum
+    kept on the shards across rounds."""
+    lr, mu = np.float32(0.7), np.float32(0.9)
+    velocity = [np.zeros_like(cluster.initial[n]) for n in cluster.names]
+
+    def step(_: int, center: list[np.ndarray], delta: list[np.ndarray]) -> list[np.ndarray]:
+        velocity[:] = [mu * v - lr * d for v, d in zip(velocity, delta, strict=True)]
+        return [c + mu * v - lr * d for c, v, d in zip(center, velocity, delta, strict=True)]
+
+    outer_rounds(cluster, "nesterov:lr=0.7,momentum=0.9", step)
 
 
 def test_delayed_nesterov_outer_steps_the_momentum_once_per_period(cluster: Cluster) -> None:
     """Async local SGD's outer rule (Liu et al. 2024): each delta moves the center by lr/period of
     itself at once, the momentum steps with the mean of every `period` deltas; kept across rounds."""
-    rule = local_rule("delayed-nesterov:lr=0.7,momentum=0.9,period=2")
-    client = cluster.client(0, UpdateRuleConfig(rule.outer.shard_optimizer()))
-    trainer, _ = cluster.trainer(client, LocalModel(rule, cluster.names), seed=9)
-    trainer.run(threading.Event(), max_steps=ROUNDS)
-
-    batches = BatchStream(cluster.x, cluster.y, 32, seed=9)
-    center = [cluster.initial[n] for n in cluster.names]
-    velocity = [np.zeros_like(c) for c in center]
-    total = [np.zeros_like(c) for c in center]
     lr, mu, period = np.float32(0.7), np.float32(0.9), 2
-    for r in range(1, ROUNDS + 1):
-        local = cluster.local_round(center, batches)
-        delta = [c - w for c, w in zip(center, local, strict=True)]
+    velocity = [np.zeros_like(cluster.initial[n]) for n in cluster.names]
+    total = [np.zeros_like(v) for v in velocity]
+
+    def step(r: int, center: list[np.ndarray], delta: list[np.ndarray]) -> list[np.ndarray]:
         center = [c - lr / period * d for c, d in zip(center, delta, strict=True)]
-        total = [t + d for t, d in zip(total, delta, strict=True)]
+        total[:] = [t + d for t, d in zip(total, delta, strict=True)]
         if r % period == 0:
-            velocity = [mu * v - lr / period * t for v, t in zip(velocity, total, strict=True)]
+            velocity[:] = [mu * v - lr / period * t for v, t in zip(velocity, total, strict=True)]
             center = [c + mu * v for c, v in zip(center, velocity, strict=True)]
-            total = [np.zeros_like(t) for t in total]
-    client.pull()
-    assert_close([client.values[n] for n in cluster.names], center, cluster.names)
-    client.close()
+            total[:] = [np.zeros_like(t) for t in total]
+        return center
+
+    outer_rounds(cluster, "delayed-nesterov:lr=0.7,momentum=0.9,period=2", step)
 
 
 def test_sync_averaging_of_two_workers_gives_the_mean_of_their_local_models(cluster: Cluster) -> None:
