@@ -28,6 +28,7 @@ from asyncps.config import (
 )
 from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
 from asyncps.net.security import LOOPBACK_HOST, SecurityConfig
+from asyncps.signals import SignalRoute
 from asyncps.transport.registry import TRANSPORTS
 
 DEFAULT_PORT = 8470
@@ -189,15 +190,10 @@ def _port(args: argparse.Namespace, tf: TFConfig | None, role: str) -> int:
 
 
 def _install_signals(event: threading.Event, on_sigterm: threading.Event | None = None) -> None:
-    """SIGINT sets `event`; SIGTERM sets `on_sigterm` when given (the chief's handover), else `event`."""
-    def handler(signum: int, frame: Any) -> None:
-        event.set()
-
-    def term_handler(signum: int, frame: Any) -> None:
-        (on_sigterm or event).set()
-
-    signal.signal(signal.SIGTERM, term_handler)
-    signal.signal(signal.SIGINT, handler)
+    """SIGINT sets `event`; SIGTERM sets `on_sigterm` when given (the chief's handover), else `event`; set by
+    asyncps.signals' dispatch thread, never inside the handler (which could interrupt `event.wait()`)."""
+    term = on_sigterm or event
+    SignalRoute({signal.SIGTERM: lambda _: term.set(), signal.SIGINT: lambda _: event.set()}).install()
 
 
 def _setup_logging(level: str, role: str) -> None:

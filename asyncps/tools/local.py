@@ -20,6 +20,7 @@ from asyncps.ml.specs import load_problems
 from asyncps.net.security import SecurityConfig
 from asyncps.procenv import process_env
 from asyncps.rundir import RunDir, RunSummary, wait_port_file
+from asyncps.signals import SignalRoute
 from asyncps.tools.memwatch import MemoryWatch
 from asyncps.tools.progress import StatusPoller, display_for
 from asyncps.transport import shmseg
@@ -317,15 +318,14 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
                            metrics_port=metrics_port)
     interrupted = threading.Event()
 
-    def on_signal(signum: int, frame: object) -> None:
+    def on_signal(signum: int) -> None:  # run by the route's thread, not in the signal handler
         if interrupted.is_set():  # second Ctrl-C: no more grace
             for child in cluster.children:
                 child.proc.kill()
         interrupted.set()
         cluster.interrupt()
 
-    old = signal.signal(signal.SIGINT, on_signal)
-    old_term = signal.signal(signal.SIGTERM, on_signal)
+    route = SignalRoute({signal.SIGINT: on_signal, signal.SIGTERM: on_signal}).install()
     poller: StatusPoller | None = None
     memory = MemoryWatch()
     shown = False  # a dead process's last lines were shown already
@@ -373,8 +373,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
         if poller:
             poller.close()
         cluster.stop(grace_s=0.0 if shown else 15.0)
-        signal.signal(signal.SIGINT, old)
-        signal.signal(signal.SIGTERM, old_term)
+        route.restore()
     mem = memory.write(run_dir, run.num_workers)
     codes = cluster.exit_codes()
     failed = {n: c for n, c in codes.items() if c != 0}
