@@ -20,6 +20,7 @@ from typing import Any
 
 from asyncps.delays import StepDelay
 from asyncps.ml.specs import spec_problems
+from asyncps.ml.stopat import parse_stop_at
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
 from asyncps.rules import MODES, OUTER_RULES, POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import MODE_ALIASES, fold_mode_aliases, mode_alias_values
@@ -137,6 +138,9 @@ class RunConfig:
         f"stop after this many passes over the training data (0: no limit; {DEFAULT_EPOCHS:g} unless "
         "max_updates or max_seconds is set, then 0)"))
     max_seconds: float = setting(0.0, help="stop after this much training time (0: no limit)")
+    stop_at: str = setting("", help=(
+        "also stop once a scheduled evaluation meets this level: METRIC>=V or METRIC<=V, e.g. accuracy>=0.9, "
+        "loss<=0.1 or a metric the task reports (empty: no such stop)"))
     eval_every_s: float = setting(2.0, help="seconds between evaluations", flags=("--eval-every-s", "--eval-every"))
     seed: int = setting(0, help="seed of model init, data order and injected delays")
     compute_delay: str = setting("none", help="injected delay per step: none | const:S | uniform:A,B | exp:MEAN")
@@ -208,6 +212,10 @@ class RunConfig:
             problems.append("max_updates, epochs and max_seconds must be >= 0")
         if self.max_updates == 0 and self.epochs == 0 and self.max_seconds == 0:
             problems.append("set a stop condition: max_updates, epochs or max_seconds")
+        try:
+            parse_stop_at(self.stop_at)
+        except ValueError as exc:
+            problems.append(str(exc))
         if self.backup_workers >= self.num_workers:
             problems.append(f"backup workers ({self.backup_workers}) must be < num_workers")
         if self.eval_every_s <= 0 or self.heartbeat_interval_s <= 0:

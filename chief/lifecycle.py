@@ -4,6 +4,7 @@ condition, the final model export, and the shutdown of the server and the shards
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.tasks import TaskLedger
 
 from asyncps.config import resume_changes
+from asyncps.ml.stopat import parse_stop_at
 from asyncps.net.rpc import create_server, serve_health
 from asyncps.net.security import exposure_warning
 from asyncps.pb import coordinator_pb2_grpc
@@ -88,6 +90,7 @@ class Lifecycle:
         self._server: grpc.Server | None = None
         self._health: HealthServicer | None = None
         self._probe: grpc.Server | None = None  # the plaintext health server (--health-port)
+        self._stop_at = parse_stop_at(self._run.stop_at)
 
     def start(self, servicer: coordinator_pb2_grpc.CoordinatorServicer) -> int:
         """Serve the Coordinator service; write the port file; return the bound port."""
@@ -119,6 +122,18 @@ class Lifecycle:
             return f"reached {run.epochs:g} epochs (every data task done)"
         if run.max_seconds and self._clock.elapsed() >= run.max_seconds:
             return f"reached {run.max_seconds:g} s"
+        return self._level_reached()
+
+    def _level_reached(self) -> str | None:
+        """--stop-at: why the last evaluation ends the run, or None (the chief refused at start a metric its
+        evaluation does not report: asyncps.chief.main.check_stop_at)."""
+        stop_at, p = self._stop_at, self._progress
+        if stop_at is None:
+            return None
+        with p.lock:
+            loss, accuracy, metrics, updates = p.eval_loss, p.eval_accuracy, dict(p.eval_metrics), p.eval_updates
+        if not math.isnan(loss) and stop_at.met(loss, accuracy, metrics):  # NaN loss: no evaluation yet
+            return f"reached {stop_at.describe()} (evaluation at {updates} updates)"
         return None
 
     def fraction_done(self, updates: int) -> float:

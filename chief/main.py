@@ -45,6 +45,7 @@ from asyncps.chief.startgate import START_TIMEOUT_S, StartGate
 from asyncps.chief.tasks import TaskLedger
 
 from asyncps.errors import FailedPreconditionError, UnavailableError
+from asyncps.ml.stopat import parse_stop_at
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
@@ -114,10 +115,20 @@ def resolve_run_task(run: RunConfig, data: Dataset, model: Any) -> Task:
     mismatch = logits_mismatch(model, task)
     if mismatch is not None:
         log.warning("%s", mismatch)
+    check_stop_at(run, task)
     accuracy = {"argmax": "argmax of the outputs against the class ids",
                 None: "not measured (not a classification task)"}.get(task.accuracy, f"the metric {task.accuracy}")
     log.info("loss %s; metrics %s; accuracy: %s", task.loss_name, ", ".join(task.metrics) or "none", accuracy)
     return task
+
+
+def check_stop_at(run: RunConfig, task: Task) -> None:
+    """A ValueError naming what the evaluation reports when --stop-at names a metric it does not."""
+    stop_at = parse_stop_at(run.stop_at)
+    reported = ["loss", *(["accuracy"] if task.accuracy is not None else []), *task.metrics]
+    if stop_at is not None and stop_at.metric not in reported:
+        raise ValueError(f"--stop-at {stop_at.describe()}: this run's evaluation reports no {stop_at.metric} "
+                         f"(it reports {', '.join(dict.fromkeys(reported))})")
 
 
 class Chief:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -84,3 +85,27 @@ def test_bad_flag_is_one_clear_line() -> None:
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "bogus" in result.stderr
+
+
+def test_a_malformed_stop_at_is_one_clear_line() -> None:
+    result = run_cli(["local", "--stop-at", "accuracy>0.9", "--quiet"])
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "METRIC>=VALUE" in result.stderr and "'accuracy>0.9'" in result.stderr
+
+
+@pytest.mark.slow  # about 20 s: four processes start TensorFlow
+def test_stop_at_ends_the_run_at_the_first_evaluation_that_meets_the_level(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_cli(["local", "--run-dir", str(run_dir), "--num-ps", "1", "--max-updates", "20000",
+                      "--stop-at", "accuracy>=0.85", "--eval-every", "0.3", "--quiet"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    assert summary["stop_reason"].startswith("reached accuracy >= 0.85 (evaluation at "), summary["stop_reason"]
+    assert summary["updates_applied"] < 20000
+    with open(RunDir(run_dir).evals) as f:
+        accuracies = [float(row["accuracy"]) for row in csv.DictReader(f)]
+    first = next(i for i, a in enumerate(accuracies) if a >= 0.85)
+    # the run stopped at that evaluation: at most the final evaluation follows it
+    assert first >= len(accuracies) - 2, accuracies
+    assert all(a < 0.85 for a in accuracies[:first])
