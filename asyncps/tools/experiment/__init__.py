@@ -12,6 +12,7 @@ grid:                                  # the Cartesian product of every axis, fi
     - {label: sync, mode: sync}
     - {label: sync+1 backup, mode: sync, backup_workers: 1}
 target: {metric: accuracy, value: 0.9} # optional: time and updates until the eval reaches it
+                                       # (base: {stop_at: "accuracy>=0.9"} ends each run there)
 reduced: {grid: {seed: [0]}}           # optional: the smaller version CI runs (--reduced)
 check:                                 # optional: the expected outcome (list of claims)
   - {kind: compare, metric: updates_per_s, left: {variant: sync+1 backup}, op: ">=", factor: 2,

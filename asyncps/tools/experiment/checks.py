@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.expr import evaluate_expression
 from asyncps.tools.experiment.grid import format_value
-from asyncps.tools.experiment.metrics import METRICS
+from asyncps.tools.experiment.metrics import METRICS, TO_TARGET_METRICS
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,8 @@ class CheckOutcome:
 def _num(x: float) -> str:
     if math.isnan(x):
         return "n/a"
+    if math.isinf(x):
+        return "∞" if x > 0 else "-∞"
     return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
 
 
@@ -221,7 +223,11 @@ _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
 class Compare(Check):
     """agg(left rows' metric) op factor * agg(right rows' metric). With `normalize` (settings, e.g.
     {staleness: "λ=1"}) each side is divided by the same aggregate over its rows with those settings
-    in place: a normalized cost, e.g. updates to the target at λ over those at λ = 1 (Dai et al. 2019)."""
+    in place: a normalized cost, e.g. updates to the target at λ over those at λ = 1 (Dai et al. 2019).
+
+    A run that never reached the target (a *_to_target metric) costs more than any measured value: it
+    counts as infinite, so that side's mean is infinite and the detail says how many never reached it.
+    Both sides infinite, or a baseline that never reached it, is no claim: FAIL."""
 
     left: dict[str, Any] = field(default_factory=dict)
     right: dict[str, Any] = field(default_factory=dict)
@@ -244,7 +250,7 @@ class Compare(Check):
         if not self.normalize or math.isnan(value):
             return value, text
         base, base_text = self._aggregate(rows, {**where, **self.normalize}, agg)
-        if math.isnan(base) or base <= 0:
+        if math.isnan(base) or math.isinf(base) or base <= 0:
             return math.nan, f"{text} / [{base_text}]: no positive baseline"
         return value / base, f"{text} / [{base_text}] = {_num(value / base)}"
 
@@ -253,19 +259,26 @@ class Compare(Check):
         if not selected:
             return math.nan, "no rows match " + json.dumps(where, ensure_ascii=False)
         values = [float(r.value(self.metric)) for r in selected]
+        unreached = ""
+        if self.metric in TO_TARGET_METRICS:
+            never = sum(math.isnan(v) for v in values)
+            values = [math.inf if math.isnan(v) else v for v in values]
+            unreached = f" ({never} of {len(values)} never reached it)" if never else ""
         name = ", ".join(f"{k}={format_value(v)}" for k, v in where.items())
         many = f"{agg} of {len(values)} " if len(values) > 1 else ""
-        return _AGGREGATES[agg](values), f"{name}: {many}{_num(_AGGREGATES[agg](values))}"
+        return _AGGREGATES[agg](values), f"{name}: {many}{_num(_AGGREGATES[agg](values))}{unreached}"
 
     def evaluate(self, rows: Sequence[Row]) -> CheckOutcome:
-        """Pass when the comparison holds (and both sides were measured)."""
+        """Pass when the comparison holds (and both sides were measured, not both never reached)."""
         left, left_text = self._side(rows, self.left, self.left_agg)
         right, right_text = self._side(rows, self.right, self.right_agg)
         scale = f"{_num(self.factor)} * " if self.factor != 1 else ""
         detail = f"{self.metric} [{left_text}] {self.op} {scale}[{right_text}]"
         if math.isnan(left) or math.isnan(right):
             return self.outcome(False, detail + " — missing values")
-        if right:
+        if math.isinf(left) and math.isinf(right):
+            return self.outcome(False, detail + " — neither side reached the target")
+        if right and math.isfinite(left) and math.isfinite(right):
             detail += f" (ratio {_num(left / right)})"
         return self.outcome(_OPS[self.op](left, self.factor * right), detail)
 

@@ -30,6 +30,10 @@ METRICS: tuple[str, ...] = (
     "run_s", "gap_tail", "pushes_to_target",
 )
 
+#: The metrics measured up to the target: NaN when the run never reached it, a cost above any measured
+#: value rather than a missing one (a compare check counts it as infinite).
+TO_TARGET_METRICS = frozenset({"time_to_target_s", "updates_to_target", "pushes_to_target"})
+
 
 #: What a target may name: the test accuracy, the test loss, or the test loss above the one the
 #: exact optimum reaches on the same data (synthetic-logreg only; its data, and so its attainable

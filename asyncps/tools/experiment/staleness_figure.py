@@ -7,7 +7,7 @@ Each (seed, shard count) pair gives one ratio, against its own λ = 1 run; a run
 the target is drawn as a cross at the top of its panel (its cost is above what the run measured).
 
     python -m asyncps.tools.experiment.staleness_figure experiments/e7_staleness_optimizers.yaml \\
-        runs/e7_staleness_optimizers docs/figures/e7_staleness.png
+        runs/e7_staleness_optimizers docs/figures/e7_staleness.png --table
 """
 
 from __future__ import annotations
@@ -54,13 +54,37 @@ def normalized_costs(spec_path: Path, runs: Path, reduced: bool = False,
     return out
 
 
-def staleness_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = False) -> int:
-    """Draw the normalized costs (mean ± sd bars over seeds and shard counts); the number of ratios drawn."""
-    costs = normalized_costs(spec_path, runs, reduced)
+def cost_table(costs: dict[str, dict[str, dict[int, list[float]]]]) -> str:
+    """The normalized costs as a markdown table: a row per (depth, optimizer), a column per λ, each cell the
+    mean ± sd of the runs that reached the target and how many of all never did."""
+    lams = sorted({lam for opts in costs.values() for by_lam in opts.values() for lam in by_lam})
+    lines = ["| network | optimizer | " + " | ".join(f"λ = {lam}" for lam in lams) + " |",
+             "|---|---|" + "---|" * len(lams)]
+    for depth, opts in costs.items():
+        for opt, by_lam in sorted(opts.items()):
+            cells = []
+            for lam in lams:
+                values = by_lam.get(lam, [])
+                reached = [v for v in values if math.isfinite(v)]
+                cell = (f"{statistics.fmean(reached):.2f} ± {statistics.stdev(reached):.2f}" if len(reached) > 1
+                        else f"{reached[0]:.2f}" if reached else "—")
+                missed = len(values) - len(reached)
+                cells.append(cell + (f" ({missed}/{len(values)} never)" if missed else ""))
+            lines.append(f"| {depth} | {opt} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def staleness_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = False,
+                     costs: dict[str, dict[str, dict[int, list[float]]]] | None = None) -> int:
+    """Draw the normalized costs (mean ± sd bars over seeds and shard counts; `costs` when already read);
+    the number of ratios drawn."""
+    if costs is None:
+        costs = normalized_costs(spec_path, runs, reduced)
     plt = _pyplot()
+    from matplotlib import ticker
     fig, axes = plt.subplots(1, len(costs), figsize=(4.2 * len(costs), 3.8), sharey=True, squeeze=False)
     top = max((v for opts in costs.values() for lams in opts.values() for vs in lams.values() for v in vs
-               if math.isfinite(v)), default=1.0) * 1.15
+               if math.isfinite(v)), default=1.0) * 1.6
     drawn = 0
     for ax, (depth, opts) in zip(axes[0], costs.items(), strict=True):
         for i, (opt, lams) in enumerate(opts.items()):
@@ -71,17 +95,24 @@ def staleness_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = Fal
             shift = 1 + 0.04 * (i - (len(opts) - 1) / 2)  # side by side on the log axis
             ax.errorbar([x * shift for x in xs], means, yerr=sds, color=_color(i), marker="o", ms=4, lw=1.3,
                         capsize=3, label=opt)
-            missed = [x * shift for x in xs for v in lams[x] if not math.isfinite(v)]
-            if missed:
-                ax.scatter(missed, [top] * len(missed), marker="x", color=_color(i), s=30)
+            for x in xs:  # one cross per (optimizer, λ) with runs that never reached: how many of how many
+                missed = sum(not math.isfinite(v) for v in lams[x])
+                if missed:
+                    ax.scatter([x * shift], [top], marker="x", color=_color(i), s=30)
+                    ax.annotate(f"{missed}/{len(lams[x])}", (x * shift, top), textcoords="offset points",
+                                xytext=(0, 4 + 8 * (i % 2)), ha="center", fontsize=6, color=_color(i))
             drawn += sum(len(v) for v in lams.values())
         ax.axhline(1.0, color="black", lw=0.7, ls=":")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)  # costs from 1 to ~20: the small ones stay readable
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(ticker.ScalarFormatter())
         ax.set_xlabel("λ (workers in turn; staleness λ - 1)")
         ax.set_title(f"MLP, {depth}")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("updates to target at λ / at λ = 1")
-    axes[0][0].legend(title="optimizer (x: target not reached)")
+    axes[0][0].legend(title="optimizer (x: runs that never\nreached the target, of all)", fontsize=7,
+                      title_fontsize=7, loc="upper left")
     fig.suptitle(f"{load_spec(spec_path, reduced=reduced).name}: normalized cost of staleness "
                  "(mean ± sd over seeds and shard counts)")
     fig.tight_layout()
@@ -98,9 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("runs", type=Path, help="the sweep's output directory (its --out)")
     p.add_argument("out", type=Path, help="the PNG to write")
     p.add_argument("--reduced", action="store_true", help="the spec's reduced points")
+    p.add_argument("--table", action="store_true",
+                   help="also print the normalized costs as a markdown table (mean ± sd of the runs that reached "
+                        "the target; how many never did)")
     args = p.parse_args(argv)
     try:
-        drawn = staleness_figure(args.spec, args.runs, args.out, args.reduced)
+        costs = normalized_costs(args.spec, args.runs, args.reduced)
+        drawn = staleness_figure(args.spec, args.runs, args.out, args.reduced, costs)
+        if args.table:
+            print(cost_table(costs))
     except (ExperimentError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
