@@ -60,8 +60,12 @@ def _worker(index: int, addresses: list[str], placement: Placement, steps: Steps
             step += 1
             decided = client.versions[0] + 1  # the version the coordinator step of this gradient makes
             results = client.push_pull(grads, step, 0.0, read_wait_s=JOIN_S)  # until the step is decided
+            # the read wait can end before shard 0 decides the step (at the end, when the others
+            # stopped): the gradient is then accumulated there and staged on the followers, applied
+            # nowhere, and a follower's commit answers it "accepted" at its current version
+            applied = results if results[0].version >= decided else []
             with steps.lock:
-                for r in results:
+                for r in applied:
                     if r.outcome is not None and r.outcome.accepted:
                         # shard 0 answers a vote before its step completes; a follower's commit, with it
                         version = decided if r.shard == 0 else r.outcome.version
@@ -126,6 +130,8 @@ def test_sync_checkpoints_under_continuous_steps_are_one_model(
                 # a worker may be in a step the stopped others never complete: the shard answers it
                 # after its read wait (JOIN_S), so joining takes up to that long plus its exit
                 w.result(timeout=2 * JOIN_S)
+    # and the model the run ended with (every worker joined; a step left undecided is in none)
+    evaluations.append((reader.pull(), {k: v.copy() for k, v in reader.values.items()}))
     reader.close()
     for versions, values in evaluations:
         _assert_model_at(placement, initial, steps, versions, values)
