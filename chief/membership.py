@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import grpc
+
 from asyncps.errors import InvalidArgumentError, NotFoundError
 
 log = logging.getLogger("asyncps.chief")
@@ -181,8 +183,17 @@ class LiveSet:
         live = sorted(w for w in alive if working is None or w in working)
         if live == self._sent:
             return
-        for shard in self._shards:
-            shard.set_live_workers(live)
+        empty = []
+        for index, shard in enumerate(self._shards):
+            try:
+                shard.set_live_workers(live)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
+                    raise
+                empty.append(index)  # restarted empty: the chief's poll restores it, then restored() sends
+        if empty:  # not recorded as sent: the next sync sends it to every shard again
+            log.info("live set not sent to shard(s) %s: restarted, waiting for their restore", empty)
+            return
         self._sent = live
         idle = len(alive) - len(live)
         log.info("live workers: %d%s", len(live), f" ({idle} more alive with no data task left)" if idle else "")

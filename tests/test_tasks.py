@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import grpc
 import pytest
 from asyncps.chief.tasks import TaskLedger
 
@@ -146,6 +147,39 @@ def test_the_live_set_leaves_out_workers_with_no_data_left_and_counts_them_again
     ledger.complete("b", tasks["b"].task_id)  # type: ignore[union-attr]
     live.sync()
     assert shard.sent[-1] == ["a"]  # membership still counts c alive: the chief's reap() decides that
+
+
+def test_a_shard_restarted_empty_is_sent_the_live_set_again_and_does_not_stop_the_chief(
+        start_shards: Callable[[int], list[str]]) -> None:
+    """A real shard that has not been (re)initialized answers SetLiveWorkers with FAILED_PRECONDITION. The
+    chief's sync leaves it to the restore (which sends it the live set) and sends the set again at the next
+    sync; it raised before, and the chief stopped (seen in the chaos run, sync mode, two tests at a time)."""
+    from asyncps.chief.membership import LiveSet, Membership
+
+    from asyncps.transport import connect_shard
+
+    class Shard:
+        def __init__(self) -> None:
+            self.sent: list[list[str]] = []
+
+        def set_live_workers(self, worker_ids: Sequence[str]) -> None:
+            self.sent.append(list(worker_ids))
+
+    membership = Membership(2, heartbeat_timeout_s=60)
+    for index, worker in enumerate(("a", "b")):
+        membership.register(worker, "worker", index)
+    empty = connect_shard(start_shards(1)[0], deadline_s=10.0, ride_restarts=False)
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            empty.set_live_workers(["a", "b"])
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # type: ignore[attr-defined]
+        healthy = Shard()
+        live = LiveSet(membership, [healthy, empty])
+        live.sync()
+        live.sync()  # not recorded as sent while a shard missed it: every shard is told again
+        assert healthy.sent == [["a", "b"], ["a", "b"]]
+    finally:
+        empty.close()
 
 
 def test_a_stale_completion_is_counted_and_journaled_and_the_task_is_issued_again() -> None:
