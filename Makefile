@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 PYTEST_ARGS ?=
+# the long suites wait on the wall clock more than they compute: two at a time (tests/conftest.py: which tests run together)
+E2E_WORKERS ?= 2
 # the code generator's own venv (its grpcio-tools cannot share .venv with TensorFlow's protobuf)
 PROTO_VENV ?= .venv-proto
 # the shard's dependencies at exactly their floors (scripts/floors.py), for test-floors; the tests make their
@@ -59,7 +61,7 @@ test-floors: $(FLOORS_VENV)/.installed
 
 ## test-e2e: the long end-to-end suites (process clusters, crash recovery, docker compose); CI runs them too
 test-e2e: $(STAMP)
-	$(PY) -m pytest -m "slow or docker" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow or docker" -n $(E2E_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## layers: core <- roles <- tools, no role imports another (scripts/check_layers.py)
 layers: $(STAMP)

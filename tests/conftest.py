@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -190,3 +190,50 @@ def docker_image(tmp_path_factory: pytest.TempPathFactory) -> str:
 
     require_engine()
     return build_image(tmp_path_factory.mktemp("docker-build"))
+
+
+
+# What runs together under pytest-xdist: `make test-e2e` runs the long suites on 2 workers, which the
+# scheduler below (xdist's hook) feeds one unit at a time, in the order of the collection
+# (--no-loadscope-reorder; _order below); one at a time kept only ~58% of the 2 cores busy,
+# the suites mostly wait on the wall clock. The docker modules share one Docker engine, the session's
+# image build and the swarm: one unit. Each reduced experiment is a unit of its own (the largest, 25-175 s).
+# Every other module is one unit: its tests share its module-scoped clusters, started once.
+DOCKER_MODULES = frozenset({"test_docker_compose.py", "test_docker_swarm.py"})
+SPLIT_MODULES = frozenset({"test_experiments_ci.py"})
+
+
+def e2e_unit(nodeid: str) -> str:
+    """The unit a test runs in under `make test-e2e`: a module, or the test itself in SPLIT_MODULES."""
+    module = nodeid.split("::", 1)[0]
+    name = module.rsplit("/", 1)[-1]
+    if name in DOCKER_MODULES:
+        return "docker"
+    return nodeid if name in SPLIT_MODULES else module
+
+
+def _order(item: pytest.Item) -> int:
+    """Longest first: the docker unit (the image build is most of its first test), then the experiments."""
+    if item.path.name in DOCKER_MODULES:
+        return 0
+    return 1 if item.path.name in SPLIT_MODULES and item.get_closest_marker("slow") else 2
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        uses_docker = item.get_closest_marker("docker") or "docker_image" in getattr(item, "fixturenames", ())
+        if uses_docker and item.path.name not in DOCKER_MODULES:
+            raise pytest.UsageError(f"{item.nodeid} uses Docker: list its module in DOCKER_MODULES "
+                                    "(tests/conftest.py), so that make test-e2e runs it with the other docker tests")
+    items.sort(key=_order)  # stable: each file's own order is kept
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the floors' venv does not install
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return e2e_unit(nodeid)
+
+    return UnitScheduling(config, log)
