@@ -1,11 +1,12 @@
 """asyncps installs beside the user's TensorFlow without changing it.
 
 Fast: the `cpu` extra's markers pick a TensorFlow that has wheels on each platform. Slow (needs PyPI, or
-pip's cache): the built wheel goes into a fresh venv that already holds tensorflow-cpu 2.16 (the oldest
-supported, which keeps protobuf 4.x), then `pip check`, TensorFlow and protobuf unchanged, and a tiny run
-trained through the installed `asyncps` command (skipped when no index is reachable, unless
-ASYNCPS_REQUIRE_PYPI=1). ASYNCPS_INSTALL_TF="2.16.* 2.21.*" (any specs, space
-separated) adds others; the newest is a manual run, since each TensorFlow is a ~500 MB download the first time.
+pip's cache): the built wheel goes into a fresh venv that already holds a TensorFlow — by default
+tensorflow-cpu 2.16 (the oldest supported, which keeps protobuf 4.x) and the newest the index has — then
+`pip check`, TensorFlow and protobuf unchanged, and a tiny run trained through the installed `asyncps`
+command (skipped when no index is reachable, unless ASYNCPS_REQUIRE_PYPI=1). ASYNCPS_INSTALL_TF="2.16.* 2.21.*"
+(any specs, space separated; `newest` for the index's newest) replaces that list; each TensorFlow is a
+~500 MB download the first time, then pip's cache serves it.
 """
 
 from __future__ import annotations
