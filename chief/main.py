@@ -95,6 +95,9 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     data, model = build_run_model(run)
     evaluator = Evaluator(model, resolve_run_task(run, data, model))
     initial_values = evaluator.values()
+    started = time.monotonic()
+    evaluator.warm_up(data.x_test, data.y_test)
+    log.info("evaluation traced in %.2fs", time.monotonic() - started)
     specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(config.ps), run.slice_threshold_bytes)
     # the chief restores a shard that restarted empty: its reads fail at once there instead of waiting

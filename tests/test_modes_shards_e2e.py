@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asyncps.chief.checkpoint import CheckpointDir
 from asyncps.ps.main import NO_SSP_BOUND_ENV
 
 from asyncps.config import RunConfig
@@ -119,6 +120,11 @@ def test_no_stall_after_a_shard_restore_a_worker_death_and_a_join(tmp_path: Path
     coord = CoordinatorClient(cluster.chief_address, deadline_s=30)
     try:
         wait_for(coord, 30, timeout_s=180)  # start-up included
+        checkpoints = CheckpointDir(RunDir(tmp_path / "run").checkpoints)
+        deadline = time.monotonic() + 60  # a shard that lost its state is restored from a checkpoint: one exists
+        while not checkpoints.complete():
+            assert time.monotonic() < deadline, f"no checkpoint: {coord.status()}"
+            time.sleep(0.1)
         kill(cluster, shard)
         assert cluster.restart_dead_shards() == [shard]  # the chief restores it and tells it who is alive
         wait_for(coord, coord.status().updates + 30)

@@ -91,9 +91,11 @@ def test_stop_then_resume_continues_from_the_last_checkpoint(tmp_path: Path) -> 
     ckpts = CheckpointDir(RunDir(run_dir).checkpoints)
     last = ckpts.latest()
     assert last is not None and min(last.manifest["shard_versions"]) >= 300
-    resumed = RunConfig(**{**first.__dict__, "max_updates": 600})
-    s2 = run_cluster(resumed, run_dir, resume=True)
-    assert int(s2["updates_applied"]) >= 600 > int(s1["updates_applied"])  # type: ignore[call-overload]
+    # 300 more than the first run applied: its stop can overshoot 300 by hundreds of updates on a loaded
+    # machine (the workers learn of the stop from the chief's next look at the counters, after an evaluation)
+    more = int(s1["updates_applied"]) + 300  # type: ignore[call-overload]
+    s2 = run_cluster(RunConfig(**{**first.__dict__, "max_updates": more}), run_dir, resume=True)
+    assert int(s2["updates_applied"]) >= more  # type: ignore[call-overload]
     log = RunDir(run_dir).log("chief").read_text()
     assert f"restored from {last.path.name}" in log
     assert len(RunDir(run_dir).evals.read_text().splitlines()) > 2  # appended, header once
