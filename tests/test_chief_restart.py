@@ -49,7 +49,9 @@ def role_pid(run_dir: Path, role: str, index: str | None = None) -> int:
             continue
         if role == "chief" and str(run_dir) in argv:
             return int(proc.name)
-        if role == "ps" and index is not None:
+        # `--port` given, as `asyncps local` gives it: another test's shard may run beside this one (the
+        # long suites run two at a time) with its port in the environment (tests/test_k8s_manifests.py)
+        if role == "ps" and index is not None and "--port" in argv:
             first = str(RunDir(run_dir).port_file(f"ps-{index}")) in argv  # started on port 0
             restarted = argv[argv.index("--port") + 1] == _ps_addresses(run_dir)[int(index)].rsplit(":", 1)[-1]
             if first or restarted:
