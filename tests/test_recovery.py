@@ -80,7 +80,9 @@ def test_killed_shard_is_restored_and_the_run_matches_an_uninterrupted_one(tmp_p
     assert "shard 1" in chief_log and "restored from ckpt-" in chief_log, chief_log[-2000:]
     base_acc = baseline["final_eval"]["accuracy"]  # type: ignore[index]
     crash_acc = crashed["final_eval"]["accuracy"]  # type: ignore[index]
-    assert abs(crash_acc - base_acc) <= 0.01, (base_acc, crash_acc)
+    # 0.02 is 7 of the 359 test digits: two async runs differ by a few (CI, two suites at once: 0.0111, the
+    # restored run the better); a shard restored wrongly (initial values, another version) costs far more
+    assert abs(crash_acc - base_acc) <= 0.02, (base_acc, crash_acc)
 
 
 def test_stop_then_resume_continues_from_the_last_checkpoint(tmp_path: Path) -> None:
