@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Mapping
 
 _MIB = 1 << 20
@@ -38,6 +39,19 @@ THREAD_VARS: tuple[str, ...] = (
     "OMP_NUM_THREADS",  # OpenMP (oneDNN builds, some numpy BLAS)
     "OPENBLAS_NUM_THREADS",  # numpy's OpenBLAS
 )
+
+
+#: How a child runs the asyncps CLI. `python -m asyncps.tools.cli` would put the working directory first on the
+#: child's sys.path, so started from a checkout's root it would import the checkout's asyncps/ folder (the core,
+#: without the role folders that install as asyncps.ps, .worker and .chief) in place of the installed package.
+#: `-c` puts '' there instead, and the bootstrap takes it off before the first asyncps import (Python 3.11's `-P`
+#: does the same; 3.10 lacks it). User code reaches children through --user-path / ASYNCPS_USER_PATH, not the cwd.
+CLI_BOOTSTRAP = "import sys; del sys.path[0]; from asyncps.tools.cli import main; sys.exit(main())"
+
+
+def cli_command(*args: str) -> list[str]:
+    """The argv that runs `asyncps ARGS` in a child process of this interpreter, the working directory off its path."""
+    return [sys.executable, "-c", CLI_BOOTSTRAP, *args]
 
 
 def freeze_heap() -> None:
@@ -90,4 +104,4 @@ def has_malloc_env(environ: Mapping[str, str] | None = None) -> bool:
     return all(env.get(key) == value for key, value in MALLOC_ENV.items())
 
 
-__all__ = ["MALLOC_ENV", "THREAD_VARS", "has_malloc_env", "process_env", "thread_env"]
+__all__ = ["CLI_BOOTSTRAP", "MALLOC_ENV", "THREAD_VARS", "cli_command", "has_malloc_env", "process_env", "thread_env"]

@@ -11,7 +11,6 @@ import dataclasses
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from asyncps.config import RunConfig
+from asyncps.procenv import cli_command
 from asyncps.rundir import RunDir, StepRow, read_rows, wait_port_file
 from asyncps.tools.local import LocalCluster, child_env
 from benchmarks.baselines import Samples, compute_threads
@@ -189,7 +189,7 @@ def shard_transfer(megabytes: int = 40, repeats: int = 5, via: Transport | None 
     grad = np.full_like(value, 1e-3)
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "ps.port"
-        proc = subprocess.Popen([sys.executable, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1", "--port", "0",
+        proc = subprocess.Popen([*cli_command(), "ps", "--host", "127.0.0.1", "--port", "0",
                                  "--port-file", str(port_file), "--log-level", "WARNING"],
                                 cwd=ROOT, env=child_env())
         try:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from asyncps.procenv import process_env
+from asyncps.procenv import cli_command, process_env
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rundir import wait_port_file
 from asyncps.transport import GrpcShardTransport
@@ -281,7 +281,7 @@ def local_shard(log_level: str = "WARNING") -> Iterator[str]:
     """Start one shard process on 127.0.0.1 and an ephemeral port; yield its address; stop it."""
     with tempfile.TemporaryDirectory(prefix="asyncps-load-") as tmp:
         port_file = Path(tmp) / "ps.port"
-        proc = subprocess.Popen([sys.executable, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1", "--port", "0",
+        proc = subprocess.Popen([*cli_command(), "ps", "--host", "127.0.0.1", "--port", "0",
                                  "--port-file", str(port_file), "--log-level", log_level], cwd=ROOT, env=_shard_env())
         try:
             port = wait_port_file(port_file, 60, lambda: proc.poll() is None)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from asyncps.procenv import cli_command
 from asyncps.rundir import wait_port_file
 from asyncps.tools.local import child_env
 
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for megabytes in (float(m) for m in args.megabytes.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             port_file = Path(tmp) / "ps.port"
-            proc = subprocess.Popen([sys.executable, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1",
+            proc = subprocess.Popen([*cli_command(), "ps", "--host", "127.0.0.1",
                                      "--port", "0", "--port-file", str(port_file), "--log-level", "WARNING",
                                      "--chief-timeout", "0"], cwd=ROOT, env=child_env())
             try:

@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from asyncps.placement import VariableSpec, place
+from asyncps.procenv import cli_command
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rundir import wait_port_file
 from asyncps.transport import connect_model
@@ -39,7 +39,7 @@ def two_shards() -> Iterator[list[str]]:
             for index in (0, 1):
                 port_file = Path(tmp) / f"ps{index}.port"
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1", "--port", "0",
+                    [*cli_command(), "ps", "--host", "127.0.0.1", "--port", "0",
                      "--index", str(index), "--port-file", str(port_file), "--log-level", "WARNING"],
                     cwd=ROOT, env=_shard_env()))
             for proc, index in zip(procs, (0, 1), strict=True):

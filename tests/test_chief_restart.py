@@ -45,7 +45,8 @@ def role_pid(run_dir: Path, role: str, index: str | None = None) -> int:
             argv = (proc / "cmdline").read_bytes().decode().split("\0")
         except OSError:
             continue
-        if "asyncps.tools.cli" not in argv or role not in argv:
+        # a child of `asyncps local` runs the CLI through asyncps.procenv.CLI_BOOTSTRAP (`python -c ...`)
+        if not any("asyncps.tools.cli" in arg for arg in argv) or role not in argv:
             continue
         if role == "chief" and str(run_dir) in argv:
             return int(proc.name)

@@ -4,7 +4,8 @@ Fast: the `cpu` extra's markers pick a TensorFlow that has wheels on each platfo
 pip's cache): the built wheel goes into a fresh venv that already holds a TensorFlow — by default
 tensorflow-cpu 2.16 (the oldest supported, which keeps protobuf 4.x) and the newest the index has — then
 `pip check`, TensorFlow and protobuf unchanged, and a tiny run trained through the installed `asyncps`
-command (skipped when no index is reachable, unless ASYNCPS_REQUIRE_PYPI=1). ASYNCPS_INSTALL_TF="2.16.* 2.21.*"
+command, started from the checkout's root, whose own asyncps/ folder must not shadow the installed package
+(skipped when no index is reachable, unless ASYNCPS_REQUIRE_PYPI=1). ASYNCPS_INSTALL_TF="2.16.* 2.21.*"
 (any specs, space separated; `newest` for the index's newest) replaces that list; each TensorFlow is a
 ~500 MB download the first time, then pip's cache serves it.
 """
@@ -48,7 +49,22 @@ def chosen(requirements: list[Requirement], machine: str, system: str) -> list[s
     ("arm64", "Darwin", ["tensorflow"]),    # nor Apple silicon ones
 ])
 def test_the_cpu_extra_picks_a_tensorflow_with_wheels(machine: str, system: str, expected: list[str]) -> None:
-    assert chosen(extra("cpu"), machine, system) == expected
+    assert [n for n in chosen(extra("cpu"), machine, system) if n != "tensorboard"] == expected
+
+
+def test_dependencies_are_sized_to_the_job() -> None:
+    """The core set is what every process needs (a shard, a worker, the tools): no scikit-learn (the digits
+    ship inside the package), tensorboard only with a TensorFlow extra (the chief's tf.summary), cryptography
+    only in `certs` (asyncps devcerts, --secure); Python 3.10 gets tomli for the TOML specs."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {Requirement(d).name for d in project["dependencies"]}
+    assert not core & {"scikit-learn", "scipy", "tensorboard", "cryptography"}, core
+    for name in ("tf", "cpu"):
+        assert "tensorboard" in {r.name for r in extra(name)}, name
+    assert {r.name for r in extra("certs")} == {"cryptography"}
+    tomli = next(Requirement(d) for d in project["dependencies"] if Requirement(d).name == "tomli")
+    assert tomli.marker is not None and tomli.marker.evaluate({"python_version": "3.10"})
+    assert not tomli.marker.evaluate({"python_version": "3.11"})
 
 
 def test_no_dependency_pins_protobuf_past_what_tensorflow_2_16_allows() -> None:
@@ -106,7 +122,9 @@ def test_the_wheel_installs_beside_tensorflow_and_trains(tf_spec: str, wheel: Pa
     after = run([str(python), "-c", versions], cwd=tmp_path).stdout.split()
     assert after == before, f"installing asyncps changed TensorFlow/protobuf from {before} to {after}"
     run_dir = tmp_path / "run"
+    # from the checkout's root, whose asyncps/ folder (the core without the roles) must not shadow the installed
+    # package in any child process (asyncps.procenv.CLI_BOOTSTRAP)
     run([str(venv / "bin" / "asyncps"), "local", "--run-dir", str(run_dir), "--quiet", "--model", "logreg",
-         "--num-workers", "2", "--num-ps", "1", "--max-updates", "40", "--tf-threads", "1"], cwd=tmp_path, timeout=300)
+         "--num-workers", "2", "--num-ps", "1", "--max-updates", "40", "--tf-threads", "1"], cwd=ROOT, timeout=300)
     summary = json.loads(RunDir(run_dir).summary.read_text())
     assert summary["final_eval"]["accuracy"] > 0.5, summary["final_eval"]

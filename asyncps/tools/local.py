@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING
 from asyncps.config import RunConfig, env_names, run_options
 from asyncps.ml.specs import load_problems
 from asyncps.net.security import SecurityConfig
-from asyncps.procenv import process_env
+from asyncps.procenv import cli_command, process_env
 from asyncps.rundir import RunDir, RunSummary, wait_port_file
 from asyncps.signals import SignalRoute
 from asyncps.tools.memwatch import MemoryWatch
@@ -127,7 +127,7 @@ class LocalCluster:
     def _spawn(self, name: str, args: list[str]) -> Child:
         log = open(self.files.log(name), "ab")  # noqa: SIM115 - closed in stop(); appended on restarts
         proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncps.tools.cli", *args, *self._security_args.get(args[0], [])],
+            cli_command(*args, *self._security_args.get(args[0], [])),
             stdout=log, stderr=subprocess.STDOUT,
             env=self.env, start_new_session=True,  # Ctrl-C reaches the launcher, which stops them in order
         )
