@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import math
+import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -528,13 +529,21 @@ def _coerce(kind: Any, value: Any) -> Any:
     raise TypeError(f"wants {getattr(kind, '__name__', kind)}, got {value!r}")
 
 
+def parse_toml(text: str) -> dict[str, Any]:
+    """A TOML document as a dict (the standard tomllib from Python 3.11, its backport tomli on 3.10);
+    malformed TOML raises ValueError (both libraries' TOMLDecodeError is one)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10 (pyproject installs tomli there)
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
 def _load(suffix: str, text: str) -> Any:
     if suffix == ".json":
         return json.loads(text)
     if suffix == ".toml":
-        import tomllib
-
-        return tomllib.loads(text)
+        return parse_toml(text)
     import yaml
 
     return yaml.safe_load(text)
@@ -549,8 +558,6 @@ def read_settings_file(path: Path) -> dict[str, Any]:
     text = path.read_text()
     try:
         data = _load(suffix, text)
-    except ImportError as exc:  # tomllib: Python 3.11 or later
-        raise ValueError(f"{path}: reading {suffix} needs {exc.name}") from None
     except Exception as exc:  # the parsers' own errors (yaml.YAMLError is no ValueError)
         raise ValueError(f"{path}: {exc}") from None
     if data is None:

@@ -16,16 +16,15 @@ import numpy as np
 import pytest
 
 import asyncps
+from asyncps.ml.datasets import load_digits
 from asyncps.ml.specs import model_problem, spec_problems
 
 
 def digit_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The 8x8 digits as images [n, 8, 8] (not flat) with int32 labels, split 80/20."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = (bunch.images / 16.0).astype(np.float32)
-    y = bunch.target.astype(np.int32)
+    data, target = load_digits()
+    x = (data.reshape(-1, 8, 8) / 16.0).astype(np.float32)
+    y = target.astype(np.int32)
     order = np.random.default_rng(0).permutation(len(y))
     x, y = x[order], y[order]
     cut = int(len(y) * 0.8)

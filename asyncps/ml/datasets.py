@@ -9,7 +9,9 @@ download MNIST-style data, so processes that train on ``digits`` never pay for i
 from __future__ import annotations
 
 import functools
+import gzip
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,8 @@ from asyncps.ml.specs import DATASET_NAMES, NPZ_PREFIX, SYNTHETIC_PREFIX
 from asyncps.ml.userfns import call_with_accepted, is_function_spec, load_function
 
 # the dataset specs accepted by load_dataset are checked in asyncps.ml.specs (no TensorFlow)
+#: the digits table in asyncps/ml/data: 64 pixel columns (0..16) and the label, one row per image
+DIGITS_FILE = "digits.csv.gz"
 _NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 # synthetic-logreg geometry: enough rows per feature that the maximum-likelihood fit exists
@@ -140,13 +144,23 @@ def _stratified_split(
     return rng.permutation(np.concatenate(train_parts)), rng.permutation(np.concatenate(test_parts))
 
 
-def _load_digits(seed: int) -> Dataset:
-    """The 8x8 UCI digits shipped inside scikit-learn (offline), scaled to [0, 1]."""
-    from sklearn.datasets import load_digits  # local import: sklearn is slow to import
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The 1,797 UCI handwritten digits shipped with asyncps: (x [1797, 64] float64 in 0..16, y [1797] int64).
 
-    bunch = load_digits()
-    x = (np.asarray(bunch.data, dtype=np.float64) / 16.0).astype(np.float32)
-    y = np.asarray(bunch.target, dtype=np.int64)
+    The same file, rows and order as scikit-learn's `load_digits` (asyncps/ml/data/README.md), read with numpy:
+    a 57 KB table did not justify scikit-learn and scipy (164 MB) in every process, shards included.
+    """
+    source = resources.files("asyncps.ml") / "data" / DIGITS_FILE
+    with source.open("rb") as raw, gzip.open(raw, "rt") as text:
+        table = np.loadtxt(text, delimiter=",", dtype=np.float64)
+    return table[:, :-1], table[:, -1].astype(np.int64)
+
+
+def _load_digits(seed: int) -> Dataset:
+    """The 8x8 UCI digits shipped with the package (offline), scaled to [0, 1]."""
+    data, target = load_digits()
+    x = (data / 16.0).astype(np.float32)
+    y = target
     train, test = _stratified_split(y, 0.2, np.random.default_rng(seed))
     return Dataset(
         name="digits",

@@ -142,10 +142,20 @@ def _certificate(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Cer
     return builder.sign(issuer_key, hashes.SHA256())
 
 
+def _require_cryptography() -> None:
+    """Raise a ValueError that says how to install `cryptography` (the `certs` extra) when it is missing."""
+    try:
+        import cryptography  # noqa: F401 - only asked whether it is there
+    except ImportError:
+        raise ValueError("development certificates need the cryptography library: "
+                         "pip install 'asyncps[certs]' (or pip install cryptography)") from None
+
+
 def generate_dev_certs(directory: Path, extra_names: Sequence[str] = (), days: int = DEFAULT_DAYS,
                        overwrite: bool = False) -> DevCerts:
     """Write a new CA, a server and a chief certificate (localhost, 127.0.0.1, ::1 + extra_names)
     and a client certificate into directory; refuse to replace existing files unless overwrite."""
+    _require_cryptography()
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID

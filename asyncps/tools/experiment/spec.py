@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncps.config import parse_toml
 from asyncps.tools.experiment.checks import Check, parse_check
 from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.grid import RUN_FIELDS, Point, expand_grid
@@ -37,12 +38,8 @@ def load_spec(path: Path, reduced: bool = False) -> ExperimentSpec:
     data: Any
     if path.suffix == ".toml":
         try:
-            import tomllib
-        except ImportError:  # Python 3.10
-            raise ExperimentError(f"{path}: TOML specs need Python 3.11 or later (tomllib); use YAML") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
+            data = parse_toml(text)
+        except ValueError as exc:
             raise ExperimentError(f"{path}: {exc}") from None
     elif path.suffix in (".yaml", ".yml"):
         import yaml
