@@ -63,7 +63,7 @@ test-floors: $(FLOORS_VENV)/.installed
 test-e2e: $(STAMP)
 	$(PY) -m pytest -m "slow or docker" -n $(E2E_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
 
-## layers: core <- roles <- tools, no role imports another (scripts/check_layers.py)
+## layers: core <- roles <- tools, no role imports another, the core's floors, no circles (scripts/check_layers.py)
 layers: $(STAMP)
 	$(PY) scripts/check_layers.py
 

@@ -219,7 +219,7 @@ def test_bad_model_specs_say_what_is_wrong(spec: str, message: str) -> None:
 
 def test_bad_losses_and_datasets_say_what_is_wrong(tmp_path: Path) -> None:
     from asyncps.ml.datasets import load_dataset
-    from asyncps.ml.models import make_loss, make_metrics
+    from asyncps.ml.task import make_loss, make_metrics
 
     (tmp_path / "byo_bad_data.py").write_text("def flat():\n    return [1, 2, 3]\n")
     add_user_path([str(tmp_path)])

@@ -1,4 +1,5 @@
-"""The floors of the code (core <- roles <- tools), the import names, and what a shard loads."""
+"""The floors of the code (core <- roles <- tools, the core's own floors, no circles), the import names, and
+what a shard loads."""
 
 from __future__ import annotations
 
@@ -83,6 +84,93 @@ def test_the_check_fails_on_wrong_imports_wherever_they_stand(tmp_path: Path) ->
         ("asyncps.chief.main", "ps.store"),
         ("asyncps.chief.main", "worker"),
     }
+
+
+def _core_tree(root: Path, files: dict[str, str]) -> set[tuple[str, str, str]]:
+    """(importer, imported, why) of every violation in a small tree of the core with `files` in it."""
+    _write(root, "pyproject.toml", """\
+        [tool.setuptools]
+        packages = ["asyncps", "asyncps.wire", "asyncps.rules", "asyncps.ml", "asyncps.transport"]
+        """)
+    for rel in ("asyncps/__init__.py", "asyncps/wire/__init__.py", "asyncps/rules/__init__.py",
+                "asyncps/ml/__init__.py", "asyncps/transport/__init__.py"):
+        _write(root, rel, "")
+    for rel, text in files.items():
+        _write(root, rel, text)
+    return {(v.importer, v.imported, v.why) for v in _checker().check(root)}
+
+
+def test_the_check_fails_on_an_import_up_a_floor_of_the_core(tmp_path: Path) -> None:
+    found = _core_tree(tmp_path, {
+        "asyncps/wire/codec.py": "def f():\n    from asyncps.rules import registry\n",  # codec below rules
+        "asyncps/rules/registry.py": "",
+        "asyncps/rules/policies.py": "from asyncps.wire.codec import Array\nfrom asyncps.wire import shard\n",
+        "asyncps/wire/shard.py": "from asyncps.rules.policies import DropReason\n",  # down: fine
+        "asyncps/newfloor.py": "",
+    })
+    assert {(importer, imported) for importer, imported, _ in found} == {
+        ("asyncps.wire.codec", "asyncps.rules.registry"),
+        ("asyncps.rules.policies", "asyncps.wire.shard"),
+        ("asyncps.newfloor", "asyncps.newfloor"),  # a new module of the core must be placed on a floor
+    }
+    assert ("asyncps.rules.policies", "asyncps.wire.shard",
+            "the rules floor of the core imports none above it (wire)") in found
+
+
+def test_the_check_fails_on_a_circle_even_inside_functions_but_not_under_type_checking(tmp_path: Path) -> None:
+    found = _core_tree(tmp_path, {
+        "asyncps/ml/models.py": "def make_loss():\n    from asyncps.ml.task import resolve_loss\n",
+        "asyncps/ml/task.py": "def resolve_loss():\n    from asyncps.ml import models\n",
+        "asyncps/ml/specs.py": "import typing\nif typing.TYPE_CHECKING:\n    from asyncps.ml import datasets\n",
+        "asyncps/ml/datasets.py": "from asyncps.ml.specs import x\n",
+    })
+    assert found == {("asyncps.ml.models", "asyncps.ml.task",
+                      "an import circle: asyncps.ml.models -> asyncps.ml.task -> asyncps.ml.models")}
+
+
+def test_the_check_names_the_shortest_circle_through_a_role_and_a_tool(tmp_path: Path) -> None:
+    _write(tmp_path, "pyproject.toml", _PYPROJECT)
+    for rel in ("asyncps/__init__.py", "asyncps/tools/__init__.py", "ps/__init__.py", "worker/__init__.py",
+                "chief/__init__.py"):
+        _write(tmp_path, rel, "")
+    _write(tmp_path, "worker/main.py", "from asyncps.worker import logical\n")
+    _write(tmp_path, "worker/logical.py", "def run():\n    from .build import Trainer\n")
+    _write(tmp_path, "worker/build.py", "import asyncps.worker.main\n")
+    _write(tmp_path, "asyncps/tools/a.py", "from asyncps.tools.b import x\n")
+    _write(tmp_path, "asyncps/tools/b.py", "from . import a\n")
+    found = {(v.importer, v.why) for v in _checker().check(tmp_path)}
+    assert found == {
+        ("asyncps.tools.a", "an import circle: asyncps.tools.a -> asyncps.tools.b -> asyncps.tools.a"),
+        ("asyncps.worker.build", "an import circle: asyncps.worker.build -> asyncps.worker.main -> "
+                                 "asyncps.worker.logical -> asyncps.worker.build"),
+    }
+
+
+def test_the_check_fails_on_an_import_across_transports(tmp_path: Path) -> None:
+    files = {
+        "asyncps/transport/base.py": "",
+        "asyncps/transport/tcp.py": "from asyncps.transport.base import DataPath\n",
+        "asyncps/transport/shm.py": "from asyncps.transport.tcp import data_connection\n",
+        "asyncps/transport/model.py": "def f():\n    from asyncps.transport import shm\n",
+        "asyncps/transport/registry.py": "from asyncps.transport import shm, tcp\n",  # the registry names them all
+    }
+    found = {(importer, imported) for importer, imported, _ in _core_tree(tmp_path, files)}
+    assert found == {("asyncps.transport.shm", "asyncps.transport.tcp"),
+                     ("asyncps.transport.model", "asyncps.transport.shm")}
+    assert [str(v) for v in _checker().check(tmp_path, _checker().KNOWN)] == [
+        "asyncps/transport/model.py:2: asyncps.transport.model imports asyncps.transport.shm: a transport never "
+        "imports another transport's channel (only the registry names them all)"]
+
+
+def test_every_floor_of_the_core_names_modules_that_exist() -> None:
+    checker = _checker()
+    names = {name for name, _ in _module("pkglayout").modules(REPO_ROOT)}
+    entries = [entry for _, floor in checker.CORE_FLOORS for entry in floor]
+    stale = [e for e in entries if not any(n == e or n.startswith(e + ".") for n in names)]
+    assert stale == [], "remove them from CORE_FLOORS"
+    assert len(entries) == len(set(entries))
+    assert checker.core_floor("asyncps.wire.codec") < checker.core_floor("asyncps.rules.modes") \
+        < checker.core_floor("asyncps.wire.shard") < checker.core_floor("asyncps.transport.tcp")
 
 
 def test_only_the_asyncps_import_name_is_installed(tmp_path: Path) -> None:

@@ -19,17 +19,22 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncps.worker.build import build_trainer, connect_worker, run_grad_fn
 from asyncps.worker.chieflink import ChiefLink
-from asyncps.worker.main import HeartbeatLoop, WorkerConfig, connect_worker
+from asyncps.worker.config import WorkerConfig
+from asyncps.worker.heartbeat import HeartbeatLoop
 from asyncps.worker.outbox import ReportOutbox
-from asyncps.worker.trainer import Telemetry
+from asyncps.worker.start import wait_for_start, warm_up
+from asyncps.worker.trainer import GradFn, Telemetry
 
 from asyncps.config import RunConfig
 from asyncps.identity import new_worker_id
+from asyncps.ml.datasets import Dataset
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.procenv import freeze_heap
+from asyncps.runmodel import build_run_model
 from asyncps.transport.coordinator import CoordinatorClient
 
 log = logging.getLogger("asyncps.worker")
@@ -95,13 +100,8 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
                stop: threading.Event) -> int:
     """Load the data and the model once, run every logical worker in its thread, report, exit code."""
     limit_threads(run.tf_threads)
-    from asyncps.worker.trainer import make_grad_fn
-
-    from asyncps.ml.models import make_loss
-    from asyncps.runmodel import build_run_model
-
     data, model = build_run_model(run)
-    grad_fn = make_grad_fn(model, make_loss(run.loss, model))
+    grad_fn = run_grad_fn(run, model)
     freeze_heap()  # set up: later collections skip TensorFlow's objects
     go = threading.Event()
     def run_and_report(w: LogicalWorker) -> None:
@@ -120,8 +120,6 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
         while not w.warmed.wait(0.5) and not stop.is_set():
             pass
     try:
-        from asyncps.worker.start import wait_for_start
-
         ready = [w.link.worker_id for w in workers if w.code == 0]
         if ready and wait_for_start(coord, ready, stop, config.deadline_s):
             go.set()
@@ -136,19 +134,12 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
     return max((w.code for w in workers), default=0)
 
 
-def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, run: RunConfig, data: Any,
-             model: Any, grad_fn: Any, stop: threading.Event, go: threading.Event) -> None:
+def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, run: RunConfig, data: Dataset,
+             model: Any, grad_fn: GradFn, stop: threading.Event, go: threading.Event) -> None:
     """One logical worker's life: connect, warm up, pull, wait for the release, train."""
-    from asyncps.worker.local import local_model
-    from asyncps.worker.start import warm_up
-    from asyncps.worker.trainer import TaskBatches, Trainer
-
     client = None
     try:
-        names = [v.path for v in model.trainable_variables]
-        batches = TaskBatches(w.link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
         client = connect_worker(w.link.worker_id, w.reg, model, run, config.security, stop)
-        delay = run.step_delay(w.reg.index)
         warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size)
         if run.start_barrier:  # the values at the release: every planned worker's first gradient reads them
             client.pull()
@@ -156,9 +147,8 @@ def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, r
         while not go.wait(0.5):
             if stop.is_set():
                 return
-        trainer = Trainer(client, names, grad_fn, batches, delay, w.telemetry, read_wait_s=run.read_wait_s,
-                          on_step=lambda step: w.steps_done.__setitem__(0, step), pipeline=run.pipeline,
-                          local=local_model(run, names))
+        trainer = build_trainer(run, w.link, w.reg, client, model=model, data=data, grad_fn=grad_fn,
+                                telemetry=w.telemetry, steps_done=w.steps_done)
         try:
             trainer.run(stop, config.max_steps, pulled=run.start_barrier)
         finally:

@@ -229,20 +229,6 @@ def loss_fn(logits: Any, labels: Any) -> tf.Tensor:
     return tf.reduce_mean(per_example)
 
 
-def make_loss(spec: str, model: Any = None) -> Any:
-    """The loss `(outputs, labels) -> mean` a `loss` setting names for `model` (asyncps.ml.task.resolve_loss)."""
-    from asyncps.ml.task import resolve_loss
-
-    return resolve_loss(spec, model)[0]
-
-
-def make_metrics(spec: str) -> dict[str, Any]:
-    """The metrics of a comma-separated `metrics` setting (asyncps.ml.task.make_metrics)."""
-    from asyncps.ml.task import make_metrics as metrics_of
-
-    return metrics_of(spec)
-
-
 class _Initializers:
     """Hands out initializers with distinct, deterministic seeds derived from one model seed."""
 

@@ -58,7 +58,7 @@ def is_class_ids(y: np.ndarray) -> bool:
 
 def resolve_loss(spec: str, model: Any) -> tuple[LossFn, str, bool]:
     """(loss, its name, whether it reads logits) for the `loss` setting and the built model."""
-    from asyncps.ml.models import loss_fn
+    from asyncps.ml.models import loss_fn  # here: `import asyncps.ml.task` loads no TensorFlow
 
     compiled = getattr(model, "loss", None) if spec == AUTO_LOSS else None
     if spec == AUTO_LOSS and compiled is None:
@@ -72,6 +72,11 @@ def resolve_loss(spec: str, model: Any) -> tuple[LossFn, str, bool]:
     else:
         user, name = _keras_loss(spec, "loss")
     return _mean_loss(user), name, _reads_logits(user)
+
+
+def make_loss(spec: str, model: Any = None) -> LossFn:
+    """The loss `(outputs, labels) -> mean` a `loss` setting names for `model` (see resolve_loss)."""
+    return resolve_loss(spec, model)[0]
 
 
 def _keras_loss(loss: Any, what: str) -> tuple[Any, str]:
@@ -262,4 +267,4 @@ def check_loss(task: Task, model: Any, x: np.ndarray, y: np.ndarray) -> None:
 
 
 __all__ = ["ACCURACY_NAMES", "AUTO_LOSS", "DEFAULT_LOSS", "Task", "check_loss", "is_class_ids", "logits_mismatch",
-           "make_metrics", "output_activation", "resolve_loss", "resolve_metrics", "resolve_task"]
+           "make_loss", "make_metrics", "output_activation", "resolve_loss", "resolve_metrics", "resolve_task"]

@@ -34,7 +34,8 @@ from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, call_with_accepted,
 from asyncps.ps.main import PsConfig, run_ps
 from asyncps.rundir import EvalRow, RunDir, RunSummary, read_rows
 from asyncps.tools.local import LocalCluster, default_run_dir, run_local
-from asyncps.worker.main import WorkerConfig, run_worker
+from asyncps.worker.config import WorkerConfig
+from asyncps.worker.main import run_worker
 
 
 class TrainingFailed(RuntimeError):

@@ -241,7 +241,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """asyncps worker."""
     require_tensorflow("asyncps worker")
-    from asyncps.worker.main import WorkerConfig, run_worker
+    from asyncps.worker.config import WorkerConfig
+    from asyncps.worker.main import run_worker
 
     chief, index = args.chief, int(args.index)
     tf = _tf_config()

@@ -1,0 +1,54 @@
+"""The one place a worker is assembled: its shard clients, its gradient function and its Trainer.
+
+A worker process (asyncps.worker.main) and each logical worker of one (asyncps.worker.logical) build
+theirs here, so a new way of training (a setting of the run that changes the Trainer, as local SGD
+did) is wired once for both.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from asyncps.worker.chieflink import ChiefLink
+from asyncps.worker.local import local_model
+from asyncps.worker.trainer import GradFn, TaskBatches, Telemetry, Trainer, make_grad_fn
+
+from asyncps.config import RunConfig
+from asyncps.ml.datasets import Dataset
+from asyncps.ml.task import make_loss
+from asyncps.net.security import SecurityConfig
+from asyncps.pb import coordinator_pb2 as cpb
+from asyncps.placement import VariableSpec, place
+from asyncps.transport import ModelClient, connect_model
+
+
+def connect_worker(worker_id: str, reg: cpb.RegisterResponse, model: Any, run: RunConfig,
+                   security: SecurityConfig, stop: threading.Event | None = None) -> ModelClient:
+    """A worker's client to every shard, as the run says: placement, transport, its index, and for a
+    sync run over several shards shard 0 deciding each step (every worker of a process or a logical one).
+    Once `stop` is set (the chief said stop, or is gone) a failing shard call is not retried: shards
+    that lost the chief exit too, and the worker must not wait out rpc_deadline_s for them."""
+    specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
+    placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
+    return connect_model(worker_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
+                         security, transport=run.transport, worker_index=reg.index,
+                         coordinated=run.update_rule().consistency().coordinated, abort=stop)
+
+
+def run_grad_fn(run: RunConfig, model: Any) -> GradFn:
+    """The gradient function of the run's loss for `model` (one per process: logical workers share it)."""
+    return make_grad_fn(model, make_loss(run.loss, model))
+
+
+def build_trainer(run: RunConfig, link: ChiefLink, reg: cpb.RegisterResponse, client: ModelClient, *,
+                  model: Any, data: Dataset, grad_fn: GradFn, telemetry: Telemetry,
+                  steps_done: list[int]) -> Trainer:
+    """The Trainer of one worker, as the run says: its data tasks from the chief, its injected delays
+    (by its index), read wait, pipelining and local SGD; each step it takes is written to steps_done[0]
+    (for its heartbeats)."""
+    names = [v.path for v in model.trainable_variables]
+    batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
+    return Trainer(client, names, grad_fn, batches, run.step_delay(reg.index), telemetry,
+                   read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
+                   pipeline=run.pipeline, local=local_model(run, names))
