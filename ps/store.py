@@ -2,12 +2,20 @@
 
 No grpc here: the servicer adapts the wire to this object, and tests drive it directly.
 
+The consistency mode is injected (like ps-lite's request handle): the store drives it through the
+`Consistency` interface only and never names a concrete mode. The mode owns the multi-shard sync
+protocol: `commit` (a follower applies the coordinator's decided steps), `decisions` (what shard 0
+decided) and `hold` (where a shard stands at a cut); for async and SSP they are no-ops. Its hooks
+act on the store through `_ModeHandle` (apply a step, count a drop). The store keeps the values,
+the optimizer slots, the version, the counters and the validation of every request.
+
 Locking: every variable has its own lock, and one state lock (the version condition) guards the
-version, the counters and the mode. A worker's step enters the store once per phase, each taking
-its locks once (ShardService.push_pull drives them):
+version, the counters and the mode; every mode method runs with the state lock held. A worker's
+step enters the store once per phase, each taking its locks once (ShardService.push_pull drives them):
 - apply (`push`, or `commit` on a sync follower): the locks of the variables it touches (in name
-  order, so two pushes never deadlock), then the state lock, held for admission, the update and
-  the version bump, so applying a push and bumping the version is atomic and no update is lost;
+  order, so two pushes never deadlock; every lock for a commit, or a mode that may complete a step),
+  then the state lock, held for admission, the update and the version bump, so applying a push and
+  bumping the version is atomic and no update is lost;
 - wait (`wait_readable`): the state lock only, released while waiting on it;
 - read (`pull`): every variable lock, then the state lock, so the values it returns are a model
   that existed at the version it reports (and the sync decisions are those of the same instant).
@@ -40,8 +48,6 @@ from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.consistency import Consistency, RetryMemo, Verdict
 from asyncps.rules.optimizers import Optimizer, make_optimizer
 from asyncps.rules.policies import PushContext, StalenessPolicy
-from asyncps.rules.sync.coordinated import Coordinator
-from asyncps.rules.sync.follower import SyncFollower
 from asyncps.rules.sync.types import Ballot, Decisions, Held, Resolution
 from asyncps.wire.codec import Array, Gradient, SparseRows, all_finite, coalesce_rows
 from asyncps.wire.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
@@ -95,6 +101,32 @@ def _is_float(dtype: np.dtype[Any]) -> bool:
 
 
 
+class _ModeHandle:
+    """The store as its mode's protocol hooks see it (asyncps.rules.consistency.ShardHandle): used
+    only inside a store call, with the locks that call holds."""
+
+    def __init__(self, store: ShardStore) -> None:
+        self._store = store
+
+    @property
+    def version(self) -> int:
+        """The store's version."""
+        return self._store._version
+
+    @property
+    def incarnation(self) -> int:
+        """The store's incarnation."""
+        return self._store._incarnation
+
+    def apply_step(self, grads: Mapping[str, Gradient]) -> None:
+        """Apply one averaged step (every variable lock held)."""
+        self._store._apply_step(grads)
+
+    def count_drop(self, reason: DropReason) -> None:
+        """Count a dropped gradient."""
+        self._store._count_drop(reason)
+
+
 @dataclass(frozen=True)
 class ReadGate:
     """The wait phase's answer: may the worker read, how long it waited, and whether a worker that
@@ -132,6 +164,7 @@ class ShardStore:
         self._run_id = ""  # the run this state belongs to (set by initialize and restore)
         self._paused_until = 0.0  # pushes wait while clock() < this (a checkpoint cut)
         self._stopping = False  # set by stop(): every wait returns, new pushes are refused
+        self._handle = _ModeHandle(self)  # what the mode's protocol hooks act on
 
     # -- initialization -------------------------------------------------------------------
     def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array], run_id: str = "") -> bool:
@@ -248,32 +281,26 @@ class ShardStore:
             return self._decisions(step)
 
     def _decisions(self, step: int) -> Decisions | None:
-        """decisions_since with the state lock held."""
-        if not isinstance(self._mode, Coordinator) or step < 0:
-            return None
-        steps = self._mode.decisions_since(step)
-        return Decisions(self._incarnation, steps) if steps else None
+        """decisions_since with the state lock held (the mode's: none but on a coordinator)."""
+        return self._mode.decisions(self._handle, step) if self._mode is not None else None
 
     def commit(self, worker_id: str, ballot: Ballot, decisions: Decisions, step: int | None = None,
                worker_index: int | None = None) -> PushOutcome:
-        """A follower applies the coordinator's decided steps (SyncFollower); what became of
-        worker_id's gradient staged under `ballot` (accepted while it is still staged): the answer
-        the worker records for this shard (counted, PushOutcome.seq)."""
+        """Hand another shard's decided steps to the mode, which applies them (a follower of a
+        coordinated mode; InvalidArgumentError on others); what became of worker_id's gradient
+        staged under `ballot` (accepted while it is still staged): the answer the worker records
+        for this shard (counted, PushOutcome.seq)."""
         self._require_initialized()
         assert self._rule is not None
-        if ballot.push is None and step is not None:
-            ballot = dataclasses.replace(ballot, push=step)
-        follower = self._follower()
+        ballot = ballot.naming(step)
         lr = self._rule.optimizer.learning_rate
         with self._unpaused(sorted(self._vars)):  # a cut holds commits too
-            self._apply_decisions(follower, decisions)
-            # the commit is the answer a worker records for this shard (its staging was not): what
-            # became of the gradient, else why staging refused it, else staged still; else this
-            # state never saw it (the shard was restored since)
-            resolution = follower.resolution(worker_id, ballot) or follower.refusal(worker_id, ballot)
-            if resolution is None and not follower.holds(worker_id, ballot):
-                resolution = Resolution(False, self._version, 0, DropReason.RESTORED,
-                                        "its staged gradient was lost: the shard was restored since it was staged")
+            assert self._mode is not None
+            try:
+                resolution = self._mode.commit(self._handle, worker_id, ballot, decisions)
+            finally:
+                self._version_cond.notify_all()
+            # the commit is the answer a worker records for this shard (its staging was not)
             if resolution is None:
                 outcome = PushOutcome(True, 0, self._version, lr)
             elif resolution.accepted:
@@ -283,26 +310,6 @@ class ShardStore:
                 outcome = PushOutcome(False, resolution.staleness, resolution.version, 0.0, resolution.drop,
                                       resolution.reason)
             return self._answers.give(outcome, worker_index)
-
-    def _follower(self) -> SyncFollower:
-        """The follower state of a coordinated mode on this shard (InvalidArgumentError on others)."""
-        if not isinstance(self._mode, SyncFollower):
-            raise InvalidArgumentError("sync decisions go to a follower shard of a sync run only")
-        return self._mode
-
-    def _apply_decisions(self, follower: SyncFollower, decisions: Decisions) -> None:
-        """Apply a follower's new decided steps and count what they dropped (every lock held)."""
-        assert self._rule is not None
-        lr = self._rule.optimizer.learning_rate
-        for _, step in follower.commit(decisions, self._version):
-            if step is not None:
-                for name, grad in sorted(step.items()):
-                    self._apply(self._vars[name], grad, lr)
-                self._version += 1
-                self._accepted += 1
-        for drop in follower.take_drops():
-            self._count_drop(drop)
-        self._version_cond.notify_all()
 
     def set_live_workers(self, workers: Iterable[str]) -> None:
         """The chief's live set: a synchronous quorum shrinks or grows, SSP stops waiting for the dead."""
@@ -341,8 +348,8 @@ class ShardStore:
         self._require_initialized()
         if not grads and ballot is None:
             raise InvalidArgumentError("push without gradients")
-        if ballot is not None and ballot.push is None and step is not None:
-            ballot = dataclasses.replace(ballot, push=step)  # names the gradient (modes that decide pushes)
+        if ballot is not None:
+            ballot = ballot.naming(step)  # names the gradient (modes that decide pushes)
         if base_version < 0:
             raise InvalidArgumentError(f"base_version must be >= 0, got {base_version}")
         for name, grad in grads.items():
@@ -352,17 +359,16 @@ class ShardStore:
         names = sorted(self._vars) if self._mode.exclusive else sorted(grads)
         # one state-lock entry for admission, update and version bump: the variable locks already
         # order pushes to the same variables, and a pull takes every variable lock anyway
-        # the answer a worker records (counted: PushOutcome.seq), except a follower's staging: its
-        # commit answers for it (a refusal is kept for the commit to give)
-        follower = self._mode if isinstance(self._mode, SyncFollower) else None
 
         def answer(outcome: PushOutcome) -> PushOutcome:
-            if follower is None:
-                return self._answers.give(outcome, worker_index)
-            if not outcome.accepted and ballot is not None:
-                follower.refuse(worker_id, ballot, Resolution(False, outcome.version, outcome.staleness,
-                                                              outcome.drop, outcome.detail))
-            return outcome
+            """The answer a worker records (counted: PushOutcome.seq), unless the mode defers it to
+            a commit (a follower's staging; a refusal is kept for the commit to give)."""
+            assert self._mode is not None
+            refusal = None if outcome.accepted else Resolution(False, outcome.version, outcome.staleness,
+                                                               outcome.drop, outcome.detail)
+            if self._mode.defers_answer(worker_id, ballot, refusal):
+                return outcome
+            return self._answers.give(outcome, worker_index)
 
         with self._unpaused(names):
             version_now = self._version
@@ -431,10 +437,14 @@ class ShardStore:
 
     def _maybe_complete_step(self) -> None:
         """Apply the mode's accumulated step once it is complete (all locks held)."""
-        assert self._mode is not None and self._rule is not None
+        assert self._mode is not None
         step = self._mode.take_step()
-        if step is None:
-            return
+        if step is not None:
+            self._apply_step(step)
+
+    def _apply_step(self, step: Mapping[str, Gradient]) -> None:
+        """Apply one averaged step at the rule's learning rate: the next version (all locks held)."""
+        assert self._rule is not None
         lr = self._rule.optimizer.learning_rate
         for name, grad in sorted(step.items()):
             self._apply(self._vars[name], grad, lr)
@@ -498,24 +508,26 @@ class ShardStore:
         return self.hold(hold_s).version
 
     def hold(self, hold_s: float, decisions_since: int = -1, sync: Decisions | None = None) -> Held:
-        """Pause (see `pause`); in multi-shard sync also what a consistent cut needs.
+        """Pause (see `pause`); in multi-shard sync also what a consistent cut needs, which the
+        mode answers (`Consistency.hold`).
 
         A follower first commits `sync`, the coordinator's decisions the chief read at the cut
         (a held follower takes no commit from a worker), and says where it stands; the coordinator
         answers its decisions for steps >= decisions_since. Both with every lock held, so the
-        state read after is the one answered."""
+        state read after is the one answered; the mode answers before the pause is set, so a
+        refused `sync` (InvalidArgumentError) changes nothing."""
         with self._all_locks(), self._version_cond:
-            if sync is not None:
-                self._apply_decisions(self._follower(), sync)
-            position = self._mode.sync_position() if isinstance(self._mode, SyncFollower) else None
-            self._paused_until = self._clock() + hold_s if hold_s > 0 else 0.0
-            self._version_cond.notify_all()
-            decided = None
-            if decisions_since >= 0 and isinstance(self._mode, Coordinator):
-                steps = self._mode.decisions_since(decisions_since)
-                decided = Decisions(self._incarnation, steps) if steps else None
-            lineage, next_step = position or (0, 0)
-            return Held(self._version, position is not None, lineage, next_step, decided)
+            try:
+                if self._mode is not None:
+                    held = self._mode.hold(self._handle, sync, decisions_since)
+                elif sync is not None:
+                    raise InvalidArgumentError("sync decisions go to a follower shard of a sync run only")
+                else:
+                    held = Held(self._version)
+                self._paused_until = self._clock() + hold_s if hold_s > 0 else 0.0
+            finally:
+                self._version_cond.notify_all()  # a release, or steps a commit applied
+            return held
 
     def _paused(self) -> bool:
         """Whether pushes are held now (call with the version condition held)."""

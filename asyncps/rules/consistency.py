@@ -2,16 +2,21 @@
 
 A mode is chosen by the update rule's mode spec (`async`, `sync:backup=1`, `ssp:bound=2`): a
 small frozen dataclass of its typed parameters registered in `MODES`, whose `start` builds the
-mode's running state for one shard, a `Consistency`. The store asks that object four things and
-never branches on the mode:
+mode's running state for one shard, a `Consistency`. The store drives that object through this
+interface only, injected like ps-lite's request handle: it never names a concrete mode.
 - `admit`: apply a gradient now, accumulate it for a synchronous step, or drop it (and why);
 - `accumulate` / `take_step`: keep an accumulated gradient; the averaged step once it is complete;
 - `readable`: whether a worker that just pushed may receive parameters and start its next step
-  (`strict_reads`: a worker that may not read yet gets no values at all, the call fails).
+  (`strict_reads`: a worker that may not read yet gets no values at all, the call fails);
+- the multi-shard protocol, which the mode owns: `decisions` (what this shard decided for the
+  others), `commit` (apply another shard's decisions here), `hold` (where the shard stands at a
+  cut) and `defers_answer` (a commit answers the push, not the push itself). The defaults are
+  those of a mode that decides alone (async, SSP): no decisions, no commits, a plain hold. The
+  hooks act on the shard through a `ShardHandle` the store passes in.
 
-Modes that coordinate several shards (sync, later the K-variants) add the coordinator's and the
-follower's side in their own home, asyncps.rules.sync. The concrete modes are in
-asyncps.rules.modes. All methods run with the store's state lock held.
+Modes that coordinate several shards (sync, the K-variants) implement the protocol hooks in their
+own home, asyncps.rules.sync (the coordinator on shard 0, the followers elsewhere). The concrete
+modes are in asyncps.rules.modes. All methods run with the store's state lock held.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ import abc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
+from asyncps.errors import InvalidArgumentError
 from asyncps.rules.drops import DropReason
 from asyncps.rules.registry import Registry
-from asyncps.rules.sync.types import Ballot
+from asyncps.rules.sync.types import Ballot, Decisions, Held, Resolution
 from asyncps.wire.codec import Gradient
 
 Outcome = TypeVar("Outcome")  # what the shard answered a push (asyncps.wire.shard.PushOutcome)
@@ -66,6 +72,25 @@ class RetryMemo(Generic[Outcome]):
         if step is not None:
             self._last[worker_id] = (step, outcome)
         return outcome
+
+
+class ShardHandle(Protocol):
+    """The shard a mode's protocol hooks act on: the store passes it with its state lock held, and
+    with every variable lock too to the hooks that may apply a step (`commit`, `hold`)."""
+
+    @property
+    def version(self) -> int:
+        """The shard's version now."""
+
+    @property
+    def incarnation(self) -> int:
+        """The shard's incarnation (changes on initialize and restore)."""
+
+    def apply_step(self, grads: Mapping[str, Gradient]) -> None:
+        """Apply one averaged step at the rule's learning rate: the shard's next version."""
+
+    def count_drop(self, reason: DropReason) -> None:
+        """Count a gradient dropped after its push was answered (a staged one no step took)."""
 
 
 class Consistency(abc.ABC):
@@ -110,6 +135,28 @@ class Consistency(abc.ABC):
         """Model-specific counters for ShardStats."""
         return {}
 
+    # -- the multi-shard protocol (asyncps.rules.sync); these defaults: a mode that decides alone --
+    def decisions(self, shard: ShardHandle, since: int) -> Decisions | None:
+        """The steps >= since this shard decided for the other shards (None: none, or since < 0)."""
+        return None
+
+    def defers_answer(self, worker_id: str, ballot: Ballot | None, refusal: Resolution | None) -> bool:
+        """Whether a later commit gives the answer the worker records for this push (a follower's
+        staging), keeping `refusal` (the push was refused) for it; False: the push answers itself."""
+        return False
+
+    def commit(self, shard: ShardHandle, worker_id: str, ballot: Ballot, decisions: Decisions) -> Resolution | None:
+        """Apply another shard's decided steps here; what became of worker_id's gradient staged
+        under `ballot` (None: staged still). Only a follower of a coordinated mode takes commits."""
+        raise InvalidArgumentError("sync decisions go to a follower shard of a sync run only")
+
+    def hold(self, shard: ShardHandle, sync: Decisions | None, decisions_since: int) -> Held:
+        """Where a paused shard stands for a cut: a follower first commits `sync` (the
+        coordinator's decisions the chief read); the decisions for steps >= decisions_since."""
+        if sync is not None:
+            raise InvalidArgumentError("sync decisions go to a follower shard of a sync run only")
+        return Held(shard.version, decided=self.decisions(shard, decisions_since))
+
 
 class ModeSpec(abc.ABC):
     """A consistency mode with its parameters (a frozen dataclass registered in MODES)."""
@@ -138,4 +185,4 @@ def check_count(key: str, value: int, minimum: int = 0) -> None:
         raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
 
 
-__all__ = ["MODES", "Admission", "Consistency", "ModeSpec", "RetryMemo", "Verdict", "check_count"]
+__all__ = ["MODES", "Admission", "Consistency", "ModeSpec", "RetryMemo", "ShardHandle", "Verdict", "check_count"]

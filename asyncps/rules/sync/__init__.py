@@ -12,6 +12,10 @@ other shards apply exactly those sets, and a checkpoint cut commits them on held
 4. cut: while every shard is held, the chief reads shard 0's decisions and has each follower
    commit them (`cut.catch_up`), so the values read are one model.
 
+On a shard the mode owns its side of the protocol through the `Consistency` hooks the store calls
+(`commit`, `decisions`, `hold`, `defers_answer`): the coordinator answers `decisions`, a follower
+takes `commit` and `hold`; the store never names either.
+
 Modules: `types` (the messages), `steps` (a step's gradients), `coordinated` (the interface of a
 coordinated mode: `CoordinatedMode`, `Coordinator`), `follower`, `bsp` (the sync mode), `client`
 (the worker's step), `cut` (the chief's side), and the K-variants of Dutta et al. 2018, one file

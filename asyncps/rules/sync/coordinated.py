@@ -14,18 +14,18 @@ import abc
 import collections
 from collections.abc import Mapping
 
-from asyncps.rules.consistency import Consistency, ModeSpec
+from asyncps.rules.consistency import Consistency, ModeSpec, ShardHandle
 from asyncps.rules.sync.follower import SYNC_RULE, FollowRule, SyncFollower
 from asyncps.rules.sync.steps import DECISION_LOG, PendingStep
-from asyncps.rules.sync.types import Ballot, SyncStep, push_name
+from asyncps.rules.sync.types import Ballot, Decisions, SyncStep, push_name
 from asyncps.wire.codec import Gradient
 
 
 class Coordinator(Consistency):
     """A coordinated mode's rule on shard 0: it decides steps and remembers each step's set.
 
-    A subclass calls `decide` when a step is made; the shard answers `decisions_since` to workers
-    (with every reply) and to the chief's cut."""
+    A subclass calls `decide` when a step is made; the shard answers its `decisions` to workers
+    (with every reply) and to the chief's cut (`hold`, the default's)."""
 
     def __init__(self, num_workers: int) -> None:
         super().__init__(num_workers)
@@ -42,6 +42,11 @@ class Coordinator(Consistency):
         if step < 0 or not self._decided or step > next(reversed(self._decided)):
             return ()
         return tuple(SyncStep(s, workers) for s, workers in self._decided.items() if s >= step)
+
+    def decisions(self, shard: ShardHandle, since: int) -> Decisions | None:
+        """The decided sets of the steps >= since, under this shard's incarnation (None: none)."""
+        steps = self.decisions_since(since)
+        return Decisions(shard.incarnation, steps) if steps else None
 
 
 class ArrivalCoordinator(Coordinator):

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from asyncps.errors import InvalidArgumentError
-from asyncps.rules.consistency import Admission, Consistency, Verdict
+from asyncps.rules.consistency import Admission, Consistency, ShardHandle, Verdict
 from asyncps.rules.drops import DropReason
 from asyncps.rules.sync.steps import DECISION_LOG, PendingStep
-from asyncps.rules.sync.types import Ballot, Decisions, Resolution, SyncStep, parse_push_name
+from asyncps.rules.sync.types import Ballot, Decisions, Held, Resolution, SyncStep, parse_push_name
 from asyncps.wire.codec import Gradient
 
 # A staged gradient: (worker, coordinator step of its ballot, the worker's step it is from)
@@ -121,7 +121,45 @@ class SyncFollower(Consistency):
             return (key[0], key[2]) in pushes
         return key[1] == decided.step and key[0] in decided.workers
 
-    def commit(self, decisions: Decisions, version: int) -> list[tuple[SyncStep, dict[str, Gradient] | None]]:
+    def commit(self, shard: ShardHandle, worker_id: str, ballot: Ballot, decisions: Decisions) -> Resolution | None:
+        """Apply the new decided steps to the shard; what became of worker_id's gradient staged
+        under `ballot`: applied or dropped by a step, else why staging refused it, else None while
+        it is staged still; else this state never saw it (the shard was restored since)."""
+        self._catch_up(shard, decisions)
+        key = self._key(worker_id, ballot)
+        resolution = self._resolved.get(key) or self._refused.get(key)
+        if resolution is None and key not in self._staged:
+            return Resolution(False, shard.version, 0, DropReason.RESTORED,
+                              "its staged gradient was lost: the shard was restored since it was staged")
+        return resolution
+
+    def hold(self, shard: ShardHandle, sync: Decisions | None, decisions_since: int) -> Held:
+        """Commit `sync` (the coordinator's decisions read at a cut), then say where this shard
+        stands: the coordinator incarnation it follows and the first step not committed here."""
+        if sync is not None:
+            self._catch_up(shard, sync)
+        return Held(shard.version, True, self.lineage, self.next_step)
+
+    def defers_answer(self, worker_id: str, ballot: Ballot | None, refusal: Resolution | None) -> bool:
+        """Staging is answered by the commit: a refusal is kept for it."""
+        if refusal is not None and ballot is not None:
+            key = self._key(worker_id, ballot)
+            self._refused[key] = refusal
+            while len(self._refused) > DECISION_LOG:
+                self._refused.popitem(last=False)
+        return True
+
+    def _catch_up(self, shard: ShardHandle, decisions: Decisions) -> None:
+        """Apply every new decided step to the shard and count the staged gradients they dropped."""
+        for _, step in self._decided_steps(decisions, shard.version):
+            if step is not None:
+                shard.apply_step(step)
+        for drop in self._drops:
+            shard.count_drop(drop)
+        self._drops = []
+
+    def _decided_steps(self, decisions: Decisions,
+                       version: int) -> list[tuple[SyncStep, dict[str, Gradient] | None]]:
         """The averaged step of every decision not applied yet, in order (see the class);
         `version` is this shard's version now."""
         self.version = version
@@ -165,41 +203,12 @@ class SyncFollower(Consistency):
         return steps
 
     def _resolve(self, key: _Key, resolution: Resolution) -> None:
-        """Record what became of a staged gradient; a drop is counted by the shard (take_drops)."""
+        """Record what became of a staged gradient; a drop is counted by the shard (`_catch_up`)."""
         self._resolved[key] = resolution
         if resolution.drop is not None:
             self._drops.append(resolution.drop)
         while len(self._resolved) > DECISION_LOG:
             self._resolved.popitem(last=False)
-
-    def resolution(self, worker_id: str, ballot: Ballot) -> Resolution | None:
-        """What became of worker_id's gradient staged under `ballot` (None while it is staged)."""
-        return self._resolved.get(self._key(worker_id, ballot))
-
-    def refuse(self, worker_id: str, ballot: Ballot, refusal: Resolution) -> None:
-        """Remember that staging refused worker_id's gradient under `ballot` (the commit answers it)."""
-        key = self._key(worker_id, ballot)
-        self._refused[key] = refusal
-        while len(self._refused) > DECISION_LOG:
-            self._refused.popitem(last=False)
-
-    def refusal(self, worker_id: str, ballot: Ballot) -> Resolution | None:
-        """Why staging refused worker_id's gradient under `ballot` (None: it did not)."""
-        return self._refused.get(self._key(worker_id, ballot))
-
-    def holds(self, worker_id: str, ballot: Ballot) -> bool:
-        """Whether worker_id's gradient of `ballot` is staged here, waiting for its step."""
-        return self._key(worker_id, ballot) in self._staged
-
-    def sync_position(self) -> tuple[int, int] | None:
-        """(the coordinator incarnation followed, the first step not committed here)."""
-        return self.lineage, self.next_step
-
-    def take_drops(self) -> list[DropReason]:
-        """The reasons of staged gradients dropped by commits since the last call, so the shard
-        counts them as it counts a gradient dropped when pushed."""
-        drops, self._drops = self._drops, []
-        return drops
 
     def stats(self) -> dict[str, float]:
         """Decided steps none of whose gradients were staged here (after a restore)."""

@@ -6,6 +6,7 @@ and the chief; this module imports nothing of the project, so every layer may us
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from asyncps.rules.drops import DropReason
@@ -23,6 +24,11 @@ class Ballot:
     step: int
     incarnation: int
     push: int | None = None
+
+    def naming(self, push: int | None) -> Ballot:
+        """This ballot naming the worker's step `push` the gradient is from (the shard's one rewrite
+        of a ballot; unchanged when it names one already or push is None)."""
+        return self if self.push is not None or push is None else dataclasses.replace(self, push=push)
 
 
 @dataclass(frozen=True)
