@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import grpc
 from asyncps.worker.chieflink import ChiefLink, ChiefLost
 from asyncps.worker.outbox import ReportOutbox
 from asyncps.worker.trainer import Telemetry
 
 from asyncps.config import RunConfig
+from asyncps.errors import AsyncpsError
 from asyncps.identity import new_worker_id
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.net.rpc import Unreachable
@@ -72,8 +72,8 @@ class HeartbeatLoop(threading.Thread):
                 self.lost_chief = str(exc)
                 self._stop_event.set()
                 return
-            except grpc.RpcError as exc:  # e.g. a chief shutting down: the next beat tells
-                log.warning("heartbeat failed: %s", exc.details() if isinstance(exc, grpc.Call) else exc)
+            except AsyncpsError as exc:  # e.g. a chief shutting down: the next beat tells
+                log.warning("heartbeat failed: %s", exc)
                 continue
             if reply.command == cpb.STOP:
                 log.info("chief says stop: %s", reply.reason)
