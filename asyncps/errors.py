@@ -1,10 +1,25 @@
-"""Domain errors. Each kind maps to one gRPC status code in asyncps.net.rpc; no grpc import here."""
+"""Domain errors. Each kind maps to one gRPC status code in asyncps.net.rpc; no grpc import here.
+
+They are the one error model on both sides of the transport seam: a server raises them and its
+adapter turns them into status codes; every client path (gRPC, TCP, shared memory, the chief's client)
+turns what it receives back into them at its own edge, so the code above the seam catches only these.
+"""
 
 from __future__ import annotations
 
 
 class AsyncpsError(Exception):
-    """Base class of errors a server reports to its caller with a specific status code."""
+    """Base class of errors a server reports to its caller with a specific status code.
+
+    `detail` is the message (str(error) too); `code` the name of the status code the error arrived
+    with (e.g. "NOT_FOUND"; "" when it was raised on this side), so a log or a test still says what
+    the peer answered.
+    """
+
+    def __init__(self, detail: str = "", code: str = "") -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.code = code
 
 
 class NotFoundError(AsyncpsError):
@@ -49,7 +64,21 @@ class UnavailableError(AsyncpsError):
 
 
 class InternalError(AsyncpsError):
-    """The server failed unexpectedly (its log has the detail)."""
+    """The server failed unexpectedly (its log has the detail), or a peer answered with a status code
+    that names no domain error (`code` says which)."""
+
+
+class DeadlineExceededError(AsyncpsError):
+    """One attempt of a call ran past its deadline (its request or reply may have been lost)."""
+
+
+class UnimplementedError(AsyncpsError):
+    """The peer has no such call (an older server)."""
+
+
+class Unreachable(UnavailableError):
+    """A peer stayed unavailable until the caller's overall deadline, or until the caller stopped:
+    the verdict of the retries (asyncps.net.retry), never retried itself."""
 
 
 class PathNotVisibleError(FailedPreconditionError):

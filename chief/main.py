@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import grpc
 from asyncps.chief.checkpointer import LIVE, RESTORED, Checkpointer, ShardStateError
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.evaluator import Evaluation, Evaluator
@@ -44,10 +43,9 @@ from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.startgate import START_TIMEOUT_S, StartGate
 from asyncps.chief.tasks import TaskLedger
 
-from asyncps.errors import FailedPreconditionError, UnavailableError
+from asyncps.errors import AsyncpsError, Unreachable
 from asyncps.ml.stopat import parse_stop_at
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
-from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.procenv import freeze_heap
 from asyncps.rundir import ChiefLock, Provenance, RunDir, RunManifest, StalenessSummary, write_port_file
@@ -337,9 +335,8 @@ class Chief:
         for attempt in range(1, CUT_TRIES + 1):
             try:
                 return take()
-            except (grpc.RpcError, Unreachable, FailedPreconditionError, UnavailableError) as exc:
-                detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-                log.warning("%s: the cut failed (attempt %d of %d): %s", what, attempt, CUT_TRIES, detail)
+            except AsyncpsError as exc:  # a shard's answer, or Unreachable
+                log.warning("%s: the cut failed (attempt %d of %d): %s", what, attempt, CUT_TRIES, exc)
                 if not self._poll():
                     break
         log.error("%s abandoned: the cut failed %s; the run goes on", what,

@@ -10,9 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import grpc
-
-from asyncps.errors import InvalidArgumentError, NotFoundError
+from asyncps.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 
 log = logging.getLogger("asyncps.chief")
 
@@ -187,9 +185,7 @@ class LiveSet:
         for index, shard in enumerate(self._shards):
             try:
                 shard.set_live_workers(live)
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
-                    raise
+            except FailedPreconditionError:
                 empty.append(index)  # restarted empty: the chief's poll restores it, then restored() sends
         if empty:  # not recorded as sent: the next sync sends it to every shard again
             log.info("live set not sent to shard(s) %s: restarted, waiting for their restore", empty)

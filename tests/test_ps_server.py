@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
+from asyncps.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
 from asyncps.net.rpc import Unreachable, make_channel
 from asyncps.net.security import SecurityConfig, check_health
 from asyncps.pb import ps_pb2, tensor_pb2
@@ -133,10 +134,10 @@ def test_identical_initialize_is_accepted_and_conflicts_are_already_exists(shard
         (RULE, {"w": initial_values()["w"]}, "already initialized with variables"),
     ]
     for rule, conflicting, message in conflicts:
-        with pytest.raises(grpc.RpcError) as info:
+        with pytest.raises(AlreadyExistsError) as info:
             shard.client.initialize("other", SHARD_INDEX, 3, rule, conflicting)
-        assert info.value.code() == Code.ALREADY_EXISTS
-        assert message in info.value.details()
+        assert info.value.code == "ALREADY_EXISTS"
+        assert message in info.value.detail
     after_values, after = shard.state()
     assert_same_values(after_values, values)
     assert_counters_equal(after, before)
@@ -340,10 +341,10 @@ def test_uninitialized_shard_refuses_pushes_and_pulls(shard_server: str) -> None
     stats = client.stats()
     assert (stats.initialized, stats.version, stats.shard_index, len(stats.variables)) == (
         False, 0, 0, 0)
-    with pytest.raises(grpc.RpcError) as info:
+    with pytest.raises(FailedPreconditionError) as info:
         client.push(PushRequest("t", 0, {"b": ONES_B}))
-    assert info.value.code() == Code.FAILED_PRECONDITION
-    assert "shard 0 is not initialized" in info.value.details()
+    assert info.value.code == "FAILED_PRECONDITION"
+    assert "shard 0 is not initialized" in info.value.detail
     # training calls ride through a shard waiting to be restored, until their deadline
     patient = GrpcShardTransport(shard_server, deadline_s=1.0, call_timeout_s=CALL_TIMEOUT_S)
     for name, call in {"push_pull": lambda: patient.push_pull(PushRequest("t", 0, {"b": ONES_B})),
@@ -356,18 +357,18 @@ def test_uninitialized_shard_refuses_pushes_and_pulls(shard_server: str) -> None
     chiefs = connect_model("chief", [shard_server], place([VariableSpec("b", (3,), "float32")], 1), deadline_s=30.0,
                            ride_restarts=False)
     started = time.monotonic()
-    with pytest.raises(grpc.RpcError) as info:
+    with pytest.raises(FailedPreconditionError) as failed:
         chiefs.pull()
-    assert info.value.code() == Code.FAILED_PRECONDITION and time.monotonic() - started < 10.0
+    assert failed.value.code == "FAILED_PRECONDITION" and time.monotonic() - started < 10.0
     chiefs.close()
     bad_inits = [
         (RULE, {"b": np.array([np.inf, 0, 0], np.float32)}, "NaN or Inf"),
         (RULE, {"i": np.arange(3, dtype=np.int32)}, "floating point"),
     ]
     for rule, values, message in bad_inits:
-        with pytest.raises(grpc.RpcError) as info:
+        with pytest.raises(InvalidArgumentError) as invalid:
             client.initialize("t", 0, 1, rule, values)
-        assert info.value.code() == Code.INVALID_ARGUMENT and message in info.value.details()
+        assert invalid.value.code == "INVALID_ARGUMENT" and message in invalid.value.detail
     # a bad rule and sparse initial values cannot be expressed through the transport: send them raw
     channel = make_channel(shard_server)
     initialize = channel.stream_unary(f"/{SHARD_SERVICE}/Initialize", request_serializer=identity,

@@ -23,6 +23,7 @@ from asyncps.worker.outbox import ReportOutbox
 from asyncps.worker.trainer import Telemetry
 
 from asyncps.config import RunConfig
+from asyncps.errors import InvalidArgumentError
 from asyncps.net.rpc import Unreachable, create_server
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
@@ -255,10 +256,10 @@ def test_a_task_completed_past_the_checkpoint_the_ledger_went_back_to_is_recorde
         assert summary["stale_completions"] == 1 and summary["tasks_done"] == 0, summary
         assert client.get_task("worker-a").task_id == task.task_id  # issued again
         # a task id no ledger of this run can have issued is refused before anything is recorded
-        with pytest.raises(grpc.RpcError) as refused:
+        with pytest.raises(InvalidArgumentError) as refused:
             client.report("worker-a", 0, seq=2, pushes=[push(2, 0)], steps=[timing(2)], completed_tasks=[10])
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "task 10 is not a task of this run (0 to 9)" in (refused.value.details() or "")
+        assert refused.value.code == "INVALID_ARGUMENT"
+        assert "task 10 is not a task of this run (0 to 9)" in refused.value.detail
         assert rows(tmp_path) == ([(1, 0)], [1]) and chief.reports.last("worker-a") == 1
     finally:
         client.close()

@@ -22,7 +22,8 @@ from asyncps.chief.lifecycle import check_resume, prepare_run_dir
 
 from asyncps.config import RunConfig
 from asyncps.net import health
-from asyncps.net.rpc import Unreachable, call_with_retry, make_channel
+from asyncps.net.retry import RetryPolicy
+from asyncps.net.rpc import Unreachable, make_channel, raising_domain_errors
 from asyncps.rundir import (
     ChiefLock,
     Provenance,
@@ -218,10 +219,11 @@ def counted_health_check(on_attempt: Callable[[int], None] = lambda n: None
 
 def test_an_unreachable_peer_is_reported_once_while_the_retries_go_on(caplog: pytest.LogCaptureFixture) -> None:
     address, check, attempts, close = counted_health_check()
-    caplog.set_level(logging.WARNING, logger="asyncps.net.rpc")
+    caplog.set_level(logging.WARNING, logger="asyncps.net.retry")
     t0 = time.time()  # log records carry wall-clock times
     with pytest.raises(Unreachable, match=f"could not reach the peer at {address} within 2s"):
-        call_with_retry(check, f"the peer at {address}", deadline_s=2.0, max_backoff_s=0.2, warn_after_s=0.5)
+        RetryPolicy(deadline_s=2.0, max_backoff_s=0.2, warn_after_s=0.5).call(raising_domain_errors(check),
+                                                                              f"the peer at {address}")
     close()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
@@ -233,7 +235,7 @@ def test_an_unreachable_peer_is_reported_once_while_the_retries_go_on(caplog: py
 
 
 def test_a_stopping_caller_gives_up_on_an_unreachable_peer_at_once() -> None:
-    """`abort` set (a worker told to stop, or that lost its chief): the next failed attempt ends the
+    """The policy's `stop` set (a worker told to stop, or that lost its chief): the next failed attempt ends the
     retries with Unreachable, long before the deadline."""
     import threading
 
@@ -246,14 +248,15 @@ def test_a_stopping_caller_gives_up_on_an_unreachable_peer_at_once() -> None:
     address, check, attempts, close = counted_health_check(stop_at_third)
     t0 = time.monotonic()
     with pytest.raises(Unreachable, match=f"gave up on the peer at {address} after .*: stopping"):
-        call_with_retry(check, f"the peer at {address}", deadline_s=60.0, max_backoff_s=0.2, abort=stop)
+        RetryPolicy(deadline_s=60.0, max_backoff_s=0.2, stop=stop).call(raising_domain_errors(check),
+                                                                        f"the peer at {address}")
     close()
     assert attempts() == 3 and time.monotonic() - t0 < 10.0
     # without the event set, the same call goes on retrying (the control: it is the event that ended it)
     address, count, calls, close = counted_health_check()
     with pytest.raises(Unreachable, match="within 1s"):
-        call_with_retry(count, f"the peer at {address}", deadline_s=1.0, max_backoff_s=0.1,
-                        abort=threading.Event())
+        RetryPolicy(deadline_s=1.0, max_backoff_s=0.1, stop=threading.Event()).call(
+            raising_domain_errors(count), f"the peer at {address}")
     close()
     assert calls() > 3
 

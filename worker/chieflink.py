@@ -14,9 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-import grpc
-
-from asyncps.net.rpc import Unreachable
+from asyncps.errors import NotFoundError, Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.transport.coordinator import CoordinatorClient
 
@@ -57,11 +55,9 @@ class ChiefLink:
     def _once(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
-        except grpc.RpcError as exc:
-            if not isinstance(exc, grpc.Call) or exc.code() != grpc.StatusCode.NOT_FOUND:
-                raise
+        except NotFoundError as exc:
             log.warning("the chief does not know this worker (%s): it restarted; registering again as worker %d",
-                        exc.details(), self.index)
+                        exc, self.index)
             self.register()
             return fn()
 

@@ -6,11 +6,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-import grpc
 from asyncps.worker.chieflink import ChiefLink
 from asyncps.worker.outbox import ReportOutbox
 
-from asyncps.net.rpc import Unreachable
+from asyncps.errors import AsyncpsError, Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
 
 log = logging.getLogger("asyncps.worker")
@@ -40,8 +39,8 @@ class HeartbeatLoop(threading.Thread):
                 self.lost_chief = str(exc)
                 self._stop_event.set()
                 return
-            except grpc.RpcError as exc:  # e.g. a chief shutting down: the next beat tells
-                log.warning("heartbeat failed: %s", exc.details() if isinstance(exc, grpc.Call) else exc)
+            except AsyncpsError as exc:  # e.g. a chief shutting down: the next beat tells
+                log.warning("heartbeat failed: %s", exc)
                 continue
             if reply.command == cpb.STOP:
                 log.info("chief says stop: %s", reply.reason)

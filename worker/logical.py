@@ -28,10 +28,10 @@ from asyncps.worker.start import wait_for_start, warm_up
 from asyncps.worker.trainer import GradFn, Telemetry
 
 from asyncps.config import RunConfig
+from asyncps.errors import Unreachable
 from asyncps.identity import new_worker_id
 from asyncps.ml.datasets import Dataset
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
-from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.procenv import freeze_heap
 from asyncps.runmodel import build_run_model

@@ -15,9 +15,9 @@ from asyncps.worker.start import wait_for_start, warm_up
 from asyncps.worker.trainer import Telemetry
 
 from asyncps.config import RunConfig
+from asyncps.errors import Unreachable
 from asyncps.identity import new_worker_id
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
-from asyncps.net.rpc import Unreachable
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.procenv import freeze_heap
 from asyncps.runmodel import build_run_model

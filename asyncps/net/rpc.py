@@ -1,13 +1,11 @@
-"""gRPC plumbing shared by every role: server factory, channels, error mapping, retries."""
+"""gRPC plumbing shared by every role: server factory, channels, and the one error table (domain errors
+<-> status codes, both directions: servers raise status codes from it, clients domain errors)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 import logging
-import random
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any, TypeVar
@@ -34,29 +32,21 @@ _STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (errors.AbortedError, grpc.StatusCode.ABORTED),
     (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (errors.DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.UnimplementedError, grpc.StatusCode.UNIMPLEMENTED),
+    (errors.InternalError, grpc.StatusCode.INTERNAL),
 )
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 # Outcomes that steer a client, typed beside the status code as trailing metadata: the client reads
-# the kind back with outcome_of, never from the message text (which is for people).
+# the kind back with error_from_rpc, never from the message text (which is for people).
 OUTCOME_KEY = "asyncps-outcome"
 _OUTCOME_OF: tuple[tuple[type[errors.AsyncpsError], str], ...] = (
     (errors.PathNotVisibleError, "path-not-visible"),
     (errors.AttachAgainError, "attach-again"),
     (errors.NonFiniteGradientError, "non-finite"),
 )
-
-
-def outcome_of(exc: BaseException) -> type[errors.AsyncpsError] | None:
-    """The typed outcome a failed call carries (e.g. errors.PathNotVisibleError), None when it has none."""
-    if not isinstance(exc, grpc.Call):
-        return None
-    for key, value in exc.trailing_metadata() or ():
-        if key == OUTCOME_KEY:
-            for kind, name in _OUTCOME_OF:
-                if value == name:
-                    return kind
-    return None
 
 
 def status_of(exc: Exception) -> grpc.StatusCode:
@@ -77,14 +67,16 @@ def outcome_name(exc: BaseException) -> str:
 
 def error_of(code: int, message: str, outcome: str = "") -> errors.AsyncpsError:
     """The domain error a status code number names (the inverse of status_of; InternalError else),
-    of the typed outcome's kind when `outcome` names one that status code carries."""
-    for typed, name in _OUTCOME_OF:
-        if name == outcome and status_of(typed(message)).value[0] == code:
-            return typed(message)
+    of the typed outcome's kind when `outcome` names one that status code carries; it carries the
+    code's name and the message."""
+    name = _CODE_NAMES.get(code, "UNKNOWN")
+    for typed, outcome_name_ in _OUTCOME_OF:
+        if outcome_name_ == outcome and status_of(typed(message)).value[0] == code:
+            return typed(message, name)
     for kind, status in _STATUS_OF:
         if status.value[0] == code and issubclass(kind, errors.AsyncpsError):
-            return kind(message)
-    return errors.InternalError(message)
+            return kind(message, name)
+    return errors.InternalError(message, name)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -214,72 +206,26 @@ def make_channel(
 
 T = TypeVar("T")
 
-
-# how long a peer may fail before the retries say so (once per call): a wrong address or a dead peer is
-# reported within seconds, while the call keeps trying until its deadline
-UNREACHABLE_WARNING_S = 3.0
+# The retries' verdict, an asyncps.errors.UnavailableError: also named here, where callers have met it.
+Unreachable = errors.Unreachable
 
 
-class Unreachable(ConnectionError):
-    """A peer stayed UNAVAILABLE until the caller's overall deadline."""
+def error_from_rpc(exc: grpc.RpcError) -> errors.AsyncpsError:
+    """The domain error a failed gRPC call stands for: its status code through the one table, its
+    typed outcome (trailing metadata) when it carries one, its code's name and its details."""
+    if not isinstance(exc, grpc.Call):
+        return errors.InternalError(f"{type(exc).__name__}: {exc}", "UNKNOWN")
+    code = exc.code()
+    outcome = next((str(value) for key, value in exc.trailing_metadata() or () if key == OUTCOME_KEY), "")
+    return error_of(code.value[0] if code is not None else -1, exc.details() or "", outcome)
 
 
-def call_with_retry(
-    fn: Callable[[], T],
-    what: str,
-    deadline_s: float,
-    retry_codes: Sequence[grpc.StatusCode] = (grpc.StatusCode.UNAVAILABLE,),
-    initial_backoff_s: float = 0.05,
-    max_backoff_s: float = 2.0,
-    rng: random.Random | None = None,
-    warn_after_s: float = UNREACHABLE_WARNING_S,
-    abort: threading.Event | None = None,
-) -> T:
-    """Call fn, retrying only the given codes with exponential backoff and full jitter.
-
-    Once the peer has failed for warn_after_s, logs one WARNING naming `what` while the retries go
-    on (a wrong address or a peer that is down shows within seconds, not at the deadline), and one
-    INFO line if it answers after all. Raises Unreachable naming `what` once deadline_s has passed;
-    other errors propagate at once. `abort` (the caller's stop event) ends the retries early: once it
-    is set, a failed attempt raises Unreachable at once (a stopping worker does not wait out the deadline
-    of a shard that went away with the chief).
-    """
-    rng = rng or random.Random()
-    started = time.monotonic()
-    give_up = started + deadline_s
-    backoff = initial_backoff_s
-    warned = False
-    while True:
+def raising_domain_errors(fn: Callable[[], T]) -> Callable[[], T]:
+    """fn, with a failed gRPC call raised as its domain error (error_from_rpc): a client's edge."""
+    def call() -> T:
         try:
-            result = fn()
-            if warned:
-                log.info("reached %s after %.1fs", what, time.monotonic() - started)
-            return result
+            return fn()
         except grpc.RpcError as exc:
-            code = exc.code() if isinstance(exc, grpc.Call) else None
-            if code not in retry_codes:
-                raise
-            now = time.monotonic()
-            left = give_up - now
-            detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-            if left <= 0:
-                raise Unreachable(
-                    f"could not reach {what} within {deadline_s:.0f}s ({code.name if code else '?'}: "
-                    f"{detail})"
-                ) from exc
-            if abort is not None and abort.is_set():
-                raise Unreachable(f"gave up on {what} after {now - started:.1f}s: stopping "
-                                  f"({code.name if code else '?'}: {detail})") from exc
-            if not warned and now - started >= warn_after_s:
-                warned = True
-                log.warning("cannot reach %s for %.1fs (%s: %s); still trying, for up to %.0fs more", what,
-                            now - started, code.name if code else "?", detail, left)
-            # wake for the warning on time even in a long backoff
-            pause = rng.uniform(0, backoff)
-            if not warned:
-                pause = min(pause, max(0.0, started + warn_after_s - now))
-            if abort is not None:
-                abort.wait(min(left, pause))
-            else:
-                time.sleep(min(left, pause))
-            backoff = min(max_backoff_s, backoff * 2)
+            raise error_from_rpc(exc) from exc
+
+    return call

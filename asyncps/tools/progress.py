@@ -156,7 +156,7 @@ class StatusPoller:
         self._timeout_s = timeout_s
 
     def poll(self) -> cpb.ClusterStatus:
-        """The status now (raises asyncps.net.rpc.Unreachable or grpc.RpcError when the chief does not answer)."""
+        """The status now (raises asyncps.errors: Unreachable when the chief does not answer)."""
         return self._client.status(deadline_s=self._timeout_s)
 
     def try_poll(self) -> cpb.ClusterStatus | None:

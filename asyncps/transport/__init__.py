@@ -20,7 +20,11 @@ connect_shard, RunConfig.transport's validation, `--transport`'s help, "auto", t
 start (asyncps.ps.main) and `asyncps ps`'s flags and ASYNCPS_* variables then pick it up. A
 shard adapter may also answer header-only requests on another's data connection
 (ShardSide.offer: shm's doorbell rides the tcp data port). Outcomes that steer a client (fall back, attach again)
-are asyncps.errors classes carried typed by asyncps.net.rpc (outcome_of), never message text.
+are asyncps.errors classes carried typed by asyncps.net.rpc (error_from_rpc), never message text.
+
+Errors: every path, and the control face, fails with asyncps.errors only (each converts at its own
+edge: the gRPC link through asyncps.net.rpc's one table, TCP from its replies and broken connections),
+retried by one asyncps.net.retry.RetryPolicy; nothing above the seam sees a grpc.RpcError.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ def connect_shard(
     path the `transport` setting names in the registry ("auto": the best available path, each
     falling back to the next; a name: that path required, e.g. "shm" is an error on another host).
     `ride_restarts`: training calls wait while the shard restarted empty (a worker's), or fail at once
-    with FAILED_PRECONDITION (the chief's: it is the one that restores the shard). `abort`: the owner's
+    with FailedPreconditionError (the chief's: it is the one that restores the shard). `abort`: the owner's
     stop event; once it is set, a call that fails is not retried (Unreachable at once). `arena`: the
     worker's shared memory, for a path that can use it (see connect_model)."""
     link = ShardLink(address, deadline_s, security, call_timeout_s, ride_restarts=ride_restarts, abort=abort)

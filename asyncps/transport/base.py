@@ -46,8 +46,8 @@ class ClientSetup:
 
 
 class DataPath(Protocol):
-    """What a worker does with one shard per step. Errors are asyncps.errors exceptions or the
-    path's own status errors; retries of transient failures happen inside."""
+    """What a worker does with one shard per step. Errors are asyncps.errors exceptions, whatever the
+    path (Unreachable once the retries of transient failures, inside, give up)."""
 
     def pull(
         self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,

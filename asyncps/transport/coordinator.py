@@ -1,4 +1,5 @@
-"""Client of the chief's Coordinator service (workers, the launcher, health tools)."""
+"""Client of the chief's Coordinator service (workers, the launcher, health tools). Its calls fail with
+asyncps.errors (converted at this edge), never a grpc.RpcError."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-import grpc
-
-from asyncps.net.rpc import call_with_retry, make_channel
+from asyncps.errors import AsyncpsError, DeadlineExceededError, UnavailableError
+from asyncps.net.retry import RetryPolicy
+from asyncps.net.rpc import make_channel, raising_domain_errors
 from asyncps.net.security import SecurityConfig, secure_channel
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import coordinator_pb2_grpc
@@ -20,7 +21,7 @@ T = TypeVar("T")
 # GetStatus read or refresh, Report is recorded once per report number, GetTask repeats its answer
 # to a repeated request number. So an attempt that timed out (DEADLINE_EXCEEDED: its request or reply
 # was lost in a network partition, the connection behind it gone) is retried like UNAVAILABLE.
-_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_RETRY: tuple[type[AsyncpsError], ...] = (UnavailableError, DeadlineExceededError)
 
 
 class CoordinatorClient:
@@ -32,16 +33,15 @@ class CoordinatorClient:
         call_timeout_s: float = 10.0,
     ) -> None:
         self.address = address
-        self._deadline_s = deadline_s
+        self._policy = RetryPolicy(deadline_s, retry_on=_RETRY)
         self._call_timeout_s = call_timeout_s
         self._channel = secure_channel(address, security) if security else make_channel(address)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
         self._rng = random.Random()
 
     def _retry(self, fn: Callable[[], T], deadline_s: float | None) -> T:
-        return call_with_retry(fn, f"the chief at {self.address}",
-                               self._deadline_s if deadline_s is None else deadline_s, retry_codes=_RETRY,
-                               rng=self._rng)
+        return self._policy.within(deadline_s).call(raising_domain_errors(fn), f"the chief at {self.address}",
+                                                    self._rng)
 
     def register(self, worker_id: str, role: str = "worker", requested_index: int = -1,
                  address: str = "") -> cpb.RegisterResponse:

@@ -1,25 +1,28 @@
-"""One gRPC channel to one shard, with its deadlines and retry policy: what the control face and
-every data path over gRPC share (and what a data path's factory is handed, asyncps.transport.base)."""
+"""One gRPC channel to one shard, with its deadlines and retry policies: what the control face and
+every data path over gRPC share (and what a data path's factory is handed, asyncps.transport.base).
+
+The link is the gRPC paths' edge: every call through `retry` fails with asyncps.errors, never a
+grpc.RpcError (asyncps.net.rpc.raising_domain_errors), and is retried by an asyncps.net.retry policy."""
 
 from __future__ import annotations
 
 import random
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeVar
 
-import grpc
-
-from asyncps.net.rpc import call_with_retry, make_channel
+from asyncps.errors import AsyncpsError, FailedPreconditionError, UnavailableError
+from asyncps.net.retry import RetryPolicy
+from asyncps.net.rpc import make_channel, raising_domain_errors
 from asyncps.net.security import SecurityConfig, secure_channel
 from asyncps.wire.proto import SHARD_SERVICE
 
 T = TypeVar("T")
 
-_RETRY = (grpc.StatusCode.UNAVAILABLE,)
 # Training calls also ride through a shard that restarted and waits for the chief to restore it
-# (FAILED_PRECONDITION: not initialized).
-_TRAINING_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
+# (FAILED_PRECONDITION: not initialized; its typed outcomes are subclasses, never retried).
+RIDE_RESTARTS: tuple[type[AsyncpsError], ...] = (UnavailableError, FailedPreconditionError)
 
 
 class ShardLink:
@@ -43,25 +46,28 @@ class ShardLink:
         self.call_timeout_s = call_timeout_s  # the deadline of one attempt
         self.channel = secure_channel(address, security) if security else make_channel(address)
         self._rng = random.Random(seed)
-        # the owner's stop event: once set, retries give up at the next failure (call_with_retry)
+        # the owner's stop event: once set, retries give up at the next failure (RetryPolicy.stop)
         self.abort = abort
+        self.policy = RetryPolicy(deadline_s, stop=abort)  # UNAVAILABLE only
+        self.restart_policy = replace(self.policy, retry_on=RIDE_RESTARTS)
 
     @staticmethod
     def path(method: str) -> str:
         """The full path of one of the shard service's methods."""
         return f"/{SHARD_SERVICE}/{method}"
 
-    def retry(self, fn: Callable[[], T], deadline_s: float | None = None, training: bool = False) -> T:
-        """Call fn, retrying UNAVAILABLE (and, for training calls on a link that rides restarts, a shard
-        waiting to be restored)."""
-        codes = _TRAINING_RETRY if training and self.ride_restarts else _RETRY
-        return call_with_retry(fn, f"parameter server {self.address}",
-                               self.deadline_s if deadline_s is None else deadline_s, retry_codes=codes,
-                               rng=self._rng, abort=self.abort)
+    def retry(self, fn: Callable[[], T], deadline_s: float | None = None, training: bool = False,
+              policy: RetryPolicy | None = None) -> T:
+        """Call fn (gRPC calls), its failures raised as asyncps.errors, retrying UNAVAILABLE (and, for
+        training calls on a link that rides restarts, a shard waiting to be restored) or as `policy` says."""
+        if policy is None:
+            policy = self.restart_policy if training and self.ride_restarts else self.policy
+        return policy.within(deadline_s).call(raising_domain_errors(fn), f"parameter server {self.address}",
+                                              self._rng)
 
     def close(self) -> None:
         """Close the channel."""
         self.channel.close()
 
 
-__all__ = ["ShardLink"]
+__all__ = ["RIDE_RESTARTS", "ShardLink"]

@@ -10,11 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-import grpc
 import numpy as np
 
 from asyncps.errors import InvalidArgumentError, NonFiniteGradientError
-from asyncps.net.rpc import outcome_of
 from asyncps.placement import Placement
 from asyncps.rules.drops import DropReason
 from asyncps.rules.sync.client import WorkerStep, coordinated_step
@@ -165,12 +163,9 @@ class ModelClient:
                                   worker_index=self.worker_index)
             try:
                 outcome, reply = self.shards[shard].push_pull(request, -1, self._views[shard], read_wait_s)
-            except Exception as exc:
-                if not isinstance(exc, NonFiniteGradientError) and outcome_of(exc) is not NonFiniteGradientError:
-                    raise
+            except NonFiniteGradientError as exc:
                 # the shard refused a NaN/Inf gradient: a dropped push of this step, not the end of the worker
-                detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-                return ShardPush(shard, PushOutcome(False, 0, base[shard], 0.0, DropReason.NONFINITE, detail or ""),
+                return ShardPush(shard, PushOutcome(False, 0, base[shard], 0.0, DropReason.NONFINITE, exc.detail),
                                  base[shard])
             self._accept(shard, reply)
             return ShardPush(shard, outcome, reply.version, reply.waited_s)

@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import grpc
 import numpy as np
 
 from asyncps.errors import AttachAgainError, FailedPreconditionError, PathNotVisibleError
-from asyncps.net.rpc import outcome_of
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.transport import shmseg
 from asyncps.transport.base import ClientSetup, DataPath
@@ -194,25 +191,17 @@ class ShmDataPath:
         request = ps_pb2.AttachShmRequest(
             worker_id=worker_id, segment=name, segment_bytes=size, token=token,
             values=[_Layout.chunk(n, w) for n, w in layout.values.items()])
-        give_up = time.monotonic() + self._link.deadline_s
-        while True:
-            try:
-                reply = self._link.retry(lambda: self._attach(request, timeout=self._link.call_timeout_s))
-                return int(reply.attachment)
-            except grpc.RpcError as exc:
-                outcome = outcome_of(exc)
-                if outcome is PathNotVisibleError:
-                    if self._required:
-                        raise
-                    log.info("shard %s cannot map this worker's shared memory (%s): using the fallback",
-                             self.address, exc.details())  # type: ignore[attr-defined]
-                    self._unavailable = True
-                    return None
-                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
-                    raise
-                if time.monotonic() > give_up:  # e.g. a restarted shard never restored
-                    raise
-                time.sleep(0.05)  # a restarted shard waiting for the chief to restore it
+        try:
+            # a restarted shard waiting for the chief to restore it is waited for (FAILED_PRECONDITION)
+            reply = self._link.retry(lambda: self._attach(request, timeout=self._link.call_timeout_s),
+                                     policy=self._link.restart_policy)
+        except PathNotVisibleError as exc:
+            if self._required:
+                raise
+            log.info("shard %s cannot map this worker's shared memory (%s): using the fallback", self.address, exc)
+            self._unavailable = True
+            return None
+        return int(reply.attachment)
 
     def _mapped(self, worker_id: str, buffers: Mapping[str, Array], call: Callable[[_Mapping], T]) -> T | None:
         """call(mapping) with a segment shaped like `buffers` mapped by the shard (a fresh one after
@@ -226,9 +215,8 @@ class ShmDataPath:
                         return None
                 try:
                     return call(mapping)
-                except (grpc.RpcError, AttachAgainError) as exc:
-                    again = isinstance(exc, AttachAgainError) or outcome_of(exc) is AttachAgainError
-                    if not again or attempt:
+                except AttachAgainError:
+                    if attempt:
                         raise
                     self._mapping = None  # a restarted shard: map a fresh segment
             raise AssertionError("unreachable")

@@ -8,8 +8,9 @@ gradients are sent from memoryviews over the worker's arrays, and the values are
 recv_into straight into the worker's buffers. The connection speaks first with the worker's
 token, runs over TLS when the cluster does, and is re-opened with backoff when it breaks (a
 shard restart: the new shard's port is asked again). Errors are asyncps.errors exceptions of the
-same kinds as the gRPC path's status codes; UNAVAILABLE (and, for training calls, a shard not
-yet restored) is retried until deadline_s, then Unreachable, as over gRPC. When the shard has
+same kinds as the gRPC path's (through the one table, asyncps.net.rpc.error_of); a broken connection
+is an UnavailableError, and UNAVAILABLE (and, for training calls, a shard not yet restored) is retried
+by the same policy as over gRPC (asyncps.net.retry) until deadline_s, then Unreachable. When the shard has
 no data port, or it cannot be reached, DataPortUnavailable says so and TcpDataPath hands this and
 every later call to its fallback (gRPC frames).
 """
@@ -24,18 +25,19 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
-import grpc
 import numpy as np
 
-from asyncps.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
-from asyncps.net.rpc import Unreachable, error_of
+from asyncps.errors import InvalidArgumentError, UnavailableError, UnimplementedError
+from asyncps.net.retry import RetryPolicy
+from asyncps.net.rpc import error_of
 from asyncps.net.security import SecurityConfig
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.transport.base import ClientSetup, DataPath
 from asyncps.transport.grpc_shard import FramesDataPath
-from asyncps.transport.link import ShardLink
+from asyncps.transport.link import RIDE_RESTARTS, ShardLink
 from asyncps.wire.codec import Array, _checked_nbytes, dtype_from_proto
 from asyncps.wire.frames import Slice, gradient_slices
 from asyncps.wire.proto import decisions_from_proto, outcome_from_proto, push_header
@@ -78,11 +80,12 @@ class TcpConnection:
         self._host = _split_host(address)
         self._data_port = data_port
         self._security = security or SecurityConfig()
-        self._deadline_s = deadline_s
         self._call_timeout_s = call_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._rng = random.Random(seed)
-        self._abort = abort  # the owner's stop event: a broken exchange is not retried once it is set
+        # the gRPC link's policies; the owner's stop event: a broken exchange is not retried once it is set
+        self._policy = RetryPolicy(deadline_s, stop=abort)
+        self._training_policy = replace(self._policy, retry_on=RIDE_RESTARTS)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._tls = self._client_context(self._security)
@@ -100,10 +103,8 @@ class TcpConnection:
         """Ask the shard's data port over gRPC, connect, say hello (DataPortUnavailable: no TCP path)."""
         try:
             port = self._data_port()
-        except grpc.RpcError as exc:
-            if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                raise DataPortUnavailable(f"shard {self.address} has no DataPort call (an older shard)") from None
-            raise
+        except UnimplementedError:
+            raise DataPortUnavailable(f"shard {self.address} has no DataPort call (an older shard)") from None
         if port <= 0:
             raise DataPortUnavailable(f"shard {self.address} serves no TCP data port")
         try:
@@ -140,37 +141,22 @@ class TcpConnection:
                   buffers: Mapping[str, Array] | None, wait_s: float, training: bool
                   ) -> tuple[ps_pb2.TcpReply, dict[str, Array]]:
         """One request and its reply, re-sent on a fresh connection after a broken one and, for
-        the codes the gRPC path retries, after a backoff; Unreachable past deadline_s."""
-        give_up = time.monotonic() + self._deadline_s
-        backoff = 0.05
-        while True:
-            try:
-                with self._lock:
-                    return self._once(worker_id, request, tensors, buffers, wait_s)
-            except DataPortUnavailable:
-                raise
-            except (OSError, StreamClosed, *BROKEN_FRAME) as exc:  # a broken connection or a shard restart
-                problem: BaseException = exc
-            except (UnavailableError, FailedPreconditionError) as exc:
-                # a shard not restored yet: worth waiting for in training calls; a typed outcome
-                # (attach again, path not visible) is the caller's to act on at once
-                typed = type(exc) is not FailedPreconditionError
-                if isinstance(exc, FailedPreconditionError) and (not training or typed):
-                    raise
-                problem = exc
-            left = give_up - time.monotonic()
-            if left <= 0:
-                raise Unreachable(f"could not reach parameter server {self.address} over TCP within "
-                                  f"{self._deadline_s:.0f}s ({type(problem).__name__}: {problem})") from problem
-            if self._abort is not None and self._abort.is_set():
-                raise Unreachable(f"gave up on parameter server {self.address} over TCP: stopping "
-                                  f"({type(problem).__name__}: {problem})") from problem
-            pause = min(left, self._rng.uniform(0, backoff))
-            if self._abort is not None:
-                self._abort.wait(pause)
-            else:
-                time.sleep(pause)
-            backoff = min(2.0, backoff * 2)
+        the errors the gRPC path retries, by the same policy; Unreachable past deadline_s."""
+        policy = self._training_policy if training else self._policy
+        return policy.call(lambda: self._attempt(worker_id, request, tensors, buffers, wait_s),
+                           f"parameter server {self.address} over TCP", self._rng)
+
+    def _attempt(self, worker_id: str, request: ps_pb2.TcpRequest, tensors: Sequence[Slice],
+                 buffers: Mapping[str, Array] | None, wait_s: float) -> tuple[ps_pb2.TcpReply, dict[str, Array]]:
+        """One exchange; a broken connection or a shard restart (the stream out of step) as UnavailableError."""
+        try:
+            with self._lock:
+                return self._once(worker_id, request, tensors, buffers, wait_s)
+        except DataPortUnavailable:
+            raise
+        except (OSError, StreamClosed, *BROKEN_FRAME) as exc:
+            raise UnavailableError(f"connection to shard {self.address} broken ({type(exc).__name__}: {exc})",
+                                   "UNAVAILABLE") from exc
 
     def _once(self, worker_id: str, request: ps_pb2.TcpRequest, tensors: Sequence[Slice],
               buffers: Mapping[str, Array] | None, wait_s: float) -> tuple[ps_pb2.TcpReply, dict[str, Array]]:
