@@ -69,8 +69,9 @@ def test_a_resume_with_a_changed_model_is_refused_naming_the_flag_and_both_value
                                                                                      command: str) -> None:
     run_dir = recorded_run(tmp_path / "run")
     before = RunDir(run_dir).config.read_text()
-    ps = ["--ps", "127.0.0.1:1"] if command == "chief" else []
-    done, seconds = cli(command, *ps, "--run-dir", str(run_dir), "--model", "cnn", "--learning-rate", "0.05",
+    # the chief continues the run its directory holds; `local` is told to (else it refuses the directory)
+    given = ["--ps", "127.0.0.1:1"] if command == "chief" else ["--resume"]
+    done, seconds = cli(command, *given, "--run-dir", str(run_dir), "--model", "cnn", "--learning-rate", "0.05",
                         "--max-updates", "900")
     assert done.returncode == 2, done.stderr
     assert seconds < MISTAKE_S
