@@ -1,7 +1,8 @@
 """The run configuration: everything that defines a training run, resolved and validated once.
 
-Every RunConfig field carries its Option (help text, command-line flags, environment names, text
-parser); the CLI's flags, the `ASYNCPS_*` environment variables, `--run-config` files and their
+Every RunConfig field carries its Option (help text, text parser, the word for a sentinel default);
+its one flag is the field spelled with dashes,
+its one variable ASYNCPS_<FIELD>. The CLI's flags, the `ASYNCPS_*` environment variables, `--run-config` files and their
 help are all derived from these fields, and resolved in one order (see RunConfig.from_layers):
 built-in default < `--run-config` file < `ASYNCPS_*` environment < explicit flag.
 """
@@ -32,7 +33,7 @@ from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 ENV_PREFIX = "ASYNCPS_"
 DEFAULT_EPOCHS = 30.0
 # What a chief gives its first workers to start (TensorFlow's import and tracing take tens of seconds
-# on a busy 2-core machine) before it calls a run without live workers dead (no_workers_timeout_s).
+# on a busy 2-core machine) before it calls a run without live workers dead (idle_without_workers_s).
 NO_WORKERS_START_ALLOWANCE_S = 60.0
 
 # What a resumed run may change (asyncps.config.resume_changes). The fields that make the run what it is
@@ -40,32 +41,37 @@ NO_WORKERS_START_ALLOWANCE_S = 60.0
 # planned for) are kept: a resume that would change one is refused. The shard layout changes only by
 # a reshard: the latest checkpoint restored into the new layout. The stop conditions may change; so
 # may the rest (timeouts, evaluation and checkpoint schedules, transport, threads, injected delays).
-RUN_DEFINING = ("model", "dataset", "loss", "metrics", "batch_size", "optimizer", "learning_rate",
+RUN_DEFINING = ("model", "dataset", "loss", "eval_metrics", "batch_size", "optimizer", "learning_rate",
                 "optimizer_params", "mode", "staleness_policy", "num_workers", "seed", "task_size",
                 "local_steps", "local_optimizer", "outer")  # the mode spec holds backup_workers and staleness_bound
 SHARD_LAYOUT = ("num_ps", "slice_threshold_bytes")
-STOP_CONDITIONS = ("max_updates", "epochs", "max_seconds")
+STOP_CONDITIONS = ("max_updates", "epochs", "max_training_s")
+
+
+# The command line's conventions (docs/cli.md: Conventions), kept by construction here: every run flag is
+# its field spelled with dashes, and nothing else; a duration's field and flag end in `_s`/`-s` and take
+# seconds; a field whose 0 (or empty) value is a sentinel names it by one word: OFF (a feature or a limit
+# is off; 0 is the same) or AUTO (asyncps chooses, as the help says; 0 is refused as text).
+OFF = "off"
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
 class Option:
-    """How one RunConfig field is set from outside the program (flags, environment, help)."""
+    """How one RunConfig field is set from outside the program (its flag, variable and help)."""
 
     help: str
-    # None: --field-name; (): no flag of its own; else the field spelled as a flag first (checked by
-    # tests/test_config.py), then older spellings kept as aliases (docs/cli.md: CLI reference)
-    flags: tuple[str, ...] | None = None
-    env: tuple[str, ...] | None = None  # None: ASYNCPS_<FIELD>, then ASYNCPS_<FLAG> of every flag
     parse: Callable[[str], Any] | None = None  # text -> value; None: by the field's type
-    spreads: bool = False  # parse returns several fields' values as a mapping
     repeat: bool = False  # the flag may be repeated; the parsed mappings are merged
+    word: str = ""  # OFF or AUTO: the word for the field's 0 or empty value, accepted as text, shown in help
+    shown: str = ""  # the default as the help shows it, where a rule decides it
 
 
 def setting(default: Any = dataclasses.MISSING, *, help: str, factory: Callable[[], Any] | None = None,
-            flags: tuple[str, ...] | None = None, env: tuple[str, ...] | None = None,
-            parse: Callable[[str], Any] | None = None, spreads: bool = False, repeat: bool = False) -> Any:
+            parse: Callable[[str], Any] | None = None, repeat: bool = False, word: str = "",
+            shown: str = "") -> Any:
     """A RunConfig field with its Option (in the field's metadata)."""
-    option = Option(help, flags, env, parse, spreads, repeat)
+    option = Option(help, parse, repeat, word, shown)
     if factory is not None:
         return field(default_factory=factory, metadata={"option": option})
     return field(default=default, metadata={"option": option})
@@ -85,17 +91,6 @@ def parse_opt_params(text: str) -> dict[str, float]:
     return out
 
 
-def parse_checkpoint_every(text: str) -> dict[str, Any]:
-    """`500` -> every 500 updates; `30s` -> every 30 seconds; `0`: off."""
-    text = text.strip()
-    try:
-        if text.endswith("s"):
-            return {"checkpoint_every_s": float(text[:-1]), "checkpoint_every_updates": 0}
-        return {"checkpoint_every_updates": int(text), "checkpoint_every_s": 0.0}
-    except ValueError:
-        raise ValueError(f"wants N (updates) or Ns (seconds), got {text!r}") from None
-
-
 @dataclass(frozen=True)
 class RunConfig:
     """A training run; the chief owns it and hands it to every worker when it registers."""
@@ -106,90 +101,81 @@ class RunConfig:
     loss: str = setting("auto", help="auto (the loss the model was compiled with, else crossentropy) | "
                                      "crossentropy (of logits, over integer class ids) | a Keras loss name | "
                                      "package.module:function")
-    metrics: str = setting("", help="metrics the chief measures on the test set, comma-separated: Keras metric "
-                                    "names | accuracy | package.module:function (empty: the model's compiled ones); "
-                                    "accuracy is measured for integer class ids")
+    eval_metrics: str = setting("", word=AUTO, help=(
+        "metrics the chief measures on the test set at each evaluation, comma-separated: Keras metric names | "
+        "accuracy | package.module:function; auto: the model's compiled ones"))
     batch_size: int = setting(32, help="examples per worker step")
     optimizer: str = setting("sgd", help="sgd | momentum | nesterov | adam | adagrad")
-    learning_rate: float = setting(0.1, help="learning rate", flags=("--learning-rate", "--lr"))
+    learning_rate: float = setting(0.1, help="learning rate")
     optimizer_params: dict[str, float] = setting(  # noqa: RUF009 - a dataclasses.field with a default_factory
         factory=dict, help="optimizer hyperparameter KEY=VALUE (repeatable), e.g. beta_1=0.9",
-        flags=("--optimizer-params", "--opt-param"), parse=parse_opt_params, repeat=True)
+        parse=parse_opt_params, repeat=True, shown="none")
     # The mode and the policy are specs (sync:backup=1, drop:bound=4), kept canonical; the table of
     # every mode and policy with its parameters is in docs/experiments.md (scripts/rules_table.py).
     mode: str = setting("async", help="consistency mode spec: async | sync[:backup=B] | ssp[:bound=S]")
     staleness_policy: str = setting(
         "none", help="staleness policy spec (async): none | drop:bound=K | lr-scale | dc-asgd[:lambda=L] | "
                      "dc-asgd-a[:lambda0=L0,momentum=M] | gap-aware[:c=C]")
-    # Older spellings of the mode's parameters: a nonzero value folds into `mode` (a contradiction is
+    # The mode's parameters as fields of their own: a nonzero value folds into `mode` (a contradiction is
     # an error); afterwards both mirror the mode (0 for another mode's parameter).
-    backup_workers: int = setting(0, help="same as --mode sync:backup=B")
-    staleness_bound: int = setting(0, help="same as --mode ssp:bound=S")
-    num_workers: int = setting(2, flags=("--num-workers", "--workers"),
-                          help="number of workers (chief: else TF_CONFIG's, when it has one)")
+    backup_workers: int = setting(0, word=OFF, help="same as --mode sync:backup=B")
+    staleness_bound: int = setting(0, word=OFF, help="same as --mode ssp:bound=S")
+    num_workers: int = setting(2, help="number of workers (chief: else TF_CONFIG's, when it has one)")
     num_ps: int = setting(2, help="number of parameter-server shards")
-    worker_processes: int = setting(0, help=(
-        "run the workers as logical workers (threads) in this many processes (0: one process each); "
+    worker_processes: int = setting(0, word=OFF, help=(
+        "run the workers as logical workers (threads) in this many processes (off: one process per worker); "
         "see docs/experiments.md on what logical workers share"))
     start_barrier: bool = setting(True, help=(
         "hold every worker until all planned workers registered and computed a warm-up gradient "
-        "(--start-barrier false / --no-start-barrier: start each as soon as it is ready)"))
-    max_updates: int = setting(0, help="stop after this many applied updates (0: no limit)")
-    epochs: float = setting(DEFAULT_EPOCHS, help=(
-        f"stop after this many passes over the training data (0: no limit; {DEFAULT_EPOCHS:g} unless "
-        "max_updates or max_seconds is set, then 0)"))
-    max_seconds: float = setting(0.0, help="stop after this much training time (0: no limit)")
-    stop_at: str = setting("", help=(
+        "(--no-start-barrier: start each as soon as it is ready)"))
+    max_updates: int = setting(0, word=OFF, help="stop after this many applied updates")
+    epochs: float = setting(DEFAULT_EPOCHS, word=OFF, shown=(
+        f"{DEFAULT_EPOCHS:g}, or off when --max-updates or --max-training-s is given"),
+        help="stop after this many passes over the training data")
+    max_training_s: float = setting(0.0, word=OFF, help="stop after this many seconds of training")
+    stop_at: str = setting("", word=OFF, help=(
         "also stop once a scheduled evaluation meets this level: METRIC>=V or METRIC<=V, e.g. accuracy>=0.9, "
-        "loss<=0.1 or a metric the task reports (empty: no such stop)"))
-    eval_every_s: float = setting(2.0, help="seconds between evaluations", flags=("--eval-every-s", "--eval-every"))
+        "loss<=0.1 or a metric the task reports"))
+    eval_every_s: float = setting(2.0, help="seconds between evaluations")
     seed: int = setting(0, help="seed of model init, data order and injected delays")
     compute_delay: str = setting("none", help="injected delay per step: none | const:S | uniform:A,B | exp:MEAN")
-    stragglers: str = setting("", help="permanent slow workers, e.g. 0:4x,3:2x (seeded experiments)")
-    slowdown: str = setting("", help="random slowdowns P:F: with probability P a step is F times slower")
-    rpc_latency_s: float = setting(0.0, help="seconds added before every worker round trip",
-                                   flags=("--rpc-latency-s", "--rpc-latency"))
+    stragglers: str = setting("", word=OFF, help="permanent slow workers, e.g. 0:4x,3:2x (seeded experiments)")
+    slowdown: str = setting("", word=OFF, help="random slowdowns P:F: with probability P a step is F times slower")
+    rpc_latency_s: float = setting(0.0, word=OFF, help="seconds added before every worker round trip")
     slice_threshold_bytes: int = setting(DEFAULT_SLICE_THRESHOLD_BYTES,
-                                         flags=("--slice-threshold-bytes", "--slice-threshold"),
                                          help="variables larger than this many bytes are sliced over shards")
     chunk_bytes: int = setting(DEFAULT_CHUNK_BYTES, help="bytes per streamed tensor chunk")
-    heartbeat_interval_s: float = setting(0.5, help="seconds between worker heartbeats",
-                                          flags=("--heartbeat-interval-s", "--heartbeat-interval"))
-    heartbeat_timeout_s: float = setting(10.0, help="silence after which a worker is dead",
-                                         flags=("--heartbeat-timeout-s", "--heartbeat-timeout"))
-    no_workers_timeout_s: float = setting(0.0, help=(
-        "the chief ends the run with an error (exit 6) after this long with no live worker (0: 2 x "
-        f"heartbeat_timeout_s + {NO_WORKERS_START_ALLOWANCE_S:g} s); before any worker registered, at least the "
-        "start barrier's limit (300 s)"))
-    max_nonfinite_steps: int = setting(20, help=(
+    heartbeat_interval_s: float = setting(0.5, help="seconds between worker heartbeats")
+    heartbeat_timeout_s: float = setting(10.0, help="seconds of silence after which a worker is dead")
+    idle_without_workers_s: float = setting(0.0, word=AUTO, help=(
+        "the chief ends the run with an error (exit 6) after this many seconds with no live worker (auto: 2 x "
+        f"--heartbeat-timeout-s + {NO_WORKERS_START_ALLOWANCE_S:g}); before any worker registered, at least the "
+        "start barrier's limit (300)"))
+    max_nonfinite_steps: int = setting(20, word=OFF, help=(
         "the chief ends the run as diverged (exit 5) once every live worker had this many consecutive steps "
-        "with a non-finite loss or gradient (each skipped, not pushed) (0: never)"))
-    rpc_deadline_s: float = setting(60.0, help="seconds to keep retrying an unreachable peer",
-                                    flags=("--rpc-deadline-s", "--rpc-deadline"))
-    read_wait_s: float = setting(30.0, help="longest a shard holds a sync/ssp worker before answering",
-                                 flags=("--read-wait-s", "--read-wait"))
-    tf_threads: int = setting(1, help="TensorFlow intra/inter-op threads per process (0: TF default)")
-    checkpoint_every_updates: int = setting(
-        0, help="checkpoint every N updates, or every Ns seconds with a trailing s (0: off; default 30s)",
-        flags=("--checkpoint-every",), env=("ASYNCPS_CHECKPOINT_EVERY",), parse=parse_checkpoint_every,
-        spreads=True)
-    checkpoint_every_s: float = setting(30.0, help="checkpoint every this many seconds (0: off)", flags=(), env=())
+        "with a non-finite loss or gradient (each skipped, not pushed)"))
+    rpc_deadline_s: float = setting(60.0, help="seconds to keep retrying an unreachable peer")
+    read_wait_s: float = setting(30.0, help="longest a shard holds a sync/ssp worker before answering, in seconds")
+    tf_threads: int = setting(1, word=AUTO, help="TensorFlow intra/inter-op threads per process (auto: TensorFlow's "
+                                                 "default)")
+    checkpoint_every_updates: int = setting(0, word=OFF, help=(
+        "checkpoint every this many applied updates (with --checkpoint-every-s: whichever comes first)"))
+    checkpoint_every_s: float = setting(30.0, word=OFF, help="checkpoint every this many seconds")
     keep_checkpoints: int = setting(3, help="how many checkpoints to keep")
     allow_reinit: bool = setting(False, help=(
         "a shard that comes back empty when there is no checkpoint restarts from the initial values "
-        "(default: the run stops with an error)"))
-    chief_timeout_s: float = setting(120.0, help=(
-        "shards and workers exit (non-zero) after the chief is unreachable this long (0: never; a shard "
-        "gives a chief that never called at least 300 s to start)"),
-        flags=("--chief-timeout-s", "--chief-timeout"))
-    task_size: int = setting(0, help="examples per data task (0: 4 batches)")
+        "(off: the run stops with an error)"))
+    chief_timeout_s: float = setting(120.0, word=OFF, help=(
+        "shards and workers exit (non-zero) after the chief is unreachable this many seconds (a shard gives a "
+        "chief that never called at least 300 s to start)"))
+    task_size: int = setting(0, word=AUTO, help="examples per data task (auto: 4 batches)")
     transport: str = setting("auto", help=TRANSPORTS.help())
     local_steps: int = setting(1, help=(
         "local SGD: each worker takes this many steps of --local-optimizer on its own model, then pushes the "
         "change of its model, which the shards apply by --outer (1: push every gradient)"))
-    local_optimizer: str = setting("", help=(
-        "the workers' optimizer of local steps, NAME:lr=LR[,KEY=VALUE...], e.g. adam:lr=0.001 (default: "
-        "--optimizer, --lr and --opt-param)"))
+    local_optimizer: str = setting("", word=AUTO, help=(
+        "the workers' optimizer of local steps, NAME:lr=LR[,KEY=VALUE...], e.g. adam:lr=0.001 (auto: "
+        "--optimizer, --learning-rate and --optimizer-params)"))
     outer: str = setting("average", help=(
         "what the shards do with the workers' model changes (--local-steps > 1): average | easgd[:alpha=A] | "
         "nesterov[:lr=LR,momentum=M] | delayed-nesterov[:lr=LR,momentum=M,period=N] (async: momentum once per N "
@@ -209,10 +195,10 @@ class RunConfig:
             problems.append("num_workers and num_ps must be >= 1")
         if not 0 <= self.worker_processes <= self.num_workers:
             problems.append("worker_processes must be between 0 and num_workers")
-        if self.max_updates < 0 or self.epochs < 0 or self.max_seconds < 0:
-            problems.append("max_updates, epochs and max_seconds must be >= 0")
-        if self.max_updates == 0 and self.epochs == 0 and self.max_seconds == 0:
-            problems.append("set a stop condition: max_updates, epochs or max_seconds")
+        if self.max_updates < 0 or self.epochs < 0 or self.max_training_s < 0:
+            problems.append("max_updates, epochs and max_training_s must be >= 0")
+        if self.max_updates == 0 and self.epochs == 0 and self.max_training_s == 0:
+            problems.append("set a stop condition: max_updates, epochs or max_training_s")
         try:
             parse_stop_at(self.stop_at)
         except ValueError as exc:
@@ -228,16 +214,16 @@ class RunConfig:
         if self.checkpoint_every_updates < 0 or self.checkpoint_every_s < 0 or self.keep_checkpoints < 1:
             problems.append("checkpoint intervals must be >= 0 and keep_checkpoints >= 1")
         if self.chief_timeout_s < 0:
-            problems.append("chief_timeout_s must be >= 0 (0: never)")
+            problems.append("chief_timeout_s must be >= 0 (0: off)")
         if self.task_size < 0:
             problems.append("task_size must be >= 0")
-        if self.no_workers_timeout_s < 0 or self.max_nonfinite_steps < 0:
-            problems.append("no_workers_timeout_s and max_nonfinite_steps must be >= 0")
+        if self.idle_without_workers_s < 0 or self.max_nonfinite_steps < 0:
+            problems.append("idle_without_workers_s and max_nonfinite_steps must be >= 0")
         transport_problem = TRANSPORTS.problem(self.transport)
         if transport_problem is not None:
             problems.append(transport_problem)
         if self.tf_threads < 0:
-            problems.append("tf_threads must be >= 0 (0: TensorFlow's default)")
+            problems.append("tf_threads must be >= 0 (0: auto, TensorFlow's default)")
         problems += spec_problems(self.model, self.dataset)
         problems += self._local_sgd_problems()
         if problems:
@@ -292,9 +278,9 @@ class RunConfig:
                                     self.rpc_latency_s, self.seed)
 
     def no_workers_grace_s(self) -> float:
-        """How long the chief waits with no live worker before it ends the run (no_workers_timeout_s, or
+        """How long the chief waits with no live worker before it ends the run (idle_without_workers_s, or
         by default two heartbeat timeouts plus a start-up allowance)."""
-        return self.no_workers_timeout_s or 2 * self.heartbeat_timeout_s + NO_WORKERS_START_ALLOWANCE_S
+        return self.idle_without_workers_s or 2 * self.heartbeat_timeout_s + NO_WORKERS_START_ALLOWANCE_S
 
     def update_rule(self) -> UpdateRuleConfig:
         """The shards' update rule for this run (with local SGD: the outer rule's optimizer)."""
@@ -321,14 +307,14 @@ class RunConfig:
     @classmethod
     def from_layers(cls, *layers: Mapping[str, Any]) -> RunConfig:
         """The RunConfig of settings layers, each overriding the ones before it (e.g. file, environment,
-        flags); no layer setting `epochs` and a max_updates or max_seconds stop means epochs 0."""
+        flags); no layer setting `epochs` and a max_updates or max_training_s stop means epochs 0."""
         merged: dict[str, Any] = {}
         for layer in layers:
             merged = _merge_mode_layer(merged, layer)
         unknown = sorted(set(merged) - set(run_options()))
         if unknown:
             raise ValueError(f"unknown run configuration keys {unknown}")
-        if "epochs" not in merged and (merged.get("max_updates") or merged.get("max_seconds")):
+        if "epochs" not in merged and (merged.get("max_updates") or merged.get("max_training_s")):
             merged["epochs"] = 0.0
         return cls(**merged)
 
@@ -344,7 +330,7 @@ class ResumeChanges:
         """The error message of a refused resume of the run in `run_dir` (settings `recorded_in`)."""
         return (f"cannot resume the run in {run_dir} with other settings: {'; '.join(self.refused)} (the run's "
                 f"settings are recorded in {recorded_in}); a resume may change its stop conditions "
-                f"({', '.join(flag_names(n)[0] for n in STOP_CONDITIONS)}), the number of shards by a reshard, "
+                f"({', '.join(flag_name(n) for n in STOP_CONDITIONS)}), the number of shards by a reshard, "
                 "and operational settings; start a different run in a new --run-dir")
 
 
@@ -354,7 +340,7 @@ def resume_changes(recorded: Mapping[str, Any], run: RunConfig) -> ResumeChanges
     old = RunConfig.from_layers(coerce_settings(known_settings(recorded), "recorded run"))
 
     def changes(names: Iterable[str]) -> tuple[str, ...]:
-        return tuple(f"{_flag_or_name(name)} {getattr(old, name)!r} -> {getattr(run, name)!r}" for name in names
+        return tuple(f"{flag_name(name)} {getattr(old, name)!r} -> {getattr(run, name)!r}" for name in names
                      if name in recorded and getattr(old, name) != getattr(run, name))
 
     return ResumeChanges(changes(RUN_DEFINING), changes(SHARD_LAYOUT))
@@ -373,11 +359,6 @@ def resumed_layers(recorded: Mapping[str, Any], *layers: Mapping[str, Any]) -> l
     if any(name in layer for layer in layers for name in STOP_CONDITIONS):
         base = {name: value for name, value in base.items() if name not in STOP_CONDITIONS}
     return [coerce_settings(base, "recorded run"), *(dict(layer) for layer in layers)]
-
-
-def _flag_or_name(name: str) -> str:
-    flags = flag_names(name)
-    return flags[0] if flags else name
 
 
 def _merge_mode_layer(merged: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
@@ -414,20 +395,31 @@ def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(RunConfig)
 
 
-def flag_names(name: str) -> tuple[str, ...]:
-    """The command-line flags of a field (the first one is the main spelling)."""
-    option = run_options()[name]
-    return ("--" + name.replace("_", "-"),) if option.flags is None else option.flags
+def flag_name(name: str) -> str:
+    """The command-line flag of a field: its name spelled with dashes, its only spelling."""
+    return "--" + name.replace("_", "-")
 
 
-def env_names(name: str) -> tuple[str, ...]:
-    """The environment variables of a field: ASYNCPS_<FIELD>, then ASYNCPS_<FLAG> of each of its flags."""
-    option = run_options()[name]
-    if option.env is not None:
-        return option.env
-    names = [ENV_PREFIX + name.upper()]
-    names += [ENV_PREFIX + f.lstrip("-").replace("-", "_").upper() for f in flag_names(name)]
-    return tuple(dict.fromkeys(names))
+def env_name(name: str) -> str:
+    """The environment variable of a field: ASYNCPS_<FIELD>."""
+    return ENV_PREFIX + name.upper()
+
+
+def shown_default(name: str) -> str:
+    """A field's default as the help shows it: its word (off, auto) for a sentinel, on/off for a switch."""
+    option, default = run_options()[name], _defaults()[name]
+    if option.shown:
+        return option.shown
+    if isinstance(default, bool):
+        return "on" if default else OFF
+    if option.word and default in (0, ""):
+        return option.word
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    return dataclasses.asdict(RunConfig())
 
 
 def _parse_int(text: str) -> int:
@@ -450,20 +442,26 @@ def _parse_float(text: str) -> float:
 def parse_setting(name: str, text: str) -> dict[str, Any]:
     """The settings one text value of a field's flag or variable stands for ({name: value}, or several
     fields' for an option that spreads); ValueError says what the text should look like."""
-    option = run_options()[name]
+    option, kind = run_options()[name], _field_types()[name]
+    if option.word and text.strip().lower() == option.word:
+        return {name: _zero(kind)}
     if option.parse is not None:
-        value = option.parse(text)
-        return dict(value) if option.spreads else {name: value}
-    kind = _field_types()[name]
-    if kind is int:
-        return {name: _parse_int(text)}
-    if kind is float:
-        return {name: _parse_float(text)}
+        return {name: option.parse(text)}
+    if kind is int or kind is float:
+        value = _parse_int(text) if kind is int else _parse_float(text)
+        if option.word == AUTO and value == 0:  # 0 means off, which this setting has not
+            raise ValueError(f"wants a number > 0 or auto, got {text!r}")
+        return {name: value}
     if kind is str:
         return {name: text}
     if kind is bool:
         return {name: parse_bool(text)}
     raise TypeError(f"RunConfig.{name}: no text parser for {kind}")
+
+
+def _zero(kind: Any) -> Any:
+    """The value a field's word (off, auto) stands for: 0 or empty."""
+    return {int: 0, float: 0.0, str: ""}[kind]
 
 
 def parse_bool(text: str) -> bool:
@@ -481,11 +479,9 @@ def settings_from_env(environ: Mapping[str, str], names: Iterable[str] | None = 
     as unset; a bad value is a ValueError naming the variable."""
     out: dict[str, Any] = {}
     for name in run_options() if names is None else names:
-        given = [(var, environ[var]) for var in env_names(name) if environ.get(var, "").strip()]
-        if len({value for _, value in given}) > 1:
-            raise ValueError("conflicting environment variables " + ", ".join(f"{v}={t!r}" for v, t in given))
-        if given:
-            var, text = given[0]
+        var = env_name(name)
+        text = environ.get(var, "")
+        if text.strip():
             try:
                 out.update(parse_setting(name, text))
             except ValueError as exc:
@@ -495,13 +491,18 @@ def settings_from_env(environ: Mapping[str, str], names: Iterable[str] | None = 
 
 def coerce_settings(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Settings from a file (JSON, YAML, TOML, an experiment spec): field names checked, values of the
-    field's type (ints as floats, whole floats as ints, numbers as strings, numeric strings parsed)."""
+    field's type (ints as floats, whole floats as ints, numbers as strings, numeric strings parsed, a
+    field's word, `off` or `auto`, as its 0 or empty value)."""
     types = _field_types()
     unknown = sorted(str(k) for k in set(data) - set(types))
     if unknown:
         raise ValueError(f"{where}: unknown RunConfig fields {unknown}; valid: {', '.join(types)}")
     out: dict[str, Any] = {}
     for name, value in data.items():
+        word = run_options()[name].word
+        said = value.strip().lower() == word if isinstance(value, str) else word == OFF and value is False
+        if word and said:  # YAML 1.1 reads a bare `off` as false
+            value = _zero(types[name])
         try:
             out[name] = _coerce(types[name], value)
         except (TypeError, ValueError) as exc:

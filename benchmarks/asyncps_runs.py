@@ -67,7 +67,7 @@ def bench_run_config(hidden: tuple[int, ...], workers: int, shards: int, seconds
     """
     run = RunConfig(model="mlp:" + ",".join(str(h) for h in hidden), dataset="synthetic:784x10",
                     batch_size=batch, learning_rate=0.01, num_workers=workers, num_ps=shards, epochs=0.0,
-                    max_seconds=seconds, eval_every_s=3600.0,
+                    max_training_s=seconds, eval_every_s=3600.0,
                     tf_threads=compute_threads(workers) if tf_threads is None else tf_threads)
     known = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = set(via.run_overrides) - known

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             port_file = Path(tmp) / "ps.port"
             proc = subprocess.Popen([*cli_command(), "ps", "--host", "127.0.0.1",
                                      "--port", "0", "--port-file", str(port_file), "--log-level", "WARNING",
-                                     "--chief-timeout", "0"], cwd=ROOT, env=child_env())
+                                     "--chief-timeout-s", "0"], cwd=ROOT, env=child_env())
             try:
                 address = f"127.0.0.1:{wait_port_file(port_file, 60, lambda p=proc: p.poll() is None)}"
                 times: dict[str, list[float]] = {t: [] for t in transports}

@@ -56,7 +56,7 @@ class RunGuard:
             self._last_alive, self._seen_alive = now, True
         elif now - self._last_alive > grace:
             return Verdict(EXIT_NO_WORKERS, f"no worker alive for {now - self._last_alive:.0f} s "
-                                            f"(no_workers_timeout_s {self.no_workers_grace_s:g}"
+                                            f"(--idle-without-workers-s {self.no_workers_grace_s:g}"
                                             + ("" if self._seen_alive else ", none ever registered") + ")")
         k = self.max_nonfinite_steps
         if not k or not indices:

@@ -34,7 +34,7 @@ EXIT_DONE = 0
 EXIT_UNREACHABLE = 2  # a shard stayed unreachable at start
 EXIT_SHARD_STATE = 4  # the shards' state cannot be used: another run's, or lost with no checkpoint
 EXIT_DIVERGED = 5  # every live worker had max_nonfinite_steps consecutive non-finite steps (summary written)
-EXIT_NO_WORKERS = 6  # no worker alive for no_workers_timeout_s (summary written)
+EXIT_NO_WORKERS = 6  # no worker alive for idle_without_workers_s (summary written)
 EXIT_HANDED_OVER = 143  # SIGTERM with --on-sigterm handover: the run goes on under the next chief (128 + 15)
 FINAL_EXIT_CODES = frozenset({EXIT_DONE, EXIT_UNREACHABLE, EXIT_SHARD_STATE, EXIT_DIVERGED, EXIT_NO_WORKERS})
 
@@ -120,8 +120,8 @@ class Lifecycle:
             return f"reached {run.max_updates} updates"
         if run.epochs and self._ledger.finished():
             return f"reached {run.epochs:g} epochs (every data task done)"
-        if run.max_seconds and self._clock.elapsed() >= run.max_seconds:
-            return f"reached {run.max_seconds:g} s"
+        if run.max_training_s and self._clock.elapsed() >= run.max_training_s:
+            return f"reached {run.max_training_s:g} s"
         return self._level_reached()
 
     def _level_reached(self) -> str | None:
@@ -144,8 +144,8 @@ class Lifecycle:
             shares.append(updates / run.max_updates)
         if run.epochs:
             shares.append(self._ledger.fraction_done())
-        if run.max_seconds:
-            shares.append(self._clock.elapsed() / run.max_seconds)
+        if run.max_training_s:
+            shares.append(self._clock.elapsed() / run.max_training_s)
         return min(1.0, max(shares)) if shares else -1.0
 
     def shutdown(self, keep_shards: bool = False, reason: str = "training finished") -> None:

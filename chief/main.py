@@ -111,7 +111,7 @@ def resolve_run_task(run: RunConfig, data: Dataset, model: Any) -> Task:
     examples; one WARNING when a softmax/sigmoid output meets a loss of logits; the task logged."""
     from asyncps.ml.task import check_loss, logits_mismatch, resolve_task
 
-    task = resolve_task(run.loss, run.metrics, model, data.y_test)
+    task = resolve_task(run.loss, run.eval_metrics, model, data.y_test)
     check_loss(task, model, data.x_test, data.y_test)
     mismatch = logits_mismatch(model, task)
     if mismatch is not None:

@@ -1,4 +1,4 @@
-"""The chief's Prometheus endpoint (`--metrics-port`): the run's metrics, read from the chief's
+"""The chief's Prometheus endpoint (`--prometheus-port`): the run's metrics, read from the chief's
 state at each scrape, so there is no second set of counters to keep in step with the first. It
 takes the cluster's token and TLS like the chief's gRPC server (prometheus_client renders the
 text; the server is the standard library's, so that a token can be checked before it does)."""

@@ -133,7 +133,7 @@ def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:
     code = 0
     while not stop.wait(min(1.0, config.chief_timeout_s / 4) if config.chief_timeout_s else None):
         if watch.expired():
-            log.error("shard %d: no call from the chief for %.0fs (--chief-timeout %g): exiting", config.index,
+            log.error("shard %d: no call from the chief for %.0fs (--chief-timeout-s %g): exiting", config.index,
                       watch.silent_s(), config.chief_timeout_s)
             code = 3
             break

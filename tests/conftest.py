@@ -83,7 +83,7 @@ class ShardLauncher:
                 process = subprocess.Popen(
                     [sys.executable, *python_flags, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1",
                      "--port", "0", "--port-file", str(port_file), "--index", str(index),
-                     "--chief-timeout", "0", *args],  # the test is the chief: no watchdog
+                     "--chief-timeout-s", "0", *args],  # the test is the chief: no watchdog
                     stdout=log, stderr=subprocess.STDOUT, env={**child_env(), **(extra_env or {})}, cwd=REPO_ROOT,
                 )
             pending.append((index, process, port_file, log_path))

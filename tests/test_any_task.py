@@ -247,7 +247,7 @@ def test_multilabel_builder_through_asyncps_local(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "asyncps.tools.cli", "local", "--user-path", str(BYO), "--run-dir", str(run_dir),
          "--quiet", "--model", "targets:build_tagger", "--dataset", "targets:multilabel_data", "--optimizer", "adam",
-         "--lr", "0.02", "--epochs", "3", "--workers", "2", "--num-ps", "1", "--eval-every-s", "60"],
+         "--learning-rate", "0.02", "--epochs", "3", "--num-workers", "2", "--num-ps", "1", "--eval-every-s", "60"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(RunDir(run_dir).summary.read_text())

@@ -59,8 +59,9 @@ def test_example_trains_through_the_cli(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--user-path", str(BYO), "--run-dir", str(run_dir), "--quiet",
                       "--model", EXAMPLE["model"], "--dataset", EXAMPLE["dataset"], "--loss", EXAMPLE["loss"],
-                      "--optimizer", "adam", "--lr", "0.01", "--epochs", "4", "--workers", "2", "--num-ps", "1",
-                      "--metrics", "sparse_categorical_accuracy,shapes_model:true_class_probability"])
+                      "--optimizer", "adam", "--learning-rate", "0.01", "--epochs", "4", "--num-workers", "2",
+                      "--num-ps", "1",
+                      "--eval-metrics", "sparse_categorical_accuracy,shapes_model:true_class_probability"])
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(RunDir(run_dir).summary.read_text())
     assert summary["model"] == "shapes_model:build" and summary["dataset"] == "shapes_data:load"
@@ -102,7 +103,7 @@ def test_example_trains_through_asyncps_train(tmp_path: Path) -> None:
 def test_policy_plugin_is_loaded_by_name_and_applied_in_the_shard(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--user-path", str(BYO), "--run-dir", str(run_dir), "--quiet", "--model", "logreg",
-                      "--workers", "2", "--num-ps", "1", "--max-updates", "40",
+                      "--num-workers", "2", "--num-ps", "1", "--max-updates", "40",
                       "--staleness-policy", "byo_plugins:IgnoreWorker:worker=1"])
     assert result.returncode == 0, result.stdout + result.stderr
     rows = push_rows(run_dir)

@@ -33,7 +33,7 @@ from tests.test_cut_survives import kill_during_cut, wait_for, worker_pid
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 SEED = int(os.environ.get("ASYNCPS_CHAOS_SEED", "1"))
-ARGS = ("--workers", "3", "--num-ps", "2", "--epochs", "300", "--checkpoint-every", "3s", "--eval-every", "5")
+ARGS = ("--num-workers", "3", "--num-ps", "2", "--epochs", "300", "--checkpoint-every-s", "3", "--eval-every-s", "5")
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ def pushes_per_shard(run_dir: Path) -> dict[int, int]:
 
 
 # long enough to converge: two async runs of the same seed then agree within a point (30 epochs: not always)
-ARGS = ("--epochs", "60", "--eval-every", "30", "--seed", "3")
+ARGS = ("--epochs", "60", "--eval-every-s", "30", "--seed", "3")
 
 
 def test_killed_chief_is_restarted_and_the_run_finishes_as_if_uninterrupted(tmp_path: Path) -> None:
@@ -137,7 +137,8 @@ def test_chief_sigtermed_with_handover_leaves_the_shards_to_its_replacement(tmp_
     # --on-sigterm handover the chief exits 143 without stopping the workers or the shards, and the
     # restarted chief resumes on the live shards (no restore, no shard restart).
     run_dir = tmp_path / "run"
-    proc = start_local(run_dir, "--max-seconds", "20", "--eval-every", "30", env={"ASYNCPS_ON_SIGTERM": "handover"})
+    proc = start_local(run_dir, "--max-training-s", "20", "--eval-every-s", "30",
+                       env={"ASYNCPS_ON_SIGTERM": "handover"})
     try:
         wait_for_updates(run_dir, 200, proc)
         os.kill(role_pid(run_dir, "chief"), signal.SIGTERM)
@@ -164,7 +165,7 @@ def test_chief_sigtermed_with_handover_leaves_the_shards_to_its_replacement(tmp_
 
 def test_killed_shard_with_default_settings_is_restored_from_the_automatic_checkpoint(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = start_local(run_dir, "--max-seconds", "45", "--eval-every", "30")
+    proc = start_local(run_dir, "--max-training-s", "45", "--eval-every-s", "30")
     try:
         deadline = time.monotonic() + 180
         while not CheckpointDir(RunDir(run_dir).checkpoints).complete():  # the first time-based checkpoint (30 s)
@@ -185,7 +186,7 @@ def test_killed_shard_with_default_settings_is_restored_from_the_automatic_check
 
 def test_with_the_chief_gone_every_shard_and_worker_exits_within_the_chief_timeout(tmp_path: Path) -> None:
     timeout_s = 6.0
-    run = RunConfig(num_workers=2, num_ps=2, epochs=0, max_seconds=120, eval_every_s=30, chief_timeout_s=timeout_s)
+    run = RunConfig(num_workers=2, num_ps=2, epochs=0, max_training_s=120, eval_every_s=30, chief_timeout_s=timeout_s)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     cluster = LocalCluster(run, run_dir)
@@ -208,7 +209,7 @@ def test_with_the_chief_gone_every_shard_and_worker_exits_within_the_chief_timeo
     codes = {c.name: c.proc.returncode for c in others}
     assert all(code not in (0, None) for code in codes.values()), codes
     # detection within the timeout (plus retry backoff and the watchdog's tick), then the process's own exit
-    print(f"chief SIGKILLed, --chief-timeout {timeout_s:.0f}s: the others exited after {took:.1f}s with {codes}")
+    print(f"chief SIGKILLed, --chief-timeout-s {timeout_s:.0f}s: the others exited after {took:.1f}s with {codes}")
     assert took <= timeout_s + 12, took
     for child in others:
         text = RunDir(run_dir).log(child.name).read_text()

@@ -188,7 +188,7 @@ def test_a_shard_exits_when_the_chief_is_silent_past_the_timeout_and_not_before(
     port_file, log_path = tmp_path / "ps.port", tmp_path / "ps.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "asyncps.tools.cli", "ps", "--host", "127.0.0.1", "--port",
-                                 "0", "--port-file", str(port_file), "--chief-timeout", "2"],
+                                 "0", "--port-file", str(port_file), "--chief-timeout-s", "2"],
                                 stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO_ROOT)
     try:
         port = wait_port_file(port_file, 60, alive=lambda: proc.poll() is None)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from asyncps.tools.cli import build_parser
-from asyncps.tools.composerun import ContainerState, decide
+from asyncps.tools.composerun import COMPOSE_V1, ContainerState, compose_command, decide
 
 
 def state(cid: str, service: str, status: str = "running", code: int = 0) -> ContainerState:
@@ -51,7 +55,41 @@ def test_no_restart_beyond_the_limit_and_no_chief_is_an_error() -> None:
 def test_the_command_line() -> None:
     args = build_parser().parse_args(["compose-run", "-p", "demo", "-f", "docker-compose.yml", "--max-restarts", "3"])
     assert (args.project_name, args.file, args.max_restarts, args.compose) == ("demo", ["docker-compose.yml"], 3,
-                                                                               "docker-compose")
+                                                                               "auto")
+
+
+def fake_tools(where: Path, docker_compose_works: bool, v1: bool) -> str:
+    """A PATH of one directory with a fake `docker` (whose `compose version` answers or fails) and,
+    with `v1`, a fake `docker-compose`."""
+    where.mkdir()
+    answer = 0 if docker_compose_works else 1
+    (where / "docker").write_text(f"#!/bin/sh\n[ \"$1 $2\" = 'compose version' ] && exit {answer}\nexit 0\n")
+    if v1:
+        (where / "docker-compose").write_text("#!/bin/sh\nexit 0\n")
+    for tool in where.iterdir():
+        tool.chmod(0o755)
+    return str(where)
+
+
+@pytest.mark.parametrize(("v2", "v1", "chosen"), [(True, True, "docker compose"), (False, True, "docker-compose"),
+                                                 (False, False, "docker-compose")])
+def test_compose_run_prefers_docker_compose_v2_and_falls_back_to_v1(tmp_path: Path, v2: bool, v1: bool,
+                                                                     chosen: str) -> None:
+    path = fake_tools(tmp_path / "bin", v2, v1)
+    command = compose_command(path)
+    assert " ".join([Path(command[0]).name, *command[1:]]) == chosen
+
+
+def test_compose_run_on_this_machine_uses_the_compose_that_answers() -> None:
+    """The real probe: v2 where `docker compose version` works, else v1 (the CI machine has only v1)."""
+    docker = shutil.which("docker")
+    v2 = docker is not None and subprocess.run([docker, "compose", "version"], capture_output=True,
+                                               check=False).returncode == 0
+    command = compose_command()
+    if v2:
+        assert command[1:] == ("compose",)
+    else:
+        assert Path(command[0]).name == COMPOSE_V1[0]
 
 
 def compose_services() -> dict[str, dict[str, object]]:
@@ -70,7 +108,7 @@ def test_every_role_in_the_compose_file_has_a_restart_policy() -> None:
 
 
 def test_every_run_setting_reaches_the_chief_in_compose() -> None:
-    from asyncps.config import env_names, run_options
+    from asyncps.config import env_name, run_options
 
     environment = compose_services()["chief"]["environment"]
     assert isinstance(environment, dict)
@@ -79,8 +117,7 @@ def test_every_run_setting_reaches_the_chief_in_compose() -> None:
     # the chief counts its shards from ASYNCPS_PS, the address list (num_ps is for `asyncps local`)
     assert "ASYNCPS_PS" in environment
     launcher_only.add("num_ps")
-    missing = [name for name in run_options()
-               if env_names(name) and name not in launcher_only and not set(env_names(name)) & set(environment)]
+    missing = [name for name in run_options() if name not in launcher_only and env_name(name) not in environment]
     assert missing == [], f"run settings docker-compose.yml does not forward to the chief: {missing}"
     assert {"ASYNCPS_RESUME", "ASYNCPS_TOKEN_FILE", "ASYNCPS_CHIEF_TOKEN_FILE", "ASYNCPS_TLS_CERT"} <= set(environment)
     worker = compose_services()["worker"]["environment"]

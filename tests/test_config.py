@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncps.config import RunConfig, env_names, flag_names, read_settings_file, run_options
+from asyncps.config import RunConfig, env_name, flag_name, read_settings_file, run_options
 from asyncps.rundir import RunDir
 from asyncps.tools.cli import build_parser, main, run_config_from
 from asyncps.tools.local import child_env
@@ -47,34 +47,39 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
 def test_an_explicit_flag_equal_to_its_default_wins_over_file_and_environment(tmp_path: Path) -> None:
     default = RunConfig()
     file = write(tmp_path / "run.json", json.dumps({"mode": "sync", "learning_rate": 0.5, "num_workers": 4}))
-    run = resolve(["--run-config", file, "--mode", default.mode, "--lr", str(default.learning_rate),
-                   "--workers", str(default.num_workers)])
+    run = resolve(["--run-config", file, "--mode", default.mode, "--learning-rate", str(default.learning_rate),
+                   "--num-workers", str(default.num_workers)])
     assert (run.mode, run.learning_rate, run.num_workers) == (default.mode, default.learning_rate,
                                                               default.num_workers)
     run = resolve(["--mode", default.mode], {"ASYNCPS_MODE": "sync"})
     assert run.mode == default.mode
     # not given: the file's values, and the environment's over them
     assert resolve(["--run-config", file]).mode == "sync"
-    assert resolve(["--run-config", file], {"ASYNCPS_LR": "0.2"}).learning_rate == 0.2
+    assert resolve(["--run-config", file], {"ASYNCPS_LEARNING_RATE": "0.2"}).learning_rate == 0.2
 
 
-def test_legacy_and_field_named_variables_and_flags() -> None:
+def test_field_named_variables_and_flags_and_no_older_spellings(capsys: pytest.CaptureFixture[str]) -> None:
     assert resolve([], {"ASYNCPS_LEARNING_RATE": "0.3"}).learning_rate == 0.3
     assert resolve(["--learning-rate", "0.4"]).learning_rate == 0.4
-    assert resolve([], {"ASYNCPS_EVAL_EVERY": "7"}).eval_every_s == 7.0
-    assert resolve([], {"ASYNCPS_WORKERS": "3", "ASYNCPS_PS": "1"}).num_workers == 3
-    with pytest.raises(ValueError, match=r"conflicting environment variables ASYNCPS_LEARNING_RATE='0\.3', ASYNCPS_LR"):
-        resolve([], {"ASYNCPS_LEARNING_RATE": "0.3", "ASYNCPS_LR": "0.4"})
+    assert resolve([], {"ASYNCPS_EVAL_EVERY_S": "7"}).eval_every_s == 7.0
+    assert resolve([], {"ASYNCPS_NUM_WORKERS": "3", "ASYNCPS_PS": "1"}).num_workers == 3
+    # the spellings renamed before the first release (docs/cli.md) are gone, as flags and as variables
+    assert resolve([], {"ASYNCPS_LR": "0.3", "ASYNCPS_WORKERS": "5", "ASYNCPS_METRICS": "mae"}) == RunConfig()
+    for old in ("--lr", "--workers", "--metrics", "--max-seconds", "--no-workers-timeout-s", "--checkpoint-every",
+                "--eval-every", "--chief-timeout", "--heartbeat-interval"):  # no prefix of a flag stands for it
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["local", old, "1"])
+        assert "unrecognized arguments" in capsys.readouterr().err, old
 
 
 def test_empty_variables_count_as_unset() -> None:
-    # docker-compose passes ${ASYNCPS_OPT_PARAM:-} and the like through as empty strings
-    assert resolve([], {"ASYNCPS_OPT_PARAM": "", "ASYNCPS_MODEL": " "}) == RunConfig()
+    # docker-compose passes ${ASYNCPS_OPTIMIZER_PARAMS:-} and the like through as empty strings
+    assert resolve([], {"ASYNCPS_OPTIMIZER_PARAMS": "", "ASYNCPS_MODEL": " "}) == RunConfig()
 
 
 def test_epochs_default_gives_way_to_another_stop_from_any_layer(tmp_path: Path) -> None:
     assert resolve(["--max-updates", "100"]).epochs == 0.0
-    assert resolve([], {"ASYNCPS_MAX_SECONDS": "5"}).epochs == 0.0
+    assert resolve([], {"ASYNCPS_MAX_TRAINING_S": "5"}).epochs == 0.0
     file = write(tmp_path / "run.json", json.dumps({"epochs": 5}))
     run = resolve(["--run-config", file, "--max-updates", "100"])
     assert (run.epochs, run.max_updates) == (5.0, 100)
@@ -82,15 +87,29 @@ def test_epochs_default_gives_way_to_another_stop_from_any_layer(tmp_path: Path)
     assert run.epochs == 0.0
 
 
-def test_repeated_and_spreading_options() -> None:
-    run = resolve(["--opt-param", "beta_1=0.8", "--opt-param", "beta_2=0.99,epsilon=1e-7", "--optimizer", "adam"])
+def test_repeated_options_and_the_two_checkpoint_schedules() -> None:
+    run = resolve(["--optimizer-params", "beta_1=0.8", "--optimizer-params", "beta_2=0.99,epsilon=1e-7",
+                   "--optimizer", "adam"])
     assert run.optimizer_params == {"beta_1": 0.8, "beta_2": 0.99, "epsilon": 1e-7}
-    run = resolve(["--optimizer", "adam"], {"ASYNCPS_OPT_PARAM": "beta_1=0.9 beta_2=0.999"})
+    run = resolve(["--optimizer", "adam"], {"ASYNCPS_OPTIMIZER_PARAMS": "beta_1=0.9 beta_2=0.999"})
     assert run.optimizer_params == {"beta_1": 0.9, "beta_2": 0.999}
-    run = resolve([], {"ASYNCPS_CHECKPOINT_EVERY": "30s"})
+    run = resolve([])
     assert (run.checkpoint_every_s, run.checkpoint_every_updates) == (30.0, 0)
-    run = resolve(["--checkpoint-every", "500"], {"ASYNCPS_CHECKPOINT_EVERY": "30s"})
+    run = resolve(["--checkpoint-every-updates", "500"], {"ASYNCPS_CHECKPOINT_EVERY_S": "off"})
     assert (run.checkpoint_every_s, run.checkpoint_every_updates) == (0.0, 500)
+
+
+def test_off_and_auto_are_the_words_for_a_sentinel(tmp_path: Path) -> None:
+    """`off` (or 0) turns a feature or a limit off; `auto` lets asyncps choose, and 0 is no value of it."""
+    run = resolve(["--max-updates", "off", "--max-training-s", "5", "--tf-threads", "auto", "--task-size", "auto"])
+    assert (run.max_updates, run.max_training_s, run.tf_threads, run.task_size) == (0, 5.0, 0, 0)
+    assert resolve(["--max-updates", "0", "--epochs", "off", "--max-training-s", "5"]).epochs == 0.0
+    with pytest.raises(ValueError, match="--tf-threads '0': wants a number > 0 or auto"):
+        resolve(["--tf-threads", "0"])
+    file = write(tmp_path / "run.yaml", "idle_without_workers_s: auto\nchief_timeout_s: off\n")
+    run = resolve(["--run-config", file])
+    assert (run.idle_without_workers_s, run.chief_timeout_s) == (0.0, 0.0)
+
 
 
 def test_every_settable_field_has_a_flag_and_a_variable_in_the_help() -> None:
@@ -98,15 +117,28 @@ def test_every_settable_field_has_a_flag_and_a_variable_in_the_help() -> None:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     text = " ".join(sub.choices["local"].format_help().split())
     for name in run_options():
-        for flag in flag_names(name):
-            assert flag in text, flag
-        for var in env_names(name):
-            assert var in text, var
-    assert set(run_options()) - {n for n in run_options() if flag_names(n)} == {"checkpoint_every_s"}
+        assert f"{flag_name(name)} " in text, name
+        assert env_name(name) in text, name
+
+
+def test_the_help_shows_each_true_default_once_in_words_for_a_sentinel() -> None:
+    """No default contradicts itself: each flag's help says `default:` once, a sentinel in words."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    local = sub.choices["local"]
+    helps = {a.option_strings[0]: " ".join(str(a.help).split()) for a in local._actions if a.option_strings}
+    for flag, text in helps.items():
+        assert text.count("default:") <= 1 and "default: )" not in text, (flag, text)
+    assert helps["--checkpoint-every-s"].endswith("default: 30)")
+    assert helps["--checkpoint-every-updates"].endswith("default: off)")
+    assert helps["--max-updates"].endswith("default: off)") and helps["--task-size"].endswith("default: auto)")
+    assert helps["--epochs"].endswith("default: 30, or off when --max-updates or --max-training-s is given)")
+    assert helps["--run-dir"].endswith("default: runs/<timestamp>)")
+    assert helps["--prometheus-port"].endswith("default: off)") and helps["--pipeline"].endswith("default: off)")
 
 
 def test_the_chief_takes_the_shard_count_from_its_addresses() -> None:
-    args = build_parser().parse_args(["chief", "--ps", "a:1,b:2,c:3", "--workers", "2"])
+    args = build_parser().parse_args(["chief", "--ps", "a:1,b:2,c:3", "--num-workers", "2"])
     assert "num_ps" not in args.run_fields and args.ps == "a:1,b:2,c:3"
     assert run_config_from(args, environ={"ASYNCPS_PS": "a:1"}, num_ps=3).num_ps == 3
 
@@ -170,9 +202,10 @@ def test_unknown_file_keys_are_one_line_on_the_command_line(tmp_path: Path,
 # -- bad values ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(("env", "message"), [
     ({"ASYNCPS_BATCH_SIZE": "lots"}, "environment variable ASYNCPS_BATCH_SIZE='lots': wants an integer"),
-    ({"ASYNCPS_LR": "fast"}, "environment variable ASYNCPS_LR='fast': wants a number"),
-    ({"ASYNCPS_OPT_PARAM": "beta_1"}, "environment variable ASYNCPS_OPT_PARAM='beta_1': wants KEY=NUMBER"),
-    ({"ASYNCPS_CHECKPOINT_EVERY": "soon"}, "environment variable ASYNCPS_CHECKPOINT_EVERY='soon': wants N"),
+    ({"ASYNCPS_LEARNING_RATE": "fast"}, "environment variable ASYNCPS_LEARNING_RATE='fast': wants a number"),
+    ({"ASYNCPS_OPTIMIZER_PARAMS": "beta_1"},
+     "environment variable ASYNCPS_OPTIMIZER_PARAMS='beta_1': wants KEY=NUMBER"),
+    ({"ASYNCPS_CHECKPOINT_EVERY_S": "soon"}, "environment variable ASYNCPS_CHECKPOINT_EVERY_S='soon': wants a number"),
 ])
 def test_bad_environment_values_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -195,10 +228,10 @@ def test_a_bad_flag_value_names_the_flag() -> None:
 def test_local_children_do_not_see_the_launchers_run_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     # the chief gets the resolved RunConfig as a file: an ASYNCPS_MODE would override it there
     monkeypatch.setenv("ASYNCPS_MODE", "sync")
-    monkeypatch.setenv("ASYNCPS_LR", "0.3")
+    monkeypatch.setenv("ASYNCPS_LEARNING_RATE", "0.3")
     monkeypatch.setenv("ASYNCPS_LOG_LEVEL", "DEBUG")
     env = child_env()
-    assert "ASYNCPS_MODE" not in env and "ASYNCPS_LR" not in env and env["ASYNCPS_LOG_LEVEL"] == "DEBUG"
+    assert "ASYNCPS_MODE" not in env and "ASYNCPS_LEARNING_RATE" not in env and env["ASYNCPS_LOG_LEVEL"] == "DEBUG"
 
 
 # -- a real run ----------------------------------------------------------------------------------
@@ -222,17 +255,30 @@ def test_an_explicit_mode_flag_beats_file_and_environment_in_a_real_run(tmp_path
     assert summary["updates_applied"] >= 20
 
 
-def test_every_run_flag_is_spelled_as_its_field_with_older_spellings_as_aliases() -> None:
-    for name, option in run_options().items():
-        flags = flag_names(name)
-        if option.flags == () or option.spreads:  # no flag of its own / one flag that sets several fields
-            continue
-        assert flags[0] == "--" + name.replace("_", "-"), (name, flags)
-    assert flag_names("num_ps") == ("--num-ps",)  # --ps is the chief's address list and nothing else
+def test_every_run_flag_is_its_field_spelled_with_dashes_and_every_duration_ends_in_s() -> None:
     parser = build_parser()
-    old = parser.parse_args(["local", "--lr", "0.5", "--workers", "3", "--eval-every", "4"])
-    new = parser.parse_args(["local", "--learning-rate", "0.5", "--num-workers", "3", "--eval-every-s", "4"])
-    assert vars(old) == vars(new)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    local = sub.choices["local"]
+    by_field = {}
+    for action in local._actions:
+        if action.dest in run_options() and not action.option_strings[0].startswith("--no-"):
+            by_field[action.dest] = action.option_strings
+    assert by_field == {name: [flag_name(name)] for name in run_options()}  # one spelling each
+    assert flag_name("num_ps") == "--num-ps"  # --ps is the chief's address list and nothing else
+    seconds = [n for n in run_options() if "second" in run_options()[n].help]
+    assert all(n.endswith("_s") for n in seconds), seconds
+
+
+def test_local_refuses_a_run_dir_that_holds_a_run_unless_resume(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    RunDir(run_dir).launch_config.parent.mkdir(parents=True)
+    RunDir(run_dir).launch_config.write_text(RunConfig().to_json())  # a launcher got this far, then stopped
+    assert main(["local", "--run-dir", str(run_dir), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"asyncps local: error: --run-dir {run_dir} holds a run already: give --resume to continue it, "
+                   "or name a new --run-dir")
+    assert not RunDir(run_dir).config.exists()  # nothing started
 
 
 def test_local_says_what_ps_means_instead_of_taking_a_count(capsys: pytest.CaptureFixture[str]) -> None:

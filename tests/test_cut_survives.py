@@ -21,7 +21,8 @@ from tests.test_chief_restart import finish, role_pid, start_local
 
 pytestmark = pytest.mark.slow
 
-ARGS = ("--workers", "3", "--num-ps", "2", "--max-seconds", "30", "--checkpoint-every", "3s", "--eval-every", "2",
+ARGS = ("--num-workers", "3", "--num-ps", "2", "--max-training-s", "30", "--checkpoint-every-s", "3",
+        "--eval-every-s", "2",
         "--seed", "5")
 
 

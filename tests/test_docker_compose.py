@@ -11,7 +11,8 @@ Every test runs its own compose project (`-p asyncps-test-<random>`) and tears i
 
 Scenarios:
   A  `up --exit-code-from chief` trains to the end: exit status 0, accuracy >= 0.90, nothing running.
-  B  `up -d` with ASYNCPS_CHECKPOINT_EVERY=100; once a checkpoint is written, ps-1's process is
+  B  `up -d` with ASYNCPS_CHECKPOINT_EVERY_UPDATES=100,
+  ASYNCPS_CHECKPOINT_EVERY_S="off"; once a checkpoint is written, ps-1's process is
      killed (`Compose.hard_kill`, not `docker kill`: see there); `restart: on-failure` brings it
      back (RestartCount >= 1), the chief restores shard 1 from the latest checkpoint at that
      checkpoint's version, exits 0, and accuracy is >= 0.90.
@@ -257,7 +258,7 @@ def pushes_by_worker(text: str) -> dict[int, int]:
 
 # -- A: the whole run in the foreground ----------------------------------------------------------
 def test_up_exit_code_from_chief_trains_digits(compose: Compose) -> None:
-    compose.set(ASYNCPS_MODEL="mlp", ASYNCPS_DATASET="digits", ASYNCPS_EPOCHS=30, ASYNCPS_WORKERS=2)
+    compose.set(ASYNCPS_MODEL="mlp", ASYNCPS_DATASET="digits", ASYNCPS_EPOCHS=30, ASYNCPS_NUM_WORKERS=2)
     start = time.monotonic()
     result = compose("up", "--no-build", "--exit-code-from", "chief", timeout=SCENARIO_TIMEOUT_S - 60, check=False)
     took = time.monotonic() - start
@@ -289,7 +290,8 @@ def test_up_exit_code_from_chief_trains_digits(compose: Compose) -> None:
 def test_killed_shard_restarts_and_is_restored_from_a_checkpoint(compose: Compose) -> None:
     # Stop on training time: the outage (ps-1 restarting, workers retrying their pushes) must not
     # shorten the run to nothing, and the run after the restore must still reach the accuracy.
-    compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=60, ASYNCPS_CHECKPOINT_EVERY=100, ASYNCPS_WORKERS=2)
+    compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_TRAINING_S=60, ASYNCPS_CHECKPOINT_EVERY_UPDATES=100,
+                ASYNCPS_CHECKPOINT_EVERY_S="off", ASYNCPS_NUM_WORKERS=2)
     start = time.monotonic()
     compose("up", "-d", "--no-build", timeout=120)
     (ps0,) = compose.containers("ps-0")
@@ -340,7 +342,7 @@ def test_killed_shard_restarts_and_is_restored_from_a_checkpoint(compose: Compos
 def test_scaled_up_worker_joins_a_running_cluster(compose: Compose) -> None:
     # Stop on training time, not epochs: the third worker needs ~15 s (TensorFlow, the dataset)
     # on a busy 2-core machine before its first push.
-    compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=60, ASYNCPS_WORKERS=2)
+    compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_TRAINING_S=60, ASYNCPS_NUM_WORKERS=2)
     start = time.monotonic()
     compose("up", "-d", "--no-build", timeout=120)
     compose.wait_for_log("chief", r"eval at \d+ updates", timeout=150)  # the first two train
@@ -368,7 +370,8 @@ def test_compose_run_survives_docker_kill(compose: Compose, tmp_path: Path, vict
     runs = tmp_path / "runs"
     runs.mkdir()
     runs.chmod(0o777)  # the containers run as uid 10001
-    compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=60, ASYNCPS_CHECKPOINT_EVERY=100, ASYNCPS_WORKERS=2,
+    compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_TRAINING_S=60, ASYNCPS_CHECKPOINT_EVERY_UPDATES=100,
+                ASYNCPS_CHECKPOINT_EVERY_S="off", ASYNCPS_NUM_WORKERS=2,
                 ASYNCPS_RUNS_DIR=str(runs))
     log_path = tmp_path / "compose-run.log"
     start = time.monotonic()
@@ -387,7 +390,7 @@ def test_compose_run_survives_docker_kill(compose: Compose, tmp_path: Path, vict
             print(f"scenario D: killed {victim} after {time.monotonic() - start:.1f}s")
             if victim == "ps-1":
                 compose.wait_for_log("chief", r"shard 1 at ps-1:8470: restored from ckpt-\d{8}", timeout=120)
-        code = runner.wait(timeout=SCENARIO_TIMEOUT_S)  # ASYNCPS_MAX_SECONDS=60 of training from here
+        code = runner.wait(timeout=SCENARIO_TIMEOUT_S)  # ASYNCPS_MAX_TRAINING_S=60 of training from here
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -420,7 +423,8 @@ def test_compose_run_over_mtls_with_per_role_tokens(compose: Compose, tmp_path: 
     runs = tmp_path / "runs"
     runs.mkdir()
     runs.chmod(0o777)
-    compose.set(ASYNCPS_EPOCHS=15, ASYNCPS_WORKERS=2, ASYNCPS_RUNS_DIR=str(runs), ASYNCPS_SECRETS_DIR=str(secrets_dir),
+    compose.set(ASYNCPS_EPOCHS=15, ASYNCPS_NUM_WORKERS=2, ASYNCPS_RUNS_DIR=str(runs),
+                ASYNCPS_SECRETS_DIR=str(secrets_dir),
                 ASYNCPS_TOKEN_FILE="/secrets/token", ASYNCPS_CHIEF_TOKEN_FILE="/secrets/chief-token",
                 ASYNCPS_TLS_CA="/secrets/ca.pem",
                 ASYNCPS_PS_TLS_CERT="/secrets/server.pem", ASYNCPS_PS_TLS_KEY="/secrets/server.key",
@@ -470,8 +474,9 @@ def test_a_worker_then_a_shard_cut_off_and_healed_and_the_run_finishes(compose: 
     """A worker cut off from everything longer than the heartbeat timeout is declared dead (its tasks
     freed), comes back when the network heals and trains on; then shard 1 is cut off and healed: the
     workers' retries ride it out. The run ends by itself (exit 0) with its accuracy."""
-    compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=70, ASYNCPS_WORKERS=2, ASYNCPS_CHECKPOINT_EVERY=100,
-                ASYNCPS_HEARTBEAT_TIMEOUT=PARTITION_HEARTBEAT_TIMEOUT_S)
+    compose.set(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_TRAINING_S=70, ASYNCPS_NUM_WORKERS=2,
+                ASYNCPS_CHECKPOINT_EVERY_UPDATES=100, ASYNCPS_CHECKPOINT_EVERY_S="off",
+                ASYNCPS_HEARTBEAT_TIMEOUT_S=PARTITION_HEARTBEAT_TIMEOUT_S)
     start = time.monotonic()
     compose("up", "-d", "--no-build", timeout=120)
     compose.wait_for_log("worker", r"injected delays: ", timeout=SETUP_TIMEOUT_S, every=True)

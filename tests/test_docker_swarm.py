@@ -200,7 +200,8 @@ def test_stack_trains_survives_a_killed_shard_and_scales_workers(stack: Stack) -
     start = time.monotonic()
     # Stop on training time: the outage must not shorten the run, and the third worker (TensorFlow
     # and the dataset load for ~30 s on a busy 2-core machine) must get its turn.
-    stack.deploy(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_SECONDS=75, ASYNCPS_CHECKPOINT_EVERY=400, ASYNCPS_WORKERS=2)
+    stack.deploy(ASYNCPS_EPOCHS=0, ASYNCPS_MAX_TRAINING_S=75, ASYNCPS_CHECKPOINT_EVERY_UPDATES=400,
+                 ASYNCPS_CHECKPOINT_EVERY_S="off", ASYNCPS_NUM_WORKERS=2)
     stack.wait_for_log("chief", r"live workers: 2", timeout=360)  # the two planned workers train
     docker("service", "scale", "--detach", f"{stack.name}_worker=3")
     print(f"swarm: training with 2 workers, scaled to 3 at {time.monotonic() - start:.1f}s")

@@ -100,7 +100,7 @@ def test_toml_spec_reads_like_yaml(tmp_path: Path) -> None:
 name = "t"
 [base]
 model = "logreg"
-max_seconds = 2
+max_training_s = 2
 [grid]
 mode = ["async", "sync"]
 [[check]]
@@ -134,7 +134,7 @@ def test_bad_specs_are_rejected_before_anything_runs(tmp_path: Path, text: str, 
 
 
 def test_a_spec_without_a_grid_is_one_point() -> None:
-    spec = parse_spec({"base": {"max_seconds": 1}})
+    spec = parse_spec({"base": {"max_training_s": 1}})
     assert [p.label for p in spec.points()] == ["base"]
 
 
@@ -142,7 +142,7 @@ def test_a_spec_without_a_grid_is_one_point() -> None:
 def row(label: str, **values: Any) -> Row:
     metrics = {k: float(v) for k, v in values.items() if k in METRICS}
     settings = {k: v for k, v in values.items() if k not in METRICS}
-    return Row(label, {**dataclasses.asdict(RunConfig(max_seconds=1)), **settings, "label": label},
+    return Row(label, {**dataclasses.asdict(RunConfig(max_training_s=1)), **settings, "label": label},
                {**dict.fromkeys(METRICS, math.nan), **metrics})
 
 
@@ -245,7 +245,7 @@ def fake_run(run_dir: Path, config: RunConfig, *, rate: float, staleness: int = 
 
 
 def test_run_metrics_from_a_run_directory(tmp_path: Path) -> None:
-    fake_run(tmp_path / "r", RunConfig(num_workers=2, max_seconds=2), rate=20, staleness=1, dropped_every=4)
+    fake_run(tmp_path / "r", RunConfig(num_workers=2, max_training_s=2), rate=20, staleness=1, dropped_every=4)
     from asyncps.tools.experiment import Target
 
     m = run_metrics(tmp_path / "r", Target("accuracy", 0.4))

@@ -34,8 +34,8 @@ def test_recorder_counts_examples_by_what_became_of_their_gradient(tmp_path: Pat
 @pytest.mark.slow
 def test_summary_counts_applied_dropped_and_partial_examples_as_the_run_records_show(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    result = run_cli(["local", "--run-dir", str(run_dir), "--workers", "3", "--num-ps", "2", "--epochs", "3",
-                      "--staleness-policy", "drop:bound=0", "--eval-every", "30", "--quiet"])
+    result = run_cli(["local", "--run-dir", str(run_dir), "--num-workers", "3", "--num-ps", "2", "--epochs", "3",
+                      "--staleness-policy", "drop:bound=0", "--eval-every-s", "30", "--quiet"])
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(RunDir(run_dir).summary.read_text())["data"]
     with open(RunDir(run_dir).pushes) as f:

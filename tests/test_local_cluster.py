@@ -70,9 +70,9 @@ def test_mean_staleness_is_workers_minus_one(tmp_path: Path, workers: int) -> No
     # Identical workers whose step time is dominated by (injected) compute take turns, so each
     # gradient sees the other lambda-1 workers' updates land in between: staleness ~ lambda-1.
     run_dir = tmp_path / f"run{workers}"
-    result = run_cli(["local", "--run-dir", str(run_dir), "--workers", str(workers), "--num-ps", "1",
+    result = run_cli(["local", "--run-dir", str(run_dir), "--num-workers", str(workers), "--num-ps", "1",
                       "--max-updates", str(60 * workers), "--compute-delay", "const:0.03",
-                      "--eval-every", "30", "--quiet"])
+                      "--eval-every-s", "30", "--quiet"])
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(RunDir(run_dir).summary.read_text())
     mean = summary["staleness"]["mean"]
@@ -98,7 +98,7 @@ def test_a_malformed_stop_at_is_one_clear_line() -> None:
 def test_stop_at_ends_the_run_at_the_first_evaluation_that_meets_the_level(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--run-dir", str(run_dir), "--num-ps", "1", "--max-updates", "20000",
-                      "--stop-at", "accuracy>=0.85", "--eval-every", "0.3", "--quiet"])
+                      "--stop-at", "accuracy>=0.85", "--eval-every-s", "0.3", "--quiet"])
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(RunDir(run_dir).summary.read_text())
     assert summary["stop_reason"].startswith("reached accuracy >= 0.85 (evaluation at "), summary["stop_reason"]

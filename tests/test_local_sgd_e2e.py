@@ -22,8 +22,8 @@ H = 4
 
 def train(tmp_path: Path, *flags: str) -> tuple[Path, dict[str, object]]:
     run_dir = tmp_path / "run"
-    result = run_cli(["local", "--run-dir", str(run_dir), "--quiet", "--num-ps", "2", "--workers", "2",
-                      "--epochs", "12", "--eval-every", "30", "--local-steps", str(H), *flags])
+    result = run_cli(["local", "--run-dir", str(run_dir), "--quiet", "--num-ps", "2", "--num-workers", "2",
+                      "--epochs", "12", "--eval-every-s", "30", "--local-steps", str(H), *flags])
     assert result.returncode == 0, result.stdout + result.stderr
     return run_dir, json.loads(RunDir(run_dir).summary.read_text())
 
@@ -47,7 +47,8 @@ def test_async_local_sgd_with_averaging_trains(tmp_path: Path) -> None:
 
 def test_sync_local_sgd_decides_each_step_once_for_both_shards_and_checkpoints_one_model(tmp_path: Path) -> None:
     run_dir, summary = train(tmp_path, "--mode", "sync", "--outer", "nesterov:lr=0.7,momentum=0.9",
-                             "--checkpoint-every", "10", "--keep-checkpoints", "100")
+                             "--checkpoint-every-updates", "10", "--checkpoint-every-s", "off", "--keep-checkpoints",
+                             "100")
     assert summary["final_eval"]["accuracy"] >= 0.9, summary["final_eval"]  # type: ignore[index]
     sets: dict[tuple[int, int], set[int]] = collections.defaultdict(set)
     for row in read_rows(RunDir(run_dir).pushes, PushRow):

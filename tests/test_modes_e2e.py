@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 def run_summary(tmp_path: Path, name: str, *flags: str) -> dict[str, Any]:
     run_dir = tmp_path / name
-    result = run_cli(["local", "--run-dir", str(run_dir), "--eval-every", "30", "--quiet", *flags])
+    result = run_cli(["local", "--run-dir", str(run_dir), "--eval-every-s", "30", "--quiet", *flags])
     assert result.returncode == 0, result.stdout + result.stderr
     summary: dict[str, Any] = json.loads(RunDir(run_dir).summary.read_text())
     summary["run_dir"] = run_dir
@@ -36,8 +36,8 @@ def test_sync_applies_only_fresh_gradients(tmp_path: Path) -> None:
 
 
 def test_backup_worker_beats_a_straggler(tmp_path: Path) -> None:
-    flags = ["--mode", "sync", "--workers", "3", "--num-ps", "1", "--stragglers", "0:4x",
-             "--compute-delay", "const:0.02", "--max-seconds", "8"]
+    flags = ["--mode", "sync", "--num-workers", "3", "--num-ps", "1", "--stragglers", "0:4x",
+             "--compute-delay", "const:0.02", "--max-training-s", "8"]
     plain = run_summary(tmp_path, "sync", *flags)
     backup = run_summary(tmp_path, "backup", *flags, "--backup-workers", "1")
     ratio = backup["throughput_updates_per_s"] / plain["throughput_updates_per_s"]
@@ -48,14 +48,14 @@ def test_backup_worker_beats_a_straggler(tmp_path: Path) -> None:
 @pytest.mark.parametrize("bound", [0, 1, 3])
 def test_ssp_clock_lead_stays_within_the_bound(tmp_path: Path, bound: int) -> None:
     s = run_summary(tmp_path, f"ssp{bound}", "--mode", "ssp", "--staleness-bound", str(bound),
-                    "--workers", "3", "--stragglers", "0:3x", "--compute-delay", "const:0.01",
+                    "--num-workers", "3", "--stragglers", "0:3x", "--compute-delay", "const:0.01",
                     "--max-updates", "150")
     assert s["max_clock_lead"] <= bound
     assert s["updates_applied"] >= 150
 
 
 def test_drop_policy_never_applies_staler_gradients(tmp_path: Path) -> None:
-    s = run_summary(tmp_path, "drop", "--staleness-policy", "drop:1", "--workers", "4", "--num-ps", "1",
+    s = run_summary(tmp_path, "drop", "--staleness-policy", "drop:1", "--num-workers", "4", "--num-ps", "1",
                     "--compute-delay", "uniform:0,0.02", "--max-updates", "200")
     with open(RunDir(s["run_dir"]).pushes) as f:
         rows = list(csv.DictReader(f))

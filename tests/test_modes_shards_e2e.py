@@ -31,7 +31,7 @@ def run(tmp_path: Path, name: str, *flags: str, env: dict[str, str] | None = Non
     saved = dict(os.environ)
     os.environ.update(env or {})
     try:
-        result = run_cli(["local", "--run-dir", str(run_dir), "--eval-every", "30", "--quiet", "--model", "logreg",
+        result = run_cli(["local", "--run-dir", str(run_dir), "--eval-every-s", "30", "--quiet", "--model", "logreg",
                           "--num-ps", "2", *flags])
     finally:
         os.environ.clear()
@@ -51,7 +51,7 @@ def accepted_sets(run_dir: Path) -> dict[tuple[int, int], set[int]]:
 
 @pytest.mark.parametrize("processes", ["0", "2"], ids=["a-process-each", "logical-workers"])
 def test_sync_with_a_backup_worker_averages_the_same_workers_on_every_shard(tmp_path: Path, processes: str) -> None:
-    run_dir, s = run(tmp_path, "sync", "--mode", "sync:backup=1", "--workers", "4", "--stragglers", "0:4x",
+    run_dir, s = run(tmp_path, "sync", "--mode", "sync:backup=1", "--num-workers", "4", "--stragglers", "0:4x",
                      "--compute-delay", "uniform:0,0.03", "--max-updates", "60", "--worker-processes", processes)
     sets = accepted_sets(run_dir)
     versions = sorted({v for _, v in sets})
@@ -62,7 +62,7 @@ def test_sync_with_a_backup_worker_averages_the_same_workers_on_every_shard(tmp_
     assert len({frozenset(sets[(0, v)]) for v in versions}) > 1
     assert s["dropped_by_reason"].get("late", 0) >= 2 and s["shards"][0]["version"] == s["shards"][1]["version"]
     # and the run stops on time: every worker says it finished within seconds of the chief's stop, not
-    # after a --read-wait (30 s) spent waiting for a quorum of workers that had already stopped
+    # after a --read-wait-s (30 s) spent waiting for a quorum of workers that had already stopped
     log = RunDir(run_dir).log("chief").read_text().splitlines()
     stamp = lambda line: datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")  # noqa: E731
     stopped = next(stamp(line) for line in log if "stopping: " in line)
@@ -72,8 +72,8 @@ def test_sync_with_a_backup_worker_averages_the_same_workers_on_every_shard(tmp_
 
 # The straggler's step is at least 40 x 10 ms = 0.4 s whatever the gradient costs, so a read wait of 0.2 s
 # runs out on every wait for it (0.5 s did only while a logreg gradient took more than 2.5 ms)
-SSP = ("--mode", "ssp:bound=1", "--workers", "3", "--stragglers", "0:40x", "--compute-delay", "const:0.01",
-       "--read-wait", "0.2", "--max-updates", "40")
+SSP = ("--mode", "ssp:bound=1", "--num-workers", "3", "--stragglers", "0:40x", "--compute-delay", "const:0.01",
+       "--read-wait-s", "0.2", "--max-updates", "40")
 
 
 def test_ssp_bound_holds_on_two_shards_with_a_40x_straggler(tmp_path: Path) -> None:
@@ -148,8 +148,8 @@ def test_an_epochs_limited_run_does_not_wait_for_workers_with_no_data_left(tmp_p
     that waits for a worker that will never push again. 2.6 epochs are 32 tasks of 128 examples: the last
     round of tasks leaves one of the three workers without one even in lockstep. (Without the narrowed
     live set both modes fail here with steps that waited 30.0 s.)"""
-    run_dir, s = run(tmp_path, "tail", "--mode", mode, "--workers", "3", "--epochs", "2.6", "--stragglers", "0:3x",
-                     "--read-wait", "30")
+    run_dir, s = run(tmp_path, "tail", "--mode", mode, "--num-workers", "3", "--epochs", "2.6", "--stragglers", "0:3x",
+                     "--read-wait-s", "30")
     assert s["data"]["tasks_done"] == s["data"]["tasks_planned"] == 32, s["data"]
     waits = [row.wait_s for row in read_rows(RunDir(run_dir).timeline, StepRow)]
     assert max(waits) < 10.0, sorted(waits)[-5:]  # a step held for a quorum that cannot come waited ~30 s

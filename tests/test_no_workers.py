@@ -18,9 +18,9 @@ from tests.conftest import start_until
 
 def test_the_default_grace_covers_two_heartbeat_timeouts_and_the_start() -> None:
     assert RunConfig(heartbeat_timeout_s=10.0).no_workers_grace_s() == 80.0
-    assert RunConfig(no_workers_timeout_s=7.0).no_workers_grace_s() == 7.0
-    with pytest.raises(ValueError, match="no_workers_timeout_s"):
-        RunConfig(no_workers_timeout_s=-1.0)
+    assert RunConfig(idle_without_workers_s=7.0).no_workers_grace_s() == 7.0
+    with pytest.raises(ValueError, match="idle_without_workers_s"):
+        RunConfig(idle_without_workers_s=-1.0)
 
 
 @pytest.mark.slow
@@ -28,7 +28,7 @@ def test_an_epochs_run_whose_workers_all_died_ends_with_its_summary_and_exit_6(t
     """Every worker killed -9 and none restarted: the chief reaps them, waits the grace period, writes
     summary.json with the reason and exits 6 (before: it waited for its epochs forever)."""
     run = RunConfig(num_workers=2, num_ps=1, epochs=200.0, eval_every_s=30.0, heartbeat_timeout_s=2.0,
-                    no_workers_timeout_s=4.0, checkpoint_every_s=0.0)
+                    idle_without_workers_s=4.0, checkpoint_every_s=0.0)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     cluster = LocalCluster(run, run_dir)

@@ -163,8 +163,8 @@ def test_a_diverging_run_ends_as_diverged_with_its_summary(tmp_path: Path) -> No
     """logreg with a learning rate of 1e38: the logits overflow within a few steps; every worker's
     steps become non-finite, are skipped and counted, and the chief ends the run (exit 5)."""
     run_dir = tmp_path / "run"
-    result = run_cli(["local", "--run-dir", str(run_dir), "--workers", "2", "--num-ps", "2", "--model", "logreg",
-                      "--lr", "1e38", "--max-nonfinite-steps", "5", "--epochs", "50", "--eval-every", "30",
+    result = run_cli(["local", "--run-dir", str(run_dir), "--num-workers", "2", "--num-ps", "2", "--model", "logreg",
+                      "--learning-rate", "1e38", "--max-nonfinite-steps", "5", "--epochs", "50", "--eval-every-s", "30",
                       "--quiet"])
     assert result.returncode == EXIT_DIVERGED, result.stdout + result.stderr
     summary = json.loads(RunDir(run_dir).summary.read_text())

@@ -108,9 +108,9 @@ def test_two_shard_checkpoint_restores_into_three_shards_exactly(
     tmp_path: Path, start_shards: Callable[[int], list[str]]
 ) -> None:
     run_dir = tmp_path / "run"
-    result = run_cli(["local", "--run-dir", str(run_dir), "--max-updates", "120", "--checkpoint-every", "60",
-                      "--optimizer", "adam", "--lr", "0.001", "--model", "mlp:256,128", "--slice-threshold",
-                      "65536", "--eval-every", "30", "--quiet"])
+    result = run_cli(["local", "--run-dir", str(run_dir), "--max-updates", "120", "--checkpoint-every-updates", "60",
+                      "--checkpoint-every-s", "off", "--optimizer", "adam", "--learning-rate", "0.001",
+                      "--model", "mlp:256,128", "--slice-threshold-bytes", "65536", "--eval-every-s", "30", "--quiet"])
     assert result.returncode == 0, result.stderr
     ckpt = CheckpointDir(RunDir(run_dir).checkpoints).latest()
     assert ckpt is not None and ckpt.manifest["run"]["num_ps"] == 2
@@ -186,7 +186,7 @@ def test_exported_model_loads_without_asyncps_and_gives_the_recorded_accuracy(tm
     from asyncps.ml.datasets import load_dataset
 
     run_dir = tmp_path / "run"
-    result = run_cli(["local", "--run-dir", str(run_dir), "--epochs", "10", "--eval-every", "30", "--quiet"])
+    result = run_cli(["local", "--run-dir", str(run_dir), "--epochs", "10", "--eval-every-s", "30", "--quiet"])
     assert result.returncode == 0, result.stderr
     summary = json.loads(RunDir(run_dir).summary.read_text())
     data = load_dataset("digits", 0)

@@ -70,8 +70,9 @@ def test_a_resume_with_a_changed_model_is_refused_naming_the_flag_and_both_value
                                                                                      command: str) -> None:
     run_dir = recorded_run(tmp_path / "run")
     before = RunDir(run_dir).config.read_text()
-    ps = ["--ps", "127.0.0.1:1"] if command == "chief" else []
-    done, seconds = cli(command, *ps, "--run-dir", str(run_dir), "--model", "cnn", "--lr", "0.05",
+    # the chief continues the run its directory holds; `local` is told to (else it refuses the directory)
+    given = ["--ps", "127.0.0.1:1"] if command == "chief" else ["--resume"]
+    done, seconds = cli(command, *given, "--run-dir", str(run_dir), "--model", "cnn", "--learning-rate", "0.05",
                         "--max-updates", "900")
     assert done.returncode == 2, done.stderr
     assert seconds < MISTAKE_S
@@ -83,10 +84,10 @@ def test_a_resume_with_a_changed_model_is_refused_naming_the_flag_and_both_value
 
 def test_a_resume_takes_the_recorded_settings_and_may_change_its_stop_conditions(tmp_path: Path) -> None:
     run_dir = recorded_run(tmp_path / "run")
-    run = resumable_config(run_dir, False, *layers(max_seconds=60.0, eval_every_s=5.0))
+    run = resumable_config(run_dir, False, *layers(max_training_s=60.0, eval_every_s=5.0))
     assert (run.model, run.optimizer, run.learning_rate, run.seed, run.num_workers) == ("mlp", "momentum", 0.05, 4, 1)
-    # the new stop condition replaces the recorded ones, as for a new run (no epochs: max_seconds only)
-    assert (run.max_seconds, run.max_updates, run.epochs, run.eval_every_s) == (60.0, 0, 0.0, 5.0)
+    # the new stop condition replaces the recorded ones, as for a new run (no epochs: max_training_s only)
+    assert (run.max_training_s, run.max_updates, run.epochs, run.eval_every_s) == (60.0, 0, 0.0, 5.0)
     same = resumable_config(run_dir, False, *layers())
     assert same == RECORDED
     # a new run directory (no manifest) takes the flags alone
@@ -266,8 +267,9 @@ def test_a_running_chief_holds_its_run_dir_and_a_resume_keeps_the_recorded_run(t
     from tests.test_chief_restart import finish, role_pid, start_local, wait_for_updates
 
     run_dir = tmp_path / "run"
-    proc = start_local(run_dir, "--num-ps", "1", "--num-workers", "1", "--optimizer", "momentum", "--lr", "0.05",
-                       "--max-updates", "1500", "--checkpoint-every", "200", "--eval-every", "30")
+    proc = start_local(run_dir, "--num-ps", "1", "--num-workers", "1", "--optimizer", "momentum",
+                       "--learning-rate", "0.05", "--max-updates", "1500", "--checkpoint-every-updates", "200",
+                       "--checkpoint-every-s", "off", "--eval-every-s", "30")
     try:
         wait_for_updates(run_dir, 50, proc)
         ps = ",".join(RunConfigRecord.load(run_dir).ps)
@@ -287,9 +289,12 @@ def test_a_running_chief_holds_its_run_dir_and_a_resume_keeps_the_recorded_run(t
     for provenance in (RunConfigRecord.load(run_dir).provenance, RunSummary.load(run_dir).provenance):
         assert provenance is not None and provenance.commit == head and provenance.versions["tensorflow"]
 
-    done, seconds = cli("local", "--run-dir", str(run_dir), "--model", "cnn", "--max-updates", "2500", "--quiet")
+    done, seconds = cli("local", "--run-dir", str(run_dir), "--max-updates", "2500", "--quiet")
+    assert done.returncode == 2 and seconds < MISTAKE_S and "give --resume" in done.stderr, done.stderr
+    done, seconds = cli("local", "--run-dir", str(run_dir), "--resume", "--model", "cnn", "--max-updates", "2500",
+                        "--quiet")
     assert done.returncode == 2 and seconds < MISTAKE_S and "--model 'mlp' -> 'cnn'" in done.stderr, done.stderr
-    done, _ = cli("local", "--run-dir", str(run_dir), "--max-updates", "2500", "--quiet", timeout=300)
+    done, _ = cli("local", "--run-dir", str(run_dir), "--resume", "--max-updates", "2500", "--quiet", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     run = RunConfigRecord.load(run_dir).run  # the recorded run, not the defaults (2 shards, 2 workers, sgd 0.1)
     assert (run["num_ps"], run["num_workers"], run["optimizer"], run["learning_rate"]) == (1, 1, "momentum", 0.05)

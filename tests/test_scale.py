@@ -34,7 +34,7 @@ def test_with_the_barrier_eight_workers_are_seven_updates_stale(tmp_path: Path) 
     """No injected delay: 8 workers on 1 shard, 1,600 updates; every planned worker starts together,
     so the whole-run mean staleness is λ - 1 = 7 (within 10% + 0.2)."""
     s = local_run(tmp_path / "run", "--model", "logreg", "--dataset", "synthetic-logreg", "--num-ps", "1",
-                  "--workers", "8", "--worker-processes", "2", "--max-updates", "1600")
+                  "--num-workers", "8", "--worker-processes", "2", "--max-updates", "1600")
     staleness, steady, start = s["staleness"], s["staleness_steady"], s["start"]
     assert isinstance(staleness, dict) and isinstance(steady, dict) and isinstance(start, dict)
     assert abs(staleness["mean"] - 7) <= 0.1 * 7 + 0.2, staleness["mean"]
@@ -48,8 +48,8 @@ def test_logical_workers_at_lambda_32(tmp_path: Path) -> None:
     the memory report says what a logical worker costs."""
     run_dir = tmp_path / "run"
     s = local_run(run_dir, "--model", "logreg", "--dataset", "synthetic-logreg", "--num-ps", "1",
-                  "--workers", "32", "--worker-processes", "2", "--compute-delay", "const:0.5",
-                  "--max-updates", "640", "--heartbeat-interval", "1")
+                  "--num-workers", "32", "--worker-processes", "2", "--compute-delay", "const:0.5",
+                  "--max-updates", "640", "--heartbeat-interval-s", "1")
     staleness, start = s["staleness"], s["start"]
     assert isinstance(staleness, dict) and isinstance(start, dict)
     assert abs(staleness["mean"] - 31) <= 0.1 * 31, staleness["mean"]

@@ -89,7 +89,7 @@ def test_a_shard_started_without_host_listens_on_loopback_only(tmp_path: Path) -
     port_file, log_path = tmp_path / "ps.port", tmp_path / "ps.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "asyncps.tools.cli", "ps", "--port", "0", "--port-file",
-                                 str(port_file), "--chief-timeout", "0", "--data-port", "0"],
+                                 str(port_file), "--chief-timeout-s", "0", "--data-port", "0"],
                                 stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO_ROOT)
     try:
         port = wait_port_file(port_file, START_TIMEOUT_S, alive=lambda: proc.poll() is None)
@@ -223,7 +223,7 @@ def test_a_shard_loads_the_plugins_its_command_line_or_an_entry_point_allows(
 
 
 def test_a_plugin_that_cannot_be_imported_fails_the_shard_at_start(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "asyncps.tools.cli", "ps", "--port", "0", "--chief-timeout", "0",
+    result = subprocess.run([sys.executable, "-m", "asyncps.tools.cli", "ps", "--port", "0", "--chief-timeout-s", "0",
                              "--plugins", "no_such_module_here"], capture_output=True, text=True,
                             env=child_env(), cwd=REPO_ROOT, timeout=START_TIMEOUT_S)
     assert result.returncode == 2, result.stderr
@@ -332,8 +332,8 @@ def test_a_secure_local_clusters_chief_serves_metrics_over_mtls_with_its_token(t
     from asyncps.tools.devcerts import cert_paths
     from asyncps.tools.local import LocalCluster
 
-    run = RunConfig(num_ps=1, num_workers=1, epochs=0, max_seconds=120, compute_delay="const:0.01")
-    cluster = LocalCluster(run, tmp_path / "run", secure=True, metrics_port=0)
+    run = RunConfig(num_ps=1, num_workers=1, epochs=0, max_training_s=120, compute_delay="const:0.01")
+    cluster = LocalCluster(run, tmp_path / "run", secure=True, prometheus_port=0)
     cluster.run_dir.mkdir(parents=True)
     try:
         cluster.start()

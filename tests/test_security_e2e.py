@@ -37,7 +37,8 @@ def test_worker_pointed_at_a_dead_address_exits_with_a_clear_message() -> None:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"  # closed again below: nothing listens there
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "asyncps.tools.cli", "worker", "--chief", dead, "--deadline", "3"],
+    out = subprocess.run([sys.executable, "-m", "asyncps.tools.cli", "worker", "--chief", dead, "--chief-timeout-s",
+                          "3"],
                          cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
     elapsed = time.monotonic() - start
     assert out.returncode != 0

@@ -65,8 +65,8 @@ def _expected_push_bytes(placement: Placement, table: str) -> list[int]:
 def test_embedding_model_trains_on_the_cluster_pushing_only_touched_rows(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--run-dir", str(run_dir), "--model", "embedding", "--dataset", "digits",
-                      "--workers", "2", "--num-ps", "2", "--epochs", str(EPOCHS), "--batch-size", str(BATCH),
-                      "--seed", str(SEED), "--eval-every", "30", "--quiet"])
+                      "--num-workers", "2", "--num-ps", "2", "--epochs", str(EPOCHS), "--batch-size", str(BATCH),
+                      "--seed", str(SEED), "--eval-every-s", "30", "--quiet"])
     assert result.returncode == 0, result.stdout + result.stderr
     summary = RunSummary.from_json(RunDir(run_dir).summary.read_text())
     assert summary.final_eval.accuracy >= MIN_ACCURACY, summary.final_eval

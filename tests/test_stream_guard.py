@@ -72,7 +72,7 @@ def failure(call: grpc.Future) -> tuple[Code, str]:
 def test_stalled_streams_beyond_the_thread_count_do_not_starve_an_honest_worker(
         shard_factory: ShardLauncher) -> None:
     (shard,) = shard_factory(1, args=("--handler-threads", str(HANDLER_THREADS),
-                                      "--stream-idle-timeout", str(IDLE_TIMEOUT_S)))
+                                      "--stream-idle-timeout-s", str(IDLE_TIMEOUT_S)))
     honest = GrpcShardTransport(shard.address, deadline_s=10, call_timeout_s=10)
     honest.initialize("chief", 0, 1, UpdateRuleConfig(OptimizerConfig("sgd", 1.0)),
                       {"w": np.zeros((4, 3), np.float32)})

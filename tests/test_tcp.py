@@ -119,7 +119,7 @@ def secured(module_shard_factory: ShardLauncher, tmp_path_factory: pytest.TempPa
     token_file = Path(tmp_path_factory.mktemp("token")) / "token"
     token_file.write_text(TOKEN)
     shard = module_shard_factory(1, args=("--token-file", str(token_file), "--shared-token",
-                                          "--max-data-connections", "2", "--stream-idle-timeout", "20"))[0]
+                                          "--max-data-connections", "2", "--stream-idle-timeout-s", "20"))[0]
     security = SecurityConfig(token=TOKEN, shared_token=True)
     client = connect_shard(shard.address, deadline_s=20, security=security, transport="tcp")
     client.initialize("chief", 0, 1, RULE, initial())
@@ -219,7 +219,7 @@ def test_a_taken_data_port_is_a_clear_exit_not_a_traceback(tmp_path: Path) -> No
         holder.listen()
         taken = holder.getsockname()[1]
         done = subprocess.run([sys.executable, "-m", "asyncps.tools.cli", "ps", "--port", "0", "--data-port",
-                               str(taken), "--chief-timeout", "0"], capture_output=True, text=True, timeout=60,
+                               str(taken), "--chief-timeout-s", "0"], capture_output=True, text=True, timeout=60,
                               env=child_env(), cwd=REPO_ROOT)
     assert done.returncode == 4, done.stderr[-2000:]
     assert f"the tcp data port 127.0.0.1:{taken} cannot be bound (Address already in use)" in done.stderr
@@ -520,7 +520,7 @@ def test_a_request_that_starts_just_before_the_idle_deadline_is_read_whole(shard
     idle deadline's remainder (which cut such requests off with 'did not arrive' and killed the worker
     in long sync runs)."""
     idle_s = 1.0
-    shard = shard_factory(1, args=("--stream-idle-timeout", str(idle_s)))[0]
+    shard = shard_factory(1, args=("--stream-idle-timeout-s", str(idle_s)))[0]
     setup = GrpcShardTransport(shard.address, deadline_s=10)
     setup.initialize("chief", 0, 1, RULE, initial())
     setup.close()

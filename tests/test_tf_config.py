@@ -61,7 +61,7 @@ def test_a_cluster_configured_only_by_tf_config_trains(tmp_path: Path) -> None:
     try:
         for role, args in (("ps", ["--host", "127.0.0.1"]),
                            ("chief", ["--host", "127.0.0.1", "--run-dir", str(tmp_path / "run"),
-                                      "--max-updates", "50", "--eval-every", "30"]),
+                                      "--max-updates", "50", "--eval-every-s", "30"]),
                            ("worker", [])):
             env = {**child_env(), "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": role, "index": 0}})}
             log = open(tmp_path / f"{role}.log", "wb")  # noqa: SIM115

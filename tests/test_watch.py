@@ -38,9 +38,9 @@ def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A running cluster (1 shard, 2 workers) with metrics on, an evaluation and a checkpoint behind it."""
-    run = RunConfig(num_ps=1, num_workers=2, epochs=0, max_seconds=300, eval_every_s=1.0,
+    run = RunConfig(num_ps=1, num_workers=2, epochs=0, max_training_s=300, eval_every_s=1.0,
                     checkpoint_every_updates=40, compute_delay="const:0.01")
-    cluster = LocalCluster(run, tmp_path_factory.mktemp("watch") / "run", metrics_port=0)
+    cluster = LocalCluster(run, tmp_path_factory.mktemp("watch") / "run", prometheus_port=0)
     cluster.run_dir.mkdir(parents=True)
     try:
         cluster.start()
@@ -68,16 +68,16 @@ def test_status_prints_progress_of_a_running_cluster(cluster: LocalCluster) -> N
     assert match, line
     percent, eta, updates = float(match[1]), match[2], int(match[3])
     assert 0 < percent < 100 and updates > 0
-    assert re.fullmatch(r"\d+s|\d+m\d\ds|\d+h\d\dm", eta), eta  # max_seconds: the ETA is known
+    assert re.fullmatch(r"\d+s|\d+m\d\ds|\d+h\d\dm", eta), eta  # max_training_s: the ETA is known
 
-    watched = cli("status", cluster.chief_address, "--watch", "--count", "3", "--interval", "0.3")
+    watched = cli("status", cluster.chief_address, "--watch", "--count", "3", "--interval-s", "0.3")
     assert watched.returncode == 0, watched.stderr
     counts = [int(m) for m in re.findall(r"updates\s+(\d+)", watched.stdout)]
     assert len(counts) == 3 and counts == sorted(counts) and counts[-1] > counts[0], watched.stdout
 
 
 def test_status_of_no_chief_is_a_clear_error() -> None:
-    result = cli("status", "127.0.0.1:1", "--timeout", "1")
+    result = cli("status", "127.0.0.1:1", "--timeout-s", "1")
     assert result.returncode == 1
     assert "did not answer" in result.stderr and "127.0.0.1:1" in result.stderr
 

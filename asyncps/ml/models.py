@@ -107,7 +107,7 @@ def _compile_like(model: keras.Model, spec: str, config: dict[str, Any] | None) 
     except (TypeError, ValueError) as error:  # an unregistered custom loss or metric
         raise ValueError(f"model {spec!r} was compiled with a loss or metrics that cannot be loaded here: {error} "
                          "(register custom objects with keras.saving.register_keras_serializable in a module on "
-                         "--user-path, or pass --loss/--metrics)") from None
+                         "--user-path, or pass --loss/--eval-metrics)") from None
     model.compile(loss=loss, metrics=metrics)
 
 

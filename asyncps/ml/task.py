@@ -139,7 +139,7 @@ def resolve_metrics(spec: str, model: Any) -> dict[str, Any]:
             metrics[getattr(entry, "__name__", repr(entry))] = entry
         else:
             raise ValueError(f"the model's compiled metric {entry!r} is not supported: asyncps measures a "
-                             "list of metrics for one output (pass --metrics)")
+                             "list of metrics for one output (pass --eval-metrics)")
     return metrics
 
 
@@ -155,7 +155,7 @@ def _compiled_metrics(model: Any) -> list[Any]:
     if isinstance(metrics, dict) or (isinstance(metrics, (list, tuple)) and any(
             isinstance(m, (list, tuple, dict)) for m in metrics)):
         raise ValueError(f"the model's compiled metrics {config['metrics']!r} are per output: asyncps trains "
-                         "models with one output (pass --metrics)")
+                         "models with one output (pass --eval-metrics)")
     return list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
 
 

@@ -403,7 +403,7 @@ class ClusterStatus(google.protobuf.message.Message):
     """empty while the run goes on"""
     @property
     def eval_metrics(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.float]:
-        """The task's metrics at the latest evaluation (the run's --metrics, else the model's compiled ones);
+        """The task's metrics at the latest evaluation (the run's --eval-metrics, else the model's compiled ones);
         eval_accuracy is NaN when the task is not classification.
         """
 

@@ -75,13 +75,14 @@ def rules_markdown() -> str:
         "(`drop:4`, `dc-asgd-a:2,0.9`) still parse, values filling the parameters in order.",
         OPTIMIZERS.markdown(),
         "An optimizer spec on the wire also carries the learning rate, `name:lr=LR,...`; on the command "
-        "line it is `--optimizer NAME --lr LR --opt-param KEY=VALUE`.",
+        "line it is `--optimizer NAME --learning-rate LR --optimizer-params KEY=VALUE`.",
         POLICIES.markdown(),
         MODES.markdown(),
         "`--backup-workers B` and `--staleness-bound S` still work: they fold into the mode spec "
         "(`--mode sync --backup-workers 1` is `--mode sync:backup=1`); a contradiction is an error.",
         OUTER_RULES.markdown(),
         "An outer rule applies with `--local-steps H` (H > 1): each worker takes H steps of "
-        "`--local-optimizer` (default: the run's `--optimizer`, `--lr`, `--opt-param`) on its own model, then "
+        "`--local-optimizer` (default: the run's `--optimizer`, `--learning-rate`, `--optimizer-params`) on its own "
+        "model, then "
         "pushes the change of its model; `--outer` says what the shards make of it.",
     ])

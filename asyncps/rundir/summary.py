@@ -301,7 +301,7 @@ class RunSummary:
     # datasets with a known optimum only
     final_train_loss: float | None = None
     optimality_gap: float | None = None
-    metrics: dict[str, float] = field(default_factory=dict)  # --metrics of the final evaluation (test set)
+    metrics: dict[str, float] = field(default_factory=dict)  # --eval-metrics of the final evaluation (test set)
     # the versions, host and commit the chief ran with (None: an older run directory, or built from the CSVs)
     provenance: Provenance | None = None
 

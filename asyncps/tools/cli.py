@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import math
 import os
@@ -15,16 +16,19 @@ from typing import Any
 
 from asyncps.cluster import ClusterConfigError, TFConfig, parse_tf_config
 from asyncps.config import (
+    AUTO,
     ENV_PREFIX,
+    OFF,
     RunConfig,
-    env_names,
-    flag_names,
+    env_name,
+    flag_name,
     parse_setting,
     read_settings_file,
     resume_changes,
     resumed_layers,
     run_options,
     settings_from_env,
+    shown_default,
 )
 from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
 from asyncps.net.security import LOOPBACK_HOST, SecurityConfig
@@ -44,11 +48,53 @@ def _env_flag(dest: str) -> bool:
     return str(_env_default(dest, "")).strip().lower() in ("1", "true", "yes")
 
 
-def _add(parser: argparse._ActionsContainer, flag: str, default: Any, help: str, **kwargs: Any) -> None:
+def _add(parser: argparse._ActionsContainer, flag: str, default: Any, help: str, shown: str = "",
+         **kwargs: Any) -> None:
+    """A flag with its ASYNCPS_<FLAG> variable; the help shows `shown`, else the default (an empty one: none)."""
     dest = flag.lstrip("-").replace("-", "_")
     env = ENV_PREFIX + dest.upper()
+    shown = shown or ("none" if default in ("", None) else str(default))
     parser.add_argument(flag, dest=dest, default=_env_default(dest, default),
-                        help=f"{help} (env {env}; default: %(default)s)", **kwargs)
+                        help=f"{help} (env {env}; default: {shown})".replace("%", "%%"), **kwargs)
+
+
+def port_or_off(text: str) -> int:
+    """A port flag's value: a port number (0: any free port), or off (-1)."""
+    if str(text).strip().lower() == OFF:
+        return -1
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"wants a port number or off, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"wants a port number (0-65535) or off, got {text!r}")
+    return port
+
+
+def int_or_word(word: str, value: int) -> Callable[[str], int]:
+    """A flag's type: an integer, or `word` (off, auto) standing for `value`."""
+    def parse(text: str) -> int:
+        return value if str(text).strip().lower() == word else int(text)
+
+    return parse
+
+
+def _optional_port(port: int) -> int | None:
+    """A port_or_off flag's value as the roles take it: None when off."""
+    return None if port < 0 else port
+
+
+def count_or_auto(text: str) -> int:
+    """A count flag's value: a number >= 1, or auto (0: asyncps chooses, as the flag's help says)."""
+    if str(text).strip().lower() == AUTO:
+        return 0
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"wants a number >= 1 or auto, got {text!r}")
+    return count
 
 
 class _NotHere(argparse.Action):
@@ -71,20 +117,17 @@ def add_run_flags(p: argparse.ArgumentParser, skip: Sequence[str] = (), only: Se
     names = []
     defaults = RunConfig()
     for name, option in run_options().items():
-        flags = flag_names(name)
-        if name in skip or (only is not None and name not in only) or not flags:
+        if name in skip or (only is not None and name not in only):
             continue
-        envs = env_names(name)
-        default = getattr(defaults, name)
-        shown = "empty" if default in ("", {}) else f"{default:g}" if isinstance(default, float) else str(default)
-        where = f"env {' or '.join(envs)}; " if envs else ""
-        switch: dict[str, Any] = {"nargs": "?", "const": "true"} if isinstance(default, bool) else {}  # --flag: on
-        g.add_argument(*flags, dest=name, default=argparse.SUPPRESS, action="append" if option.repeat else "store",
-                       metavar=flags[0].lstrip("-").replace("-", "_").upper(),
-                       help=f"{option.help} ({where}default: {shown})".replace("%", "%%"), **switch)
-        if isinstance(default, bool):  # --no-FLAG: off
-            g.add_argument("--no-" + flags[0].removeprefix("--"), dest=name, action="store_const", const="false",
-                           default=argparse.SUPPRESS, help=f"same as {flags[0]} false")
+        flag, switch = flag_name(name), isinstance(getattr(defaults, name), bool)
+        kind: dict[str, Any] = ({"action": "store_const", "const": "true"} if switch  # --FLAG on, --no-FLAG off
+                                else {"action": "append" if option.repeat else "store", "metavar": name.upper()})
+        g.add_argument(flag, dest=name, default=argparse.SUPPRESS,
+                       help=f"{option.help} (env {env_name(name)}; default: {shown_default(name)})".replace("%", "%%"),
+                       **kind)
+        if switch:
+            g.add_argument("--no-" + flag.removeprefix("--"), dest=name, action="store_const", const="false",
+                           default=argparse.SUPPRESS, help=f"turn {flag} off")
         names.append(name)
     p.set_defaults(run_fields=tuple(names))
 
@@ -104,7 +147,7 @@ def run_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = N
             try:
                 parsed = parse_setting(name, text)
             except ValueError as exc:
-                raise ValueError(f"{flag_names(name)[0]} {text!r}: {exc}") from None
+                raise ValueError(f"{flag_name(name)} {text!r}: {exc}") from None
             if run_options()[name].repeat:  # repeated flags add to each other
                 parsed = {k: {**flag_layer.get(k, {}), **v} for k, v in parsed.items()}
             flag_layer.update(parsed)
@@ -225,10 +268,11 @@ def cmd_ps(args: argparse.Namespace) -> int:
         index = tf.task_index
     run = run_config_from(args)
     config = PsConfig(host=args.host, port=port, index=index, port_file=args.port_file,
-                      health_port=args.health_port, chunk_bytes=run.chunk_bytes, security=security_from(args),
+                      health_port=_optional_port(args.health_port), chunk_bytes=run.chunk_bytes,
+                      security=security_from(args),
                       chief_timeout_s=run.chief_timeout_s,
                       handler_threads=int(args.handler_threads),
-                      stream_idle_timeout_s=float(args.stream_idle_timeout),
+                      stream_idle_timeout_s=float(args.stream_idle_timeout_s),
                       max_streams_per_peer=int(args.max_streams_per_peer),
                       transport_settings={s.name: getattr(args, s.name) for _, s in TRANSPORTS.shard_settings()},
                       plugins=tuple(m.strip() for m in str(args.plugins).split(",") if m.strip()))
@@ -250,10 +294,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         chief = chief or tf.chief[0]
         if tf.task_type == "worker" and index < 0:
             index = tf.task_index
-    given: dict[str, Any] = {}
-    for layer in run_settings(args):
-        given.update(layer)
-    deadline = float(given.get("chief_timeout_s", args.deadline)) or math.inf  # 0: never give up on the chief
+    deadline = run_config_from(args).chief_timeout_s or math.inf  # off: never give up on the chief
     config = WorkerConfig(chief=chief, index=index, deadline_s=deadline,
                           max_steps=int(args.max_steps), security=security_from(args),
                           logical=int(args.logical))
@@ -270,7 +311,7 @@ def cmd_chief(args: argparse.Namespace) -> int:
     port = _port(args, tf, "chief")
     file_layer, env_layer, flag_layer = run_settings(args)
     tf_layer = {}
-    if tf is not None:  # TF_CONFIG's cluster wins over a file, --workers / ASYNCPS_WORKERS over it
+    if tf is not None:  # TF_CONFIG's cluster wins over a file, --num-workers / ASYNCPS_NUM_WORKERS over it
         ps = ps or tf.ps
         tf_layer = {"num_workers": len(tf.worker)}
     if not ps:
@@ -282,10 +323,11 @@ def cmd_chief(args: argparse.Namespace) -> int:
     from asyncps.chief.main import ChiefConfig, run_chief
 
     config = ChiefConfig(ps=ps, run=run, run_dir=Path(args.run_dir), host=args.host, port=port,
-                         port_file=args.port_file, health_port=args.health_port, resume=bool(args.resume),
+                         port_file=args.port_file, health_port=_optional_port(args.health_port),
+                         resume=bool(args.resume),
                          security=security_from(args),
                          checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
-                         metrics_port=int(args.metrics_port), metrics_port_file=args.metrics_port_file)
+                         metrics_port=int(args.prometheus_port), metrics_port_file=args.prometheus_port_file)
     _setup_logging(args.log_level, "chief")
     stop, handover = threading.Event(), threading.Event()
     _install_signals(stop, handover if args.on_sigterm == "handover" else None)
@@ -295,25 +337,28 @@ def cmd_chief(args: argparse.Namespace) -> int:
 def cmd_local(args: argparse.Namespace) -> int:
     """asyncps local."""
     require_tensorflow("asyncps local")
-    from asyncps.tools.local import default_run_dir, run_local
+    from asyncps.tools.local import default_run_dir, holds_run, run_local
 
     if args.resume and not args.run_dir:
         raise ValueError("--resume needs the --run-dir of the run to continue")
+    if args.run_dir and not args.resume and holds_run(Path(args.run_dir)):
+        raise ValueError(f"--run-dir {args.run_dir} holds a run already: give --resume to continue it, or name a "
+                         "new --run-dir")
     run = (resumable_config(Path(args.run_dir), bool(args.resume), *run_settings(args)) if args.run_dir
            else run_config_from(args))
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
     return run_local(run, run_dir, progress=not args.quiet, resume=bool(args.resume), secure=bool(args.secure),
-                     client_auth=not args.tls_no_client_auth, metrics_port=int(args.metrics_port))
+                     client_auth=not args.tls_no_client_auth, prometheus_port=int(args.prometheus_port))
 
 
 def cmd_health(args: argparse.Namespace) -> int:
     """asyncps health ADDR."""
     from asyncps.net.security import check_health
 
-    if check_health(args.address, security_from(args), float(args.timeout)):
+    if check_health(args.address, security_from(args), float(args.timeout_s)):
         print(f"{args.address}: SERVING")
         return 0
-    print(f"{args.address}: not serving (unreachable or unhealthy within {args.timeout}s)", file=sys.stderr)
+    print(f"{args.address}: not serving (unreachable or unhealthy within {args.timeout_s} s)", file=sys.stderr)
     return 1
 
 
@@ -321,8 +366,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     """asyncps status ADDR [--watch]."""
     from asyncps.tools.progress import watch
 
-    return watch(args.address, security_from(args), bool(args.watch), float(args.interval), int(args.count),
-                 timeout_s=float(args.timeout))
+    return watch(args.address, security_from(args), bool(args.watch), float(args.interval_s), int(args.count),
+                 timeout_s=float(args.timeout_s))
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -347,16 +392,18 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _add_metrics_port(p: argparse.ArgumentParser) -> None:
-    _add(p, "--metrics-port", -1, "serve Prometheus metrics on this port of the chief (0: any free port; -1: off)",
-         type=int)
+def _add_prometheus_port(p: argparse.ArgumentParser) -> None:
+    _add(p, "--prometheus-port", OFF, "serve the chief's Prometheus metrics on this port (0: any free port)",
+         type=port_or_off)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full command-line interface."""
-    parser = argparse.ArgumentParser(prog="asyncps", description=__doc__)
+    parser = argparse.ArgumentParser(prog="asyncps", description=__doc__, allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"asyncps {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    # no prefix of a flag stands for it: one spelling per flag (a dropped --eval-every must not mean --eval-every-s)
+    add_parser = functools.partial(sub.add_parser, allow_abbrev=False)
 
     def common(p: argparse.ArgumentParser, role_port: bool) -> None:
         _add(p, "--log-level", "INFO", "DEBUG | INFO | WARNING | ERROR")
@@ -364,24 +411,23 @@ def build_parser() -> argparse.ArgumentParser:
         if role_port:
             _add(p, "--host", LOOPBACK_HOST, "interface to bind: this machine only by default; 0.0.0.0 (every "
                  "interface) for a container or a cluster, with a token or mTLS (env ASYNCPS_HOST)")
-            _add(p, "--port", None, f"port to bind (0: any free port; default: TF_CONFIG's, else {DEFAULT_PORT})",
+            _add(p, "--port", None, "port to bind (0: any free port)", shown=f"TF_CONFIG's, else {DEFAULT_PORT}",
                  type=int)
             _add(p, "--port-file", "", "write the bound port to this file (for --port 0)")
-            _add(p, "--health-port", None, "also serve the gRPC health service on this port, in plaintext and "
-                 "without a token, for probes that cannot do TLS (the kubelet's grpc probes); default: off",
-                 type=int)
+            _add(p, "--health-port", OFF, "also serve the gRPC health service on this port, in plaintext and "
+                 "without a token, for probes that cannot do TLS (the kubelet's grpc probes)", type=port_or_off)
 
-    p = sub.add_parser("ps", help="run one parameter-server shard")
+    p = add_parser("ps", help="run one parameter-server shard")
     common(p, True)
     _add(p, "--index", 0, "shard index (TF_CONFIG task.index wins)", type=int)
     add_run_flags(p, only=("chunk_bytes", "chief_timeout_s"), config_file=False, title="streaming and liveness")
     g = p.add_argument_group("limits", "stalled or slow clients cannot take the shard's threads")
     _add(g, "--handler-threads", 256, "RPC handler threads; a quarter (at least 4) are kept free of streams",
          type=int)
-    _add(g, "--stream-idle-timeout", 30.0, "seconds a stream may wait on its client before it is ended",
+    _add(g, "--stream-idle-timeout-s", 30.0, "seconds a stream may wait on its client before it is ended",
          type=float)
-    _add(g, "--max-streams-per-peer", 0, "streams one client connection may have open (0: min(16, half))",
-         type=int)
+    _add(g, "--max-streams-per-peer", AUTO, "streams one client connection may have open (auto: min(16, half of "
+         "--handler-threads))", type=count_or_auto)
     for transport, setting in TRANSPORTS.shard_settings():  # each transport's own, from its registry entry
         _add(g, setting.flag, setting.default, f"{setting.help} [{transport.name}]", type=type(setting.default))
     _add(p, "--plugins", "", "comma-separated modules (package.module) whose rule plugins (package.module:Class "
@@ -390,27 +436,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_security_flags(p)
     p.set_defaults(fn=cmd_ps)
 
-    p = sub.add_parser("worker", help="run one worker")
+    p = add_parser("worker", help="run one worker")
     common(p, False)
     _add(p, "--chief", "", "the chief's HOST:PORT (or TF_CONFIG cluster.chief)")
-    _add(p, "--index", -1, "worker index (-1: assigned by the chief)", type=int)
-    _add(p, "--deadline", 60.0, "seconds to keep retrying an unreachable chief (--chief-timeout wins)", type=float)
-    _add(p, "--max-steps", 0, "stop after this many steps (0: when the chief says)", type=int)
+    _add(p, "--index", AUTO, "worker index (auto: assigned by the chief)", type=int_or_word(AUTO, -1))
+    _add(p, "--max-steps", OFF, "stop after this many steps, else when the chief says (0: off)",
+         type=int_or_word(OFF, 0))
     _add(p, "--logical", 1, "logical workers (threads) in this process, indices --index .. --index+N-1",
          type=int)
     add_run_flags(p, only=("chief_timeout_s",), config_file=False, title="liveness")
     add_security_flags(p)
     p.set_defaults(fn=cmd_worker)
 
-    p = sub.add_parser("chief", help="run the chief (coordinator, evaluation, run directory)")
+    p = add_parser("chief", help="run the chief (coordinator, evaluation, run directory)")
     common(p, True)
     _add(p, "--ps", "", "comma-separated shard addresses (or TF_CONFIG cluster.ps)")
     _add(p, "--run-dir", "runs/chief", "run directory")
     _add(p, "--checkpoint-dir", "", "checkpoint directory (default: RUN_DIR/ckpt)")
     p.add_argument("--resume", action="store_true", default=_env_flag("resume"),
                    help="continue from the latest checkpoint (env ASYNCPS_RESUME=1)")
-    _add_metrics_port(p)
-    _add(p, "--metrics-port-file", "", "write the bound metrics port to this file (for --metrics-port 0)")
+    _add_prometheus_port(p)
+    _add(p, "--prometheus-port-file", "", "write the bound Prometheus port to this file (for --prometheus-port 0)")
     _add(p, "--on-sigterm", "finish", "finish: end the run on SIGTERM (evaluate, summary, shut the shards "
          "down); handover: exit 143 at once and leave shards and workers running for a replacement chief "
          "(an orchestrator replacing the task); SIGINT always finishes", choices=("finish", "handover"))
@@ -418,39 +464,41 @@ def build_parser() -> argparse.ArgumentParser:
     add_security_flags(p)
     p.set_defaults(fn=cmd_chief)
 
-    p = sub.add_parser("local", help="run a whole cluster as local processes, with progress")
+    p = add_parser("local", help="run a whole cluster as local processes, with progress")
     add_user_path_flag(p)
-    _add(p, "--run-dir", "", "run directory (default: runs/<timestamp>)")
+    _add(p, "--run-dir", "", "run directory; one that holds a run is refused unless --resume",
+         shown="runs/<timestamp>")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
     p.add_argument("--secure", action="store_true",
                    help="mutual TLS and a token on every RPC (development CA and token made in RUN_DIR/secrets)")
     p.add_argument("--tls-no-client-auth", action="store_true",
                    help="with --secure: servers do not require client certificates (TLS instead of mTLS)")
-    _add_metrics_port(p)
+    _add_prometheus_port(p)
     add_run_flags(p)
     # --ps lists shard addresses (asyncps chief); before 0.2 `local --ps N` was the count
     p.add_argument("--ps", action=_NotHere, nargs="?", help=argparse.SUPPRESS,
                    default=argparse.SUPPRESS)
     p.set_defaults(fn=cmd_local)
 
-    p = sub.add_parser("health", help="check a server through the standard gRPC health service")
+    p = add_parser("health", help="check a server through the standard gRPC health service")
     p.add_argument("address", help="HOST:PORT")
-    p.add_argument("--timeout", default=3.0, type=float, help="seconds (default: %(default)s)")
+    p.add_argument("--timeout-s", default=3.0, type=float, help="seconds to wait for an answer (default: %(default)s)")
     add_security_flags(p)
     p.set_defaults(fn=cmd_health)
 
-    p = sub.add_parser("status", help="a running cluster's progress, from its chief (GetStatus)")
+    p = add_parser("status", help="a running cluster's progress, from its chief (GetStatus)")
     p.add_argument("address", help="the chief's HOST:PORT")
     p.add_argument("--watch", action="store_true", help="keep showing it (a progress bar on a terminal) until done")
-    p.add_argument("--interval", default=2.0, type=float,
+    p.add_argument("--interval-s", default=2.0, type=float,
                    help="seconds between polls with --watch (default: %(default)s)")
-    p.add_argument("--count", default=0, type=int, help="with --watch: stop after this many polls (0: at the end)")
-    p.add_argument("--timeout", default=5.0, type=float, help="seconds to wait for the chief (default: %(default)s)")
+    p.add_argument("--count", default=0, type=int,
+                   help="with --watch: stop after this many polls (0: off, at the end; default: off)")
+    p.add_argument("--timeout-s", default=5.0, type=float, help="seconds to wait for the chief (default: %(default)s)")
     add_security_flags(p)
     p.set_defaults(fn=cmd_status)
 
-    p = sub.add_parser("export", help="model.keras and a SavedModel from a checkpoint")
+    p = add_parser("export", help="model.keras and a SavedModel from a checkpoint")
     p.add_argument("checkpoint", help="a checkpoint directory (ckpt-NNNNNNNN), a checkpoint root or a run directory "
                                       "(its latest checkpoint)")
     p.add_argument("--out", default="", help="where to write them (default: the checkpoint directory)")
@@ -466,20 +514,20 @@ def build_parser() -> argparse.ArgumentParser:
         report,
     )
 
-    p = sub.add_parser("compose-run", help="docker-compose up -d, restart crashed or killed containers, "
+    p = add_parser("compose-run", help="docker compose up -d, restart crashed or killed containers, "
                                            "exit with the chief's status")
     composerun.add_arguments(p)
     p.set_defaults(fn=composerun.cmd_compose_run)
 
-    p = sub.add_parser("experiment", help="run a sweep of local clusters from a YAML/TOML spec and check its outcome")
+    p = add_parser("experiment", help="run a sweep of local clusters from a YAML/TOML spec and check its outcome")
     experiment.add_arguments(p)
     p.set_defaults(fn=experiment.cmd_experiment)
 
-    p = sub.add_parser("report", help="figures and report.md for a run directory or a sweep directory")
+    p = add_parser("report", help="figures and report.md for a run directory or a sweep directory")
     report.add_arguments(p)
     p.set_defaults(fn=report.cmd_report)
 
-    p = sub.add_parser("devcerts", help="development TLS certificates (a throwaway CA, server, chief and client)")
+    p = add_parser("devcerts", help="development TLS certificates (a throwaway CA, server, chief and client)")
     devcerts.add_arguments(p)
     p.set_defaults(fn=devcerts.cmd_devcerts)
     return parser

@@ -1,16 +1,18 @@
 """`asyncps compose-run`: the compose cluster as one command that survives killed containers.
 
-`docker-compose up --exit-code-from chief` stops the whole stack when any container exits, so a
+`docker compose up --exit-code-from chief` stops the whole stack when any container exits, so a
 crashed shard can never be restarted and restored. This runs `up -d` instead, then supervises:
 a container that exited with a non-zero status (a crash, an OOM kill, `docker kill -s KILL`, which
 Docker's restart policies ignore as a manual stop) is started again, up to --max-restarts times
-each, until the chief exits 0; the command's exit status is the chief's.
+each, until the chief exits 0; the command's exit status is the chief's. The compose command is
+`docker compose` (v2) where Docker has it, else the older `docker-compose` (v1).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -67,8 +69,27 @@ def decide(containers: Sequence[ContainerState], restarts: dict[str, int], max_r
     return Decision(restart=tuple(c.id for c in crashed if restarts.get(c.id, 0) < max_restarts))
 
 
+COMPOSE_V1 = ("docker-compose",)
+
+
+def compose_command(path: str | None = None) -> tuple[str, ...]:
+    """`docker compose` when `docker compose version` answers (v2), else `docker-compose` (v1), looked
+    up on `path` (default: $PATH); v1's name when neither is there, for the error to name it."""
+    docker = shutil.which("docker", path=path)
+    if docker is not None:
+        try:
+            probe = subprocess.run([docker, "compose", "version"], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            probe = None
+        if probe is not None and probe.returncode == 0:
+            return (docker, "compose")
+    v1 = shutil.which("docker-compose", path=path)
+    return (v1,) if v1 is not None else COMPOSE_V1
+
+
 class ComposeProject:
-    """The docker-compose (or `docker compose`) command of one project and file."""
+    """The compose command (`docker compose` or `docker-compose`) of one project and file."""
 
     def __init__(self, compose: Sequence[str], files: Sequence[str], project: str) -> None:
         self._base = [*compose, *(a for f in files for a in ("-f", f)), *(["-p", project] if project else [])]
@@ -113,8 +134,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The compose-run flags."""
     p.add_argument("-f", "--file", action="append", default=[], help="compose file (repeatable; default: compose's)")
     p.add_argument("-p", "--project-name", default="", help="compose project name (default: compose's)")
-    p.add_argument("--compose", default="docker-compose",
-                   help="the compose command, e.g. 'docker compose' for the v2 plugin (default: %(default)s)")
+    p.add_argument("--compose", default="auto",
+                   help="the compose command, e.g. 'docker compose' or docker-compose (default: auto: docker compose "
+                        "where `docker compose version` works, else docker-compose)")
     p.add_argument("--build", action="store_true", help="build the image first (up --build)")
     p.add_argument("--max-restarts", type=int, default=5, help="restarts per container (default: %(default)s)")
     p.add_argument("--down", action="store_true", help="remove the containers and network afterwards (keeps volumes)")
@@ -122,7 +144,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_compose_run(args: argparse.Namespace) -> int:
     """asyncps compose-run."""
-    project = ComposeProject(str(args.compose).split(), args.file, args.project_name)
+    compose = compose_command() if args.compose == "auto" else tuple(str(args.compose).split())
+    project = ComposeProject(compose, args.file, args.project_name)
     try:
         project.run("up", "-d", *(["--build"] if args.build else []))
         code = supervise(project, int(args.max_restarts))

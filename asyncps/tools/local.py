@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from asyncps.config import RunConfig, env_names, run_options
+from asyncps.config import RunConfig, env_name, flag_name, run_options
 from asyncps.ml.specs import load_problems
 from asyncps.net.security import SecurityConfig
 from asyncps.procenv import cli_command, process_env
@@ -34,14 +34,19 @@ def default_run_dir() -> Path:
     return Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
 
 
+def holds_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a run: the chief's config.json, or the settings a launcher handed a chief."""
+    files = RunDir(run_dir)
+    return files.config.exists() or files.launch_config.exists()
+
+
 def child_env(extra: dict[str, str] | None = None, tf_threads: int = 1) -> dict[str, str]:
     """Environment for cluster processes: asyncps.procenv's allocator and thread settings, quiet TF,
     unbuffered output, no TF_CONFIG (local processes are configured by flags only); then `extra`."""
     env = process_env(intra_op=tf_threads)
     env.pop("TF_CONFIG", None)
     for name in run_options():  # and the launcher's resolved RunConfig: no ASYNCPS_MODE etc. over it
-        for var in env_names(name):
-            env.pop(var, None)
+        env.pop(env_name(name), None)
     env.update(extra or {})
     return env
 
@@ -96,9 +101,9 @@ class LocalCluster:
 
     def __init__(self, run: RunConfig, run_dir: Path, env: dict[str, str] | None = None,
                  resume: bool = False, max_restarts: int = 5, secure: bool = False,
-                 client_auth: bool = True, metrics_port: int = -1) -> None:
+                 client_auth: bool = True, prometheus_port: int = -1) -> None:
         self.run = run
-        self.metrics_port = metrics_port  # the chief's Prometheus endpoint (-1: off, 0: any free port)
+        self.prometheus_port = prometheus_port  # the chief's Prometheus endpoint (-1: off, 0: any free port)
         self.secure = secure
         self.client_auth = client_auth
         self.security = SecurityConfig()
@@ -119,7 +124,7 @@ class LocalCluster:
         self._ps_args: dict[str, list[str]] = {}
         self._chief_args: list[str] = []
         self._worker_args: dict[str, list[str]] = {}
-        self._timeout_args = ["--chief-timeout", f"{run.chief_timeout_s:g}"]
+        self._timeout_args = [flag_name("chief_timeout_s"), f"{run.chief_timeout_s:g}"]
         # the shards import the plugin modules this run's rule names, and no other a request might name
         plugins = run.update_rule().plugin_modules()
         self._plugin_args = ["--plugins", ",".join(plugins)] if plugins else []
@@ -159,11 +164,11 @@ class LocalCluster:
         port_file = self.files.port_file("chief")
         port_file.unlink(missing_ok=True)
         args = ["chief", "--host", "127.0.0.1", "--ps", ",".join(self.ps_addresses),
-                "--workers", str(self.run.num_workers), "--run-dir", str(self.run_dir),
+                "--num-workers", str(self.run.num_workers), "--run-dir", str(self.run_dir),
                 "--run-config", str(config_file), *(["--resume"] if self.resume else []),
-                *(["--metrics-port", str(self.metrics_port),
-                   "--metrics-port-file", str(self.files.port_file("chief.metrics"))]
-                  if self.metrics_port >= 0 else [])]
+                *(["--prometheus-port", str(self.prometheus_port),
+                   "--prometheus-port-file", str(self.files.port_file("chief.metrics"))]
+                  if self.prometheus_port >= 0 else [])]
         chief = self._spawn("chief", [*args, "--port", "0", "--port-file", str(port_file)])
         port = self._wait_port(chief, port_file, port_timeout_s)
         self.chief_address = f"127.0.0.1:{port}"
@@ -305,17 +310,17 @@ class LocalCluster:
 
 def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
               env: dict[str, str] | None = None, resume: bool = False, secure: bool = False,
-              client_auth: bool = True, sink: StatusSink | None = None, metrics_port: int = -1) -> int:
+              client_auth: bool = True, sink: StatusSink | None = None, prometheus_port: int = -1) -> int:
     """Run a whole local cluster to completion; return the chief's exit code. The run's status goes
     to `sink`, else (with `progress`) to a progress bar or status lines on stdout. ValueError, before
     any process starts, for a spec that does not load (a user function that does not import, a
     missing npz file), instead of a process that exits before publishing its port."""
-    problems = load_problems(run.model, run.dataset, run.loss, run.metrics)
+    problems = load_problems(run.model, run.dataset, run.loss, run.eval_metrics)
     if problems:
         raise ValueError("; ".join(problems))
     run_dir.mkdir(parents=True, exist_ok=True)
     cluster = LocalCluster(run, run_dir, env, resume=resume, secure=secure, client_auth=client_auth,
-                           metrics_port=metrics_port)
+                           prometheus_port=prometheus_port)
     interrupted = threading.Event()
 
     def on_signal(signum: int) -> None:  # run by the route's thread, not in the signal handler

@@ -37,5 +37,5 @@ def build_with_batchnorm(input_shape: tuple[int, ...], num_classes: int) -> kera
 
 
 def true_class_probability(y_true: Any, y_pred: Any) -> Any:
-    """A metric (`--metrics shapes_model:true_class_probability`): the probability given to the right class."""
+    """A metric (`--eval-metrics shapes_model:true_class_probability`): the probability given to the right class."""
     return keras.ops.take_along_axis(y_pred, keras.ops.expand_dims(keras.ops.cast(y_true, "int32"), -1), axis=-1)[:, 0]

@@ -5,7 +5,7 @@ A spec is a YAML or TOML file:
 ```yaml
 name: e3_straggler                     # optional; default: the file's stem
 description: one 4x straggler ...      # optional; copied into results.md
-base: {model: logreg, num_workers: 4, compute_delay: "const:0.05", max_seconds: 5}
+base: {model: logreg, num_workers: 4, compute_delay: "const:0.05", max_training_s: 5}
 grid:                                  # the Cartesian product of every axis, first axis slowest
   seed: [0, 1]                         # an axis named after a RunConfig field: scalar values
   variant:                             # any other name: mappings of several fields (+ a label)

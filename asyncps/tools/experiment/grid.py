@@ -33,7 +33,7 @@ class Point:
 
 def make_run_config(fields: Mapping[str, Any]) -> RunConfig:
     """A RunConfig from spec fields: values coerced to the field's type (as in a --run-config file);
-    no `epochs` given and a max_updates or max_seconds stop means epochs 0 (as with `asyncps local`)."""
+    no `epochs` given and a max_updates or max_training_s stop means epochs 0 (as with `asyncps local`)."""
     try:
         return RunConfig.from_layers(coerce_settings(fields, "spec"))
     except TypeError as exc:
