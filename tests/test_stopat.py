@@ -61,7 +61,7 @@ def test_the_chief_refuses_a_level_its_evaluation_cannot_report() -> None:
 
     run = RunConfig(model="mlp:8", dataset="digits", stop_at="auc>=0.9")
     data, model = build_run_model(run)
-    task = resolve_task(run.loss, run.metrics, model, data.y_test)
+    task = resolve_task(run.loss, run.eval_metrics, model, data.y_test)
     with pytest.raises(ValueError, match=r"--stop-at auc >= 0.9: this run's evaluation reports no auc "
                                          r"\(it reports loss, accuracy\)"):
         check_stop_at(run, task)
