@@ -4,7 +4,9 @@ statistics, evaluations (eval.csv, TensorBoard) and the final summary.json."""
 from __future__ import annotations
 
 import collections
+import importlib.util
 import json
+import logging
 import math
 import threading
 import time
@@ -37,6 +39,8 @@ from asyncps.rundir import (
 )
 from asyncps.rundir.clocklead import push_clock_lead
 from asyncps.wire.proto import drop_from_wire
+
+log = logging.getLogger("asyncps.chief")
 
 if TYPE_CHECKING:
     from asyncps.chief.evaluator import Evaluator
@@ -262,17 +266,29 @@ class Recorder:
             self._steps.close()
 
 
+def tensorboard_installed() -> bool:
+    """Whether tf.summary can write: TensorFlow 2.20 stopped depending on tensorboard, so a TensorFlow the
+    user installed without asyncps' `tf`/`cpu` extra may come without it."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
 class EvalLog:
-    """Appends every evaluation to eval.csv and to the TensorBoard event files (run_dir/tb)."""
+    """Appends every evaluation to eval.csv and to the TensorBoard event files (run_dir/tb); without
+    tensorboard installed, to eval.csv alone (said once at start)."""
 
     def __init__(self, run_dir: Path, recorder: Recorder, append: bool = False, run: RunConfig | None = None) -> None:
         import tensorflow as tf
 
         self._recorder = recorder
-        self._writer = tf.summary.create_file_writer(str(RunDir(run_dir).tensorboard))
+        self._writer: Any = None
+        if tensorboard_installed():
+            self._writer = tf.summary.create_file_writer(str(RunDir(run_dir).tensorboard))
+        else:
+            log.warning("no TensorBoard event files: tensorboard is not installed (pip install tensorboard, "
+                        "or asyncps[tf] / asyncps[cpu]); evaluations go to eval.csv and summary.json")
         self._file = RowWriter(RunDir(run_dir).evals, EvalRow, append=append)
         self.history: list[tuple[float, int, float, float]] = []
-        if run is not None:
+        if run is not None and self._writer is not None:
             write_hparams(self._writer, run)
 
     def add(self, elapsed: float, updates: int, versions: Sequence[int], loss: float, accuracy: float,
@@ -282,6 +298,8 @@ class EvalLog:
         self._file.write(EvalRow(time.time(), elapsed, updates, tuple(versions), loss, accuracy))
         self._file.flush()
         self.history.append((elapsed, updates, loss, accuracy))
+        if self._writer is None:
+            return
         import tensorflow as tf
 
         _, recent, _, worker_loss = self._recorder.snapshot()
@@ -310,7 +328,8 @@ class EvalLog:
     def close(self) -> None:
         """Close eval.csv and the TensorBoard writer."""
         self._file.close()
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 def hparams_of(run: RunConfig) -> dict[str, bool | int | float | str]:

@@ -128,3 +128,8 @@ def test_the_wheel_installs_beside_tensorflow_and_trains(tf_spec: str, wheel: Pa
          "--num-workers", "2", "--num-ps", "1", "--max-updates", "40", "--tf-threads", "1"], cwd=ROOT, timeout=300)
     summary = json.loads(RunDir(run_dir).summary.read_text())
     assert summary["final_eval"]["accuracy"] > 0.5, summary["final_eval"]
+    # TensorFlow 2.20+ comes without tensorboard, which only asyncps' tf/cpu extras add: the chief then
+    # trains without TensorBoard event files and says so (a crash here before it did)
+    has_tensorboard = subprocess.run([str(python), "-c", "import tensorboard"], capture_output=True).returncode == 0
+    chief_log = RunDir(run_dir).log("chief").read_text()
+    assert ("no TensorBoard event files" in chief_log) == (not has_tensorboard), chief_log[-2000:]
