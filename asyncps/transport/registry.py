@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from asyncps.net.framed import DEFAULT_MAX_CONNECTIONS
+from asyncps.placement import Placement
 from asyncps.transport import shmseg
-from asyncps.transport.base import ClientSetup, DataPath
+from asyncps.transport.base import ClientSetup, DataPath, ModelBuffers
 from asyncps.transport.grpc_shard import frames_data_path
-from asyncps.transport.shm import shm_data_path
+from asyncps.transport.shm import shm_data_path, shm_model_buffers
 from asyncps.transport.tcp import tcp_data_path
 
 AUTO = "auto"
@@ -27,6 +29,8 @@ BASE = "grpc"  # the path every shard serves and every other path can fall back 
 
 # (setup, the path to fall back to or None, asked for by name) -> the data path to one shard
 DataPathFactory = Callable[[ClientSetup, "DataPath | None", bool], DataPath]
+# (the worker's placement, its number of shards) -> where its model's values live (None: its own arrays)
+ModelBuffersFactory = Callable[[Placement, int], "ModelBuffers | None"]
 
 
 def _always() -> str | None:
@@ -64,6 +68,8 @@ class Transport:
     unavailable: Callable[[], str | None] = _always  # why it cannot run on this host, None when it can
     auto_rank: int | None = None  # place in "auto"'s preference (lower first); None: only by name
     shard_settings: tuple[ShardSetting, ...] = ()  # what its shard adapter can be told
+    # where a worker's model values live when this path may carry them (shm: one arena its shards map)
+    model_buffers: ModelBuffersFactory | None = None
 
 
 class TransportRegistry:
@@ -157,6 +163,14 @@ class TransportRegistry:
             raise ValueError(f"transport {name}: {why}")
         return [(entry, True)] if name == BASE else [(entry, True), (self.get(BASE), False)]
 
+    def model_buffers(self, name: str, placement: Placement, shards: int) -> ModelBuffers | None:
+        """A worker's model buffers for a `transport` setting: from the best path in its chain that
+        provides some (None: the worker's own arrays)."""
+        for entry, _ in self.chain(name):
+            if entry.model_buffers is not None:
+                return entry.model_buffers(placement, shards)
+        return None
+
     def data_path(self, name: str, setup: ClientSetup) -> DataPath:
         """The data path to one shard for a `transport` setting: each path in the chain is built
         over the one after it (its fallback)."""
@@ -177,8 +191,9 @@ TRANSPORTS.register(Transport(
     frames_data_path, "asyncps.ps.servicer:grpc_adapter"))
 TRANSPORTS.register(Transport(
     "shm", "shared memory with shards on the same host, required",
-    shm_data_path, "asyncps.ps.shm:ShmAdapter", unavailable=_no_shm, auto_rank=0))
-DEFAULT_MAX_DATA_CONNECTIONS = 64
+    shm_data_path, "asyncps.ps.shm:ShmAdapter", unavailable=_no_shm, auto_rank=0,
+    model_buffers=shm_model_buffers))
+DEFAULT_MAX_DATA_CONNECTIONS = DEFAULT_MAX_CONNECTIONS
 
 
 def _port_or_none(value: Any) -> str | None:
@@ -193,11 +208,12 @@ TRANSPORTS.register(Transport(
     "tcp", "a TCP data connection per shard to the port it announces; gRPC frames when that port cannot be reached",
     tcp_data_path, "asyncps.ps.tcp:TcpAdapter", auto_rank=1,
     shard_settings=(
-        ShardSetting("--data-port", 0, "the TCP data path's port, announced to workers over gRPC (0: any free "
-                     "port; -1: none, workers use gRPC frames)", _port_or_none),
+        ShardSetting("--data-port", 0, "the framed data connection's port (tcp's tensors, shm's doorbell), "
+                     "announced to workers over gRPC (0: any free port; -1: none, workers use gRPC frames)",
+                     _port_or_none),
         ShardSetting("--max-data-connections", DEFAULT_MAX_DATA_CONNECTIONS,
-                     "TCP data connections at once (the one idle longest yields to a newcomer)", _at_least_one),
+                     "framed data connections at once (the one idle longest yields to a newcomer)", _at_least_one),
     )))
 
-__all__ = ["AUTO", "BASE", "DEFAULT_MAX_DATA_CONNECTIONS", "TRANSPORTS", "DataPathFactory", "ShardSetting", "Transport",
-           "TransportRegistry"]
+__all__ = ["AUTO", "BASE", "DEFAULT_MAX_DATA_CONNECTIONS", "TRANSPORTS", "DataPathFactory", "ModelBuffersFactory",
+           "ShardSetting", "Transport", "TransportRegistry"]
