@@ -26,13 +26,7 @@ import grpc
 from asyncps.ps.adapter import AdapterStartError, ShardSide, checked_wait, reply_header
 from asyncps.ps.service import ShardService
 
-from asyncps.net.framed import (
-    DEFAULT_MAX_CONNECTIONS,
-    FramedKind,
-    FramedLimits,
-    FramedListener,
-    certificate_roles,
-)
+from asyncps.net.framed import FramedKind, FramedLimits, FramedListener
 from asyncps.net.handlers import Handler
 from asyncps.net.security import LOOPBACK_HOST, SecurityConfig
 from asyncps.pb import ps_pb2
@@ -45,7 +39,6 @@ from asyncps.wire.stream import byte_view
 log = logging.getLogger(__name__)
 
 _WHOLE = 1 << 62  # tensor_slices chunk size: every tensor travels whole
-TcpLimits = FramedLimits  # the data port's limits (asyncps.net.framed)
 
 
 class TcpKinds:
@@ -136,7 +129,7 @@ class TcpAdapter:
             return self._server
 
     def DataPort(self, request: ps_pb2.DataPortRequest, context: grpc.ServicerContext) -> ps_pb2.DataPortResponse:
-        """Where this shard's TCP data path listens (0: none; the worker uses gRPC frames)."""
+        """Where this shard's framed data connection listens (0: none; the worker uses gRPC frames)."""
         return ps_pb2.DataPortResponse(port=self.port)
 
     def rpc_handlers(self) -> dict[str, Handler]:
@@ -172,4 +165,4 @@ class TcpAdapter:
             server.stop()
 
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "TcpAdapter", "TcpKinds", "TcpLimits", "TcpShardServer", "certificate_roles"]
+__all__ = ["TcpAdapter", "TcpKinds", "TcpShardServer"]
