@@ -47,13 +47,18 @@ class ShardSide:
     # the plugin modules a request's rule spec may import (the shard's --plugins; entry points always)
     plugin_modules: frozenset[str] = frozenset()
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S  # how long a connection of its own may wait on its client
-    # the transports' own settings by name (asyncps.transport.registry.ShardSetting: e.g. the tcp
-    # data port), given ones checked and the others at their defaults
+    # the shard settings by name (asyncps.transport.registry.ShardSetting: the data connection's, e.g.
+    # data_port, and each transport's), given ones checked and the others at their defaults
     settings: Mapping[str, Any] = field(default_factory=dict)
     # the request kinds each channel answers on the shard's framed data connection (asyncps.net.framed:
     # tcp's pull, push and push-pull, shm's doorbell), side by side, by kind, offered as the adapters
-    # are built (asyncps.ps.main.shard_adapters) and served by the data port's listener
+    # are built (asyncps.ps.main.shard_adapters) and served by the data port (asyncps.ps.dataport)
     framed_kinds: dict[str, FramedKind] = field(default_factory=dict, compare=False)
+
+    @property
+    def framed_request_bytes(self) -> int:
+        """The largest request the framed data connection reads: the shard's, within the connection's cap."""
+        return min(self.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES)
 
     def offer(self, kind: FramedKind) -> None:
         """Answer `kind.kind` on every framed data connection of this shard."""

@@ -1,11 +1,9 @@
 """The shard adapter of the "tcp" channel: pull, push and push-pull with their tensors in the frames
 of the shard's framed data connection (asyncps.net.framed), on the shard's one ShardService.
 
-TcpAdapter (the registry's factory, built from ShardSide by asyncps.ps.main) offers its three
-request kinds on ShardSide beside every other channel's (shm's doorbell), answers DataPort and
-runs the data port's listener (start, close) over all the kinds offered, because the port is its
-shard setting: data_port (`asyncps ps --data-port`, declared in its registry entry; 0: any free port;
--1: none, DataPort answers 0 and workers fall back to gRPC frames) and max_data_connections.
+TcpAdapter (the registry's factory, built from ShardSide by asyncps.ps.main) only offers its three
+request kinds on ShardSide beside every other channel's (shm's doorbell); the shard's data port
+(asyncps.ps.dataport: DataPort, the listener, --data-port, --max-data-connections) serves them.
 The connection itself (hello with the token, TLS, limits, eviction, error replies) is
 asyncps.net.framed's; this file only says what a pull, a push and a push-pull mean: the decisions
 are ShardService's, exactly as for gRPC frames.
@@ -17,13 +15,9 @@ the shard's read-only arrays.
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
 from collections.abc import Sequence
 
-import grpc
-from asyncps.ps.adapter import AdapterStartError, ShardSide, checked_wait, reply_header
+from asyncps.ps.adapter import ShardSide, checked_wait, reply_header
 from asyncps.ps.service import ShardService
 
 from asyncps.net.framed import FramedKind, FramedLimits, FramedListener
@@ -35,8 +29,6 @@ from asyncps.wire.frames import Slice, tensor_slices
 from asyncps.wire.proto import outcome_to_proto, push_request
 from asyncps.wire.shard import ShardValues
 from asyncps.wire.stream import byte_view
-
-log = logging.getLogger(__name__)
 
 _WHOLE = 1 << 62  # tensor_slices chunk size: every tensor travels whole
 
@@ -95,7 +87,7 @@ class TcpKinds:
 
 class TcpShardServer(FramedListener):
     """A data port serving only the "tcp" channel's kinds over `service` (tests and tools; a shard
-    serves every channel's kinds through TcpAdapter)."""
+    serves every channel's kinds through asyncps.ps.dataport)."""
 
     def __init__(self, service: ShardService, security: SecurityConfig | None = None, host: str = LOOPBACK_HOST,
                  port: int = 0, limits: FramedLimits | None = None) -> None:
@@ -106,63 +98,21 @@ class TcpShardServer(FramedListener):
 
 class TcpAdapter:
     """The shard side of "tcp" (a ShardAdapter): its request kinds offered on the shard's data
-    connection, DataPort over gRPC, and the data port's listener over every channel's kinds."""
+    connection, which the shard's data port (asyncps.ps.dataport) serves; no gRPC method of its own."""
 
     def __init__(self, side: ShardSide) -> None:
-        self._side = side
-        self._lock = threading.Lock()
-        self._server: FramedListener | None = None
-        self._max_request_bytes = min(side.max_request_bytes, FramedLimits.max_request_bytes)
-        for kind in TcpKinds(side.service, self._max_request_bytes).kinds():
+        for kind in TcpKinds(side.service, side.framed_request_bytes).kinds():
             side.offer(kind)
 
-    @property
-    def port(self) -> int:
-        """Where the data port listens; 0 before start, after close or with none (data_port -1)."""
-        with self._lock:
-            return self._server.port if self._server is not None else 0
-
-    @property
-    def server(self) -> FramedListener | None:
-        """The listener while it runs."""
-        with self._lock:
-            return self._server
-
-    def DataPort(self, request: ps_pb2.DataPortRequest, context: grpc.ServicerContext) -> ps_pb2.DataPortResponse:
-        """Where this shard's framed data connection listens (0: none; the worker uses gRPC frames)."""
-        return ps_pb2.DataPortResponse(port=self.port)
-
     def rpc_handlers(self) -> dict[str, Handler]:
-        """DataPort, protobuf both ways."""
-        return {"DataPort": grpc.unary_unary_rpc_method_handler(
-            self.DataPort, request_deserializer=ps_pb2.DataPortRequest.FromString,
-            response_serializer=ps_pb2.DataPortResponse.SerializeToString)}
+        """None: its requests travel on the data connection (DataPort is the data port's)."""
+        return {}
 
     def start(self) -> None:
-        """Bind and serve the data port (nothing with data_port -1)."""
-        side = self._side
-        data_port = int(side.setting("data_port"))
-        if data_port < 0:
-            log.info("shard %d: no TCP data port (--data-port -1): workers use gRPC frames", side.service.shard_index)
-            return
-        limits = FramedLimits(int(side.setting("max_data_connections")), side.idle_timeout_s,
-                              max_request_bytes=self._max_request_bytes)
-        try:
-            server = FramedListener(side.framed_kinds, side.security, side.host, data_port, limits).start()
-        except OSError as exc:
-            why = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise AdapterStartError(f"the tcp data port {side.host}:{data_port} cannot be bound ({why}): give "
-                                    "--data-port a free port (0: any free port, -1: none, workers use gRPC "
-                                    "frames)") from None
-        with self._lock:
-            self._server = server
+        """Nothing: the shard's data port serves the kinds offered."""
 
     def close(self) -> None:
-        """Stop the listener and end every data connection."""
-        with self._lock:
-            server, self._server = self._server, None
-        if server is not None:
-            server.stop()
+        """Nothing to release."""
 
 
 __all__ = ["TcpAdapter", "TcpKinds", "TcpShardServer"]

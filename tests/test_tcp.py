@@ -222,7 +222,7 @@ def test_a_taken_data_port_is_a_clear_exit_not_a_traceback(tmp_path: Path) -> No
                                str(taken), "--chief-timeout-s", "0"], capture_output=True, text=True, timeout=60,
                               env=child_env(), cwd=REPO_ROOT)
     assert done.returncode == 4, done.stderr[-2000:]
-    assert f"the tcp data port 127.0.0.1:{taken} cannot be bound (Address already in use)" in done.stderr
+    assert f"the data port 127.0.0.1:{taken} cannot be bound (Address already in use)" in done.stderr
     assert "--data-port a free port" in done.stderr and "Traceback" not in done.stderr
 
 

@@ -14,13 +14,15 @@ Adding a transport (a channel, say "tcp"), three files and nothing else:
    TLS, limits, reconnects) and sends its request kinds over it; hand calls it cannot carry to
    `fallback`; raise where `required` and the path cannot be set up);
 2. the shard adapter: `ps/tcp.py` with a factory `(ShardSide) -> ShardAdapter` over the shard's
-   one `ShardService` (asyncps.ps.adapter): the gRPC methods it answers, start and close, and the
-   request kinds it answers on the framed data connection (`side.offer(FramedKind(...))`, beside
-   every other channel's: shm offers its doorbell, `mapped`, exactly so);
+   one `ShardService` (asyncps.ps.adapter): the gRPC methods it answers (tcp: none), start and close,
+   and the request kinds it answers on the framed data connection (`side.offer(FramedKind(...))`,
+   beside every other channel's: shm offers its doorbell, `mapped`, exactly so); the shard's data
+   port (asyncps.ps.dataport: DataPort, the listener, `--data-port`, `--max-data-connections`, the
+   registry's DATA_CONNECTION_SETTINGS) serves every kind offered, so no channel starts it;
 3. one entry in registry.py: `Transport("tcp", "<one-line help>", tcp_data_path,
    "asyncps.ps.tcp:TcpAdapter", unavailable=..., auto_rank=..., shard_settings=(ShardSetting(
-   "--data-port", 0, "<help>", check), ...), model_buffers=...)`; the adapter reads the settings as
-   side.setting("data_port"); `model_buffers` (shm's arena) is where connect_model puts the model.
+   "--<name>-knob", 1, "<help>", check), ...), model_buffers=...)`; the adapter reads its own settings
+   as side.setting("<name>_knob"); `model_buffers` (shm's arena) is where connect_model puts the model.
 connect_shard, connect_model, RunConfig.transport's validation, `--transport`'s help, "auto", the
 shard's start (asyncps.ps.main) and `asyncps ps`'s flags and ASYNCPS_* variables then pick it up.
 A request kind of its own is one more field of FramedRequest's oneof (proto/asyncps/pb/ps.proto).
