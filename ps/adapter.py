@@ -18,6 +18,7 @@ import grpc
 from asyncps.ps.service import ShardService
 
 from asyncps.errors import InvalidArgumentError
+from asyncps.net.framed import DEFAULT_MAX_REQUEST_BYTES, FramedKind
 from asyncps.net.handlers import Handler
 from asyncps.net.security import LOOPBACK_HOST, SecurityConfig
 from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S
@@ -26,23 +27,11 @@ from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 from asyncps.wire.proto import SHARD_SERVICE, decisions_to_proto
 from asyncps.wire.shard import ShardValues
 
-DEFAULT_MAX_REQUEST_BYTES = 2 << 30
 MAX_WAIT_S = 300.0  # longest a long-poll blocks, whatever the caller asks
 
 
 class AdapterStartError(RuntimeError):
     """A transport adapter cannot begin serving (its message says what to change): the shard exits."""
-
-
-@dataclass(frozen=True)
-class LeanRequest:
-    """A request kind an adapter answers on another adapter's lean data connection (the "tcp" data
-    port): `kind` is its name in TcpRequest's oneof, `method` the shard gRPC method whose roles it
-    needs (asyncps.net.authz.METHOD_ROLES), `handle(request, max_wait_s)` its header-only answer."""
-
-    kind: str
-    method: str
-    handle: Callable[[ps_pb2.TcpRequest, float], ps_pb2.PullHeader]
 
 
 @dataclass(frozen=True)
@@ -58,18 +47,24 @@ class ShardSide:
     # the plugin modules a request's rule spec may import (the shard's --plugins; entry points always)
     plugin_modules: frozenset[str] = frozenset()
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S  # how long a connection of its own may wait on its client
-    # the transports' own settings by name (asyncps.transport.registry.ShardSetting: e.g. the tcp
-    # data port), given ones checked and the others at their defaults
+    # the shard settings by name (asyncps.transport.registry.ShardSetting: the data connection's, e.g.
+    # data_port, and each transport's), given ones checked and the others at their defaults
     settings: Mapping[str, Any] = field(default_factory=dict)
-    # request kinds adapters answer on a data connection of another's (shm's doorbell on the tcp
-    # data port), by kind, filled in as the adapters are built (asyncps.ps.main.shard_adapters)
-    lean_requests: dict[str, LeanRequest] = field(default_factory=dict, compare=False)
+    # the request kinds each channel answers on the shard's framed data connection (asyncps.net.framed:
+    # tcp's pull, push and push-pull, shm's doorbell), side by side, by kind, offered as the adapters
+    # are built (asyncps.ps.main.shard_adapters) and served by the data port (asyncps.ps.dataport)
+    framed_kinds: dict[str, FramedKind] = field(default_factory=dict, compare=False)
 
-    def offer(self, request: LeanRequest) -> None:
-        """Answer `request.kind` on every lean data connection of this shard."""
-        if request.kind in self.lean_requests:
-            raise ValueError(f"lean request {request.kind!r} is answered by two transport adapters")
-        self.lean_requests[request.kind] = request
+    @property
+    def framed_request_bytes(self) -> int:
+        """The largest request the framed data connection reads: the shard's, within the connection's cap."""
+        return min(self.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES)
+
+    def offer(self, kind: FramedKind) -> None:
+        """Answer `kind.kind` on every framed data connection of this shard."""
+        if kind.kind in self.framed_kinds:
+            raise ValueError(f"framed request kind {kind.kind!r} is answered by two transport adapters")
+        self.framed_kinds[kind.kind] = kind
 
     def setting(self, name: str) -> Any:
         """A transport's shard setting (its registry entry names it and its default; shard_adapters
@@ -145,7 +140,6 @@ __all__ = [
     "MAX_WAIT_S",
     "AdapterFactory",
     "AdapterStartError",
-    "LeanRequest",
     "ShardAdapter",
     "ShardSide",
     "add_handlers",

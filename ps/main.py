@@ -18,6 +18,7 @@ from asyncps.ps.adapter import (
     add_handlers,
     load_adapter_factory,
 )
+from asyncps.ps.dataport import DataPortAdapter
 from asyncps.ps.service import DEFAULT_MAX_WAITERS, ShardService
 from asyncps.ps.servicer import SHARD_HANDLER_THREADS
 from asyncps.ps.store import ShardStore
@@ -53,7 +54,7 @@ class PsConfig:
     handler_threads: int = SHARD_HANDLER_THREADS
     stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_streams_per_peer: int = 0  # 0: asyncps.net.streamguard's default for the thread count
-    # the transports' own settings by name (their registry entries declare them: the tcp data port, ...)
+    # the shard settings by name (the registry declares them: the data connection's --data-port, each transport's)
     transport_settings: Mapping[str, Any] = field(default_factory=dict)
     # modules whose plugins (`module:Class` rule specs) a request may name; installed entry points always
     plugins: tuple[str, ...] = ()
@@ -77,10 +78,12 @@ class PsConfig:
 
 def shard_adapters(side: ShardSide, registry: TransportRegistry = TRANSPORTS) -> list[ShardAdapter]:
     """The one place a shard's transports are built: every registered transport's adapter over
-    the same service, in registry order (gRPC first), each transport's settings checked and the
+    the same service, in registry order (gRPC first), then the data port serving the request kinds
+    they offered (last: started after them, closed before them); the shard settings checked and the
     ones not given at their defaults (ValueError naming the flag of a wrong one)."""
     side = dataclasses.replace(side, settings=registry.shard_setting_values(side.settings))
-    return [load_adapter_factory(transport.shard_adapter)(side) for transport in registry]
+    adapters = [load_adapter_factory(transport.shard_adapter)(side) for transport in registry]
+    return [*adapters, DataPortAdapter(side)]
 
 
 def run_ps(config: PsConfig, interrupt: threading.Event | None = None) -> int:

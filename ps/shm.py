@@ -2,10 +2,11 @@
 the shard's gRPC server (AttachShm, ShmPushPull) on the shard's one ShardService.
 
 A worker's segment holds its full model values and a region per gradient part. The shard maps
-it once (AttachShm), then for every ShmPushPull (over gRPC, or rung on the tcp data port: see
-LeanRequest) hands the gradients to the service as views of the segment, exactly as a framed
-push hands its received arrays (the service copies whatever it keeps), and writes the reply's
-values into the worker's regions once. The worker waits for the reply, so an honest worker
+it once (AttachShm), then for every ShmPushPull (over gRPC, or rung on the shard's framed data
+connection as the `mapped` request kind this adapter offers there, beside tcp's kinds) hands the
+gradients to the service as views of the segment, exactly as a framed push hands its received
+arrays (the service copies whatever it keeps), and writes the reply's values into the worker's
+regions once. The worker waits for the reply, so an honest worker
 never writes a region the shard is reading; a hostile one could change a gradient between the
 finite check and the apply, which does no more harm than the large finite gradient it could
 send anyway (tokens and roles decide who may push at all). Every offset and length is checked
@@ -28,7 +29,7 @@ from typing import Any
 
 import grpc
 import numpy as np
-from asyncps.ps.adapter import MAX_WAIT_S, LeanRequest, ShardSide, checked_wait, reply_header
+from asyncps.ps.adapter import MAX_WAIT_S, ShardSide, checked_wait, reply_header
 from asyncps.ps.service import ShardService
 
 from asyncps.errors import (
@@ -38,11 +39,13 @@ from asyncps.errors import (
     NotFoundError,
     PathNotVisibleError,
 )
+from asyncps.net.framed import FramedKind
 from asyncps.net.handlers import Handler
 from asyncps.net.rpc import handles_errors
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.transport import shmseg
 from asyncps.wire.codec import Array, _checked_nbytes, dtype_from_proto
+from asyncps.wire.frames import Slice
 from asyncps.wire.proto import outcome_to_proto, push_request
 
 log = logging.getLogger(__name__)
@@ -202,8 +205,11 @@ class ShmAdapter:
         self._service: ShardService = side.service
         self._attachments = Attachments(max_attachments)
         # the doorbell: a worker with a data connection rings through it instead of ShmPushPull
-        side.offer(LeanRequest("shm", "ShmPushPull", lambda request, max_wait_s: self.exchange(request.shm,
-                                                                                              max_wait_s)))
+        side.offer(FramedKind("mapped", "ShmPushPull", self._rung))
+
+    def _rung(self, request: ps_pb2.FramedRequest, tensors: Sequence[Array]) -> tuple[ps_pb2.FramedReply, list[Slice]]:
+        """The doorbell's answer: the exchange's header, no tensors (they are in the segment)."""
+        return ps_pb2.FramedReply(values=self.exchange(request.mapped, MAX_WAIT_S)), []
 
     @handles_errors
     def AttachShm(self, request: ps_pb2.AttachShmRequest, context: grpc.ServicerContext) -> ps_pb2.AttachShmResponse:
@@ -225,7 +231,7 @@ class ShmAdapter:
 
     def exchange(self, request: ps_pb2.ShmPushPullRequest, max_wait_s: float) -> ps_pb2.PullHeader:
         """One push-pull (or pull) through an attached segment, held at most max_wait_s: the answer of
-        ShmPushPull over gRPC and of the "shm" request on the tcp data port (the doorbell)."""
+        ShmPushPull over gRPC and of the `mapped` request on the framed data connection (the doorbell)."""
         header = request.header
         attachment = self._attachments.get(request.attachment, header.worker_id)
         limit = checked_wait("read_wait_s", header.read_wait_s, max_wait_s)

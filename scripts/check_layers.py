@@ -68,13 +68,10 @@ ROOT_PACKAGE = "asyncps"
 TRANSPORT_CHANNELS = ("asyncps.transport.tcp", "asyncps.transport.shm")
 TRANSPORT_HUBS = ("asyncps.transport", "asyncps.transport.registry")
 
-# Shared memory rings its header over the TCP data connection (transport/shm.py imports
-# transport/tcp.py): to be removed with the framed-connection work (TCP and shared memory as channels
-# beside each other over one framed connection).
-SHM_OVER_TCP = ("asyncps.transport.shm", "asyncps.transport.tcp")
-
 # Imports allowed to break the rules while a move is under way; the tests keep the list shrinking.
-KNOWN: frozenset[tuple[str, str]] = frozenset({SHM_OVER_TCP})
+# (Empty: shared memory rings its doorbell over the framed connection, asyncps.net.framed, beside the
+# tcp channel, no longer through it.)
+KNOWN: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -315,7 +315,7 @@ def start_shards(pods: LocalPods, shards: list[Pod]) -> None:
         assert not check_health(serving, plain, 1.0), f"{shard.name} answers in plaintext: TLS is off"
         pods.wait_for_log(shard.name, rf"shard {index} serving on port {serving.rsplit(':', 1)[1]} ")
         if "ASYNCPS_DATA_PORT" in env:  # the TCP data path listens where the manifest says, over TLS
-            pods.wait_for_log(shard.name, rf"TCP data port {env['ASYNCPS_DATA_PORT']} \(TLS")
+            pods.wait_for_log(shard.name, rf"data port {env['ASYNCPS_DATA_PORT']} \(TLS")
 
 
 def start_chief_and_worker(pods: LocalPods, chief: Pod, worker: Pod) -> int:

@@ -37,8 +37,8 @@ from asyncps.transport import (
     connect_shard,
     shmseg,
 )
-from asyncps.transport.link import ShardLink
-from asyncps.transport.tcp import data_connection
+from asyncps.transport.link import ShardLink, data_connection
+from asyncps.transport.shm import ring as ring_doorbell
 from asyncps.wire.proto import SHARD_SERVICE
 from asyncps.wire.shard import PushRequest
 from asyncps.wire.stream import read_head, send_frame
@@ -325,8 +325,8 @@ def test_the_model_client_computes_from_the_segment_so_values_are_written_once(
     for shard, values in enumerate(split_for_shards(placement, initial)):
         client.shards[shard].initialize("t", shard, 2, RULE, values)
     buffers = dict(client.values)
-    arena = client._arena
-    assert arena is not None and all(arena.offset_of(v) is not None for v in buffers.values())
+    arena = client._buffers
+    assert isinstance(arena, shmseg.Arena) and all(arena.offset_of(v) is not None for v in buffers.values())
     client.pull()
     assert all(client.values[n] is buffers[n] for n in buffers)  # never replaced, never copied into
     for s in client.shards:
@@ -434,7 +434,7 @@ def test_shared_memory_rings_over_the_data_connection_when_the_shard_has_one(sha
         stats = setup.stats()
         assert stats.bytes_pushed_by_transport == {"shm": 3 * sum(g.nbytes for g in grads.values())}
         assert set(stats.bytes_pulled_by_transport) == {"shm"}
-        results[args] = (client.data.rings_over_tcp, version, {n: b.tobytes() for n, b in buffers.items()})
+        results[args] = (client.data.rings_over_data_connection, version, {n: b.tobytes() for n, b in buffers.items()})
         for c in (setup, client):
             c.close()
     over_tcp, over_grpc = results[()], results[("--data-port", "-1")]
@@ -451,7 +451,7 @@ def test_hostile_doorbell_requests_get_their_error_and_change_nothing(shard: Sha
     buffers = {n: np.empty_like(v) for n, v in initial_values().items()}
     version = client.pull("w0", -1, buffers).version
     mapping = client.data._mapping
-    assert mapping is not None and client.data.rings_over_tcp
+    assert mapping is not None and client.data.rings_over_data_connection
     frames = GrpcShardTransport(shard.address, deadline_s=CALL_TIMEOUT_S)
     before = frames.pull("probe")
     link = ShardLink(shard.address, deadline_s=5)
@@ -459,7 +459,7 @@ def test_hostile_doorbell_requests_get_their_error_and_change_nothing(shard: Sha
 
     def ring(request: ps_pb2.ShmPushPullRequest) -> AsyncpsError:
         with pytest.raises(AsyncpsError) as caught:
-            bell.ring("evil", ps_pb2.TcpRequest(shm=request), 0.0)
+            ring_doorbell(bell, "evil", request, 0.0)
         return caught.value
 
     header = ps_pb2.PushHeader(worker_id="evil", base_version=version)
@@ -467,7 +467,7 @@ def test_hostile_doorbell_requests_get_their_error_and_change_nothing(shard: Sha
                                            grads=[mapping.grad_chunks["b"]]))
     assert isinstance(error, AttachAgainError), error  # not this worker's attachment: typed as over gRPC
     owner = ps_pb2.PushHeader(worker_id="w0", base_version=version)
-    with_tensor = ps_pb2.TcpRequest(shm=ps_pb2.ShmPushPullRequest(header=owner, attachment=mapping.attachment,
+    with_tensor = ps_pb2.FramedRequest(mapped=ps_pb2.ShmPushPullRequest(header=owner, attachment=mapping.attachment,
                                                                  grads=[mapping.grad_chunks["b"]]))
     with_tensor.tensors.add(name="b", dtype=tensor_pb2.FLOAT32, shape=[2], nbytes=8)
     head = with_tensor.SerializeToString()
@@ -478,10 +478,10 @@ def test_hostile_doorbell_requests_get_their_error_and_change_nothing(shard: Sha
                                         response_deserializer=ps_pb2.DataPortResponse.FromString)(
         ps_pb2.DataPortRequest(), timeout=5).port)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        send_frame(sock, ps_pb2.TcpRequest(hello=ps_pb2.TcpHello(worker_id="evil")))
-        assert read_head(sock, ps_pb2.TcpReply.FromString, "hello", 1 << 16, deadline=time.monotonic() + 10)[0].hello
+        send_frame(sock, ps_pb2.FramedRequest(hello=ps_pb2.FramedHello(worker_id="evil")))
+        assert read_head(sock, ps_pb2.FramedReply.FromString, "hello", 1 << 16, deadline=time.monotonic() + 10)[0].hello
         sock.sendall(struct.pack("<I", len(body)) + body)
-        reply, _ = read_head(sock, ps_pb2.TcpReply.FromString, "reply", 1 << 16, deadline=time.monotonic() + 10)
+        reply, _ = read_head(sock, ps_pb2.FramedReply.FromString, "reply", 1 << 16, deadline=time.monotonic() + 10)
     assert reply.error.code == Code.INVALID_ARGUMENT.value[0] and "carries no tensors" in reply.error.message
     outside = region("b", (40,), 1 << 40)
     error = ring(ps_pb2.ShmPushPullRequest(header=owner, attachment=mapping.attachment, grads=[outside]))

@@ -76,14 +76,14 @@ def data_port(address: str, security: SecurityConfig | None = None) -> int:
         client.close()
 
 
-def frame(message: ps_pb2.TcpRequest, payload: bytes = b"") -> bytes:
+def frame(message: ps_pb2.FramedRequest, payload: bytes = b"") -> bytes:
     head = message.SerializeToString()
     body = struct.pack("<I", len(head)) + head
     body += bytes(-len(body) % 8) + payload if payload else b""
     return struct.pack("<I", len(body)) + body
 
 
-def read_reply(sock: socket.socket) -> ps_pb2.TcpReply | None:
+def read_reply(sock: socket.socket) -> ps_pb2.FramedReply | None:
     """One reply frame (without tensors), or None when the shard closed the connection."""
     data = b""
     while len(data) < 4 or len(data) < 4 + struct.unpack_from("<I", data)[0]:
@@ -92,7 +92,7 @@ def read_reply(sock: socket.socket) -> ps_pb2.TcpReply | None:
             return None
         data += got
     (length,) = struct.unpack_from("<I", data, 4)
-    return ps_pb2.TcpReply.FromString(data[8:8 + length])
+    return ps_pb2.FramedReply.FromString(data[8:8 + length])
 
 
 def raw(port: int) -> socket.socket:
@@ -100,8 +100,8 @@ def raw(port: int) -> socket.socket:
     return sock
 
 
-def hello(sock: socket.socket, token: str = TOKEN) -> ps_pb2.TcpReply | None:
-    sock.sendall(frame(ps_pb2.TcpRequest(hello=ps_pb2.TcpHello(token=token, worker_id="raw"))))
+def hello(sock: socket.socket, token: str = TOKEN) -> ps_pb2.FramedReply | None:
+    sock.sendall(frame(ps_pb2.FramedRequest(hello=ps_pb2.FramedHello(token=token, worker_id="raw"))))
     return read_reply(sock)
 
 
@@ -222,7 +222,7 @@ def test_a_taken_data_port_is_a_clear_exit_not_a_traceback(tmp_path: Path) -> No
                                str(taken), "--chief-timeout-s", "0"], capture_output=True, text=True, timeout=60,
                               env=child_env(), cwd=REPO_ROOT)
     assert done.returncode == 4, done.stderr[-2000:]
-    assert f"the tcp data port 127.0.0.1:{taken} cannot be bound (Address already in use)" in done.stderr
+    assert f"the data port 127.0.0.1:{taken} cannot be bound (Address already in use)" in done.stderr
     assert "--data-port a free port" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -332,7 +332,7 @@ def test_hostile_frames_get_an_error_and_change_nothing(secured: tuple[str, Secu
     address, security = secured
     port = data_port(address, security)
     before = state(address, security)
-    push = ps_pb2.TcpRequest(push=ps_pb2.PushHeader(worker_id="evil", base_version=before[0]))
+    push = ps_pb2.FramedRequest(push=ps_pb2.PushHeader(worker_id="evil", base_version=before[0]))
     with raw(port) as sock:
         if attack != "no-hello":
             reply = hello(sock)
@@ -341,7 +341,7 @@ def test_hostile_frames_get_an_error_and_change_nothing(secured: tuple[str, Secu
             sock.sendall(struct.pack("<I", 0xFFFFFFF0) + b"\0" * 64)
             expected: type[AsyncpsError] | None = ResourceExhaustedError
         elif attack == "truncated":
-            chunk = ps_pb2.TcpRequest(push=push.push)
+            chunk = ps_pb2.FramedRequest(push=push.push)
             chunk.tensors.add(name="b", dtype=1, shape=[33], nbytes=132)
             whole = frame(chunk, np.ones(33, np.float32).tobytes())
             sock.sendall(whole[:len(whole) - 40])
@@ -354,7 +354,7 @@ def test_hostile_frames_get_an_error_and_change_nothing(secured: tuple[str, Secu
             sock.sendall(struct.pack("<II", 64, 1 << 30) + b"\0" * 60)
             expected = ResourceExhaustedError
         elif attack == "tensor-past-the-end":
-            chunk = ps_pb2.TcpRequest(push=push.push)
+            chunk = ps_pb2.FramedRequest(push=push.push)
             chunk.tensors.add(name="b", dtype=1, shape=[33], nbytes=132)
             sock.sendall(frame(chunk, b"\0" * 16))  # announces 132 bytes, the frame holds 16
             expected = InvalidArgumentError
@@ -509,7 +509,7 @@ def test_mutual_tls_and_a_token_over_tcp(shard_factory: ShardLauncher, tmp_path:
     with pytest.raises(Unreachable, match="SSL"):  # the TLS handshake fails: no certificate
         no_cert.pull("w0")
     with raw(port) as sock:  # plaintext to a TLS port: refused, the shard keeps serving
-        sock.sendall(frame(ps_pb2.TcpRequest(hello=ps_pb2.TcpHello(token=TOKEN))))
+        sock.sendall(frame(ps_pb2.FramedRequest(hello=ps_pb2.FramedHello(token=TOKEN))))
         assert closed(sock)
     assert state(address, worker)[0] == 1
 
@@ -528,7 +528,7 @@ def test_a_request_that_starts_just_before_the_idle_deadline_is_read_whole(shard
     try:
         reply = hello(sock, "")
         assert reply is not None and reply.WhichOneof("kind") == "hello", reply
-        request = frame(ps_pb2.TcpRequest(pull=ps_pb2.PullRequest(worker_id="held")))
+        request = frame(ps_pb2.FramedRequest(pull=ps_pb2.PullRequest(worker_id="held")))
         time.sleep(0.8 * idle_s)  # the shard's idle clock, not an ordering of threads
         sock.sendall(request[:1])
         time.sleep(0.5 * idle_s)  # past the idle deadline, well within a fresh one

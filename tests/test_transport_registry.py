@@ -342,7 +342,11 @@ def test_a_transports_shard_settings_come_from_its_entry_alone(capsys: pytest.Ca
     with pytest.raises(ValueError, match=r"--probe-knob \(probe\): an integer > 0, got 0"):
         shard_adapters(ShardSide(service, settings={"probe_knob": 0}), registry)
     with pytest.raises(ValueError, match="no transport has the shard setting"):
-        shard_adapters(ShardSide(service, settings={"data_port": 1}), registry)  # tcp is not in this registry
+        shard_adapters(ShardSide(service, settings={"tcp_knob": 1}), registry)
+    shard_adapters(ShardSide(service, settings={"data_port": -1}), registry)  # the data connection's, tcp or not
+    with pytest.raises(ValueError, match="belong to another transport or the data connection"):
+        registry.register(Transport("probe3", "another", TRANSPORTS.get(BASE).data_path, f"{__name__}:KnobAdapter",
+                                    shard_settings=(ShardSetting("--data-port", 1, "again"),)))
     with pytest.raises(ValueError, match="belong to another transport"):
         registry.register(Transport("probe2", "another", TRANSPORTS.get(BASE).data_path, f"{__name__}:KnobAdapter",
                                     shard_settings=(ShardSetting("--probe-knob", 1, "again"),)))
@@ -351,6 +355,35 @@ def test_a_transports_shard_settings_come_from_its_entry_alone(capsys: pytest.Ca
     assert (args.data_port, args.max_data_connections) == (-1, 3)
     with pytest.raises(SystemExit):
         parser.parse_args(["ps", "--help"])
-    assert "env ASYNCPS_DATA_PORT" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="--max-data-connections"):
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "env ASYNCPS_DATA_PORT" in help_text and "env ASYNCPS_MAX_DATA_CONNECTIONS" in help_text
+    assert "[data connection]" in help_text
+    with pytest.raises(ValueError, match=r"--max-data-connections \(data connection\)"):
         PsConfig(transport_settings={"max_data_connections": 0})
+
+
+@needs_shm
+def test_shared_memory_rings_over_the_data_port_without_the_tcp_adapter() -> None:
+    """The data port is the shard's, not tcp's: with only gRPC and shm registered, shard_adapters
+    still opens it and the shm client rings its doorbell there."""
+    registry = TransportRegistry()
+    registry.register(TRANSPORTS.get(BASE))
+    registry.register(TRANSPORTS.get("shm"))
+    service = ShardService(ShardStore(shard_index=0))
+    service.initialize(RULE, initial_values())
+    adapters = shard_adapters(ShardSide(service), registry)
+    server, port, _ = rpc.create_server("127.0.0.1:0", [lambda s: add_handlers(s, adapters)], max_workers=8)
+    for adapter in adapters:
+        adapter.start()
+    try:
+        client = connect_shard(f"127.0.0.1:{port}", deadline_s=CALL_TIMEOUT_S, transport="shm", registry=registry)
+        buffers = {n: np.empty_like(v) for n, v in initial_values().items()}
+        outcome, reply = client.push_pull(PushRequest("w0", 0, grads()), -1, buffers)
+        assert outcome.accepted and reply.version == 1
+        assert isinstance(client.data, ShmDataPath) and client.data.uses_shared_memory
+        assert client.data.rings_over_data_connection
+        client.close()
+    finally:
+        server.stop(None)
+        for adapter in reversed(adapters):
+            adapter.close()

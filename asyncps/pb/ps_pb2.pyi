@@ -962,11 +962,14 @@ class DataPortResponse(google.protobuf.message.Message):
 global___DataPortResponse = DataPortResponse
 
 @typing.final
-class TcpHello(google.protobuf.message.Message):
-    """The lean TCP data path (asyncps/transport/tcp.py, ps/tcp.py). Every message on the connection
-    is `u32 little-endian N | N bytes: one raw frame` (asyncps/wire/frames.py's layout: u32 header
-    length | this message | tensor bytes, each at the next multiple of 8 from the frame's start).
-    The client speaks first (hello), then one request, one reply, in turn.
+class FramedHello(google.protobuf.message.Message):
+    """The framed data connection (asyncps/net/framed.py) under the lean channels: TCP's tensors
+    (asyncps/transport/tcp.py, ps/tcp.py) and shared memory's doorbell (asyncps/transport/shm.py,
+    ps/shm.py) travel side by side on it. Every message on the connection is `u32 little-endian N |
+    N bytes: one raw frame` (asyncps/wire/frames.py's layout: u32 header length | this message |
+    tensor bytes, each at the next multiple of 8 from the frame's start). The client speaks first
+    (hello), then one request, one reply, in turn. These messages name no transport; their field
+    numbers and types are the wire contract, unchanged since they carried the TCP channel alone.
     """
 
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
@@ -985,20 +988,20 @@ class TcpHello(google.protobuf.message.Message):
     ) -> None: ...
     def ClearField(self, field_name: typing.Literal["token", b"token", "worker_id", b"worker_id"]) -> None: ...
 
-global___TcpHello = TcpHello
+global___FramedHello = FramedHello
 
 @typing.final
-class TcpRequest(google.protobuf.message.Message):
+class FramedRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     HELLO_FIELD_NUMBER: builtins.int
     PULL_FIELD_NUMBER: builtins.int
     PUSH_FIELD_NUMBER: builtins.int
     PUSH_PULL_FIELD_NUMBER: builtins.int
-    SHM_FIELD_NUMBER: builtins.int
+    MAPPED_FIELD_NUMBER: builtins.int
     TENSORS_FIELD_NUMBER: builtins.int
     @property
-    def hello(self) -> global___TcpHello: ...
+    def hello(self) -> global___FramedHello: ...
     @property
     def pull(self) -> global___PullRequest: ...
     @property
@@ -1010,9 +1013,9 @@ class TcpRequest(google.protobuf.message.Message):
         """tensors: the gradient; values come back"""
 
     @property
-    def shm(self) -> global___ShmPushPullRequest:
-        """"shm" over this connection: a push-pull or pull through an attached shared-memory segment
-        (as the ShmPushPull call, with its role); no tensors either way, the reply is `values`
+    def mapped(self) -> global___ShmPushPullRequest:
+        """a push-pull or pull whose tensors lie in a segment the shard has mapped (the ShmPushPull
+        call's request, with its role): no tensors either way, the reply is `values`
         """
 
     @property
@@ -1022,21 +1025,21 @@ class TcpRequest(google.protobuf.message.Message):
     def __init__(
         self,
         *,
-        hello: global___TcpHello | None = ...,
+        hello: global___FramedHello | None = ...,
         pull: global___PullRequest | None = ...,
         push: global___PushHeader | None = ...,
         push_pull: global___PushHeader | None = ...,
-        shm: global___ShmPushPullRequest | None = ...,
+        mapped: global___ShmPushPullRequest | None = ...,
         tensors: collections.abc.Iterable[asyncps.pb.tensor_pb2.TensorChunk] | None = ...,
     ) -> None: ...
-    def HasField(self, field_name: typing.Literal["hello", b"hello", "kind", b"kind", "pull", b"pull", "push", b"push", "push_pull", b"push_pull", "shm", b"shm"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["hello", b"hello", "kind", b"kind", "pull", b"pull", "push", b"push", "push_pull", b"push_pull", "shm", b"shm", "tensors", b"tensors"]) -> None: ...
-    def WhichOneof(self, oneof_group: typing.Literal["kind", b"kind"]) -> typing.Literal["hello", "pull", "push", "push_pull", "shm"] | None: ...
+    def HasField(self, field_name: typing.Literal["hello", b"hello", "kind", b"kind", "mapped", b"mapped", "pull", b"pull", "push", b"push", "push_pull", b"push_pull"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["hello", b"hello", "kind", b"kind", "mapped", b"mapped", "pull", b"pull", "push", b"push", "push_pull", b"push_pull", "tensors", b"tensors"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["kind", b"kind"]) -> typing.Literal["hello", "pull", "push", "push_pull", "mapped"] | None: ...
 
-global___TcpRequest = TcpRequest
+global___FramedRequest = FramedRequest
 
 @typing.final
-class TcpError(google.protobuf.message.Message):
+class FramedError(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     CODE_FIELD_NUMBER: builtins.int
@@ -1056,10 +1059,10 @@ class TcpError(google.protobuf.message.Message):
     ) -> None: ...
     def ClearField(self, field_name: typing.Literal["code", b"code", "message", b"message", "outcome", b"outcome"]) -> None: ...
 
-global___TcpError = TcpError
+global___FramedError = FramedError
 
 @typing.final
-class TcpReply(google.protobuf.message.Message):
+class FramedReply(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     ERROR_FIELD_NUMBER: builtins.int
@@ -1070,7 +1073,7 @@ class TcpReply(google.protobuf.message.Message):
     hello: builtins.bool
     """handshake accepted"""
     @property
-    def error(self) -> global___TcpError:
+    def error(self) -> global___FramedError:
         """the connection stays usable unless the error says the stream is broken"""
 
     @property
@@ -1084,7 +1087,7 @@ class TcpReply(google.protobuf.message.Message):
     def __init__(
         self,
         *,
-        error: global___TcpError | None = ...,
+        error: global___FramedError | None = ...,
         hello: builtins.bool = ...,
         pushed: global___PushResult | None = ...,
         values: global___PullHeader | None = ...,
@@ -1094,4 +1097,4 @@ class TcpReply(google.protobuf.message.Message):
     def ClearField(self, field_name: typing.Literal["error", b"error", "hello", b"hello", "kind", b"kind", "pushed", b"pushed", "tensors", b"tensors", "values", b"values"]) -> None: ...
     def WhichOneof(self, oneof_group: typing.Literal["kind", b"kind"]) -> typing.Literal["error", "hello", "pushed", "values"] | None: ...
 
-global___TcpReply = TcpReply
+global___FramedReply = FramedReply

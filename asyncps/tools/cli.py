@@ -428,8 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
          type=float)
     _add(g, "--max-streams-per-peer", AUTO, "streams one client connection may have open (auto: min(16, half of "
          "--handler-threads))", type=count_or_auto)
-    for transport, setting in TRANSPORTS.shard_settings():  # each transport's own, from its registry entry
-        _add(g, setting.flag, setting.default, f"{setting.help} [{transport.name}]", type=type(setting.default))
+    for owner, setting in TRANSPORTS.shard_settings():  # the data connection's and each transport's, from the registry
+        _add(g, setting.flag, setting.default, f"{setting.help} [{owner}]", type=type(setting.default))
     _add(p, "--plugins", "", "comma-separated modules (package.module) whose rule plugins (package.module:Class "
          "specs) an Initialize may name; the shard imports no other module a request names (installed entry "
          "points of asyncps.optimizers, .policies, .modes are always allowed)")

@@ -6,25 +6,33 @@ always gRPC. `ShardClient` pairs them per shard; `connect_shard` builds one from
 transports (registry.py), which configuration and `--transport` read too; `ModelClient` runs a
 whole model over any of them.
 
-Adding a transport (say "tcp"), three files and nothing else:
+Adding a transport (a channel, say "tcp"), three files and nothing else:
 1. the client: `asyncps/transport/tcp.py` with a `DataPath` and its factory
    `tcp_data_path(setup: ClientSetup, fallback: DataPath | None, required: bool) -> DataPath`
-   (`setup.link` is the shard's gRPC link, e.g. to ask for a data port; hand calls it cannot
-   carry to `fallback`; raise where `required` and the path cannot be set up);
+   (`setup.link` is the shard's gRPC link; a lean channel opens its framed connection with
+   `link.data_connection(setup.link, setup.security)` (asyncps.net.framed: framing, hello, token,
+   TLS, limits, reconnects) and sends its request kinds over it; hand calls it cannot carry to
+   `fallback`; raise where `required` and the path cannot be set up);
 2. the shard adapter: `ps/tcp.py` with a factory `(ShardSide) -> ShardAdapter` over the shard's
-   one `ShardService` (asyncps.ps.adapter): the gRPC methods it answers, start and close;
+   one `ShardService` (asyncps.ps.adapter): the gRPC methods it answers (tcp: none), start and close,
+   and the request kinds it answers on the framed data connection (`side.offer(FramedKind(...))`,
+   beside every other channel's: shm offers its doorbell, `mapped`, exactly so); the shard's data
+   port (asyncps.ps.dataport: DataPort, the listener, `--data-port`, `--max-data-connections`, the
+   registry's DATA_CONNECTION_SETTINGS) serves every kind offered, so no channel starts it;
 3. one entry in registry.py: `Transport("tcp", "<one-line help>", tcp_data_path,
    "asyncps.ps.tcp:TcpAdapter", unavailable=..., auto_rank=..., shard_settings=(ShardSetting(
-   "--data-port", 0, "<help>", check), ...))`; the adapter reads them as side.setting("data_port").
-connect_shard, RunConfig.transport's validation, `--transport`'s help, "auto", the shard's
-start (asyncps.ps.main) and `asyncps ps`'s flags and ASYNCPS_* variables then pick it up. A
-shard adapter may also answer header-only requests on another's data connection
-(ShardSide.offer: shm's doorbell rides the tcp data port). Outcomes that steer a client (fall back, attach again)
-are asyncps.errors classes carried typed by asyncps.net.rpc (error_from_rpc), never message text.
+   "--<name>-knob", 1, "<help>", check), ...), model_buffers=...)`; the adapter reads its own settings
+   as side.setting("<name>_knob"); `model_buffers` (shm's arena) is where connect_model puts the model.
+connect_shard, connect_model, RunConfig.transport's validation, `--transport`'s help, "auto", the
+shard's start (asyncps.ps.main) and `asyncps ps`'s flags and ASYNCPS_* variables then pick it up.
+A request kind of its own is one more field of FramedRequest's oneof (proto/asyncps/pb/ps.proto).
+Outcomes that steer a client (fall back, attach again) are asyncps.errors classes carried typed by
+asyncps.net.rpc (error_from_rpc), never message text.
 
 Errors: every path, and the control face, fails with asyncps.errors only (each converts at its own
-edge: the gRPC link through asyncps.net.rpc's one table, TCP from its replies and broken connections),
-retried by one asyncps.net.retry.RetryPolicy; nothing above the seam sees a grpc.RpcError.
+edge: the gRPC link through asyncps.net.rpc's one table, the framed connection from its error
+replies and broken connections), retried by one asyncps.net.retry.RetryPolicy; nothing above the
+seam sees a grpc.RpcError.
 """
 
 from __future__ import annotations
@@ -35,12 +43,20 @@ from collections.abc import Sequence
 from asyncps.net.security import SecurityConfig
 from asyncps.placement import Placement
 from asyncps.transport import shmseg
-from asyncps.transport.base import ClientSetup, DataPath, InitResult, ShardClient, ShardControl, ShardTransport
+from asyncps.transport.base import (
+    ClientSetup,
+    DataPath,
+    InitResult,
+    ModelBuffers,
+    ShardClient,
+    ShardControl,
+    ShardTransport,
+)
 from asyncps.transport.grpc_shard import FramesDataPath, GrpcShardControl, GrpcShardTransport
 from asyncps.transport.link import ShardLink
 from asyncps.transport.model import ModelClient, ShardPush
 from asyncps.transport.registry import AUTO, TRANSPORTS, Transport, TransportRegistry
-from asyncps.transport.shm import ShmDataPath
+from asyncps.transport.shm import ShmDataPath, arena_bytes
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES
 
 
@@ -54,18 +70,18 @@ def connect_shard(
     registry: TransportRegistry = TRANSPORTS,
     ride_restarts: bool = True,
     abort: threading.Event | None = None,
-    arena: shmseg.Arena | None = None,
+    model_buffers: ModelBuffers | None = None,
 ) -> ShardClient:
     """A client to the shard at `address` (host:port): the gRPC control face paired with the data
     path the `transport` setting names in the registry ("auto": the best available path, each
     falling back to the next; a name: that path required, e.g. "shm" is an error on another host).
     `ride_restarts`: training calls wait while the shard restarted empty (a worker's), or fail at once
     with FailedPreconditionError (the chief's: it is the one that restores the shard). `abort`: the owner's
-    stop event; once it is set, a call that fails is not retried (Unreachable at once). `arena`: the
-    worker's shared memory, for a path that can use it (see connect_model)."""
+    stop event; once it is set, a call that fails is not retried (Unreachable at once). `model_buffers`:
+    where the worker's model lives, for a path that provided them (see connect_model)."""
     link = ShardLink(address, deadline_s, security, call_timeout_s, ride_restarts=ride_restarts, abort=abort)
     try:
-        data = registry.data_path(transport, ClientSetup(link, chunk_bytes, security, arena))
+        data = registry.data_path(transport, ClientSetup(link, chunk_bytes, security, model_buffers))
     except BaseException:
         link.close()
         raise
@@ -88,30 +104,22 @@ def connect_model(
 ) -> ModelClient:
     """A ModelClient over transports to every shard, in shard order (see connect_shard); a worker's
     client sends its index with every push, and a coordinated one (a sync run's worker) has shard 0
-    decide each step for every shard. `ride_restarts`, `abort`: see connect_shard. Where the
-    transport may use shared memory, the model's buffers live in one arena (shmseg.Arena) that
-    every shard on this host writes its values into, rows of sliced variables included."""
-    arena = None
-    if any(entry.name == "shm" for entry, _ in registry.chain(transport)):
-        arena = shmseg.Arena.create(arena_bytes(placement), len(addresses))
+    decide each step for every shard. `ride_restarts`, `abort`: see connect_shard. The model's
+    buffers come from the transport's registry entry when it provides them (Transport.model_buffers:
+    shm's arena, which every shard on this host writes its values into, rows of sliced variables
+    included)."""
+    buffers = registry.model_buffers(transport, placement, len(addresses))
     try:
         shards = [connect_shard(a, deadline_s, chunk_bytes, security, transport=transport, registry=registry,
-                                ride_restarts=ride_restarts, abort=abort, arena=arena) for a in addresses]
+                                ride_restarts=ride_restarts, abort=abort, model_buffers=buffers) for a in addresses]
     except BaseException:
-        if arena is not None:
-            arena.close()
+        if buffers is not None:
+            buffers.close()
         raise
-    return ModelClient(worker_id, shards, placement, worker_index, coordinated, arena)
-
-
-def arena_bytes(placement: Placement) -> int:
-    """An arena's size for a placement: every variable once (the values) and every part once (its
-    gradient region), each aligned."""
-    return (2 * sum(shmseg.align(v.nbytes) for v in placement.variables)
-            + shmseg.ALIGN * (len(placement.parts) + len(placement.variables)))
+    return ModelClient(worker_id, shards, placement, worker_index, coordinated, buffers)
 
 
 __all__ = ["AUTO", "TRANSPORTS", "ClientSetup", "DataPath", "FramesDataPath", "GrpcShardControl",
-           "GrpcShardTransport", "InitResult", "ModelClient", "ShardClient", "ShardControl", "ShardLink",
-           "ShardPush", "ShardTransport", "ShmDataPath", "Transport", "TransportRegistry", "arena_bytes",
+           "GrpcShardTransport", "InitResult", "ModelBuffers", "ModelClient", "ShardClient", "ShardControl",
+           "ShardLink", "ShardPush", "ShardTransport", "ShmDataPath", "Transport", "TransportRegistry", "arena_bytes",
            "connect_model", "connect_shard", "shmseg"]

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.sync.types import Decisions, Held
@@ -21,7 +23,6 @@ from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, 
 if TYPE_CHECKING:
     from asyncps.net.security import SecurityConfig
     from asyncps.transport.link import ShardLink
-    from asyncps.transport.shmseg import Arena
 
 
 @dataclass(frozen=True)
@@ -32,17 +33,30 @@ class InitResult:
     version: int
 
 
+class ModelBuffers(Protocol):
+    """Where a worker's model values live when a transport provides them (its registry entry's
+    `model_buffers` hook, e.g. shm's arena, which the shards map and write into); else they are
+    aligned arrays of the worker's own."""
+
+    def array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
+        """A fresh zeroed, aligned, C-contiguous array for one variable."""
+
+    def close(self) -> None:
+        """Release the memory (once every path that used it is closed)."""
+
+
 @dataclass(frozen=True)
 class ClientSetup:
     """What a transport's data-path factory is given for one shard: the shard's gRPC link (shared
     with the control face: its channel, deadlines and retry policy), the frame size and the
     cluster's security (a path of its own authenticates and encrypts as gRPC does), and the
-    worker's shared-memory arena when it has one (its model's buffers live there: see shmseg.Arena)."""
+    worker's model buffers when a transport provided them (ModelBuffers: a path that made them
+    may use them, e.g. shm's arena)."""
 
     link: ShardLink
     chunk_bytes: int
     security: SecurityConfig | None = None
-    arena: Arena | None = None
+    model_buffers: ModelBuffers | None = None
 
 
 class DataPath(Protocol):
@@ -182,4 +196,5 @@ class ShardClient:
             self.control.close()
 
 
-__all__ = ["ClientSetup", "DataPath", "InitResult", "PushRequest", "ShardClient", "ShardControl", "ShardTransport"]
+__all__ = ["ClientSetup", "DataPath", "InitResult", "ModelBuffers", "PushRequest", "ShardClient", "ShardControl",
+           "ShardTransport"]

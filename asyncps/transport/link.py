@@ -1,5 +1,6 @@
 """One gRPC channel to one shard, with its deadlines and retry policies: what the control face and
-every data path over gRPC share (and what a data path's factory is handed, asyncps.transport.base).
+every data path over gRPC share (and what a data path's factory is handed, asyncps.transport.base);
+and the framed data connection a lean channel opens to the data port the shard announces over it.
 
 The link is the gRPC paths' edge: every call through `retry` fails with asyncps.errors, never a
 grpc.RpcError (asyncps.net.rpc.raising_domain_errors), and is retried by an asyncps.net.retry policy."""
@@ -13,12 +14,15 @@ from dataclasses import replace
 from typing import TypeVar
 
 from asyncps.errors import AsyncpsError, FailedPreconditionError, UnavailableError
+from asyncps.net.framed import DEFAULT_CONNECT_TIMEOUT_S, FramedConnection
 from asyncps.net.retry import RetryPolicy
 from asyncps.net.rpc import make_channel, raising_domain_errors
 from asyncps.net.security import SecurityConfig, secure_channel
+from asyncps.pb import ps_pb2
 from asyncps.wire.proto import SHARD_SERVICE
 
 T = TypeVar("T")
+C = TypeVar("C", bound=FramedConnection)
 
 # Training calls also ride through a shard that restarted and waits for the chief to restore it
 # (FAILED_PRECONDITION: not initialized; its typed outcomes are subclasses, never retried).
@@ -70,4 +74,22 @@ class ShardLink:
         self.channel.close()
 
 
-__all__ = ["RIDE_RESTARTS", "ShardLink"]
+def data_connection(link: ShardLink, security: SecurityConfig | None = None,
+                    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+                    kind: Callable[..., C] = FramedConnection) -> C:  # type: ignore[assignment]
+    """A framed connection (of a channel's `kind`) to the data port the shard announces over `link`
+    (DataPort), with the link's deadlines and policies (training calls ride restarts); it connects on
+    first use."""
+    ask = link.channel.unary_unary(link.path("DataPort"),
+                                   request_serializer=ps_pb2.DataPortRequest.SerializeToString,
+                                   response_deserializer=ps_pb2.DataPortResponse.FromString)
+
+    def data_port() -> int:
+        reply = link.retry(lambda: ask(ps_pb2.DataPortRequest(), timeout=link.call_timeout_s))
+        return int(reply.port)
+
+    return kind(link.address, data_port, security, link.deadline_s, link.call_timeout_s, connect_timeout_s,
+                abort=link.abort, training_policy=link.restart_policy)
+
+
+__all__ = ["RIDE_RESTARTS", "ShardLink", "data_connection"]

@@ -16,8 +16,7 @@ from asyncps.errors import InvalidArgumentError, NonFiniteGradientError
 from asyncps.placement import Placement
 from asyncps.rules.drops import DropReason
 from asyncps.rules.sync.client import WorkerStep, coordinated_step
-from asyncps.transport.base import ShardTransport
-from asyncps.transport.shmseg import Arena
+from asyncps.transport.base import ModelBuffers, ShardTransport
 from asyncps.wire.codec import Array, Gradient, SparseRows, aligned_zeros
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
 
@@ -43,7 +42,8 @@ class ModelClient:
     """
 
     def __init__(self, worker_id: str, shards: Sequence[ShardTransport], placement: Placement,
-                 worker_index: int | None = None, coordinated: bool = False, arena: Arena | None = None) -> None:
+                 worker_index: int | None = None, coordinated: bool = False,
+                 buffers: ModelBuffers | None = None) -> None:
         if len(shards) != placement.num_shards:
             raise ValueError(f"{len(shards)} shard transports for a placement over {placement.num_shards}")
         self.worker_id = worker_id
@@ -51,10 +51,10 @@ class ModelClient:
         self.placement = placement
         self.shards = list(shards)
         # aligned, so that TensorFlow computes from them in place (asyncps.worker.trainer.make_grad_fn); in
-        # the shared-memory arena when there is one, where the shards write them (shmseg.Arena)
-        self._arena = arena
+        # the transport's buffers when it provided some (shm's arena, where the shards write them)
+        self._buffers = buffers
         self.values: dict[str, Array] = {
-            v.name: arena.take(tuple(v.shape), np.dtype(v.dtype))[1] if arena is not None
+            v.name: buffers.array(tuple(v.shape), np.dtype(v.dtype)) if buffers is not None
             else aligned_zeros(tuple(v.shape), v.dtype) for v in placement.variables
         }
         self.versions = [-1] * placement.num_shards
@@ -186,8 +186,8 @@ class ModelClient:
         self._pool.shutdown(wait=False)
         for shard in self.shards:
             shard.close()
-        if self._arena is not None:
-            self._arena.close()
+        if self._buffers is not None:
+            self._buffers.close()
 
 
 __all__ = ["ModelClient", "ShardPush"]

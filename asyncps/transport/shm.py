@@ -9,13 +9,14 @@ Every name is unlinked once mapped: nothing is left in /dev/shm whatever happens
 later (the arena's base name only once all its shards have mapped it: see shmseg.Arena). A push
 then writes the gradients into the segment and sends only a small ShmPushPull; the shard copies
 them out, decides exactly as for a framed push, and writes the new values back into the
-segment. That small request rings the shard over the data connection of the "tcp" transport
-when the shard has a data port (the doorbell: no gRPC call per step), else as the unary
-ShmPushPull call. When the segment cannot be seen (another host) the shard says so with a typed outcome
-(errors.PathNotVisibleError) and this path hands every call to its fallback (the next path of
-"auto"; an error when shm was asked for by name); when a restarted shard has forgotten the mapping
-(errors.AttachAgainError), a fresh segment is attached. Sparse gradients always travel through
-the fallback (gRPC frames). The control calls are not this path's: see ShardClient.
+segment. That small request rings the shard over its framed data connection (asyncps.net.framed, the
+`mapped` request kind, beside the "tcp" channel's and never through it) when the shard has a data
+port (the doorbell: no gRPC call per step), else as the unary ShmPushPull call. When the segment
+cannot be seen (another host) the shard says so with a typed outcome (errors.PathNotVisibleError)
+and this path hands every call to its fallback (the next path of "auto"; an error when shm was asked
+for by name); when a restarted shard has forgotten the mapping (errors.AttachAgainError), a fresh
+segment is attached. Sparse gradients always travel through the fallback (gRPC frames). The control
+calls are not this path's: see ShardClient.
 """
 
 from __future__ import annotations
@@ -29,15 +30,17 @@ from typing import Any, TypeVar
 import numpy as np
 
 from asyncps.errors import AttachAgainError, FailedPreconditionError, PathNotVisibleError
+from asyncps.net.framed import DataPortUnavailable, FramedConnection
 from asyncps.pb import ps_pb2, tensor_pb2
+from asyncps.placement import Placement
 from asyncps.transport import shmseg
 from asyncps.transport.base import ClientSetup, DataPath
 from asyncps.transport.grpc_shard import FramesDataPath
-from asyncps.transport.link import ShardLink
-from asyncps.transport.tcp import DataPortUnavailable, TcpConnection, data_connection
+from asyncps.transport.link import ShardLink, data_connection
 from asyncps.wire.codec import Array, SparseRows, dtype_to_proto
 from asyncps.wire.proto import decisions_from_proto, outcome_from_proto, push_header
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
+from asyncps.wire.stream import FrameError
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +106,7 @@ class ShmDataPath:
     shard on another host)."""
 
     def __init__(self, link: ShardLink, fallback: DataPath, required: bool = False,
-                 doorbell: TcpConnection | None = None, arena: shmseg.Arena | None = None) -> None:
+                 doorbell: FramedConnection | None = None, arena: shmseg.Arena | None = None) -> None:
         self.address = link.address
         # the worker's arena (asyncps.transport.connect_model): when the buffers lie in it, the shard
         # writes the values straight into them and the gradients go to regions of it kept for this path
@@ -293,7 +296,7 @@ class ShmDataPath:
         doorbell = self._doorbell
         if doorbell is not None:
             try:
-                return doorbell.ring(worker_id, ps_pb2.TcpRequest(shm=message), wait_s)
+                return ring(doorbell, worker_id, message, wait_s)
             except DataPortUnavailable as exc:  # nothing was sent: ring over gRPC from now on
                 log.info("%s: shared-memory requests signalled over gRPC", exc)
                 doorbell.close()
@@ -303,7 +306,7 @@ class ShmDataPath:
         return header
 
     @property
-    def rings_over_tcp(self) -> bool:
+    def rings_over_data_connection(self) -> bool:
         """Whether requests are signalled over the shard's data connection (not yet known before the first)."""
         return self._doorbell is not None
 
@@ -320,11 +323,36 @@ class ShmDataPath:
                 self._mapping = None
 
 
+def ring(doorbell: FramedConnection, worker_id: str, message: ps_pb2.ShmPushPullRequest,
+         wait_s: float) -> ps_pb2.PullHeader:
+    """Ring the shard's doorbell: the `mapped` request on its data connection; the reply's header.
+    Retried as the gRPC call it replaces: a broken connection or UNAVAILABLE, nothing else."""
+    reply, _ = doorbell.exchange(worker_id, ps_pb2.FramedRequest(mapped=message), wait_s=wait_s)
+    if reply.WhichOneof("kind") != "values":
+        raise FrameError(f"shard {doorbell.address} answered a mapped request with {reply.WhichOneof('kind')}")
+    return reply.values
+
+
 def shm_data_path(setup: ClientSetup, fallback: DataPath | None, required: bool) -> DataPath:
     """The registry's factory for "shm": shared memory over the link, with the next path of "auto"
-    (or gRPC frames) as the fallback; `required` when shm was asked for by name."""
+    (or gRPC frames) as the fallback; `required` when shm was asked for by name. The worker's model
+    buffers are used in place when they are this transport's arena (shm_model_buffers)."""
+    arena = setup.model_buffers if isinstance(setup.model_buffers, shmseg.Arena) else None
     return ShmDataPath(setup.link, fallback or FramesDataPath(setup.link, setup.chunk_bytes), required,
-                       doorbell=data_connection(setup.link, setup.security), arena=setup.arena)
+                       doorbell=data_connection(setup.link, setup.security), arena=arena)
 
 
-__all__ = ["ShmDataPath", "shm_data_path"]
+def shm_model_buffers(placement: Placement, shards: int) -> shmseg.Arena | None:
+    """The registry's model-buffers hook for "shm": one arena for the worker's whole model that its
+    `shards` shards map (None where this host cannot make one: the buffers are then the worker's own)."""
+    return shmseg.Arena.create(arena_bytes(placement), shards)
+
+
+def arena_bytes(placement: Placement) -> int:
+    """An arena's size for a placement: every variable once (the values) and every part once (its
+    gradient region), each aligned."""
+    return (2 * sum(shmseg.align(v.nbytes) for v in placement.variables)
+            + shmseg.ALIGN * (len(placement.parts) + len(placement.variables)))
+
+
+__all__ = ["ShmDataPath", "arena_bytes", "ring", "shm_data_path", "shm_model_buffers"]

@@ -164,6 +164,10 @@ class Arena:
         except (OSError, ValueError):
             return None
 
+    def array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        """A fresh zeroed array in the arena (ModelBuffers: a worker's variable; MemoryError when full)."""
+        return self.take(shape, dtype)[1]
+
     def take(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[int, np.ndarray[Any, Any]]:
         """A fresh zeroed region for a C-contiguous array: its offset and the array over it
         (MemoryError when the arena is full)."""

@@ -1,7 +1,7 @@
-"""Raw frames over a byte stream (the lean TCP data path): one length prefix, then one frame.
+"""Raw frames over a byte stream (the framed data connection, asyncps.net.framed): one length prefix, then one frame.
 
     u32 little-endian N | N bytes: a frame in asyncps.wire.frames' layout
-                          (u32 H | H bytes: a TcpRequest or TcpReply | tensor bytes, 8-aligned)
+                          (u32 H | H bytes: a FramedRequest or FramedReply | tensor bytes, 8-aligned)
 
 Each tensor travels whole in one frame (no chunking: a stream needs no message-size cap), its
 bytes received with `recv_into` straight into the array the caller picks for it and sent from
