@@ -57,7 +57,7 @@ def kill_during_cut(run_dir: Path, gate: Path, proc: object, what: str, shard: s
 
 def worker_pid(run_dir: Path, index: str) -> int:
     """The pid of the live worker process of this run with `--index index`."""
-    chief_address = f"127.0.0.1:{RunDir(run_dir).port_file('chief').read_text().strip()}"
+    chief = str(RunDir(run_dir).port_file("chief"))  # asyncps local's workers find the chief through its port file
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -65,7 +65,7 @@ def worker_pid(run_dir: Path, index: str) -> int:
             argv = (entry / "cmdline").read_bytes().decode().split("\0")
         except OSError:
             continue
-        if "worker" in argv and chief_address in argv and argv[argv.index("--index") + 1] == index:
+        if "worker" in argv and chief in argv and argv[argv.index("--index") + 1] == index:
             return int(entry.name)
     raise AssertionError(f"no live worker {index} of {run_dir}")
 

@@ -32,6 +32,7 @@ from asyncps.config import (
 )
 from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, user_path_from_env
 from asyncps.net.security import LOOPBACK_HOST, SecurityConfig
+from asyncps.rundir import wait_port_file
 from asyncps.signals import SignalRoute
 from asyncps.transport.registry import TRANSPORTS
 
@@ -282,6 +283,20 @@ def cmd_ps(args: argparse.Namespace) -> int:
     return run_ps(config, stop)
 
 
+def chief_beside(port_file: Path, timeout_s: float) -> str:
+    """The address of a chief on this host that publishes its port in port_file, waited for only once
+    TensorFlow is loaded: a worker started beside its chief loads it (most of a worker's start) while the
+    chief loads its own, instead of after the chief serves. Importing runs no op, so the thread limits the
+    worker sets later still apply."""
+    from asyncps.ml.tfutil import quiet_tensorflow
+
+    quiet_tensorflow()
+    import keras  # noqa: F401 - loads tensorflow too (Keras 3's backend)
+    import tensorflow  # noqa: F401
+
+    return f"{LOOPBACK_HOST}:{wait_port_file(port_file, timeout_s)}"
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     """asyncps worker."""
     require_tensorflow("asyncps worker")
@@ -295,6 +310,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if tf.task_type == "worker" and index < 0:
             index = tf.task_index
     deadline = run_config_from(args).chief_timeout_s or math.inf  # off: never give up on the chief
+    if args.chief_port_file:
+        chief = chief_beside(Path(args.chief_port_file), deadline)
     config = WorkerConfig(chief=chief, index=index, deadline_s=deadline,
                           max_steps=int(args.max_steps), security=security_from(args),
                           logical=int(args.logical))
@@ -439,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_parser("worker", help="run one worker")
     common(p, False)
     _add(p, "--chief", "", "the chief's HOST:PORT (or TF_CONFIG cluster.chief)")
+    _add(p, "--chief-port-file", "", "instead of --chief: a chief on this host that writes its port to this file "
+         "(its --port-file); the worker loads TensorFlow while it waits for it (asyncps local starts its workers "
+         "beside the chief so)")
     _add(p, "--index", AUTO, "worker index (auto: assigned by the chief)", type=int_or_word(AUTO, -1))
     _add(p, "--max-steps", OFF, "stop after this many steps, else when the chief says (0: off)",
          type=int_or_word(OFF, 0))

@@ -141,7 +141,7 @@ class LocalCluster:
         return child
 
     def start(self, port_timeout_s: float = 120.0) -> None:
-        """Start N shards, then the chief, then M workers; wait until each server has a port."""
+        """Start N shards, then the chief and M workers together; wait until each server has a port."""
         self.logs.mkdir(parents=True, exist_ok=True)
         if self.secure:
             self._make_secrets()
@@ -170,14 +170,16 @@ class LocalCluster:
                    "--prometheus-port-file", str(self.files.port_file("chief.metrics"))]
                   if self.prometheus_port >= 0 else [])]
         chief = self._spawn("chief", [*args, "--port", "0", "--port-file", str(port_file)])
+        # the workers start now, beside the chief: each loads TensorFlow while the chief loads its own, then
+        # reads the chief's port from its port file (a restarted worker finds it there at once)
+        for name, first, count in worker_groups(self.run.num_workers, self.run.worker_processes):
+            # a restarted worker asks for the same index: the chief re-queues its predecessor's tasks
+            self._worker_args[name] = ["worker", "--chief-port-file", str(port_file), "--index", str(first),
+                                       *(["--logical", str(count)] if count > 1 else []), *self._timeout_args]
+            self._spawn(name, self._worker_args[name])
         port = self._wait_port(chief, port_file, port_timeout_s)
         self.chief_address = f"127.0.0.1:{port}"
         self._chief_args = [*args, "--port", str(port)]  # a restarted chief serves where the workers look
-        for name, first, count in worker_groups(self.run.num_workers, self.run.worker_processes):
-            # a restarted worker asks for the same index: the chief re-queues its predecessor's tasks
-            self._worker_args[name] = ["worker", "--chief", self.chief_address, "--index", str(first),
-                                       *(["--logical", str(count)] if count > 1 else []), *self._timeout_args]
-            self._spawn(name, self._worker_args[name])
 
     def _wait_port(self, child: Child, port_file: Path, timeout_s: float) -> int:
         """The port `child` published; ProcessDied (with the end of its log) when it exited first or
