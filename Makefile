@@ -6,11 +6,16 @@ STAMP := $(VENV)/.installed-dev
 PYTEST_ARGS ?=
 # the long suites wait on the wall clock more than they compute: two at a time (tests/conftest.py: which tests run together)
 E2E_WORKERS ?= 2
+# the default suite too: one module at a time per worker (tests/conftest.py), the longest first
+TEST_WORKERS ?= 2
 # the code generator's own venv (its grpcio-tools cannot share .venv with TensorFlow's protobuf)
 PROTO_VENV ?= .venv-proto
 # the shard's dependencies at exactly their floors (scripts/floors.py), for test-floors; the tests make their
 # certificates with asyncps devcerts, hence cryptography
 FLOORS_VENV ?= .venv-floors
+# the floors prove the shard on the oldest numpy/grpcio/protobuf; the fuzzing's depth is the default suite's, so
+# here a quarter of its examples (tests/test_hostile_input.py)
+FLOORS_FUZZ ?= 0.25
 # the tests that need only the shard's dependencies (no TensorFlow): they run again at the floors
 FLOOR_TESTS := $(addprefix tests/test_,$(addsuffix .py,codec frames ps_store ps_server hostile_input \
 	policies ps_policies sync_shards stream_guard authz checkpoint_cut security rules_registry \
@@ -23,7 +28,7 @@ comma := ,
 # that newer pip shows even with --quiet); the layout is deliberate (docs/architecture.md)
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: demo test test-e2e test-floors layers lint typecheck proto proto-check bench clean
+.PHONY: demo test static test-e2e test-floors layers lint typecheck proto proto-check bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,10 +46,15 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 demo: $(VENV)/.installed
 	$(VENV)/bin/asyncps local
 
-## test: generated code current, ruff, mypy, the default test suite, then the shard's tests at the version floors
-test: $(STAMP) proto-check lint typecheck layers
-	$(PY) -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
-	$(MAKE) test-floors
+## test: generated code current, ruff, mypy, layers (side by side), the default test suite on $(TEST_WORKERS) pytest-xdist
+## workers, then the shard's tests at the version floors
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j4 static
+	$(PY) -m pytest -m "not slow and not docker" -n $(TEST_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-floors
+
+## static: the checks that read the code (each on one core: make -j runs them side by side)
+static: proto-check lint typecheck layers
 
 $(FLOORS_VENV)/.installed: pyproject.toml scripts/floors.py Makefile
 	rm -rf $(FLOORS_VENV)
@@ -57,7 +67,8 @@ $(FLOORS_VENV)/.installed: pyproject.toml scripts/floors.py Makefile
 ## test-floors: numpy, grpcio and protobuf at pyproject.toml's floors; the shard's tests
 test-floors: $(FLOORS_VENV)/.installed
 	$(FLOORS_VENV)/bin/python -c 'import google.protobuf, grpc, numpy; print("floors:", "numpy", numpy.__version__, "grpcio", grpc.__version__, "protobuf", google.protobuf.__version__)'
-	$(FLOORS_VENV)/bin/python -m pytest -p no:cacheprovider -m "not slow and not docker" $(FLOOR_TESTS) $(PYTEST_ARGS)
+	HOSTILE_EXAMPLES_FACTOR=$(FLOORS_FUZZ) $(FLOORS_VENV)/bin/python -m pytest -p no:cacheprovider \
+		-m "not slow and not docker" $(FLOOR_TESTS) $(PYTEST_ARGS)
 
 ## test-e2e: the long end-to-end suites (process clusters, crash recovery, docker compose); CI runs them too
 test-e2e: $(STAMP)
