@@ -2,7 +2,7 @@
 
 The role folders (ps/, worker/, chief/) install as asyncps.ps, asyncps.worker and asyncps.chief
 through pyproject's package-dir table; mypy finds modules by folder names alone, so the sources are
-named here from that table (scripts/layout.py) and handed to mypy's build directly. Options come from
+named here from that table (scripts/pkglayout.py) and handed to mypy's build directly. Options come from
 pyproject's [tool.mypy]. Usage: python scripts/typecheck.py   (exit 1 when mypy reports an error)
 """
 
