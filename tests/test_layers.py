@@ -45,6 +45,14 @@ def _write(root: Path, rel: str, text: str) -> None:
     path.write_text(textwrap.dedent(text))
 
 
+def _skeleton(root: Path) -> None:
+    """A fake tree's pyproject and empty package files: the core, the tools and the three roles."""
+    _write(root, "pyproject.toml", _PYPROJECT)
+    for rel in ("asyncps/__init__.py", "asyncps/tools/__init__.py", "ps/__init__.py", "worker/__init__.py",
+                "chief/__init__.py"):
+        _write(root, rel, "")
+
+
 _PYPROJECT = """\
 [tool.setuptools]
 packages = ["asyncps", "asyncps.tools", "asyncps.wire", "asyncps.ps", "asyncps.worker", "asyncps.chief"]
@@ -56,10 +64,7 @@ packages = ["asyncps", "asyncps.tools", "asyncps.wire", "asyncps.ps", "asyncps.w
 
 
 def test_the_check_fails_on_wrong_imports_wherever_they_stand(tmp_path: Path) -> None:
-    _write(tmp_path, "pyproject.toml", _PYPROJECT)
-    for rel in ("asyncps/__init__.py", "asyncps/tools/__init__.py", "ps/__init__.py", "worker/__init__.py",
-                "chief/__init__.py"):
-        _write(tmp_path, rel, "")
+    _skeleton(tmp_path)
     _write(tmp_path, "asyncps/wire/codec.py", "import numpy\n")
     _write(tmp_path, "asyncps/tools/cli.py", "from asyncps.ps import store\nimport asyncps.chief.main\n")
     _write(tmp_path, "ps/store.py", "from asyncps.wire.codec import x\nfrom . import servicer\n")
@@ -129,10 +134,7 @@ def test_the_check_fails_on_a_circle_even_inside_functions_but_not_under_type_ch
 
 
 def test_the_check_names_the_shortest_circle_through_a_role_and_a_tool(tmp_path: Path) -> None:
-    _write(tmp_path, "pyproject.toml", _PYPROJECT)
-    for rel in ("asyncps/__init__.py", "asyncps/tools/__init__.py", "ps/__init__.py", "worker/__init__.py",
-                "chief/__init__.py"):
-        _write(tmp_path, rel, "")
+    _skeleton(tmp_path)
     _write(tmp_path, "worker/main.py", "from asyncps.worker import logical\n")
     _write(tmp_path, "worker/logical.py", "def run():\n    from .build import Trainer\n")
     _write(tmp_path, "worker/build.py", "import asyncps.worker.main\n")
