@@ -98,6 +98,7 @@ class InitializeHeader(google.protobuf.message.Message):
     NUM_SHARDS_FIELD_NUMBER: builtins.int
     RULE_FIELD_NUMBER: builtins.int
     RUN_ID_FIELD_NUMBER: builtins.int
+    GENERATED_FIELD_NUMBER: builtins.int
     worker_id: builtins.str
     shard_index: builtins.int
     num_shards: builtins.int
@@ -107,6 +108,12 @@ class InitializeHeader(google.protobuf.message.Message):
     """
     @property
     def rule(self) -> global___UpdateRule: ...
+    @property
+    def generated(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___GeneratedTable]:
+        """Parts the shard makes itself from a row initializer (no values sent for them): tables too large to
+        send, made the same whatever the shard count (asyncps.rules.initializers)
+        """
+
     def __init__(
         self,
         *,
@@ -115,11 +122,45 @@ class InitializeHeader(google.protobuf.message.Message):
         num_shards: builtins.int = ...,
         rule: global___UpdateRule | None = ...,
         run_id: builtins.str = ...,
+        generated: collections.abc.Iterable[global___GeneratedTable] | None = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["rule", b"rule"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["num_shards", b"num_shards", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "worker_id", b"worker_id"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["generated", b"generated", "num_shards", b"num_shards", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "worker_id", b"worker_id"]) -> None: ...
 
 global___InitializeHeader = InitializeHeader
+
+@typing.final
+class GeneratedTable(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: builtins.int
+    DTYPE_FIELD_NUMBER: builtins.int
+    SHAPE_FIELD_NUMBER: builtins.int
+    ROW_START_FIELD_NUMBER: builtins.int
+    INIT_FIELD_NUMBER: builtins.int
+    name: builtins.str
+    """the part"""
+    dtype: asyncps.pb.tensor_pb2.DType.ValueType
+    row_start: builtins.int
+    """the row of the whole table that is the part's first"""
+    init: builtins.str
+    """a row initializer spec, e.g. uniform:min=-0.05,max=0.05,seed=7"""
+    @property
+    def shape(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
+        """the part's shape"""
+
+    def __init__(
+        self,
+        *,
+        name: builtins.str = ...,
+        dtype: asyncps.pb.tensor_pb2.DType.ValueType = ...,
+        shape: collections.abc.Iterable[builtins.int] | None = ...,
+        row_start: builtins.int = ...,
+        init: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["dtype", b"dtype", "init", b"init", "name", b"name", "row_start", b"row_start", "shape", b"shape"]) -> None: ...
+
+global___GeneratedTable = GeneratedTable
 
 @typing.final
 class InitializeChunk(google.protobuf.message.Message):
@@ -172,19 +213,27 @@ class PullRequest(google.protobuf.message.Message):
     WORKER_ID_FIELD_NUMBER: builtins.int
     IF_NEWER_THAN_FIELD_NUMBER: builtins.int
     WAIT_TIMEOUT_S_FIELD_NUMBER: builtins.int
+    ROWS_FIELD_NUMBER: builtins.int
     worker_id: builtins.str
     if_newer_than: builtins.int
     """-1: always send values"""
     wait_timeout_s: builtins.float
     """Long-poll: wait up to wait_timeout_s for the version to exceed if_newer_than."""
+    @property
+    def rows(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[asyncps.pb.tensor_pb2.TensorChunk]:
+        """Row reads (ROW_IDS, bytes in data): each part named is served as the rows asked (SPARSE_VALUES and
+        ROW_CLOCKS, whatever the version), never whole; the other parts as above.
+        """
+
     def __init__(
         self,
         *,
         worker_id: builtins.str = ...,
         if_newer_than: builtins.int = ...,
         wait_timeout_s: builtins.float = ...,
+        rows: collections.abc.Iterable[asyncps.pb.tensor_pb2.TensorChunk] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["if_newer_than", b"if_newer_than", "wait_timeout_s", b"wait_timeout_s", "worker_id", b"worker_id"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["if_newer_than", b"if_newer_than", "rows", b"rows", "wait_timeout_s", b"wait_timeout_s", "worker_id", b"worker_id"]) -> None: ...
 
 global___PullRequest = PullRequest
 
@@ -328,6 +377,7 @@ class PushResult(google.protobuf.message.Message):
     DROP_DETAIL_FIELD_NUMBER: builtins.int
     DROP_FIELD_NUMBER: builtins.int
     SEQ_FIELD_NUMBER: builtins.int
+    ROWS_FIELD_NUMBER: builtins.int
     accepted: builtins.bool
     staleness: builtins.int
     """version_now - base_version when the push arrived"""
@@ -344,6 +394,10 @@ class PushResult(google.protobuf.message.Message):
     count back to its checkpoint's): the one a worker records for this push; 0 when it is not the
     recorded one (a gradient staged on a sync follower: the commit answers for it).
     """
+    @property
+    def rows(self) -> global___RowStaleness:
+        """Per-row staleness over the rows the push's sparse gradients touched with their read clocks"""
+
     def __init__(
         self,
         *,
@@ -354,10 +408,38 @@ class PushResult(google.protobuf.message.Message):
         drop_detail: builtins.str = ...,
         drop: global___DropReason.ValueType = ...,
         seq: builtins.int = ...,
+        rows: global___RowStaleness | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "seq", b"seq", "staleness", b"staleness", "version", b"version"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["rows", b"rows"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "rows", b"rows", "seq", b"seq", "staleness", b"staleness", "version", b"version"]) -> None: ...
 
 global___PushResult = PushResult
+
+@typing.final
+class RowStaleness(google.protobuf.message.Message):
+    """How many updates each row a push touched had received since the worker read it (rows 0: none measured)."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: builtins.int
+    MEAN_FIELD_NUMBER: builtins.int
+    P95_FIELD_NUMBER: builtins.int
+    MAX_FIELD_NUMBER: builtins.int
+    rows: builtins.int
+    mean: builtins.float
+    p95: builtins.float
+    max: builtins.int
+    def __init__(
+        self,
+        *,
+        rows: builtins.int = ...,
+        mean: builtins.float = ...,
+        p95: builtins.float = ...,
+        max: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["max", b"max", "mean", b"mean", "p95", b"p95", "rows", b"rows"]) -> None: ...
+
+global___RowStaleness = RowStaleness
 
 @typing.final
 class PullHeader(google.protobuf.message.Message):

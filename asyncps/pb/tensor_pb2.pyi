@@ -52,16 +52,30 @@ class _TensorRoleEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._Enu
     SPARSE_INDICES: _TensorRole.ValueType  # 1
     """int64 [k]: rows of the variable that the values update"""
     SPARSE_VALUES: _TensorRole.ValueType  # 2
-    """[k, ...]: one row of values per index"""
+    """[k, ...]: one row of values per index (a push), or per row asked (a row read's reply)"""
+    ROW_IDS: _TensorRole.ValueType  # 3
+    """int64 [k], strictly increasing: the rows of the part named that a pull asks for"""
+    ROW_CLOCKS: _TensorRole.ValueType  # 4
+    """int64 [k]: updates each row had received when read; beside a reply's SPARSE_VALUES (the rows asked),
+    and beside a push's SPARSE_INDICES (the clocks the gradient's rows were read at)
+    """
 
 class TensorRole(_TensorRole, metaclass=_TensorRoleEnumTypeWrapper):
-    """What a chunk's bytes are: a dense tensor, or one half of a sparse (IndexedSlices) gradient."""
+    """What a chunk's bytes are: a dense tensor, one half of a sparse (IndexedSlices) gradient, or a part of
+    a row read (asyncps.wire.codec.SparseRows: ids asked, rows served, the rows' clocks).
+    """
 
 DENSE: TensorRole.ValueType  # 0
 SPARSE_INDICES: TensorRole.ValueType  # 1
 """int64 [k]: rows of the variable that the values update"""
 SPARSE_VALUES: TensorRole.ValueType  # 2
-"""[k, ...]: one row of values per index"""
+"""[k, ...]: one row of values per index (a push), or per row asked (a row read's reply)"""
+ROW_IDS: TensorRole.ValueType  # 3
+"""int64 [k], strictly increasing: the rows of the part named that a pull asks for"""
+ROW_CLOCKS: TensorRole.ValueType  # 4
+"""int64 [k]: updates each row had received when read; beside a reply's SPARSE_VALUES (the rows asked),
+and beside a push's SPARSE_INDICES (the clocks the gradient's rows were read at)
+"""
 global___TensorRole = TensorRole
 
 @typing.final

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from asyncps.rules import UpdateRuleConfig
+from asyncps.rules.initializers import TableSpec
 from asyncps.rules.sync.types import Decisions, Held
-from asyncps.wire.codec import Array
+from asyncps.wire.codec import Array, IndexArray
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 
 if TYPE_CHECKING:
@@ -65,18 +66,20 @@ class DataPath(Protocol):
 
     def pull(
         self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-        wait_timeout_s: float = 0.0,
+        wait_timeout_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None,
     ) -> ShardValues:
-        """The shard's values (received into `buffers` where they fit), or None when not newer."""
+        """The shard's values (received into `buffers` where they fit), or None when not newer; the parts
+        named in `rows` only as those rows (ShardValues.rows, served whatever the version)."""
 
     def push(self, request: PushRequest) -> PushOutcome:
         """Apply or drop one gradient."""
 
     def push_pull(
         self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-        read_wait_s: float = 0.0,
+        read_wait_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None,
     ) -> tuple[PushOutcome, ShardValues]:
-        """Push, then receive the values in the same round trip (held up to read_wait_s by sync/ssp)."""
+        """Push, then receive the values in the same round trip (held up to read_wait_s by sync/ssp); the
+        parts named in `rows` as those rows only (see pull)."""
 
     def close(self) -> None:
         """Release what the path holds (not the shared gRPC channel: the control face owns it)."""
@@ -89,9 +92,10 @@ class ShardControl(Protocol):
 
     def initialize(
         self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
-        values: Mapping[str, Array], run_id: str = "",
+        values: Mapping[str, Array], run_id: str = "", generated: Mapping[str, TableSpec] | None = None,
     ) -> InitResult:
-        """Send initial values and the update rule (idempotent on the shard for the same run)."""
+        """Send initial values and the update rule (idempotent on the shard for the same run); the parts
+        in `generated` the shard makes itself from their row initializer (no values sent)."""
 
     def stats(self, deadline_s: float | None = None) -> StoreStats:
         """The shard's counters and variable metadata."""
@@ -136,10 +140,10 @@ class ShardClient:
     # the data path: a worker's per-step calls
     def pull(
         self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-        wait_timeout_s: float = 0.0,
+        wait_timeout_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None,
     ) -> ShardValues:
         """See DataPath.pull."""
-        return self.data.pull(worker_id, if_newer_than, buffers, wait_timeout_s)
+        return self.data.pull(worker_id, if_newer_than, buffers, wait_timeout_s, rows)
 
     def push(self, request: PushRequest) -> PushOutcome:
         """See DataPath.push."""
@@ -147,18 +151,18 @@ class ShardClient:
 
     def push_pull(
         self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-        read_wait_s: float = 0.0,
+        read_wait_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None,
     ) -> tuple[PushOutcome, ShardValues]:
         """See DataPath.push_pull."""
-        return self.data.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
+        return self.data.push_pull(request, pull_if_newer_than, buffers, read_wait_s, rows)
 
     # the control face: the chief's calls
     def initialize(
         self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
-        values: Mapping[str, Array], run_id: str = "",
+        values: Mapping[str, Array], run_id: str = "", generated: Mapping[str, TableSpec] | None = None,
     ) -> InitResult:
         """See ShardControl.initialize."""
-        return self.control.initialize(worker_id, shard_index, num_shards, rule, values, run_id)
+        return self.control.initialize(worker_id, shard_index, num_shards, rule, values, run_id, generated)
 
     def stats(self, deadline_s: float | None = None) -> StoreStats:
         """See ShardControl.stats."""

@@ -31,10 +31,17 @@ _TO_PROTO: dict[np.dtype[Any], tensor_pb2.DType.ValueType] = {v: k for k, v in _
 
 @dataclass(frozen=True)
 class SparseRows:
-    """A row-sparse gradient (tf.IndexedSlices): `values[i]` updates row `indices[i]`."""
+    """Rows of one variable: `values[i]` is (or updates) row `indices[i]`.
+
+    A row-sparse gradient (tf.IndexedSlices), or rows a shard served to a row read. `clocks[i]`, when
+    present, is the number of updates row `indices[i]` had received when it was read: a shard serves
+    them with the rows, a worker sends them back with the gradient it computed from those rows, and the
+    shard measures each row's staleness from them (asyncps.ps.store).
+    """
 
     indices: npt.NDArray[np.int64]
     values: Array
+    clocks: npt.NDArray[np.int64] | None = None
 
 
 Gradient: TypeAlias = "Array | SparseRows"
@@ -94,6 +101,10 @@ def coalesce_rows(indices: npt.NDArray[np.integer[Any]], values: Array) -> Spars
     starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
     summed: Array = np.add.reduceat(values[order], starts, axis=0)
     return SparseRows(ordered[starts], summed)
+
+
+#: The type of row ids: int64, one dimension.
+IndexArray: TypeAlias = npt.NDArray[np.int64]
 
 
 def dtype_to_proto(dtype: np.dtype[Any]) -> tensor_pb2.DType.ValueType:

@@ -9,10 +9,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.drops import DropReason
 from asyncps.rules.sync.types import Ballot, Decisions
-from asyncps.wire.codec import Array, Gradient
+from asyncps.wire.codec import Array, Gradient, SparseRows
+
+
+@dataclass(frozen=True)
+class RowStaleness:
+    """Per-row staleness of one push: over the rows its sparse gradients touched (those sent with the
+    clocks they were read at), how many updates each row had received since the worker read it."""
+
+    rows: int
+    mean: float
+    p95: float
+    max: int
+
+    @staticmethod
+    def of(staleness: Array) -> RowStaleness | None:
+        """The summary of per-row staleness values (None for none)."""
+        if staleness.size == 0:
+            return None
+        return RowStaleness(int(staleness.size), float(staleness.mean()),
+                            float(np.percentile(staleness, 95)), int(staleness.max()))
 
 
 @dataclass(frozen=True)
@@ -29,6 +50,8 @@ class PushOutcome:
     # a worker records (a gradient staged on a sync follower), or from an older shard. Bookkeeping,
     # not part of what became of the push: outcomes compare equal without it
     seq: int = field(default=0, compare=False)
+    # per-row staleness of the rows the push's sparse gradients touched (None: no row sent its clock)
+    rows: RowStaleness | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.accepted == (self.drop is not None):
@@ -67,6 +90,9 @@ class ShardValues:
     # memory: the segment's value regions, written by the shard): a caller that takes them as its buffers
     # computes from them in place instead of copying each reply out (asyncps.transport.ModelClient)
     lent: Mapping[str, Array] | None = None
+    # the row reads asked for, by part: the rows (indices as asked, values, clocks), served whatever the
+    # version (a part read by rows is never among `values`)
+    rows: Mapping[str, SparseRows] | None = None
 
 
 @dataclass(frozen=True)
@@ -117,4 +143,5 @@ class StoreStats:
                        "pulled": self.bytes_pulled_by_transport.get(name, 0)} for name in names}
 
 
-__all__ = ["Ballot", "Decisions", "DropReason", "PushOutcome", "PushRequest", "ShardValues", "Snapshot", "StoreStats"]
+__all__ = ["Ballot", "Decisions", "DropReason", "PushOutcome", "PushRequest", "RowStaleness", "ShardValues", "Snapshot",
+           "StoreStats"]
