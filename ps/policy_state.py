@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from asyncps.errors import InvalidArgumentError
 from asyncps.rules.policies import StalenessPolicy
-from asyncps.wire.codec import Array
+from asyncps.wire.codec import Array, Gradient
 
 # In a snapshot, beside each state array KEY: KEY + ROWS_SUFFIX, int32 [rows], 1 where a row has it.
 ROWS_SUFFIX = "@rows"
@@ -112,7 +112,8 @@ class RowState:
 
 class ReadValues:
     """The values each worker read, by version, kept for policies that correct a gradient with the
-    values it was computed from (DC-ASGD, gap-aware). The arrays are the shard's read-only shared ones.
+    values it was computed from (DC-ASGD, gap-aware). The arrays are the shard's read-only shared ones;
+a part read by rows is kept as the rows served (SparseRows).
 
     A pipelined worker (--pipeline) pushes a gradient computed from the values one exchange older
     than its last read: a push is corrected against the values of its own base version, so the
@@ -122,16 +123,16 @@ class ReadValues:
     KEEP = 2
 
     def __init__(self) -> None:
-        self._by_worker: dict[str, dict[int, dict[str, Array]]] = {}
+        self._by_worker: dict[str, dict[int, dict[str, Gradient]]] = {}
 
-    def keep(self, worker_id: str, version: int, values: dict[str, Array]) -> None:
+    def keep(self, worker_id: str, version: int, values: dict[str, Gradient]) -> None:
         """Remember that worker_id read `values` at `version` (forgetting its oldest read beyond KEEP)."""
         reads = self._by_worker.setdefault(worker_id, {})
         reads[version] = values
         while len(reads) > self.KEEP:
             del reads[min(reads)]
 
-    def get(self, worker_id: str, version: int) -> dict[str, Array] | None:
+    def get(self, worker_id: str, version: int) -> dict[str, Gradient] | None:
         """The values worker_id read at `version`; if it kept no read of that version, its latest
         read (None: nothing yet)."""
         reads = self._by_worker.get(worker_id)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import os
 import secrets
 import threading
 import time
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from asyncps.ps.policy_state import ReadValues, RowState
 
 from asyncps.errors import (
@@ -42,15 +44,20 @@ from asyncps.errors import (
     InvalidArgumentError,
     NonFiniteGradientError,
     NotFoundError,
+    ResourceExhaustedError,
     UnavailableError,
 )
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.consistency import Consistency, RetryMemo, Verdict
+from asyncps.rules.initializers import TableSpec
 from asyncps.rules.optimizers import Optimizer, make_optimizer
 from asyncps.rules.policies import PushContext, StalenessPolicy
 from asyncps.rules.sync.types import Ballot, Decisions, Held, Resolution
-from asyncps.wire.codec import Array, Gradient, SparseRows, all_finite, coalesce_rows
-from asyncps.wire.shard import DropReason, PushOutcome, ShardValues, Snapshot, StoreStats
+from asyncps.wire.codec import Array, Gradient, IndexArray, SparseRows, all_finite, coalesce_rows
+from asyncps.wire.shard import DropReason, PushOutcome, RowStaleness, ShardValues, Snapshot, StoreStats
+
+#: The most rows one request may read of one part (a reply of 2^20 rows of 64 float32 is 256 MiB).
+MAX_ROWS_PER_READ = 1 << 20
 
 
 class Answers:
@@ -86,6 +93,19 @@ class _Variable:
     def __post_init__(self) -> None:
         self.policy_state = RowState(_state_shape(self.value))
     shared: bool = False  # `value` was handed to a reader: read-only, copy before the next update
+    # per row, the updates it received since the first row read of the variable (made then: a variable
+    # never read by rows keeps none); served with each row read, for per-row staleness
+    clock: npt.NDArray[np.int64] | None = None
+    generated: TableSpec | None = None  # made by the shard from a row initializer (initialize)
+
+    def count_update(self, grad: Gradient) -> None:
+        """Advance the row clocks of the rows an update touches (every row for a dense one)."""
+        if self.clock is None:
+            return
+        if isinstance(grad, SparseRows):
+            self.clock[np.unique(grad.indices)] += 1
+        else:
+            self.clock += 1
 
 
 
@@ -97,6 +117,32 @@ def _state_shape(value: Array) -> tuple[int, ...]:
 
 def _is_float(dtype: np.dtype[Any]) -> bool:
     return bool(np.issubdtype(dtype, np.floating))
+
+
+def _rows_read(seen: Gradient, rows: IndexArray, now: Array) -> Array:
+    """The values rows `rows` had when a worker read them (`seen`: the whole variable, or the rows it read
+    by id); a row it did not read: its value now."""
+    if not isinstance(seen, SparseRows):
+        return seen[rows]
+    at = np.minimum(np.searchsorted(seen.indices, rows), max(0, seen.indices.size - 1))
+    found = seen.indices[at] == rows if seen.indices.size else np.zeros(rows.shape, dtype=bool)
+    out: Array = np.where(found.reshape(-1, *([1] * (now.ndim - 1))), seen.values[at] if seen.indices.size else now,
+                          now)
+    return out
+
+
+def _generate(name: str, spec: TableSpec) -> Array:
+    """A generated table's values; InvalidArgumentError naming the part when its spec is not one."""
+    nbytes = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize if spec.shape else 0
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if nbytes > available:
+        raise ResourceExhaustedError(f"{name}: a generated table of {nbytes / 2**20:.0f} MiB does not fit this "
+                                     f"shard's free memory ({available / 2**20:.0f} MiB)")
+    try:
+        return spec.make()
+    except (ValueError, TypeError, MemoryError) as exc:
+        raise InvalidArgumentError(f"{name}: cannot make the table {list(spec.shape)} {spec.dtype} "
+                                   f"({spec.init.spec}): {exc}") from None
 
 
 
@@ -167,30 +213,39 @@ class ShardStore:
         self._handle = _ModeHandle(self)  # what the mode's protocol hooks act on
 
     # -- initialization -------------------------------------------------------------------
-    def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array], run_id: str = "") -> bool:
+    def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array], run_id: str = "",
+                   generated: Mapping[str, TableSpec] | None = None) -> bool:
         """Create the variables; True if created, False if an identical init already happened.
 
-        A conflicting re-initialization (other rule, names, shapes, dtypes or values, or another
-        run's id) raises AlreadyExistsError and changes nothing.
+        `generated` names parts the shard makes itself from their row initializer (tables too large
+        to send: asyncps.rules.initializers), beside the `values` sent. A conflicting re-initialization
+        (other rule, names, shapes, dtypes, values or table specs, or another run's id) raises
+        AlreadyExistsError and changes nothing.
         """
+        generated = dict(generated or {})
         # A shard may hold no variables: placement can leave one empty (fewer variables than shards).
         for name, value in values.items():
             if not _is_float(value.dtype):
                 raise InvalidArgumentError(f"{name}: variables must be floating point, got {value.dtype}")
             if not all_finite(value):
                 raise InvalidArgumentError(f"{name}: initial value contains NaN or Inf")
+        both = sorted(set(values) & set(generated))
+        if both:
+            raise InvalidArgumentError(f"{both}: sent with values and as generated tables")
         with self._init_lock:
             if self._rule is not None:
                 if run_id and self._run_id and run_id != self._run_id:
                     raise AlreadyExistsError(f"shard already holds the state of run {self._run_id!r}, "
                                              f"not {run_id!r}")
-                self._check_same_init(rule, values)
+                self._check_same_init(rule, values, generated)
                 return False
             optimizer = make_optimizer(rule.optimizer)
-            self._vars = {
-                name: _Variable(value=np.array(value, copy=True), slots=optimizer.init_slots(value))
-                for name, value in sorted(values.items())
-            }
+            made = {name: _generate(name, spec) for name, spec in generated.items()}
+            variables = {name: _Variable(value=np.array(value, copy=True), slots=optimizer.init_slots(value))
+                         for name, value in values.items()}
+            for name, value in made.items():
+                variables[name] = _Variable(value=value, slots=optimizer.init_slots(value), generated=generated[name])
+            self._vars = dict(sorted(variables.items()))
             self._optimizer = optimizer
             self._policy = rule.policy()
             self._mode = self._start_mode(rule)
@@ -204,18 +259,27 @@ class ShardStore:
         mode.enforce_bound = self._enforce_bounds
         return mode
 
-    def _check_same_init(self, rule: UpdateRuleConfig, values: Mapping[str, Array]) -> None:
+    def _check_same_init(self, rule: UpdateRuleConfig, values: Mapping[str, Array],
+                         generated: Mapping[str, TableSpec]) -> None:
         if rule != self._rule:
             raise AlreadyExistsError(f"shard already initialized with a different rule: {self._rule}")
-        if set(values) != set(self._vars):
-            raise AlreadyExistsError(
-                f"shard already initialized with variables {sorted(self._vars)}, not {sorted(values)}"
-            )
+        names = set(values) | set(generated)
+        if names != set(self._vars):
+            raise AlreadyExistsError(f"shard already initialized with variables {sorted(self._vars)}, "
+                                     f"not {sorted(names)}")
+        for name, spec in generated.items():
+            var = self._vars[name]  # restored from a checkpoint: made once, its spec not kept
+            made = var.generated if var.generated is not None else TableSpec(var.value.shape, var.value.dtype.name,
+                                                                             spec.row_start, spec.init)
+            if made != spec:
+                raise AlreadyExistsError(f"{name}: already initialized as {made}, not {spec}")
         # Compare against the initial values is impossible once training moved them, so an
         # identical re-init means: same names, shapes and dtypes, and (before any update) values.
         with self._all_locks():
             for name, value in values.items():
                 var = self._vars[name]
+                if var.generated is not None:
+                    raise AlreadyExistsError(f"{name}: already initialized as a generated table, not with values")
                 if var.value.shape != value.shape or var.value.dtype != value.dtype:
                     raise AlreadyExistsError(
                         f"{name}: already initialized as {var.value.dtype}{list(var.value.shape)}, "
@@ -225,38 +289,75 @@ class ShardStore:
                     raise AlreadyExistsError(f"{name}: already initialized with different values")
 
     # -- pull -----------------------------------------------------------------------------
-    def pull(self, if_newer_than: int = -1, worker_id: str = "", decisions_since: int = -1) -> ShardValues:
+    def pull(self, if_newer_than: int = -1, worker_id: str = "", decisions_since: int = -1,
+             rows: Mapping[str, IndexArray] | None = None) -> ShardValues:
         """The read phase: the values at the current version (one consistent model), or None when
         not newer than `if_newer_than`, with the sync coordinator's decisions for steps >=
         `decisions_since` (none when negative, or on a shard that decides none).
 
-        Costs no copy: the returned arrays are marked read-only and shared, and the next update
-        of a shared variable copies it first (copy-on-write), so a reply can be encoded and sent
-        with no lock held while pushes go on. When the staleness policy corrects gradients with
-        the values a worker read, the same shared arrays are kept for it. Takes every variable
-        lock and the state lock once; a pull that asks only for newer values first checks the
-        version with the state lock alone, so a long poll's "not modified" never waits for pushes.
+        Row reads: each part named in `rows` is served as exactly those rows (ShardValues.rows, with
+        each row's clock), whatever the version, and is never among the values. Ids are validated
+        first (NotFoundError for an unknown part, InvalidArgumentError for ids that are not int64,
+        1-D, strictly increasing and within the part's rows, or more than MAX_ROWS_PER_READ).
+
+        Costs no copy of what is read whole: the returned arrays are marked read-only and shared, and
+        the next update of a shared variable copies it first (copy-on-write), so a reply can be encoded
+        and sent with no lock held while pushes go on; rows are copied out (a row read never makes a
+        table shared). When the staleness policy corrects gradients with the values a worker read, the
+        same arrays are kept for it. Takes every variable lock and the state lock once; a pull that
+        asks only for newer values (and no rows) first checks the version with the state lock alone,
+        so a long poll's "not modified" never waits for pushes.
         """
         self._require_initialized()
         assert self._policy is not None
-        if if_newer_than >= 0:
+        rows = dict(rows or {})
+        for name, ids in rows.items():
+            self._validate_row_ids(name, ids)
+        if if_newer_than >= 0 and not rows:
             with self._version_cond:
                 if self._version <= if_newer_than:
                     return ShardValues(self._version, self._incarnation, None,
                                        decisions=self._decisions(decisions_since))
         with self._all_locks(), self._version_cond:
             decisions = self._decisions(decisions_since)
-            if self._version <= if_newer_than:
-                return ShardValues(self._version, self._incarnation, None, decisions=decisions)
-            values: dict[str, Array] = {}
-            for name, var in self._vars.items():
-                if not var.shared:
-                    var.value.flags.writeable = False
-                    var.shared = True
-                values[name] = var.value
-            if self._policy.needs_read_values and worker_id:
-                self._reads.keep(worker_id, self._version, values)
-            return ShardValues(self._version, self._incarnation, values, decisions=decisions)
+            read = {name: self._read_rows(self._vars[name], ids) for name, ids in rows.items()} or None
+            keep: dict[str, Gradient] = dict(read or {})
+            values: dict[str, Array] | None = None
+            if self._version > if_newer_than:
+                values = {}
+                for name, var in self._vars.items():
+                    if name in rows:
+                        continue
+                    if not var.shared:
+                        var.value.flags.writeable = False
+                        var.shared = True
+                    values[name] = var.value
+                keep.update(values)
+            if self._policy.needs_read_values and worker_id and keep:
+                self._reads.keep(worker_id, self._version, keep)
+            return ShardValues(self._version, self._incarnation, values, decisions=decisions, rows=read)
+
+    def _validate_row_ids(self, name: str, ids: IndexArray) -> None:
+        var = self._vars.get(name)
+        if var is None:
+            raise NotFoundError(f"rows asked of unknown variable {name!r} on shard {self.shard_index}")
+        if var.value.ndim == 0:
+            raise InvalidArgumentError(f"{name}: a scalar has no rows to read")
+        if ids.ndim != 1 or ids.dtype != np.int64:
+            raise InvalidArgumentError(f"{name}: row ids must be int64 [k], got {ids.dtype} {list(ids.shape)}")
+        if ids.size > MAX_ROWS_PER_READ:
+            raise InvalidArgumentError(f"{name}: {ids.size} rows asked at once, at most {MAX_ROWS_PER_READ}")
+        if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
+            raise InvalidArgumentError(f"{name}: row ids must be strictly increasing (sorted, no duplicates)")
+        if ids.size and (ids[0] < 0 or ids[-1] >= var.value.shape[0]):
+            raise InvalidArgumentError(f"{name}: row ids must lie in [0, {var.value.shape[0]})")
+
+    @staticmethod
+    def _read_rows(var: _Variable, ids: IndexArray) -> SparseRows:
+        """Rows `ids` of a variable with their clocks (copies; the variable's locks held)."""
+        if var.clock is None:
+            var.clock = np.zeros(var.value.shape[0], dtype=np.int64)
+        return SparseRows(np.array(ids, copy=True), var.value[ids], var.clock[ids])
 
     def wait_readable(self, worker_id: str, base_version: int, timeout_s: float) -> ReadGate:
         """The wait phase: block until the consistency model lets worker_id read, or up to
@@ -387,13 +488,15 @@ class ShardStore:
             if repeated is not None:
                 return repeated
             staleness = version_now - base_version
+            rows = self._row_staleness(grads)
             admission = self._mode.admit(worker_id, base_version, version_now, ballot)
             self._mode.pushed(worker_id)
             if admission.verdict is Verdict.ACCUMULATE:
                 self._mode.accumulate(worker_id, grads, ballot)
                 self._maybe_complete_step()
                 self._version_cond.notify_all()
-                return answer(PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate))
+                return answer(PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate,
+                                          rows=rows))
             decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness, worker_index))
             if admission.verdict is Verdict.DROP or not decision.accept:
                 drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
@@ -401,7 +504,8 @@ class ShardStore:
                 self._count_drop(drop)
                 self._version_cond.notify_all()
                 return self._remember(worker_id, step, answer(PushOutcome(False, staleness, version_now, 0.0, drop,
-                                                                          admission.reason or decision.reason)))
+                                                                          admission.reason or decision.reason,
+                                                                          rows=rows)))
             lr = self._rule.optimizer.learning_rate * decision.lr_scale
             read = self._reads.get(worker_id, base_version) if self._policy.needs_read_values else None
             for name in sorted(grads):
@@ -409,7 +513,15 @@ class ShardStore:
             self._version += 1
             self._accepted += 1
             self._version_cond.notify_all()
-            return self._remember(worker_id, step, answer(PushOutcome(True, staleness, self._version, lr)))
+            return self._remember(worker_id, step, answer(PushOutcome(True, staleness, self._version, lr, rows=rows)))
+
+    def _row_staleness(self, grads: Mapping[str, Gradient]) -> RowStaleness | None:
+        """Per-row staleness of a push (the locks of its variables held): for the rows of each sparse
+        gradient sent with the clocks they were read at, the updates each row received since."""
+        measured = [np.maximum(clock[g.indices] - g.clocks, 0) for name, g in grads.items()
+                    if isinstance(g, SparseRows) and g.clocks is not None
+                    and (clock := self._vars[name].clock) is not None]
+        return RowStaleness.of(np.concatenate(measured)) if measured else None
 
     def _remember(self, worker_id: str, step: int | None, outcome: PushOutcome) -> PushOutcome:
         """Keep the outcome of a worker's push for a retry of it, in the mode's memo (state lock held)."""
@@ -417,23 +529,28 @@ class ShardStore:
         retries: RetryMemo[PushOutcome] | None = self._mode.retries
         return retries.remember(worker_id, step, outcome) if retries is not None else outcome
 
-    def _adjusted(self, name: str, grad: Gradient, read: dict[str, Array] | None) -> Gradient:
-        """The gradient after the policy's correction with the values the worker read."""
+    def _adjusted(self, name: str, grad: Gradient, read: dict[str, Gradient] | None) -> Gradient:
+        """The gradient after the policy's correction with the values the worker read (a row the worker
+        did not read is corrected against its value now: no correction)."""
         assert self._policy is not None
-        if read is None:
+        seen = read.get(name) if read is not None else None
+        if seen is None:
             return grad
         var = self._vars[name]
         if isinstance(grad, SparseRows):
             # each row once, so each row's state advances once per push
             grad = coalesce_rows(grad.indices, grad.values)
             rows = grad.indices
-            values = var.policy_state.adjust(self._policy, name, rows, grad.values, var.value[rows],
-                                             read[name][rows])
-            return SparseRows(rows, values)
+            now = var.value[rows]
+            values = var.policy_state.adjust(self._policy, name, rows, grad.values, now, _rows_read(seen, rows, now))
+            return SparseRows(rows, values, grad.clocks)
+        if isinstance(seen, SparseRows):  # read by rows, pushed whole: no correction
+            return grad
         shape = _state_shape(grad)
         adjusted = var.policy_state.adjust(self._policy, name, None, grad.reshape(shape), var.value.reshape(shape),
-                                           read[name].reshape(shape))
-        return adjusted.reshape(grad.shape)
+                                           seen.reshape(shape))
+        out: Array = adjusted.reshape(grad.shape)
+        return out
 
     def _maybe_complete_step(self) -> None:
         """Apply the mode's accumulated step once it is complete (all locks held)."""
@@ -458,6 +575,7 @@ class ShardStore:
     def _apply(self, var: _Variable, grad: Gradient, lr: float) -> None:
         assert self._optimizer is not None
         var.updates += 1
+        var.count_update(grad)
         if isinstance(grad, SparseRows):
             if var.shared:  # a reader holds the current array: update a private copy
                 var.value = var.value.copy()
@@ -491,6 +609,12 @@ class ShardStore:
                 )
             if grad.indices.size and (grad.indices.min() < 0 or grad.indices.max() >= shape[0]):
                 raise InvalidArgumentError(f"{name}: sparse row index outside [0, {shape[0]})")
+            clocks = grad.clocks
+            if clocks is not None and (clocks.dtype != np.int64 or clocks.shape != indices.shape):
+                raise InvalidArgumentError(f"{name}: row clocks must be int64 [{indices.shape[0]}], one per index, "
+                                           f"got {clocks.dtype} {list(clocks.shape)}")
+            if clocks is not None and clocks.size and clocks.min() < 0:
+                raise InvalidArgumentError(f"{name}: row clocks must be >= 0")
         else:
             values = grad
             if values.shape != shape:

@@ -54,7 +54,8 @@ class RowInit:
         for item in filter(None, (p.strip() for p in rest.split(","))):
             key, eq, value = item.partition("=")
             if not eq or key not in params:
-                raise ValueError(f"row initializer {name}: unknown parameter {item!r} (takes {sorted(params) or 'none'})")
+                takes = ", ".join(sorted(params)) or "none"
+                raise ValueError(f"row initializer {name}: unknown parameter {item!r} (takes {takes})")
             try:
                 number = float(value)
             except ValueError:
