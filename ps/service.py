@@ -12,12 +12,13 @@ import dataclasses
 import threading
 from collections.abc import Iterator, Mapping
 
-from asyncps.ps.store import ShardStore
+from asyncps.ps.store import MAX_ROWS_PER_READ, ShardStore
 
-from asyncps.errors import InvalidArgumentError, UnavailableError
+from asyncps.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from asyncps.rules import UpdateRuleConfig
+from asyncps.rules.initializers import TableSpec
 from asyncps.rules.sync.types import Decisions, Held
-from asyncps.wire.codec import Array
+from asyncps.wire.codec import Array, IndexArray, check_row_ids
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 
 # Blocking waits (sync steps, SSP gates, long polls) allowed at once; a server must have more
@@ -64,19 +65,23 @@ class ShardService:
             if pushed:
                 self._pushed_by[transport] = self._pushed_by.get(transport, 0) + pushed
 
-    def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array], run_id: str = "") -> tuple[bool, int]:
-        """Create the variables (idempotent for the same run); (created, version)."""
-        created = self.store.initialize(rule, values, run_id)
+    def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array], run_id: str = "",
+                   generated: Mapping[str, TableSpec] | None = None) -> tuple[bool, int]:
+        """Create the variables, those in `generated` made here (idempotent for the same run); (created,
+        version)."""
+        created = self.store.initialize(rule, values, run_id, generated)
         return created, self.store.version
 
-    def pull(self, worker_id: str, if_newer_than: int, wait_s: float = 0.0) -> ShardValues:
+    def pull(self, worker_id: str, if_newer_than: int, wait_s: float = 0.0,
+             rows: Mapping[str, IndexArray] | None = None) -> ShardValues:
         """The values, after a long-poll of up to wait_s for a version newer than if_newer_than
-        (with the sync coordinator's decisions since if_newer_than)."""
+        (with the sync coordinator's decisions since if_newer_than); the parts in `rows` as those rows,
+        whatever the version."""
         if wait_s > 0:
             with self._waiter() as may_wait:
                 if may_wait:
                     self.store.wait_newer(if_newer_than, wait_s)
-        return self.store.pull(if_newer_than, worker_id, decisions_since=if_newer_than)
+        return self.store.pull(if_newer_than, worker_id, decisions_since=if_newer_than, rows=rows)
 
     def push(self, request: PushRequest) -> PushOutcome:
         """Apply, accumulate or drop one gradient (a sync commit when it carries decisions)."""
@@ -89,21 +94,42 @@ class ShardService:
                                request.step, request.ballot, request.worker_index)
 
     def push_pull(
-        self, request: PushRequest, pull_if_newer_than: int, read_wait_s: float
+        self, request: PushRequest, pull_if_newer_than: int, read_wait_s: float,
+        rows: Mapping[str, IndexArray] | None = None,
     ) -> tuple[PushOutcome, ShardValues]:
-        """Push, wait until the consistency model lets the worker read (up to read_wait_s), pull.
+        """Push, wait until the consistency model lets the worker read (up to read_wait_s), pull (the
+        parts in `rows` as those rows). The rows asked are checked before the push is applied, so a bad
+        row read changes nothing.
 
         With strict reads (SSP) a worker that still may not read gets no values: the call fails
         (UNAVAILABLE, counted as refused for lack of a waiting slot or at the deadline) and the
         worker repeats it; the shard recognizes the repeated push and does not apply it twice.
         """
+        if rows:
+            self._check_rows(rows)  # a bad row read refuses the whole request before the push applies
         outcome = self.push(request)  # apply: one store entry
         waited = 0.0
         if request.decisions is None:  # a sync commit never waits
             waited = self._wait_readable(request, read_wait_s)  # wait: one store entry
         # read: one store entry, the values and the sync coordinator's decisions of one instant
-        values = self.store.pull(pull_if_newer_than, request.worker_id, decisions_since=request.base_version)
+        values = self.store.pull(pull_if_newer_than, request.worker_id, decisions_since=request.base_version,
+                                 rows=rows)
         return outcome, dataclasses.replace(values, waited_s=waited)
+
+    def _check_rows(self, rows: Mapping[str, IndexArray]) -> None:
+        """The rows a push-pull reads, checked as the store's read will (NotFoundError for a part this shard
+        does not hold, InvalidArgumentError for bad ids), so that a refused read leaves its push unapplied."""
+        stats = self.store.stats()
+        if not stats.initialized:
+            return  # the push refuses first (FAILED_PRECONDITION)
+        shapes = {name: shape for name, _, shape in stats.variables}
+        for name, ids in rows.items():
+            shape = shapes.get(name)
+            if shape is None:
+                raise NotFoundError(f"rows asked of unknown variable {name!r} on shard {self.shard_index}")
+            if not shape:
+                raise InvalidArgumentError(f"{name}: a scalar has no rows to read")
+            check_row_ids(name, ids, shape[0], MAX_ROWS_PER_READ)
 
     def _wait_readable(self, request: PushRequest, read_wait_s: float) -> float:
         """Wait (with a waiting slot, up to read_wait_s) until the worker may read; the seconds

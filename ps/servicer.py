@@ -18,17 +18,20 @@ from asyncps.net.handlers import Handler
 from asyncps.net.rpc import handles_errors
 from asyncps.pb import ps_pb2
 from asyncps.rules.registry import plugin_modules_only
-from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
+from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, IndexArray, SparseRows, TensorAssembler, rows_nbytes
 from asyncps.wire.frames import identity, read_frames
 from asyncps.wire.proto import (
     decisions_from_proto,
     decisions_to_proto,
+    generated_from_proto,
     outcome_to_proto,
     parse_initialize,
     parse_push,
     parse_snapshot,
     pull_header_frame,
     push_request,
+    row_frames,
+    row_ids_from_proto,
     rule_from_proto,
     snapshot_frames,
     snapshot_from_wire,
@@ -51,17 +54,19 @@ class _ReplyCache:
     def __init__(self, chunk_bytes: int) -> None:
         self._chunk_bytes = chunk_bytes
         self._lock = threading.Lock()
-        self._key: tuple[int, int] | None = None
+        self._key: tuple[int, int, tuple[str, ...]] | None = None
         self._frames: list[bytes] = []
         self._nbytes = 0
 
     def frames(self, incarnation: int, version: int, values: Mapping[str, Array]) -> tuple[list[bytes], int]:
-        """The frames of these values and their tensor bytes (encoded once per version)."""
+        """The frames of these values and their tensor bytes (encoded once per version and set of parts:
+        a reply without the parts its reader reads by rows holds fewer)."""
+        key = (incarnation, version, tuple(values))
         with self._lock:
-            if self._key != (incarnation, version):
+            if self._key != key:
                 self._frames = value_frames(values, self._chunk_bytes)
                 self._nbytes = sum(v.nbytes for v in values.values())
-                self._key = (incarnation, version)
+                self._key = key
             return self._frames, self._nbytes
 
 
@@ -96,46 +101,58 @@ class ParameterServerServicer:
             if isinstance(value, SparseRows):
                 raise InvalidArgumentError(f"{name}: initial values must be dense")
             values[name] = value
-        created, version = self._service.initialize(rule, values, header.run_id)
-        log.info("Initialize from %s: %s (%d variables)", header.worker_id,
-                 "created" if created else "identical, accepted", len(values))
+        generated = generated_from_proto(header.generated)
+        created, version = self._service.initialize(rule, values, header.run_id, generated)
+        log.info("Initialize from %s: %s (%d variables, %d made here)", header.worker_id,
+                 "created" if created else "identical, accepted", len(values) + len(generated), len(generated))
         return ps_pb2.InitializeResponse(created=created, version=version)
 
     def _reply(self, reply: ShardValues, push: ps_pb2.PushResult | None = None) -> Iterator[bytes]:
+        """The header, the values (cached per version) and the rows read (encoded for this reply)."""
         yield pull_header_frame(reply_header(reply, push, self._service.shard_index))
+        nbytes = 0
         if reply.values is not None:
             frames, nbytes = self._cache.frames(reply.incarnation, reply.version, reply.values)
             yield from frames
-            self._service.count("grpc", pulled=nbytes)
+        if reply.rows:
+            yield from row_frames(reply.rows, self._chunk_bytes)
+            nbytes += rows_nbytes(reply.rows)
+        self._service.count("grpc", pulled=nbytes)
 
     @handles_errors
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
-        """Stream the values (optionally after a long-poll for a newer version)."""
+        """Stream the values (optionally after a long-poll for a newer version), the parts asked by rows
+        as those rows."""
+        rows = row_ids_from_proto(request.rows, self._max_request_bytes)
+        self._service.count("grpc", pushed=sum(ids.nbytes for ids in rows.values()))
         limit = wait_limit("wait_timeout_s", request.wait_timeout_s, context)
-        yield from self._reply(self._service.pull(request.worker_id, request.if_newer_than, limit))
+        yield from self._reply(self._service.pull(request.worker_id, request.if_newer_than, limit, rows))
 
     def _read_push(
         self, request_iterator: Iterator[bytes], what: str
-    ) -> tuple[ps_pb2.PushHeader, PushRequest]:
+    ) -> tuple[ps_pb2.PushHeader, PushRequest, dict[str, IndexArray]]:
+        """A push's header, its request and the row ids it reads (a push-pull's)."""
         assembler = TensorAssembler(self._max_request_bytes)
         header: ps_pb2.PushHeader = read_frames(request_iterator, parse_push, assembler, what)
-        grads = assembler.finish()
+        grads, rows = assembler.finish_request()
         self._service.count("grpc", pushed=assembler.total_bytes)
-        return header, push_request(header, grads)
+        return header, push_request(header, grads), rows
 
     @handles_errors
     def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> ps_pb2.PushResult:
         """Apply or drop one gradient."""
-        _, request = self._read_push(request_iterator, "Push")
+        _, request, rows = self._read_push(request_iterator, "Push")
+        if rows:
+            raise InvalidArgumentError(f"{sorted(rows)}: a push reads no rows (a push-pull does)")
         return outcome_to_proto(self._service.push(request))
 
     @handles_errors
     def PushPull(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        """Push, then stream the values back in the same call."""
-        header, request = self._read_push(request_iterator, "PushPull")
+        """Push, then stream the values back in the same call (the parts asked by rows as those rows)."""
+        header, request, rows = self._read_push(request_iterator, "PushPull")
         # the whole request is validated before the store changes
         limit = wait_limit("read_wait_s", header.read_wait_s, context, margin_s=1.0)
-        outcome, reply = self._service.push_pull(request, header.pull_if_newer_than, limit)
+        outcome, reply = self._service.push_pull(request, header.pull_if_newer_than, limit, rows)
         yield from self._reply(reply, outcome_to_proto(outcome))
 
     @handles_errors

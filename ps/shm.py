@@ -44,13 +44,23 @@ from asyncps.net.handlers import Handler
 from asyncps.net.rpc import handles_errors
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.transport import shmseg
-from asyncps.wire.codec import Array, _checked_nbytes, dtype_from_proto
-from asyncps.wire.frames import Slice
-from asyncps.wire.proto import outcome_to_proto, push_request
+from asyncps.wire.codec import (
+    Array,
+    IndexArray,
+    SparseRows,
+    TensorAssembler,
+    _checked_nbytes,
+    dtype_from_proto,
+    rows_nbytes,
+)
+from asyncps.wire.frames import Slice, served_row_slices
+from asyncps.wire.proto import outcome_to_proto, push_request, rows_of_request
+from asyncps.wire.stream import byte_view
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ATTACHMENTS = 256
+_WHOLE = 1 << 62  # served_row_slices chunk size: every tensor travels whole
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,8 @@ class Attachment:
     worker_id: str
     buffer: mmap.mmap
     values: dict[str, Region]
+    # the shard's parts with no region here (read by rows only: every request must ask them by rows)
+    unmapped: frozenset[str] = frozenset()
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
 
@@ -145,7 +157,8 @@ class Attachments:
         self, worker_id: str, segment: str, size: int, token: bytes, regions: Sequence[tensor_pb2.TensorChunk],
         variables: Mapping[str, tuple[np.dtype[Any], tuple[int, ...]]],
     ) -> int:
-        """Map a worker's segment; check every region against it and against the shard's variables."""
+        """Map a worker's segment; check every region against it and against the shard's variables (a
+        region for some of them: the others are read by rows)."""
         if not shmseg.TOKEN_BYTES <= size <= shmseg.MAX_SEGMENT_BYTES:
             raise InvalidArgumentError(f"segment_bytes {size} outside [{shmseg.TOKEN_BYTES}, "
                                        f"{shmseg.MAX_SEGMENT_BYTES}]")
@@ -161,8 +174,6 @@ class Attachments:
                 raise InvalidArgumentError(f"{region.name}: region {region.dtype}{list(region.shape)} for a variable "
                                            f"{dtype}{list(shape)}")
             values[region.name] = region
-        if set(values) != set(variables):
-            raise InvalidArgumentError(f"regions for {sorted(values)}, the shard holds {sorted(variables)}")
         try:
             buffer = shmseg.attach(segment, size, token)
         except ValueError as exc:
@@ -170,7 +181,8 @@ class Attachments:
         except (FileNotFoundError, PermissionError) as exc:
             raise PathNotVisibleError(f"segment {segment!r} is not visible from this shard (another host?): "
                                           f"{type(exc).__name__}") from None
-        attachment = Attachment(next(self._ids), worker_id, buffer, values)
+        # a part without a region is one the worker reads by rows only (a table too large to map whole)
+        attachment = Attachment(next(self._ids), worker_id, buffer, values, frozenset(variables) - frozenset(values))
         evicted = []
         with self._lock:
             for old in [a for a in self._by_id.values() if a.worker_id == worker_id]:
@@ -203,13 +215,24 @@ class ShmAdapter:
 
     def __init__(self, side: ShardSide, max_attachments: int = DEFAULT_MAX_ATTACHMENTS) -> None:
         self._service: ShardService = side.service
+        self._max_request_bytes = side.framed_request_bytes
         self._attachments = Attachments(max_attachments)
         # the doorbell: a worker with a data connection rings through it instead of ShmPushPull
-        side.offer(FramedKind("mapped", "ShmPushPull", self._rung))
+        side.offer(FramedKind("mapped", "ShmPushPull", self._rung, tensors=True))
 
     def _rung(self, request: ps_pb2.FramedRequest, tensors: Sequence[Array]) -> tuple[ps_pb2.FramedReply, list[Slice]]:
-        """The doorbell's answer: the exchange's header, no tensors (they are in the segment)."""
-        return ps_pb2.FramedReply(values=self.exchange(request.mapped, MAX_WAIT_S)), []
+        """The doorbell's answer: the exchange's header (the values are in the segment), and the rows of a
+        row read (asked by the request's ROW_IDS tensors, the only tensors it may carry) as its tensors."""
+        assembler = TensorAssembler(self._max_request_bytes)
+        for chunk, array in zip(request.tensors, tensors, strict=True):
+            assembler.add(chunk, byte_view(array))
+        rows = rows_of_request(assembler, "mapped")
+        self._service.count("shm", pushed=assembler.total_bytes)
+        header, served = self.exchange(request.mapped, MAX_WAIT_S, rows)
+        if not served:
+            return ps_pb2.FramedReply(values=header), []
+        self._service.count("shm", pulled=rows_nbytes(served))
+        return ps_pb2.FramedReply(values=header), list(served_row_slices(served, _WHOLE))
 
     @handles_errors
     def AttachShm(self, request: ps_pb2.AttachShmRequest, context: grpc.ServicerContext) -> ps_pb2.AttachShmResponse:
@@ -227,19 +250,26 @@ class ShmAdapter:
     def ShmPushPull(self, request: ps_pb2.ShmPushPullRequest, context: grpc.ServicerContext) -> ps_pb2.PullHeader:
         """PushPull with the tensors in an attached segment; only the headers travel here."""
         remaining = context.time_remaining()
-        return self.exchange(request, MAX_WAIT_S if remaining is None else max(0.0, remaining - 1.0))
+        return self.exchange(request, MAX_WAIT_S if remaining is None else max(0.0, remaining - 1.0))[0]
 
-    def exchange(self, request: ps_pb2.ShmPushPullRequest, max_wait_s: float) -> ps_pb2.PullHeader:
+    def exchange(self, request: ps_pb2.ShmPushPullRequest, max_wait_s: float,
+                 rows: Mapping[str, IndexArray] | None = None) -> tuple[ps_pb2.PullHeader, Mapping[str, SparseRows]]:
         """One push-pull (or pull) through an attached segment, held at most max_wait_s: the answer of
-        ShmPushPull over gRPC and of the `mapped` request on the framed data connection (the doorbell)."""
+        ShmPushPull over gRPC and of the `mapped` request on the framed data connection (the doorbell),
+        with the rows read (`rows`: only the doorbell carries them; every part without a region must be
+        among them)."""
         header = request.header
         attachment = self._attachments.get(request.attachment, header.worker_id)
+        unread = sorted(attachment.unmapped - set(rows or {}))
+        if unread:
+            raise InvalidArgumentError(f"parts {unread} have no region in the segment: a request through it reads "
+                                       "them by rows")
         limit = checked_wait("read_wait_s", header.read_wait_s, max_wait_s)
         push_result: ps_pb2.PushResult | None = None
         if request.pull_only:
             if request.grads:
                 raise InvalidArgumentError("a pull_only request carries no gradients")
-            reply = self._service.pull(header.worker_id, header.pull_if_newer_than, limit)
+            reply = self._service.pull(header.worker_id, header.pull_if_newer_than, limit, rows)
         else:
             with attachment.lock:
                 if attachment.closed:
@@ -247,7 +277,7 @@ class ShmAdapter:
                 grads = attachment.read_grads(request.grads)
             self._service.count("shm", pushed=sum(g.nbytes for g in grads.values()))
             push = push_request(header, grads)
-            outcome, reply = self._service.push_pull(push, header.pull_if_newer_than, limit)
+            outcome, reply = self._service.push_pull(push, header.pull_if_newer_than, limit, rows)
             push_result = outcome_to_proto(outcome)
         if reply.values is not None:
             with attachment.lock:
@@ -255,7 +285,7 @@ class ShmAdapter:
                     raise AttachAgainError("the shared-memory attachment was replaced: attach again")
                 attachment.write_values(reply.values)
             self._service.count("shm", pulled=sum(v.nbytes for v in reply.values.values()))
-        return reply_header(reply, push_result, self._service.shard_index)
+        return reply_header(reply, push_result, self._service.shard_index), reply.rows or {}
 
     def rpc_handlers(self) -> dict[str, Handler]:
         """AttachShm and ShmPushPull, protobuf both ways."""

@@ -20,13 +20,14 @@ from collections.abc import Sequence
 from asyncps.ps.adapter import ShardSide, checked_wait, reply_header
 from asyncps.ps.service import ShardService
 
+from asyncps.errors import InvalidArgumentError
 from asyncps.net.framed import FramedKind, FramedLimits, FramedListener
 from asyncps.net.handlers import Handler
 from asyncps.net.security import LOOPBACK_HOST, SecurityConfig
 from asyncps.pb import ps_pb2
-from asyncps.wire.codec import Array, Gradient, TensorAssembler
-from asyncps.wire.frames import Slice, tensor_slices
-from asyncps.wire.proto import outcome_to_proto, push_request
+from asyncps.wire.codec import Array, TensorAssembler, rows_nbytes
+from asyncps.wire.frames import Slice, served_row_slices, tensor_slices
+from asyncps.wire.proto import outcome_to_proto, push_request, rows_of_request
 from asyncps.wire.shard import ShardValues
 from asyncps.wire.stream import byte_view
 
@@ -42,46 +43,58 @@ class TcpKinds:
 
     def kinds(self) -> list[FramedKind]:
         """The kinds to offer on the data connection, each with the method whose roles it needs."""
-        return [FramedKind("pull", "Pull", self.pull), FramedKind("push", "Push", self.push, tensors=True),
+        return [FramedKind("pull", "Pull", self.pull, tensors=True),
+                FramedKind("push", "Push", self.push, tensors=True),
                 FramedKind("push_pull", "PushPull", self.push_pull, tensors=True)]
 
     def pull(self, request: ps_pb2.FramedRequest, tensors: Sequence[Array]) -> tuple[ps_pb2.FramedReply, list[Slice]]:
-        """The values (none when not newer), held up to the request's wait."""
+        """The values (none when not newer), held up to the request's wait; the parts its ROW_IDS
+        tensors name as those rows."""
         pull = request.pull
+        rows = rows_of_request(self._received(request, tensors), "pull")
         wait = checked_wait("wait_timeout_s", pull.wait_timeout_s)
-        return self._values(self._service.pull(pull.worker_id, pull.if_newer_than, wait), None)
+        return self._values(self._service.pull(pull.worker_id, pull.if_newer_than, wait, rows), None)
 
     def push(self, request: ps_pb2.FramedRequest, tensors: Sequence[Array]) -> tuple[ps_pb2.FramedReply, list[Slice]]:
         """Apply or drop one gradient."""
-        push = push_request(request.push, self._grads(request, tensors))
+        grads, rows = self._received(request, tensors).finish_request()
+        if rows:
+            raise InvalidArgumentError(f"{sorted(rows)}: a push reads no rows (a push-pull does)")
+        push = push_request(request.push, grads)
         return ps_pb2.FramedReply(pushed=outcome_to_proto(self._service.push(push))), []
 
     def push_pull(self, request: ps_pb2.FramedRequest,
                   tensors: Sequence[Array]) -> tuple[ps_pb2.FramedReply, list[Slice]]:
-        """Push, wait while sync/ssp holds the worker, then the values."""
+        """Push, wait while sync/ssp holds the worker, then the values (the parts its ROW_IDS tensors
+        name as those rows)."""
         header = request.push_pull
-        push = push_request(header, self._grads(request, tensors))
+        grads, rows = self._received(request, tensors).finish_request()
+        push = push_request(header, grads)
         wait = checked_wait("read_wait_s", header.read_wait_s)
-        outcome, values = self._service.push_pull(push, header.pull_if_newer_than, wait)
+        outcome, values = self._service.push_pull(push, header.pull_if_newer_than, wait, rows)
         return self._values(values, outcome_to_proto(outcome))
 
-    def _grads(self, request: ps_pb2.FramedRequest, tensors: Sequence[Array]) -> dict[str, Gradient]:
-        """The request's gradients, as views of the arrays they landed in (counted as tcp's bytes)."""
+    def _received(self, request: ps_pb2.FramedRequest, tensors: Sequence[Array]) -> TensorAssembler:
+        """The request's tensors, as views of the arrays they landed in (counted as tcp's bytes)."""
         assembler = TensorAssembler(self._max_request_bytes)
         for chunk, array in zip(request.tensors, tensors, strict=True):
             assembler.add(chunk, byte_view(array))  # a view, no copy
-        grads = assembler.finish()
         self._service.count("tcp", pushed=assembler.total_bytes)
-        return grads
+        return assembler
 
     def _values(self, reply: ShardValues,
                 push: ps_pb2.PushResult | None) -> tuple[ps_pb2.FramedReply, list[Slice]]:
         header = reply_header(reply, push, self._service.shard_index)
         tensors: list[Slice] = []
+        nbytes = 0
         if reply.values is not None:
             for name, value in reply.values.items():
                 tensors.extend(tensor_slices(name, value, chunk_bytes=_WHOLE))
-            self._service.count("tcp", pulled=sum(v.nbytes for v in reply.values.values()))
+            nbytes = sum(v.nbytes for v in reply.values.values())
+        if reply.rows:
+            tensors.extend(served_row_slices(reply.rows, _WHOLE))
+            nbytes += rows_nbytes(reply.rows)
+        self._service.count("tcp", pulled=nbytes)
         return ps_pb2.FramedReply(values=header), tensors
 
 

@@ -38,7 +38,7 @@ from asyncps.transport import (
     shmseg,
 )
 from asyncps.transport.registry import BASE
-from asyncps.wire.codec import Array
+from asyncps.wire.codec import Array, IndexArray
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
 
 RULE = UpdateRuleConfig(OptimizerConfig("sgd", 0.5))
@@ -65,9 +65,9 @@ class CountingPath:
         self.calls[what] = self.calls.get(what, 0) + 1
 
     def pull(self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-             wait_timeout_s: float = 0.0) -> ShardValues:
+             wait_timeout_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None) -> ShardValues:
         self._count("pull")
-        return self.frames.pull(worker_id, if_newer_than, buffers, wait_timeout_s)
+        return self.frames.pull(worker_id, if_newer_than, buffers, wait_timeout_s, rows)
 
     def push(self, request: PushRequest) -> PushOutcome:
         self._count("push")
@@ -75,9 +75,10 @@ class CountingPath:
 
     def push_pull(self, request: PushRequest, pull_if_newer_than: int = -1,
                   buffers: Mapping[str, Array] | None = None,
-                  read_wait_s: float = 0.0) -> tuple[PushOutcome, ShardValues]:
+                  read_wait_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None
+                  ) -> tuple[PushOutcome, ShardValues]:
         self._count("push_pull")
-        return self.frames.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
+        return self.frames.push_pull(request, pull_if_newer_than, buffers, read_wait_s, rows)
 
     def close(self) -> None:
         self._count("close")

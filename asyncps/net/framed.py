@@ -53,7 +53,7 @@ from asyncps.net.rpc import error_of, outcome_name, status_of
 from asyncps.net.security import LOOPBACK_HOST, SecurityConfig
 from asyncps.net.streamguard import DEFAULT_IDLE_TIMEOUT_S
 from asyncps.pb import ps_pb2, tensor_pb2
-from asyncps.wire.codec import Array, _checked_nbytes, dtype_from_proto
+from asyncps.wire.codec import ROLES, Array, _checked_nbytes, dtype_from_proto
 from asyncps.wire.frames import Slice
 from asyncps.wire.proto import SHARD_SERVICE
 from asyncps.wire.stream import (
@@ -76,6 +76,27 @@ _HELLO_BYTES = 1 << 16  # a hello is a token and a worker id
 
 # the destination of each tensor of a reply (a worker's own buffer where it fits); None: header only
 Destination = Callable[[tensor_pb2.TensorChunk], Array]
+
+
+def reply_destination(buffers: Mapping[str, Array] | None = None) -> Destination:
+    """Where a reply's tensors land: a dense value in the caller's buffer of its name when it fits
+    (C-contiguous, writable, same dtype and shape), anything else (a row read's rows and clocks
+    included) in a fresh array; every length checked before anything is received."""
+    def destination(chunk: tensor_pb2.TensorChunk) -> Array:
+        if chunk.role not in (tensor_pb2.DENSE, tensor_pb2.SPARSE_VALUES, tensor_pb2.ROW_CLOCKS):
+            raise FrameError(f"{chunk.name}: a reply's tensor of role {chunk.role}")
+        dtype = dtype_from_proto(chunk.dtype)
+        shape = tuple(int(d) for d in chunk.shape)
+        nbytes = _checked_nbytes(shape, dtype, MAX_FRAME_BYTES)
+        if nbytes != chunk.nbytes:
+            raise FrameError(f"{chunk.name}: {chunk.nbytes} bytes for a {dtype}{list(shape)} tensor of {nbytes}")
+        buffer = (buffers or {}).get(chunk.name) if chunk.role == tensor_pb2.DENSE else None
+        if (buffer is not None and buffer.shape == shape and buffer.dtype == dtype and buffer.flags.c_contiguous
+                and buffer.flags.writeable):
+            return buffer
+        return np.empty(shape, dtype)
+
+    return destination
 
 
 class DataPortUnavailable(ConnectionError):
@@ -163,9 +184,10 @@ class FramedConnection:
 
     def exchange(self, worker_id: str, request: ps_pb2.FramedRequest, tensors: Sequence[Slice] = (),
                  destination: Destination | None = None, wait_s: float = 0.0, training: bool = False
-                 ) -> tuple[ps_pb2.FramedReply, dict[str, Array]]:
-        """One request and its reply (the reply's tensors by name, each received into
-        destination(chunk); a reply with tensors where `destination` is None is a broken frame). Re-sent
+                 ) -> tuple[ps_pb2.FramedReply, list[Array]]:
+        """One request and its reply (the reply's tensors in the order of `reply.tensors`, each received
+        into destination(chunk): a part may come as two tensors of different roles, the rows and clocks
+        of a row read; a reply with tensors where `destination` is None is a broken frame). Re-sent
         on a fresh connection after a broken one and, for the errors the gRPC path retries, by the
         same policy (training calls: the training policy); Unreachable past the deadline."""
         policy = self._training_policy if training else self._policy
@@ -173,7 +195,7 @@ class FramedConnection:
                            f"parameter server {self.address} over its data connection", self._rng)
 
     def _attempt(self, worker_id: str, request: ps_pb2.FramedRequest, tensors: Sequence[Slice],
-                 destination: Destination | None, wait_s: float) -> tuple[ps_pb2.FramedReply, dict[str, Array]]:
+                 destination: Destination | None, wait_s: float) -> tuple[ps_pb2.FramedReply, list[Array]]:
         """One exchange; a broken connection or a shard restart (the stream out of step) as UnavailableError."""
         try:
             with self._lock:
@@ -185,7 +207,7 @@ class FramedConnection:
                                    "UNAVAILABLE") from exc
 
     def _once(self, worker_id: str, request: ps_pb2.FramedRequest, tensors: Sequence[Slice],
-              destination: Destination | None, wait_s: float) -> tuple[ps_pb2.FramedReply, dict[str, Array]]:
+              destination: Destination | None, wait_s: float) -> tuple[ps_pb2.FramedReply, list[Array]]:
         if self._sock is None:
             self._sock = self._connect(worker_id)
         sock = self._sock
@@ -205,7 +227,7 @@ class FramedConnection:
         except BaseException:
             self._drop()  # out of step, or an error the shard may have closed on: a fresh one next time
             raise
-        return reply, {chunk.name: array for chunk, array in zip(reply.tensors, arrays, strict=True)}
+        return reply, arrays
 
     def close(self) -> None:
         """Close the connection."""
@@ -458,7 +480,7 @@ class FramedListener:
 
     def _destination(self, session: Session, chunk: tensor_pb2.TensorChunk) -> Array:
         """A per-connection array for a request's tensor, reused by the next request of its shape."""
-        if chunk.role not in (tensor_pb2.DENSE, tensor_pb2.SPARSE_INDICES, tensor_pb2.SPARSE_VALUES):
+        if chunk.role not in ROLES:
             raise FrameError(f"{chunk.name}: unknown tensor role {chunk.role}")
         try:
             dtype = dtype_from_proto(chunk.dtype)
@@ -495,4 +517,5 @@ def reply_error(sock: socket.socket, exc: BaseException) -> None:
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_HANDSHAKE_TIMEOUT_S", "DEFAULT_MAX_CONNECTIONS",
            "DEFAULT_MAX_REQUEST_BYTES", "DataPortUnavailable", "Destination", "FramedConnection", "FramedKind",
-           "FramedLimits", "FramedListener", "Session", "certificate_roles", "client_context", "reply_error"]
+           "FramedLimits", "FramedListener", "Session", "certificate_roles", "client_context", "reply_destination",
+           "reply_error"]

@@ -10,22 +10,25 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from asyncps.errors import InvalidArgumentError
 from asyncps.net.security import SecurityConfig
-from asyncps.pb import ps_pb2
+from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.rules import UpdateRuleConfig
+from asyncps.rules.initializers import TableSpec
 from asyncps.rules.sync.types import Decisions, Held
 from asyncps.transport.base import ClientSetup, DataPath, InitResult, ShardClient
 from asyncps.transport.link import ShardLink
-from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, SparseRows, TensorAssembler
+from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, IndexArray, SparseRows, TensorAssembler
 from asyncps.wire.frames import identity, read_frames
 from asyncps.wire.proto import (
     decisions_from_proto,
     decisions_to_proto,
+    generated_to_proto,
     initialize_frames,
     outcome_from_proto,
     parse_pull,
     parse_snapshot,
     push_frames,
     push_header,
+    row_ids_to_proto,
     rule_to_proto,
     snapshot_frames,
     snapshot_from_wire,
@@ -36,20 +39,34 @@ from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, 
 
 
 def _read_values(
-    stream: Iterable[bytes], buffers: Mapping[str, Array] | None, what: str
+    stream: Iterable[bytes], buffers: Mapping[str, Array] | None, what: str,
+    rows: Mapping[str, IndexArray] | None = None,
 ) -> tuple[ps_pb2.PullHeader, ShardValues]:
-    """A pull reply: its header and the values, received into `buffers` where they fit."""
+    """A pull reply: its header, the values, received into `buffers` where they fit, and the rows asked."""
     assembler = TensorAssembler(buffers=buffers)
     header: ps_pb2.PullHeader = read_frames(stream, parse_pull, assembler, what)
-    values: dict[str, Array] | None = None
-    if not header.not_modified:
-        values = {}
-        for name, value in assembler.finish().items():
-            if isinstance(value, SparseRows):
-                raise InvalidArgumentError(f"{name}: shard sent sparse values")
-            values[name] = value
+    return header, shard_values(header, *assembler.finish_reply(rows or {}), asked=rows)
+
+
+def shard_values(header: ps_pb2.PullHeader, values: dict[str, Array], served: dict[str, SparseRows],
+                 asked: Mapping[str, IndexArray] | None) -> ShardValues:
+    """A pull reply's header, values and rows served as ShardValues (rows: None when none were asked);
+    values where the header says not modified are InvalidArgumentError."""
+    if header.not_modified and values:
+        raise InvalidArgumentError(f"the shard sent values {sorted(values)} in a reply it says is not modified")
     decisions = decisions_from_proto(header.sync) if header.HasField("sync") else None
-    return header, ShardValues(header.version, header.incarnation, values, header.waited_s, decisions)
+    return ShardValues(header.version, header.incarnation, None if header.not_modified else values,
+                       header.waited_s, decisions, rows=served if asked else None)
+
+
+def received_values(header: ps_pb2.PullHeader, chunks: Sequence[tensor_pb2.TensorChunk], arrays: Sequence[Array],
+                    asked: Mapping[str, IndexArray] | None) -> ShardValues:
+    """A reply read off a framed data connection (its tensors received whole, in the order of `chunks`)
+    as ShardValues, its rows checked against those asked."""
+    assembler = TensorAssembler()
+    for chunk, array in zip(chunks, arrays, strict=True):
+        assembler.put(chunk, array)
+    return shard_values(header, *assembler.finish_reply(asked or {}), asked=asked)
 
 
 class FramesDataPath:
@@ -69,15 +86,16 @@ class FramesDataPath:
 
     def pull(
         self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-        wait_timeout_s: float = 0.0,
+        wait_timeout_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None,
     ) -> ShardValues:
-        """The shard's values (into `buffers` where they fit), or None when not newer."""
+        """The shard's values (into `buffers` where they fit), or None when not newer; the parts in
+        `rows` as those rows only."""
         request = ps_pb2.PullRequest(worker_id=worker_id, if_newer_than=if_newer_than,
-                                     wait_timeout_s=wait_timeout_s)
+                                     wait_timeout_s=wait_timeout_s, rows=row_ids_to_proto(rows))
 
         def call() -> ShardValues:
             stream = self._pull(request, timeout=self._link.call_timeout_s + wait_timeout_s)
-            return _read_values(stream, buffers, "pull reply")[1]
+            return _read_values(stream, buffers, "pull reply", rows)[1]
 
         return self._link.retry(call, training=True)
 
@@ -90,15 +108,16 @@ class FramesDataPath:
 
     def push_pull(
         self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-        read_wait_s: float = 0.0,
+        read_wait_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None,
     ) -> tuple[PushOutcome, ShardValues]:
-        """Push, then receive the values in one round trip (held up to read_wait_s by sync/ssp)."""
+        """Push, then receive the values in one round trip (held up to read_wait_s by sync/ssp); the
+        parts in `rows` as those rows only."""
         header = push_header(request, pull_if_newer_than, read_wait_s)
 
         def call() -> tuple[PushOutcome, ShardValues]:
-            stream = self._push_pull(push_frames(header, request.grads, self._chunk_bytes),
+            stream = self._push_pull(push_frames(header, request.grads, self._chunk_bytes, rows),
                                      timeout=self._link.call_timeout_s + read_wait_s)
-            reply_header, values = _read_values(stream, buffers, "push-pull reply")
+            reply_header, values = _read_values(stream, buffers, "push-pull reply", rows)
             return outcome_from_proto(reply_header.push), values
 
         return self._link.retry(call, training=True)
@@ -139,11 +158,13 @@ class GrpcShardControl:
 
     def initialize(
         self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
-        values: Mapping[str, Array], run_id: str = "",
+        values: Mapping[str, Array], run_id: str = "", generated: Mapping[str, TableSpec] | None = None,
     ) -> InitResult:
-        """Send initial values and the update rule (idempotent on the shard for the same run)."""
+        """Send initial values and the update rule (idempotent on the shard for the same run); the parts
+        in `generated` the shard makes itself (only their specs travel)."""
         header = ps_pb2.InitializeHeader(worker_id=worker_id, shard_index=shard_index, num_shards=num_shards,
-                                         rule=rule_to_proto(rule), run_id=run_id)
+                                         rule=rule_to_proto(rule), run_id=run_id,
+                                         generated=generated_to_proto(generated))
         reply = self.link.retry(lambda: self._initialize(initialize_frames(header, values, self._chunk_bytes),
                                                      timeout=self.link.call_timeout_s))
         return InitResult(reply.created, reply.version)
@@ -215,4 +236,5 @@ class GrpcShardTransport(ShardClient):
         super().__init__(GrpcShardControl(link, chunk_bytes), FramesDataPath(link, chunk_bytes))
 
 
-__all__ = ["FramesDataPath", "GrpcShardControl", "GrpcShardTransport", "ShardLink", "frames_data_path"]
+__all__ = ["FramesDataPath", "GrpcShardControl", "GrpcShardTransport", "ShardLink", "frames_data_path",
+           "received_values", "shard_values"]

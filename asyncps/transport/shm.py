@@ -30,14 +30,15 @@ from typing import Any, TypeVar
 import numpy as np
 
 from asyncps.errors import AttachAgainError, FailedPreconditionError, PathNotVisibleError
-from asyncps.net.framed import DataPortUnavailable, FramedConnection
+from asyncps.net.framed import DataPortUnavailable, FramedConnection, reply_destination
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.placement import Placement
 from asyncps.transport import shmseg
 from asyncps.transport.base import ClientSetup, DataPath
-from asyncps.transport.grpc_shard import FramesDataPath
+from asyncps.transport.grpc_shard import FramesDataPath, received_values
 from asyncps.transport.link import ShardLink, data_connection
-from asyncps.wire.codec import Array, SparseRows, dtype_to_proto
+from asyncps.wire.codec import Array, Gradient, IndexArray, SparseRows, dtype_to_proto
+from asyncps.wire.frames import row_id_slices
 from asyncps.wire.proto import decisions_from_proto, outcome_from_proto, push_header
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
 from asyncps.wire.stream import FrameError
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _NEVER_NEWER = (1 << 63) - 1  # pull_if_newer_than of a push: no values come back
+_WHOLE = 1 << 62  # row_id_slices chunk size: every tensor travels whole
+# the answer to a rung doorbell: the reply's header and the rows served (None: no row asked)
+Rung = tuple[ps_pb2.PullHeader, Mapping[str, SparseRows] | None]
 
 
 @dataclass(frozen=True)
@@ -224,31 +228,42 @@ class ShmDataPath:
                     self._mapping = None  # a restarted shard: map a fresh segment
             raise AssertionError("unreachable")
 
+    def _through_segment(self, grads: Mapping[str, Gradient], buffers: Mapping[str, Array] | None,
+                         rows: Mapping[str, IndexArray] | None) -> bool:
+        """Whether a call goes through the segment: dense gradients only, buffers to map, and for a row
+        read a doorbell to carry its ids and rows (and a region for every gradient: none of a part read by
+        rows); else the fallback."""
+        if self._unavailable or buffers is None or any(isinstance(g, SparseRows) for g in grads.values()):
+            return False
+        return not rows or (self._doorbell is not None and set(grads) <= set(buffers))
+
     def push_pull(
         self, request: PushRequest, pull_if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-        read_wait_s: float = 0.0,
+        read_wait_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None,
     ) -> tuple[PushOutcome, ShardValues]:
-        """Push and pull through the segment (gRPC frames for sparse gradients or another host)."""
-        dense = all(not isinstance(g, SparseRows) for g in request.grads.values())
-        if not self._unavailable and dense and buffers is not None:
+        """Push and pull through the segment, the parts in `rows` as those rows over the doorbell (gRPC
+        frames for sparse gradients or another host)."""
+        if buffers is not None and self._through_segment(request.grads, buffers, rows):
             done = self._mapped(request.worker_id, buffers,
-                                lambda m: self._exchange(m, request, pull_if_newer_than, buffers, read_wait_s))
+                                lambda m: self._exchange(m, request, pull_if_newer_than, buffers, read_wait_s,
+                                                         rows=rows))
             if done is not None:
                 outcome, values = done
                 assert outcome is not None
                 return outcome, values
-        return self._fallback.push_pull(request, pull_if_newer_than, buffers, read_wait_s)
+        return self._fallback.push_pull(request, pull_if_newer_than, buffers, read_wait_s, rows)
 
     def pull(self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-             wait_timeout_s: float = 0.0) -> ShardValues:
-        """The values through the segment (into `buffers`), or over frames."""
-        if not self._unavailable and buffers is not None:
+             wait_timeout_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None) -> ShardValues:
+        """The values through the segment (into `buffers`), the parts in `rows` as those rows over the
+        doorbell; or over frames."""
+        if buffers is not None and self._through_segment({}, buffers, rows):
             request = PushRequest(worker_id, 0, {})
-            done = self._mapped(worker_id, buffers,
-                                lambda m: self._exchange(m, request, if_newer_than, buffers, wait_timeout_s, True))
+            done = self._mapped(worker_id, buffers, lambda m: self._exchange(m, request, if_newer_than, buffers,
+                                                                             wait_timeout_s, True, rows))
             if done is not None:
                 return done[1]
-        return self._fallback.pull(worker_id, if_newer_than, buffers, wait_timeout_s)
+        return self._fallback.pull(worker_id, if_newer_than, buffers, wait_timeout_s, rows)
 
     def push(self, request: PushRequest) -> PushOutcome:
         """One gradient through the segment already mapped (no values come back), else over frames."""
@@ -264,8 +279,10 @@ class ShmDataPath:
 
     def _exchange(
         self, mapping: _Mapping, request: PushRequest, pull_if_newer_than: int, buffers: Mapping[str, Array],
-        read_wait_s: float, pull_only: bool = False,
-    ) -> tuple[PushOutcome | None, ShardValues]:
+        read_wait_s: float, pull_only: bool = False, rows: Mapping[str, IndexArray] | None = None,
+    ) -> tuple[PushOutcome | None, ShardValues] | None:
+        """One request through the segment; None when rows were asked and only gRPC can ring (the caller
+        falls back: nothing was sent)."""
         chunks = []
         for name, grad in request.grads.items():
             target = mapping.grads.get(name)
@@ -277,7 +294,10 @@ class ShmDataPath:
         header = push_header(request, pull_if_newer_than, read_wait_s)
         message = ps_pb2.ShmPushPullRequest(header=header, attachment=mapping.attachment, grads=chunks,
                                             pull_only=pull_only)
-        reply = self._ring(request.worker_id, message, read_wait_s)
+        rung = self._ring(request.worker_id, message, read_wait_s, rows)
+        if rung is None:
+            return None
+        reply, served = rung
         values: dict[str, Array] | None = None
         if not reply.not_modified:
             for name, value in mapping.values.items():
@@ -287,23 +307,27 @@ class ShmDataPath:
         outcome = None if pull_only else outcome_from_proto(reply.push)
         decisions = decisions_from_proto(reply.sync) if reply.HasField("sync") else None
         return outcome, ShardValues(reply.version, reply.incarnation, values, reply.waited_s, decisions,
-                                    lent=mapping.values)
+                                    lent=mapping.values, rows=served)
 
-    def _ring(self, worker_id: str, message: ps_pb2.ShmPushPullRequest, wait_s: float) -> ps_pb2.PullHeader:
-        """Tell the shard the segment holds a request; its reply's header. Over the data connection
-        when the shard has one, else the unary call. Either way retried on UNAVAILABLE only: a
-        restarted shard answers AttachAgainError (FAILED_PRECONDITION) at once."""
+    def _ring(self, worker_id: str, message: ps_pb2.ShmPushPullRequest, wait_s: float,
+              rows: Mapping[str, IndexArray] | None = None) -> Rung | None:
+        """Tell the shard the segment holds a request; its reply's header and the rows served. Over the
+        data connection when the shard has one, else the unary call (None when rows were asked: only the
+        data connection carries them). Either way retried on UNAVAILABLE only: a restarted shard answers
+        AttachAgainError (FAILED_PRECONDITION) at once."""
         doorbell = self._doorbell
         if doorbell is not None:
             try:
-                return ring(doorbell, worker_id, message, wait_s)
+                return ring(doorbell, worker_id, message, wait_s, rows)
             except DataPortUnavailable as exc:  # nothing was sent: ring over gRPC from now on
                 log.info("%s: shared-memory requests signalled over gRPC", exc)
                 doorbell.close()
                 self._doorbell = None
+        if rows:
+            return None
         header: ps_pb2.PullHeader = self._link.retry(
             lambda: self._push_pull(message, timeout=self._link.call_timeout_s + wait_s))
-        return header
+        return header, None
 
     @property
     def rings_over_data_connection(self) -> bool:
@@ -323,14 +347,20 @@ class ShmDataPath:
                 self._mapping = None
 
 
-def ring(doorbell: FramedConnection, worker_id: str, message: ps_pb2.ShmPushPullRequest,
-         wait_s: float) -> ps_pb2.PullHeader:
-    """Ring the shard's doorbell: the `mapped` request on its data connection; the reply's header.
-    Retried as the gRPC call it replaces: a broken connection or UNAVAILABLE, nothing else."""
-    reply, _ = doorbell.exchange(worker_id, ps_pb2.FramedRequest(mapped=message), wait_s=wait_s)
+def ring(doorbell: FramedConnection, worker_id: str, message: ps_pb2.ShmPushPullRequest, wait_s: float,
+         rows: Mapping[str, IndexArray] | None = None) -> Rung:
+    """Ring the shard's doorbell: the `mapped` request on its data connection (with the ids of a row
+    read as its ROW_IDS tensors); the reply's header and the rows served (its tensors, None when no row
+    was asked). Retried as the gRPC call it replaces: a broken connection or UNAVAILABLE, nothing else."""
+    ids = list(row_id_slices(rows or {}, _WHOLE))
+    reply, arrays = doorbell.exchange(worker_id, ps_pb2.FramedRequest(mapped=message), ids, reply_destination(),
+                                      wait_s=wait_s)
     if reply.WhichOneof("kind") != "values":
         raise FrameError(f"shard {doorbell.address} answered a mapped request with {reply.WhichOneof('kind')}")
-    return reply.values
+    served = received_values(reply.values, reply.tensors, arrays, rows)
+    if served.values:  # dense values travel through the segment only
+        raise FrameError(f"shard {doorbell.address} sent values {sorted(served.values)} over the doorbell")
+    return reply.values, served.rows
 
 
 def shm_data_path(setup: ClientSetup, fallback: DataPath | None, required: bool) -> DataPath:

@@ -6,7 +6,8 @@ and carries everything else. The connection (asyncps.net.framed: framing, hello 
 reconnects through the one retry policy, errors as asyncps.errors of the gRPC path's kinds) is
 shared with no other channel's code; this channel adds its request kinds (ps.proto's FramedRequest:
 pull, push, push_pull; answered by ps/tcp.py): the gradients are sent from memoryviews over the
-worker's arrays, and the values are received with recv_into straight into the worker's buffers.
+worker's arrays, and the values are received with recv_into straight into the worker's buffers. A
+row read's ids travel as ROW_IDS tensors of the request, its rows and clocks as the reply's tensors.
 Training calls also ride a shard not yet restored, as over gRPC. When the shard has no data port,
 or it cannot be reached, DataPortUnavailable says so and TcpDataPath hands this and every later
 call to its fallback (gRPC frames).
@@ -18,20 +19,18 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-import numpy as np
-
 from asyncps.errors import InvalidArgumentError
-from asyncps.net.framed import DEFAULT_CONNECT_TIMEOUT_S, DataPortUnavailable, Destination, FramedConnection
+from asyncps.net.framed import DEFAULT_CONNECT_TIMEOUT_S, DataPortUnavailable, FramedConnection, reply_destination
 from asyncps.net.security import SecurityConfig
-from asyncps.pb import ps_pb2, tensor_pb2
+from asyncps.pb import ps_pb2
 from asyncps.transport.base import ClientSetup, DataPath
-from asyncps.transport.grpc_shard import FramesDataPath
+from asyncps.transport.grpc_shard import FramesDataPath, received_values
 from asyncps.transport.link import ShardLink, data_connection
-from asyncps.wire.codec import Array, _checked_nbytes, dtype_from_proto
-from asyncps.wire.frames import Slice, gradient_slices
-from asyncps.wire.proto import decisions_from_proto, outcome_from_proto, push_header
+from asyncps.wire.codec import Array, IndexArray
+from asyncps.wire.frames import Slice, gradient_slices, row_id_slices
+from asyncps.wire.proto import outcome_from_proto, push_header
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
-from asyncps.wire.stream import MAX_FRAME_BYTES, FrameError
+from asyncps.wire.stream import FrameError
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +44,14 @@ class TcpConnection(FramedConnection):
     no data port to connect to."""
 
     def pull(self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-             wait_timeout_s: float = 0.0) -> ShardValues:
-        """The shard's values (received into `buffers` where they fit), or None when not newer."""
+             wait_timeout_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None) -> ShardValues:
+        """The shard's values (received into `buffers` where they fit), or None when not newer; the parts
+        in `rows` as those rows only (their ids sent as ROW_IDS tensors)."""
         request = ps_pb2.FramedRequest(pull=ps_pb2.PullRequest(worker_id=worker_id, if_newer_than=if_newer_than,
                                                             wait_timeout_s=wait_timeout_s))
-        reply, values = self.exchange(worker_id, request, (), _into(buffers), wait_timeout_s, training=True)
-        return _values(reply, values)
+        reply, arrays = self.exchange(worker_id, request, list(row_id_slices(rows or {}, _WHOLE)),
+                                      reply_destination(buffers), wait_timeout_s, training=True)
+        return _values(reply, arrays, rows)
 
     def push(self, request: PushRequest) -> PushOutcome:
         """Apply or drop one gradient."""
@@ -61,51 +62,30 @@ class TcpConnection(FramedConnection):
         return outcome_from_proto(reply.pushed)
 
     def push_pull(self, request: PushRequest, pull_if_newer_than: int = -1,
-                  buffers: Mapping[str, Array] | None = None, read_wait_s: float = 0.0
-                  ) -> tuple[PushOutcome, ShardValues]:
-        """Push, then receive the values in one round trip (held up to read_wait_s by sync/ssp)."""
+                  buffers: Mapping[str, Array] | None = None, read_wait_s: float = 0.0,
+                  rows: Mapping[str, IndexArray] | None = None) -> tuple[PushOutcome, ShardValues]:
+        """Push, then receive the values in one round trip (held up to read_wait_s by sync/ssp); the parts
+        in `rows` as those rows only."""
         message = ps_pb2.FramedRequest(push_pull=push_header(request, pull_if_newer_than, read_wait_s))
-        reply, values = self.exchange(request.worker_id, message, _slices(request), _into(buffers), read_wait_s,
-                                      training=True)
-        shard_values = _values(reply, values)
+        reply, arrays = self.exchange(request.worker_id, message, _slices(request, rows), reply_destination(buffers),
+                                      read_wait_s, training=True)
+        shard_values = _values(reply, arrays, rows)
         return outcome_from_proto(reply.values.push), shard_values
 
 
-def _slices(request: PushRequest) -> list[Slice]:
+def _slices(request: PushRequest, rows: Mapping[str, IndexArray] | None = None) -> list[Slice]:
     slices: list[Slice] = []
     for name, grad in request.grads.items():
         slices.extend(gradient_slices(name, grad, _WHOLE))
+    slices.extend(row_id_slices(rows or {}, _WHOLE))
     return slices
 
 
-def _into(buffers: Mapping[str, Array] | None) -> Destination:
-    """Where a reply's values land: the worker's buffers where they fit (see _destination)."""
-    return lambda chunk: _destination(chunk, buffers)
-
-
-def _destination(chunk: tensor_pb2.TensorChunk, buffers: Mapping[str, Array] | None) -> Array:
-    """The worker's own buffer for a value when it fits, else a fresh array (lengths checked first)."""
-    if chunk.role != tensor_pb2.DENSE:
-        raise FrameError(f"{chunk.name}: shard sent sparse values")
-    dtype = dtype_from_proto(chunk.dtype)
-    shape = tuple(int(d) for d in chunk.shape)
-    nbytes = _checked_nbytes(shape, dtype, MAX_FRAME_BYTES)
-    if nbytes != chunk.nbytes:
-        raise FrameError(f"{chunk.name}: {chunk.nbytes} bytes for a {dtype}{list(shape)} value of {nbytes}")
-    buffer = (buffers or {}).get(chunk.name)
-    if (buffer is not None and buffer.shape == shape and buffer.dtype == dtype and buffer.flags.c_contiguous
-            and buffer.flags.writeable):
-        return buffer
-    return np.empty(shape, dtype)
-
-
-def _values(reply: ps_pb2.FramedReply, values: dict[str, Array]) -> ShardValues:
+def _values(reply: ps_pb2.FramedReply, arrays: list[Array], rows: Mapping[str, IndexArray] | None) -> ShardValues:
+    """A reply's header, dense values and rows served (checked against the rows asked)."""
     if reply.WhichOneof("kind") != "values":
         raise FrameError(f"a reply of kind {reply.WhichOneof('kind')} where values belong")
-    header = reply.values
-    decisions = decisions_from_proto(header.sync) if header.HasField("sync") else None
-    return ShardValues(header.version, header.incarnation, None if header.not_modified else values,
-                       header.waited_s, decisions)
+    return received_values(reply.values, reply.tensors, arrays, rows)
 
 
 class TcpDataPath:
@@ -136,21 +116,21 @@ class TcpDataPath:
         return over_fallback(self._fallback)
 
     def pull(self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
-             wait_timeout_s: float = 0.0) -> ShardValues:
+             wait_timeout_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None) -> ShardValues:
         """See DataPath.pull."""
-        return self._data(lambda c: c.pull(worker_id, if_newer_than, buffers, wait_timeout_s),
-                          lambda f: f.pull(worker_id, if_newer_than, buffers, wait_timeout_s))
+        return self._data(lambda c: c.pull(worker_id, if_newer_than, buffers, wait_timeout_s, rows),
+                          lambda f: f.pull(worker_id, if_newer_than, buffers, wait_timeout_s, rows))
 
     def push(self, request: PushRequest) -> PushOutcome:
         """See DataPath.push."""
         return self._data(lambda c: c.push(request), lambda f: f.push(request))
 
     def push_pull(self, request: PushRequest, pull_if_newer_than: int = -1,
-                  buffers: Mapping[str, Array] | None = None, read_wait_s: float = 0.0
-                  ) -> tuple[PushOutcome, ShardValues]:
+                  buffers: Mapping[str, Array] | None = None, read_wait_s: float = 0.0,
+                  rows: Mapping[str, IndexArray] | None = None) -> tuple[PushOutcome, ShardValues]:
         """See DataPath.push_pull."""
-        return self._data(lambda c: c.push_pull(request, pull_if_newer_than, buffers, read_wait_s),
-                          lambda f: f.push_pull(request, pull_if_newer_than, buffers, read_wait_s))
+        return self._data(lambda c: c.push_pull(request, pull_if_newer_than, buffers, read_wait_s, rows),
+                          lambda f: f.push_pull(request, pull_if_newer_than, buffers, read_wait_s, rows))
 
     def close(self) -> None:
         """Close the data connection and the fallback (the channel is the link's, closed by the control)."""

@@ -47,6 +47,10 @@ class SparseRows:
 Gradient: TypeAlias = "Array | SparseRows"
 
 
+#: Every TensorRole a stream may carry (which of them a message may carry: TensorAssembler's finish_*).
+ROLES = frozenset({tensor_pb2.DENSE, tensor_pb2.SPARSE_INDICES, tensor_pb2.SPARSE_VALUES, tensor_pb2.ROW_IDS,
+                   tensor_pb2.ROW_CLOCKS})
+
 _BLAS_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -105,6 +109,25 @@ def coalesce_rows(indices: npt.NDArray[np.integer[Any]], values: Array) -> Spars
 
 #: The type of row ids: int64, one dimension.
 IndexArray: TypeAlias = npt.NDArray[np.int64]
+
+
+def rows_nbytes(rows: Mapping[str, SparseRows]) -> int:
+    """The bytes a row read's reply carries: the rows and their clocks (not the ids, which were asked)."""
+    return sum(r.values.nbytes + (r.clocks.nbytes if r.clocks is not None else r.indices.nbytes)
+               for r in rows.values())
+
+
+def check_row_ids(name: str, ids: Array, part_rows: int, max_rows: int) -> None:
+    """The contract of a row read's ids for a part of `part_rows` rows: int64 [k], k <= max_rows,
+    strictly increasing (sorted, no duplicates), in [0, part_rows); else InvalidArgumentError."""
+    if ids.ndim != 1 or ids.dtype != np.int64:
+        raise InvalidArgumentError(f"{name}: row ids must be int64 [k], got {ids.dtype} {list(ids.shape)}")
+    if ids.size > max_rows:
+        raise InvalidArgumentError(f"{name}: {ids.size} rows asked at once, at most {max_rows}")
+    if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        raise InvalidArgumentError(f"{name}: row ids must be strictly increasing (sorted, no duplicates)")
+    if ids.size and (ids[0] < 0 or ids[-1] >= part_rows):
+        raise InvalidArgumentError(f"{name}: row ids must lie in [0, {part_rows})")
 
 
 def dtype_to_proto(dtype: np.dtype[Any]) -> tensor_pb2.DType.ValueType:
@@ -185,10 +208,13 @@ def iter_chunks(
 def gradient_chunks(
     name: str, grad: Gradient, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[tensor_pb2.TensorChunk]:
-    """Chunks of one gradient: dense, or the indices and values halves of a sparse one."""
+    """Chunks of one gradient: dense, or the indices and values halves of a sparse one (and the clocks
+    its rows were read at, when it has them)."""
     if isinstance(grad, SparseRows):
         yield from iter_chunks(name, grad.indices, tensor_pb2.SPARSE_INDICES, chunk_bytes)
         yield from iter_chunks(name, grad.values, tensor_pb2.SPARSE_VALUES, chunk_bytes)
+        if grad.clocks is not None:
+            yield from iter_chunks(name, grad.clocks, tensor_pb2.ROW_CLOCKS, chunk_bytes)
     else:
         yield from iter_chunks(name, grad, tensor_pb2.DENSE, chunk_bytes)
 
@@ -223,7 +249,7 @@ class TensorAssembler:
         key = (chunk.name, chunk.role)
         if not chunk.name:
             raise InvalidArgumentError("tensor chunk without a name")
-        if chunk.role not in (tensor_pb2.DENSE, tensor_pb2.SPARSE_INDICES, tensor_pb2.SPARSE_VALUES):
+        if chunk.role not in ROLES:
             raise InvalidArgumentError(f"{chunk.name}: unknown tensor role {chunk.role}")
         dtype = dtype_from_proto(chunk.dtype)
         shape = tuple(int(d) for d in chunk.shape)
@@ -259,6 +285,23 @@ class TensorAssembler:
             flat[filled:end] = np.frombuffer(payload, dtype=np.uint8)
         self._filled[key] = end
 
+    def put(self, chunk: tensor_pb2.TensorChunk, array: Array) -> None:
+        """Take a tensor received whole into `array` (a framed connection's reply) as it is, no copy;
+        its announcement and array must agree, and no part of it came before."""
+        key = (chunk.name, chunk.role)
+        if not chunk.name or chunk.role not in ROLES:
+            raise InvalidArgumentError(f"{chunk.name!r}: a tensor without a name or of unknown role {chunk.role}")
+        if key in self._arrays:
+            raise InvalidArgumentError(f"{chunk.name}: the same tensor sent twice")
+        dtype = dtype_from_proto(chunk.dtype)
+        shape = tuple(int(d) for d in chunk.shape)
+        if array.dtype != dtype or array.shape != shape:
+            raise InvalidArgumentError(f"{chunk.name}: {array.dtype}{list(array.shape)} received for "
+                                       f"{dtype}{list(shape)}")
+        self._total += _checked_nbytes(shape, dtype, self._limit - self._total)
+        self._arrays[key] = array
+        self._filled[key] = array.nbytes
+
     def _has_buffer(self, chunk: tensor_pb2.TensorChunk, shape: tuple[int, ...], dtype: np.dtype[Any]) -> bool:
         buf = self._buffers.get(chunk.name) if chunk.role == tensor_pb2.DENSE else None
         return buf is not None and buf.shape == shape and buf.dtype == dtype and buf.flags.c_contiguous
@@ -269,36 +312,91 @@ class TensorAssembler:
             return buf
         return np.empty(shape, dtype=dtype)
 
-    def finish(self) -> dict[str, Gradient]:
-        """Return the assembled tensors; incomplete or inconsistent ones are InvalidArgumentError."""
-        for (name, _role), arr in self._arrays.items():
-            if self._filled[(name, _role)] != arr.nbytes:
-                raise InvalidArgumentError(
-                    f"{name}: received {self._filled[(name, _role)]} of {arr.nbytes} bytes"
-                )
-        out: dict[str, Gradient] = {}
+    def _complete(self) -> dict[tuple[str, int], Array]:
+        """Every tensor received whole (an incomplete one is InvalidArgumentError)."""
         for (name, role), arr in self._arrays.items():
-            if role == tensor_pb2.DENSE:
-                if (name, tensor_pb2.SPARSE_INDICES) in self._arrays or (
-                    name, tensor_pb2.SPARSE_VALUES) in self._arrays:
-                    raise InvalidArgumentError(f"{name}: both dense and sparse parts sent")
-                out[name] = arr
-            elif role == tensor_pb2.SPARSE_INDICES:
-                values = self._arrays.get((name, tensor_pb2.SPARSE_VALUES))
-                if values is None:
-                    raise InvalidArgumentError(f"{name}: sparse indices without values")
+            if self._filled[(name, role)] != arr.nbytes:
+                raise InvalidArgumentError(f"{name}: received {self._filled[(name, role)]} of {arr.nbytes} bytes")
+        return self._arrays
+
+    def finish(self) -> dict[str, Gradient]:
+        """The assembled tensors (dense, or sparse rows with their clocks); row ids, incomplete or
+        inconsistent tensors are InvalidArgumentError."""
+        tensors, ids = self.finish_request()
+        if ids:
+            raise InvalidArgumentError(f"{sorted(ids)}: row ids where only tensors belong (a pull or push-pull "
+                                       "asks for rows)")
+        return tensors
+
+    def finish_request(self) -> tuple[dict[str, Gradient], dict[str, IndexArray]]:
+        """A request's tensors and the row ids it asks for by part (ROW_IDS: int64 [k]); row ids beside
+        a tensor of the same part are InvalidArgumentError too."""
+        arrays = self._complete()
+        ids: dict[str, IndexArray] = {}
+        for (name, role), arr in arrays.items():
+            if role == tensor_pb2.ROW_IDS:
                 if arr.ndim != 1 or arr.dtype != np.int64:
-                    raise InvalidArgumentError(f"{name}: sparse indices must be int64 [k]")
-                if values.ndim < 1 or values.shape[0] != arr.shape[0]:
-                    raise InvalidArgumentError(
-                        f"{name}: {arr.shape[0]} indices but values of shape {list(values.shape)}"
-                    )
-                out[name] = SparseRows(indices=arr, values=values)
-            elif (name, tensor_pb2.SPARSE_INDICES) not in self._arrays:
-                raise InvalidArgumentError(f"{name}: sparse values without indices")
-        return out
+                    raise InvalidArgumentError(f"{name}: row ids must be int64 [k], got {arr.dtype} {list(arr.shape)}")
+                ids[name] = arr
+        tensors = _gradients({key: a for key, a in arrays.items() if key[1] != tensor_pb2.ROW_IDS})
+        both = sorted(set(ids) & set(tensors))
+        if both:
+            raise InvalidArgumentError(f"{both}: row ids and a tensor of the same part in one request")
+        return tensors, ids
+
+    def finish_reply(self, asked: Mapping[str, IndexArray]) -> tuple[dict[str, Array], dict[str, SparseRows]]:
+        """A pull reply's dense values and the rows served for each part `asked` (SPARSE_VALUES [k, ...]
+        and ROW_CLOCKS int64 [k], k the ids asked); anything else is InvalidArgumentError."""
+        arrays = self._complete()
+        rows: dict[str, SparseRows] = {}
+        for name, ids in asked.items():
+            values = arrays.get((name, tensor_pb2.SPARSE_VALUES))
+            clocks = arrays.get((name, tensor_pb2.ROW_CLOCKS))
+            if values is None or clocks is None:
+                raise InvalidArgumentError(f"{name}: rows asked, but the reply has no rows and clocks for it")
+            _check_rows(name, ids.shape[0], values, clocks, "rows asked")
+            rows[name] = SparseRows(ids, values, clocks)
+        values_by_name: dict[str, Array] = {}
+        for (name, role), arr in arrays.items():
+            if role == tensor_pb2.DENSE and name not in asked:
+                values_by_name[name] = arr
+            elif name not in asked or role not in (tensor_pb2.SPARSE_VALUES, tensor_pb2.ROW_CLOCKS):
+                raise InvalidArgumentError(f"{name}: a reply's tensor of role {role} that was not asked for")
+        return values_by_name, rows
 
     @property
     def total_bytes(self) -> int:
         """Bytes of tensor data announced so far."""
         return self._total
+
+
+def _check_rows(name: str, count: int, values: Array, clocks: Array | None, what: str = "indices") -> None:
+    """`count` rows of values (and their clocks, int64 [count]) or InvalidArgumentError."""
+    if values.ndim < 1 or values.shape[0] != count:
+        raise InvalidArgumentError(f"{name}: {count} {what} but values of shape {list(values.shape)}")
+    if clocks is not None and (clocks.ndim != 1 or clocks.dtype != np.int64 or clocks.shape[0] != count):
+        raise InvalidArgumentError(f"{name}: row clocks must be int64 [{count}], one per row, got {clocks.dtype} "
+                                   f"{list(clocks.shape)}")
+
+
+def _gradients(arrays: Mapping[tuple[str, int], Array]) -> dict[str, Gradient]:
+    """Tensors by part: dense, or sparse rows (indices, values and optional clocks, all of one length)."""
+    out: dict[str, Gradient] = {}
+    for (name, role), arr in arrays.items():
+        if role == tensor_pb2.DENSE:
+            if any((name, r) in arrays for r in ROLES - {tensor_pb2.DENSE}):
+                raise InvalidArgumentError(f"{name}: both dense and sparse parts sent")
+            out[name] = arr
+        elif role == tensor_pb2.SPARSE_INDICES:
+            values = arrays.get((name, tensor_pb2.SPARSE_VALUES))
+            if values is None:
+                raise InvalidArgumentError(f"{name}: sparse indices without values")
+            if arr.ndim != 1 or arr.dtype != np.int64:
+                raise InvalidArgumentError(f"{name}: sparse indices must be int64 [k]")
+            clocks = arrays.get((name, tensor_pb2.ROW_CLOCKS))
+            _check_rows(name, arr.shape[0], values, clocks)
+            out[name] = SparseRows(indices=arr, values=values, clocks=clocks)
+        elif (name, tensor_pb2.SPARSE_INDICES) not in arrays:
+            what = "sparse values" if role == tensor_pb2.SPARSE_VALUES else "row clocks (ROW_CLOCKS)"
+            raise InvalidArgumentError(f"{name}: {what} without indices")
+    return out

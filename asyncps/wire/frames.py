@@ -11,6 +11,12 @@ the order the chunks are listed, each starting at the next multiple of 8 bytes f
 of the frame (zero padding between), so a receiver can view float64 data in place. The payload
 ends exactly where the last chunk ends. Any language with protobuf can read and write it.
 
+A row read's tensors ride the same frames (asyncps.wire.codec.TensorAssembler.finish_request and
+finish_reply): a request names the rows it asks of a part as a ROW_IDS chunk (int64 [k]); the
+reply serves that part as a SPARSE_VALUES chunk ([k, ...], the rows in the order asked) and a
+ROW_CLOCKS chunk (int64 [k]), never as a DENSE one; a push's sparse gradient may add a ROW_CLOCKS
+chunk beside its SPARSE_INDICES (the clocks its rows were read at).
+
 Sending copies each byte once (gRPC takes only `bytes`); receiving checks every length before
 making a view, and a tensor that arrives whole in one frame is used in place (no copy).
 """
@@ -18,10 +24,11 @@ making a view, and a tensor that arrives whole in one frame is used in place (no
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from asyncps.errors import InvalidArgumentError
@@ -30,6 +37,7 @@ from asyncps.wire.codec import (
     DEFAULT_CHUNK_BYTES,
     Array,
     Gradient,
+    IndexArray,
     SparseRows,
     TensorAssembler,
     dtype_to_proto,
@@ -90,12 +98,30 @@ def tensor_slices(
 
 
 def gradient_slices(name: str, grad: Gradient, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Slice]:
-    """Slices of one gradient: dense, or the indices and values halves of a sparse one."""
+    """Slices of one gradient: dense, or the indices and values halves of a sparse one (then the clocks
+    its rows were read at, ROW_CLOCKS, when it has them)."""
     if isinstance(grad, SparseRows):
         yield from tensor_slices(name, grad.indices, tensor_pb2.SPARSE_INDICES, chunk_bytes)
         yield from tensor_slices(name, grad.values, tensor_pb2.SPARSE_VALUES, chunk_bytes)
+        if grad.clocks is not None:
+            yield from tensor_slices(name, grad.clocks, tensor_pb2.ROW_CLOCKS, chunk_bytes)
     else:
         yield from tensor_slices(name, grad, tensor_pb2.DENSE, chunk_bytes)
+
+
+def row_id_slices(rows: Mapping[str, IndexArray], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Slice]:
+    """Slices of a row read's request: the ids asked of each part (ROW_IDS, int64 [k])."""
+    for name, ids in rows.items():
+        yield from tensor_slices(name, np.asarray(ids, dtype=np.int64), tensor_pb2.ROW_IDS, chunk_bytes)
+
+
+def served_row_slices(rows: Mapping[str, SparseRows], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Slice]:
+    """Slices of a row read's reply: per part, the rows served (SPARSE_VALUES [k, ...]) and their clocks
+    (ROW_CLOCKS int64 [k]); not the ids, which the reader asked for."""
+    for name, served in rows.items():
+        yield from tensor_slices(name, served.values, tensor_pb2.SPARSE_VALUES, chunk_bytes)
+        clocks = served.clocks if served.clocks is not None else np.zeros(served.indices.shape, np.int64)
+        yield from tensor_slices(name, clocks, tensor_pb2.ROW_CLOCKS, chunk_bytes)
 
 
 def _pad(position: int) -> int:
@@ -206,4 +232,4 @@ def identity(frame: bytes) -> bytes:
 
 
 __all__ = ["ALIGN", "Slice", "decode_frame", "encode_frame", "frames", "gradient_slices", "identity", "parser",
-           "read_frames", "tensor_slices"]
+           "read_frames", "row_id_slices", "served_row_slices", "tensor_slices"]

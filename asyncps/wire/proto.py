@@ -7,18 +7,38 @@ so roles and tools never build or read those messages field by field.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
 from asyncps.errors import InvalidArgumentError, PermissionDeniedError
-from asyncps.pb import coordinator_pb2, ps_pb2
+from asyncps.pb import coordinator_pb2, ps_pb2, tensor_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
+from asyncps.rules.initializers import RowInit, TableSpec
 from asyncps.rules.registry import PluginNotAllowed
 from asyncps.rules.sync.types import SyncStep
-from asyncps.wire.codec import Array, Gradient, SparseRows, dtype_from_proto, dtype_to_proto
-from asyncps.wire.frames import frames, gradient_slices, parser, tensor_slices
-from asyncps.wire.shard import Ballot, Decisions, DropReason, PushOutcome, PushRequest, Snapshot, StoreStats
+from asyncps.wire.codec import (
+    MAX_RANK,
+    Array,
+    Gradient,
+    IndexArray,
+    SparseRows,
+    TensorAssembler,
+    dtype_from_proto,
+    dtype_to_proto,
+    iter_chunks,
+)
+from asyncps.wire.frames import frames, gradient_slices, parser, row_id_slices, served_row_slices, tensor_slices
+from asyncps.wire.shard import (
+    Ballot,
+    Decisions,
+    DropReason,
+    PushOutcome,
+    PushRequest,
+    RowStaleness,
+    Snapshot,
+    StoreStats,
+)
 
 
 def rule_to_proto(rule: UpdateRuleConfig) -> ps_pb2.UpdateRule:
@@ -78,14 +98,21 @@ def outcome_to_proto(outcome: PushOutcome) -> ps_pb2.PushResult:
         drop=drop_to_wire(outcome.drop),
         drop_detail=outcome.detail,
         seq=outcome.seq,
+        rows=None if outcome.rows is None else ps_pb2.RowStaleness(
+            rows=outcome.rows.rows, mean=outcome.rows.mean, p95=outcome.rows.p95, max=outcome.rows.max),
     )
 
 
 def outcome_from_proto(msg: ps_pb2.PushResult) -> PushOutcome:
     """Decode a push outcome; an inconsistent one is InvalidArgumentError."""
+    rows = None
+    if msg.HasField("rows") and msg.rows.rows:
+        if msg.rows.rows < 0 or msg.rows.max < 0:
+            raise InvalidArgumentError(f"bad push result: row staleness over {msg.rows.rows} rows, max {msg.rows.max}")
+        rows = RowStaleness(msg.rows.rows, msg.rows.mean, msg.rows.p95, msg.rows.max)
     try:
         return PushOutcome(msg.accepted, msg.staleness, msg.version, msg.effective_lr, drop_from_wire(msg.drop),
-                           msg.drop_detail, msg.seq)
+                           msg.drop_detail, msg.seq, rows)
     except ValueError as exc:
         raise InvalidArgumentError(f"bad push result: {exc}") from None
 
@@ -261,10 +288,65 @@ def initialize_frames(
     return frames(lambda h, chunks: ps_pb2.InitializeChunk(header=h, tensors=chunks), header, slices, chunk_bytes)
 
 
-def push_frames(header: ps_pb2.PushHeader, grads: Mapping[str, Gradient], chunk_bytes: int) -> Iterator[bytes]:
-    """A Push or PushPull request: header, then the gradients (dense or sparse rows)."""
-    slices = (s for name, grad in grads.items() for s in gradient_slices(name, grad, chunk_bytes))
+def push_frames(
+    header: ps_pb2.PushHeader, grads: Mapping[str, Gradient], chunk_bytes: int,
+    rows: Mapping[str, IndexArray] | None = None,
+) -> Iterator[bytes]:
+    """A Push or PushPull request: header, then the gradients (dense or sparse rows, with their clocks),
+    then the row ids a push-pull reads (ROW_IDS)."""
+    slices = itertools.chain((s for name, grad in grads.items() for s in gradient_slices(name, grad, chunk_bytes)),
+                             row_id_slices(rows or {}, chunk_bytes))
     return frames(lambda h, chunks: ps_pb2.PushChunk(header=h, tensors=chunks), header, slices, chunk_bytes)
+
+
+def row_ids_to_proto(rows: Mapping[str, IndexArray] | None) -> list[tensor_pb2.TensorChunk]:
+    """The ROW_IDS chunks of a PullRequest (bytes in `data`): the rows asked of each part."""
+    return [c for name, ids in (rows or {}).items()
+            for c in iter_chunks(name, np.asarray(ids, dtype=np.int64), tensor_pb2.ROW_IDS)]
+
+
+def row_ids_from_proto(chunks: Iterable[tensor_pb2.TensorChunk], max_bytes: int) -> dict[str, IndexArray]:
+    """The rows a PullRequest asks for by part (at most max_bytes of ids); anything but ROW_IDS chunks of
+    int64 [k] is InvalidArgumentError (order, range and count are the store's to check)."""
+    assembler = TensorAssembler(max_bytes)
+    for chunk in chunks:
+        assembler.add(chunk)
+    return rows_of_request(assembler, "pull")
+
+
+def rows_of_request(assembler: TensorAssembler, kind: str) -> dict[str, IndexArray]:
+    """The row ids of a request that carries nothing else (a pull, shared memory's doorbell)."""
+    tensors, ids = assembler.finish_request()
+    if tensors:
+        raise InvalidArgumentError(f"{sorted(tensors)}: a {kind} request carries row ids (ROW_IDS) only")
+    return ids
+
+
+def generated_to_proto(generated: Mapping[str, TableSpec] | None) -> list[ps_pb2.GeneratedTable]:
+    """The parts a shard makes itself, as InitializeHeader.generated."""
+    return [ps_pb2.GeneratedTable(name=name, dtype=dtype_to_proto(np.dtype(spec.dtype)), shape=spec.shape,
+                                  row_start=spec.row_start, init=spec.init.spec)
+            for name, spec in (generated or {}).items()]
+
+
+def generated_from_proto(tables: Iterable[ps_pb2.GeneratedTable]) -> dict[str, TableSpec]:
+    """Decode InitializeHeader.generated; a nameless or repeated part, a bad dtype, shape or initializer
+    spec is InvalidArgumentError (what fits in memory is the store's to check)."""
+    out: dict[str, TableSpec] = {}
+    for table in tables:
+        if not table.name or table.name in out:
+            raise InvalidArgumentError(f"generated table {table.name!r}: " + ("named twice" if table.name else
+                                                                               "without a name"))
+        shape = tuple(int(d) for d in table.shape)
+        if not shape or len(shape) > MAX_RANK or min(shape) < 0 or table.row_start < 0:
+            raise InvalidArgumentError(f"generated table {table.name}: shape {list(shape)} and first row "
+                                       f"{table.row_start} must have 1 to {MAX_RANK} dimensions, all >= 0")
+        try:
+            init = RowInit.parse(table.init)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"generated table {table.name}: {exc}") from None
+        out[table.name] = TableSpec(shape, dtype_from_proto(table.dtype).name, table.row_start, init)
+    return out
 
 
 def pull_header_frame(header: ps_pb2.PullHeader) -> bytes:
@@ -278,3 +360,12 @@ def value_frames(values: Mapping[str, Array], chunk_bytes: int) -> list[bytes]:
     slices = (s for name, value in values.items() for s in tensor_slices(name, value, chunk_bytes=chunk_bytes))
     out = list(frames(lambda h, chunks: ps_pb2.PullChunk(tensors=chunks), None, slices, chunk_bytes))
     return out if values else []
+
+
+def row_frames(rows: Mapping[str, SparseRows], chunk_bytes: int) -> list[bytes]:
+    """The frames of a pull reply's row reads, after its values: per part, the rows and their clocks
+    (encoded for each request: rows asked differ from one reader to the next)."""
+    if not rows:
+        return []
+    return list(frames(lambda h, chunks: ps_pb2.PullChunk(tensors=chunks), None, served_row_slices(rows, chunk_bytes),
+                       chunk_bytes))
