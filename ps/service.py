@@ -106,7 +106,7 @@ class ShardService:
         worker repeats it; the shard recognizes the repeated push and does not apply it twice.
         """
         if rows:
-            self._check_rows(rows)  # a bad row read refuses the whole request before the push applies
+            self.check_rows(rows)  # a bad row read refuses the whole request before the push applies
         outcome = self.push(request)  # apply: one store entry
         waited = 0.0
         if request.decisions is None:  # a sync commit never waits
@@ -116,7 +116,7 @@ class ShardService:
                                  rows=rows)
         return outcome, dataclasses.replace(values, waited_s=waited)
 
-    def _check_rows(self, rows: Mapping[str, IndexArray]) -> None:
+    def check_rows(self, rows: Mapping[str, IndexArray]) -> None:
         """The rows a push-pull reads, checked as the store's read will (NotFoundError for a part this shard
         does not hold, InvalidArgumentError for bad ids), so that a refused read leaves its push unapplied."""
         stats = self.store.stats()

@@ -260,6 +260,7 @@ class ShmAdapter:
         among them)."""
         header = request.header
         attachment = self._attachments.get(request.attachment, header.worker_id)
+        self._service.check_rows(rows or {})  # an unknown part is NOT_FOUND, whatever the segment maps
         unread = sorted(attachment.unmapped - set(rows or {}))
         if unread:
             raise InvalidArgumentError(f"parts {unread} have no region in the segment: a request through it reads "

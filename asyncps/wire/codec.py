@@ -329,8 +329,8 @@ class TensorAssembler:
         return tensors
 
     def finish_request(self) -> tuple[dict[str, Gradient], dict[str, IndexArray]]:
-        """A request's tensors and the row ids it asks for by part (ROW_IDS: int64 [k]); row ids beside
-        a tensor of the same part are InvalidArgumentError too."""
+        """A request's tensors and the row ids it asks for by part (ROW_IDS: int64 [k], else
+        InvalidArgumentError)."""
         arrays = self._complete()
         ids: dict[str, IndexArray] = {}
         for (name, role), arr in arrays.items():
@@ -338,11 +338,8 @@ class TensorAssembler:
                 if arr.ndim != 1 or arr.dtype != np.int64:
                     raise InvalidArgumentError(f"{name}: row ids must be int64 [k], got {arr.dtype} {list(arr.shape)}")
                 ids[name] = arr
-        tensors = _gradients({key: a for key, a in arrays.items() if key[1] != tensor_pb2.ROW_IDS})
-        both = sorted(set(ids) & set(tensors))
-        if both:
-            raise InvalidArgumentError(f"{both}: row ids and a tensor of the same part in one request")
-        return tensors, ids
+        # a part may be pushed and read by rows in one push-pull (a table's gradient, the next batch's rows)
+        return _gradients({key: a for key, a in arrays.items() if key[1] != tensor_pb2.ROW_IDS}), ids
 
     def finish_reply(self, asked: Mapping[str, IndexArray]) -> tuple[dict[str, Array], dict[str, SparseRows]]:
         """A pull reply's dense values and the rows served for each part `asked` (SPARSE_VALUES [k, ...]

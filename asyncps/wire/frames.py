@@ -110,9 +110,10 @@ def gradient_slices(name: str, grad: Gradient, chunk_bytes: int = DEFAULT_CHUNK_
 
 
 def row_id_slices(rows: Mapping[str, IndexArray], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Slice]:
-    """Slices of a row read's request: the ids asked of each part (ROW_IDS, int64 [k])."""
+    """Slices of a row read's request: the ids asked of each part (ROW_IDS, int64 [k]; sent as given,
+    never cast: ids of another dtype are the shard's to refuse, not silently truncated here)."""
     for name, ids in rows.items():
-        yield from tensor_slices(name, np.asarray(ids, dtype=np.int64), tensor_pb2.ROW_IDS, chunk_bytes)
+        yield from tensor_slices(name, np.asarray(ids), tensor_pb2.ROW_IDS, chunk_bytes)
 
 
 def served_row_slices(rows: Mapping[str, SparseRows], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Slice]:

@@ -300,9 +300,9 @@ def push_frames(
 
 
 def row_ids_to_proto(rows: Mapping[str, IndexArray] | None) -> list[tensor_pb2.TensorChunk]:
-    """The ROW_IDS chunks of a PullRequest (bytes in `data`): the rows asked of each part."""
-    return [c for name, ids in (rows or {}).items()
-            for c in iter_chunks(name, np.asarray(ids, dtype=np.int64), tensor_pb2.ROW_IDS)]
+    """The ROW_IDS chunks of a PullRequest (bytes in `data`): the rows asked of each part, as given (see
+    asyncps.wire.frames.row_id_slices)."""
+    return [c for name, ids in (rows or {}).items() for c in iter_chunks(name, np.asarray(ids), tensor_pb2.ROW_IDS)]
 
 
 def row_ids_from_proto(chunks: Iterable[tensor_pb2.TensorChunk], max_bytes: int) -> dict[str, IndexArray]:
