@@ -384,7 +384,7 @@ STREAM_DEFECTS: dict[str, Codes] = {
 NEEDS_SPLIT = {"out_of_order", "overlap"}  # the target tensor needs two or more chunks
 DTYPE_CODES = [0, 1, 2, 3, 4, 5, 6, 7, 99, -1, 2**31 - 1]
 HUGE_DIMS = [2**31, 2**40, 2**62, INT64_MAX]  # with any itemsize >= 2: beyond the 2 GiB request limit
-BAD_ROLES = [3, 4, 17, 2**31 - 1, -1]
+BAD_ROLES = [5, 17, 2**31 - 1, -1]  # 3 and 4 are ROW_IDS and ROW_CLOCKS: their own cases in tests/test_rows_wire.py
 
 
 def bad_shape(draw: st.DrawFn, part: Part) -> list[int]:
@@ -1440,3 +1440,37 @@ def test_long_non_ascii_names_keep_their_status_code(shard: Shard) -> None:
                                 for _ in range(30))
     shard.verify(state)
     assert codes == {"NOT_FOUND": 30}, codes
+
+
+# ------------------------------------------------------------------- row reads (ROW_IDS, ROW_CLOCKS)
+
+
+def row_ids(ids: Any, name: str = "w", role: int = tensor_pb2.ROW_IDS) -> tensor_pb2.TensorChunk:
+    part = part_of(name, np.asarray(ids), role)
+    return tensor_pb2.TensorChunk(name=part.name, role=part.role, dtype=part.dtype, shape=part.shape, data=part.data)
+
+
+@pytest.mark.parametrize(("rows", "codes"), [
+    ([row_ids(np.array([-1], np.int64))], INVALID),
+    ([row_ids(np.array([0, ROWS_OF["w"]], np.int64))], INVALID),
+    ([row_ids(np.array([2, 2], np.int64))], INVALID),
+    ([row_ids(np.array([1.0, 2.0]))], INVALID),
+    ([row_ids(np.array([[1]], np.int64))], INVALID),
+    ([row_ids(np.array([0], np.int64), name="nope")], NOT_FOUND),
+    ([row_ids(np.array([0], np.int64), name="s")], INVALID),  # a scalar has no rows
+    ([row_ids(np.array([0], np.int64), role=tensor_pb2.ROW_CLOCKS)], INVALID),
+    ([row_ids(np.array([0], np.int64)), row_ids(np.array([1], np.int64))], INVALID),  # one part asked twice
+], ids=["negative", "out-of-range", "duplicated", "float", "2-d", "unknown-part", "scalar", "clocks", "twice"])
+@pytest.mark.parametrize("rpc", ["Pull", "PushPull"])
+def test_hostile_row_reads_change_nothing(shard: Shard, rpc: str, rows: list[tensor_pb2.TensorChunk],
+                                          codes: Codes) -> None:
+    """A pull or push-pull asking bad rows is refused whole: its push is not applied either."""
+    state = shard.begin()
+    if rpc == "Pull":
+        outcome = shard.send(rpc, ps_pb2.PullRequest(worker_id="rows", if_newer_than=-1, rows=rows))
+    else:
+        header = ps_pb2.PushHeader(worker_id="rows", base_version=state.version, incarnation=state.incarnation)
+        outcome = shard.send(rpc, [ps_pb2.PushChunk(header=header, tensors=[
+            *encode_whole("b", np.ones(3, np.float32)), *rows])])
+    shard.verify(state)
+    assert_rejected(outcome, codes, rpc, rows)
