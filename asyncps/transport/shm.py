@@ -15,8 +15,10 @@ port (the doorbell: no gRPC call per step), else as the unary ShmPushPull call. 
 cannot be seen (another host) the shard says so with a typed outcome (errors.PathNotVisibleError)
 and this path hands every call to its fallback (the next path of "auto"; an error when shm was asked
 for by name); when a restarted shard has forgotten the mapping (errors.AttachAgainError), a fresh
-segment is attached. Sparse gradients always travel through the fallback (gRPC frames). The control
-calls are not this path's: see ShardClient.
+segment is attached. Sparse gradients always travel through the fallback (gRPC frames). A row read
+maps no region for the parts it reads by rows (the worker's buffers name only the parts read whole): their
+ids ride the doorbell as ROW_IDS tensors and the rows come back as its reply's tensors (no doorbell: the
+fallback). The control calls are not this path's: see ShardClient.
 """
 
 from __future__ import annotations
