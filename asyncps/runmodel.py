@@ -21,7 +21,8 @@ def build_run_model(run: RunConfig) -> tuple[Dataset, Any]:
     from asyncps.ml.models import build_model
 
     data = load_dataset(run.dataset, run.seed)
-    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed, data.targets)
+    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed, data.targets,
+                        id_rows=data.id_rows)
     return data, model
 
 
