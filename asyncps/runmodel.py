@@ -22,7 +22,8 @@ def build_run_model(run: RunConfig) -> tuple[Dataset, Any]:
     from asyncps.ml.models import build_model
 
     data = load_dataset(run.dataset, run.seed)
-    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed, data.targets)
+    model = build_model(run.model, data.num_features, data.num_classes, data.image_shape, run.seed, data.targets,
+                        id_rows=data.id_rows)
     return data, model
 
 
@@ -40,7 +41,7 @@ def build_worker_model(run: RunConfig) -> tuple[Dataset, Any, SparseModel | None
 
     data = load_dataset(run.dataset, run.seed)
     model = build_deferred(lambda: build_model(run.model, data.num_features, data.num_classes, data.image_shape,
-                                               run.seed, data.targets))
+                                               run.seed, data.targets, id_rows=data.id_rows))
     sparse = plan(model, run.batch_size, run.seed)
     if sparse is None:
         initialize(model)
