@@ -183,6 +183,9 @@ class RunConfig:
     pipeline: bool = setting(False, help=(
         "workers compute the next gradient while the previous push is in flight: more steps/s, one more "
         "step of staleness (measured and recorded like any other)"))
+    row_pull: str = setting("auto", help=(
+        "auto: workers read the tables of the model's Embedding layers by rows, only those a batch touches "
+        "(never a whole copy; per-row staleness measured); off: every variable pulled whole each step"))
 
     def __post_init__(self) -> None:
         self._fold_rule_specs()
@@ -259,6 +262,8 @@ class RunConfig:
                 problems.append(f"--local-optimizer: {error}")
         if self.local_steps == 1 and (self.local_optimizer or self.outer != "average"):
             problems.append("--local-optimizer and --outer apply to local SGD only: set --local-steps H (H > 1)")
+        if self.row_pull not in ("auto", "off"):
+            problems.append(f"row_pull must be auto or off, got {self.row_pull!r}")
         if self.local_steps > 1 and self.pipeline:
             problems.append("--pipeline overlaps one gradient with its push; with --local-steps > 1 a push is "
                             "H steps of local work: leave --pipeline off")

@@ -62,6 +62,12 @@ class Placement:
         """The parts a variable is split into, in row order."""
         return tuple(p for p in self.parts if p.variable == variable)
 
+    def without(self, variables: Iterable[str]) -> Placement:
+        """The same placement with some variables left out (tables a worker reads by rows: no buffer)."""
+        drop = set(variables)
+        return Placement(self.num_shards, tuple(v for v in self.variables if v.name not in drop),
+                         tuple(p for p in self.parts if p.variable not in drop))
+
     def shard_bytes(self) -> list[int]:
         """Bytes stored on each shard (for balance checks and logs)."""
         sizes = [0] * self.num_shards

@@ -24,7 +24,7 @@ import numpy as np
 
 from asyncps.config import RunConfig
 from asyncps.procenv import cli_command
-from asyncps.rundir import RunDir, StepRow, read_rows, wait_port_file
+from asyncps.rundir import RunDir, RunSummary, StepRow, read_rows, wait_port_file
 from asyncps.tools.local import LocalCluster, child_env
 from benchmarks.baselines import Samples, compute_threads
 
@@ -124,6 +124,21 @@ def _peak_rss_mb(pid: int) -> float:
 
 def run_cluster(run: RunConfig, window_s: float = 3.0) -> tuple[TimelineStats, dict[str, float]]:
     """Run `asyncps local` with `run` to its end; its timeline stats and each process' peak RSS (MB)."""
+    done = run_cluster_summary(run, window_s)
+    return done.stats, done.peaks
+
+
+@dataclass(frozen=True)
+class ClusterRun:
+    """What one benchmark cluster run measured: its timeline, each process' peak RSS (MB), its summary.json."""
+
+    stats: TimelineStats
+    peaks: dict[str, float]
+    summary: RunSummary
+
+
+def run_cluster_summary(run: RunConfig, window_s: float = 3.0, skip_s: float = WARMUP_S) -> ClusterRun:
+    """run_cluster, with the run's summary (the shards' byte counts) and `skip_s` of warm-up left out of the rates."""
     with tempfile.TemporaryDirectory(prefix="asyncps-bench-") as tmp:
         run_dir = Path(tmp) / "run"
         run_dir.mkdir(parents=True)
@@ -150,7 +165,8 @@ def run_cluster(run: RunConfig, window_s: float = 3.0) -> tuple[TimelineStats, d
         if codes.get("chief") != 0:
             log = RunDir(run_dir).log("chief").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"asyncps chief exited with {codes.get('chief')}; chief log tail:\n{log}")
-        return timeline_stats(RunDir(run_dir).timeline, window_s=window_s), peaks
+        return ClusterRun(timeline_stats(RunDir(run_dir).timeline, skip_s, window_s), peaks,
+                          RunSummary.load(run_dir))
 
 
 @dataclass(frozen=True)

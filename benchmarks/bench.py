@@ -13,6 +13,10 @@ transfer  pull and push MB/s of a 40 MB model between one client and one shard, 
           against raw gRPC streaming of the same bytes.
 scaling   the small MLP: steps/s, step/gradient times and peak RSS per role for 1, 2, 4, 8 workers
           on 2 shards and for 1, 2, 4 shards with 2 workers (benchmarks.scaling.scaling_point).
+sparse    the recsys model (one shared id table) at 10K, 1M and 10M rows (`--sparse-rows`), batch 256,
+          Adagrad: the Keras loop, TF's ParameterServerStrategy with the table partitioned over 2 shards, asyncps
+          over tcp and shm (2 shards x 2 workers): steps/s, bytes per step, peak RSS per role and same-run ratios
+          (benchmarks.sparse).
 
 Every contender follows the same rules: each of `repeats` samples covers `seconds` of measured
 time after a warm-up; every child process gets asyncps.procenv's allocator settings and the
@@ -20,7 +24,7 @@ thread counts of benchmarks.baselines.compute_threads (the cores shared out over
 that compute gradients). Prints medians, min-max and ratios as markdown tables; writes the results
 as JSON (--out, default benchmarks/results/bench.json) and a plot next to it (same name, .png).
 `--quick` is a smoke run of a few minutes: the small MLP only, 2 samples of 2 s, 3 scaling points
-over the first transport only.
+over the first transport only, the sparse section at 10K and 1M rows.
 """
 
 from __future__ import annotations
@@ -59,9 +63,24 @@ from benchmarks.baselines import (
     tf_ps_strategy,
 )
 from benchmarks.scaling import ScalingPoint, scaling_point
+from benchmarks.sparse import (
+    SPARSE_WARMUP_S,
+    SparseResult,
+    asyncps_recsys,
+    check_sparse,
+    keras_recsys,
+    plot_sparse,
+    result_json,
+    sparse_ratios,
+    sparse_table,
+    tf_ps_recsys,
+)
 
 SCHEMA = 1
-SECTIONS = ("training", "transfer", "scaling")
+SECTIONS = ("training", "transfer", "scaling", "sparse")
+#: the sparse section's table sizes, and the asyncps transports it runs
+SPARSE_ROWS = (10_000, 1_000_000, 10_000_000)
+SPARSE_TRANSPORTS = ("tcp", "shm")
 MODELS: dict[str, tuple[int, ...]] = {"small": (512, 512), "large": (2048, 2048)}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench.json"
 
@@ -84,6 +103,7 @@ class BenchConfig:
     fixed_shards: int = 2
     fixed_workers: int = 2
     scaling_all_transports: bool = True  # False: the scaling section runs over transports[0] only
+    sparse_rows: tuple[int, ...] = SPARSE_ROWS  # table sizes of the sparse section
 
     def __post_init__(self) -> None:
         unknown = set(self.sections) - set(SECTIONS)
@@ -97,6 +117,8 @@ class BenchConfig:
             raise ValueError("repeats and megabytes must be >= 1 and seconds > 0")
         if min((*self.scaling_workers, *self.scaling_shards, self.fixed_shards, self.fixed_workers)) < 1:
             raise ValueError("worker and shard counts must be >= 1")
+        if "sparse" in self.sections and (not self.sparse_rows or min(self.sparse_rows) < 2):
+            raise ValueError("sparse rows must be >= 2 (name at least one size)")
 
     @property
     def train_seconds(self) -> float:
@@ -111,7 +133,7 @@ class BenchConfig:
 
 
 QUICK = dict(models=(MODELS["small"],), repeats=2, seconds=2.0, scaling_workers=(1, 2), scaling_shards=(1,),
-             scaling_all_transports=False)
+             scaling_all_transports=False, sparse_rows=SPARSE_ROWS[:2])
 
 
 def model_label(hidden: Sequence[int]) -> str:
@@ -259,6 +281,38 @@ def _run_scaling(cfg: BenchConfig, results: dict[str, Any]) -> None:
                   f"worker RSS {p.worker_rss_mb:.0f} MB", flush=True)
 
 
+def sparse_contenders(cfg: BenchConfig) -> list[tuple[str, Callable[[int], SparseResult]]]:
+    """The sparse section's contenders by name, each measuring one table size: the baselines, then asyncps over
+    tcp and shm."""
+    seconds = SPARSE_WARMUP_S + cfg.repeats * cfg.seconds + 0.5
+    return [
+        ("keras-local", lambda rows: keras_recsys(rows, cfg.repeats, cfg.seconds)),
+        ("tf-ps-strategy", lambda rows: tf_ps_recsys(rows, cfg.repeats, cfg.seconds, cfg.num_ps, cfg.num_workers)),
+        *((f"asyncps-{t}", functools.partial(lambda via, rows: asyncps_recsys(
+            rows, transport(via), seconds, cfg.seconds, cfg.num_ps, cfg.num_workers), t)) for t in SPARSE_TRANSPORTS),
+    ]
+
+
+def _run_sparse(cfg: BenchConfig, results: dict[str, Any]) -> None:
+    section: dict[str, Any] = {"batch": 256, "num_ps": cfg.num_ps, "num_workers": cfg.num_workers, "rows": {},
+                               "ratios": {}}
+    results["sparse"] = section
+    for rows in cfg.sparse_rows:
+        print(f"## sparse: recsys model, {rows} rows, batch 256, {cfg.num_ps} shards + {cfg.num_workers} workers",
+              flush=True)
+        entry: dict[str, Any] = section["rows"].setdefault(str(rows), {})
+        for name, measure in sparse_contenders(cfg):
+            try:
+                r = measure(rows)
+            except _FAILURES as exc:
+                results["failures"][f"sparse {rows} {name}"] = str(exc)[-2000:]
+                print(f"  {name}: FAILED: {exc}", flush=True)
+                continue
+            entry[name] = result_json(r)
+            print(f"  {r.samples.summary()}", flush=True)
+    section["ratios"] = sparse_ratios(section["rows"])
+
+
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Measure every section of `cfg`; the results as a JSON-able dict (see validate)."""
     started = time.time()
@@ -272,7 +326,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "config": dataclasses.asdict(cfg),
         "failures": {},
     }
-    runners = {"training": _run_training, "transfer": _run_transfer, "scaling": _run_scaling}
+    runners = {"training": _run_training, "transfer": _run_transfer, "scaling": _run_scaling, "sparse": _run_sparse}
     for section in SECTIONS:
         if section in cfg.sections:
             runners[section](cfg, results)
@@ -330,6 +384,10 @@ def validate(results: Any) -> list[str]:
         for name, c in t.get("contenders", {}).items():
             for way in ("pull", "push"):
                 problems += _check_samples(f"transfer.{name}.{way}", c.get(way))
+    if "sparse" in results:
+        problems += check_sparse(results["sparse"])
+        for rows, entry in results["sparse"].get("rows", {}).items():
+            problems += [p for name, c in entry.items() for p in _check_samples(f"sparse.rows.{rows}.{name}", c)]
     if "scaling" in results:
         for i, p in enumerate(results["scaling"].get("points", [])):
             if set(p) != _POINT_KEYS:
@@ -388,6 +446,8 @@ def markdown_tables(results: dict[str, Any]) -> str:
                        f"{p['step_ms']:.2f} | {p['compute_ms']:.2f} | {p['worker_rss_mb']:.0f} | "
                        f"{p['shard_rss_mb']:.0f} | {p['chief_rss_mb']:.0f} |")
         out.append("")
+    if "sparse" in results:
+        out += sparse_table(results["sparse"])
     if results.get("failures"):
         out += ["### Failures", ""]
         out += [f"- {k}: {v.splitlines()[0] if v else ''}" for k, v in results["failures"].items()]
@@ -408,13 +468,17 @@ def plot(results: dict[str, Any], path: Path) -> None:
                    ("scaling: peak RSS", results["scaling"])]
     if "transfer" in results:
         panels.append(("transfer", results["transfer"]))
+    if results.get("sparse", {}).get("rows"):
+        panels.append(("sparse: recsys steps/s", results["sparse"]))
     cols = min(3, max(1, len(panels)))
     rows = max(1, math.ceil(len(panels) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_axis_off()
     for ax, (title, data) in zip(axes.flat, panels, strict=False):
-        if title.startswith("training"):
+        if title.startswith("sparse"):
+            plot_sparse(ax, data)
+        elif title.startswith("training"):
             names = list(data["contenders"])
             med = [data["contenders"][n]["median"] for n in names]
             err = [[m - data["contenders"][n]["min"] for n, m in zip(names, med, strict=True)],
@@ -480,7 +544,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path, bo
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file; the plot goes next to it")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: small MLP, 2 samples of 2 s, 3 scaling points on the first transport")
+                        help="a smoke run: small MLP, 2 samples of 2 s, 3 scaling points on the first transport, "
+                        "the sparse section at 10K and 1M rows")
     parser.add_argument("--only", action="append", choices=SECTIONS, help="run only this section (repeatable)")
     parser.add_argument("--seconds", type=float, help="measured seconds per sample (default 3, quick 2)")
     parser.add_argument("--repeats", type=int, help="samples per contender (default 5, quick 2)")
@@ -494,6 +559,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path, bo
                         help="shard counts with --fixed-workers workers (default 1,2,4; '' for none)")
     parser.add_argument("--fixed-shards", type=int, help="shards of the worker-scaling points (default 2)")
     parser.add_argument("--fixed-workers", type=int, help="workers of the shard-scaling points (default 2)")
+    parser.add_argument("--sparse-rows", type=_ints,
+                        help="table sizes of the sparse section (default 10000,1000000,10000000; quick the first two)")
     parser.add_argument("--no-reexec", action="store_true", help="do not re-execute with asyncps.procenv.MALLOC_ENV")
     args = parser.parse_args(argv)
     values: dict[str, Any] = dict(QUICK) if args.quick else {}
@@ -503,7 +570,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path, bo
     if args.models:
         values["models"] = tuple(_model(m) for m in args.models.split(",") if m)
     for key in ("seconds", "repeats", "megabytes", "scaling_workers", "scaling_shards", "fixed_shards",
-                "fixed_workers"):
+                "fixed_workers", "sparse_rows"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     try:

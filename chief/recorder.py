@@ -38,6 +38,7 @@ from asyncps.rundir import (
     iter_rows,
 )
 from asyncps.rundir.clocklead import push_clock_lead
+from asyncps.rundir.summary import RowStalenessSummary
 from asyncps.wire.proto import drop_from_wire
 
 log = logging.getLogger("asyncps.chief")
@@ -64,6 +65,27 @@ def _outcome(pushes: list[tuple[bool, str]]) -> str:
     return "nonfinite" if all(drop == _NONFINITE for _, drop in pushes) else "dropped"
 
 
+
+class RowStalenessTally:
+    """Per-row staleness over the pushes recorded (pushes.csv's row columns), for summary.json."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.total = 0.0
+        self.worst: collections.Counter[int] = collections.Counter()
+
+    def add(self, row: PushRow) -> None:
+        """Count one push's rows (none measured: nothing)."""
+        if row.rows <= 0:
+            return
+        self.rows += row.rows
+        self.total += row.row_staleness_mean * row.rows
+        self.worst[row.row_staleness_max] += 1
+
+    def summary(self) -> RowStalenessSummary | None:
+        """The run's per-row staleness (None: no push measured any)."""
+        return RowStalenessSummary.of(self.rows, self.total, self.worst) if self.rows else None
+
 class Recorder:
     """Appends telemetry to pushes.csv and timeline.csv and keeps running statistics.
 
@@ -76,6 +98,7 @@ class Recorder:
         self._lock = threading.Lock()
         self.steady = SteadyStaleness(planned_workers)
         self.staleness: collections.Counter[int] = collections.Counter()
+        self.row_staleness = RowStalenessTally()
         self.recent_staleness: collections.deque[int] = collections.deque(maxlen=4096)
         self.dropped_reasons: collections.Counter[str] = collections.Counter()
         self.examples = 0
@@ -149,7 +172,9 @@ class Recorder:
                 kind = drop.value if drop is not None else ""
                 row = PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version, p.staleness,
                               p.accepted, kind, p.effective_lr, p.loss, p.drop_detail, p.local_steps or 1,
-                              p.incarnation, p.seq)
+                              p.incarnation, p.seq, p.rows, p.row_staleness_mean, p.row_staleness_p95,
+                              p.row_staleness_max)
+                self.row_staleness.add(row)
                 self._pushes.write(row)
                 if row.accepted:
                     self._applied.append(row)
@@ -402,6 +427,7 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         final_train_loss=train_loss,
         optimality_gap=gap,
         staleness_steady=StalenessSummary.of(recorder.steady.snapshot()),
+        row_staleness=recorder.row_staleness.summary(),
         start={**(start or {}), "late_workers": recorder.steady.late_workers(run.num_workers)},
         metrics=metrics,
         provenance=provenance,

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from benchmarks import bench
+from benchmarks.sparse import sparse_ratios
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -89,7 +90,22 @@ def _synthetic() -> dict[str, Any]:
                              "reference": False}}, "ratios": {}},
         "scaling": {"hidden": [512, 512], "model": "784-512-512-10", "seconds": 17.0, "fixed_shards": 2,
                     "fixed_workers": 2, "points": points},
+        "sparse": _sparse_section(samples),
     }
+
+
+def _sparse_section(samples: Any) -> dict[str, Any]:
+    """The sparse section at two table sizes, shaped like bench._run_sparse's."""
+    rows: dict[str, Any] = {}
+    for size, scale in (("10000", 1.0), ("1000000", 0.1)):
+        rows[size] = {
+            "keras-local": {**samples("k", "steps/s", [500.0 * scale]), "bytes_per_step": None,
+                            "rss_mb": {"worker": 600.0}},
+            "tf-ps-strategy": {**samples("t", "steps/s", [200.0 * scale]), "bytes_per_step": None,
+                               "rss_mb": {"worker": 500.0, "shard": 300.0, "chief": 400.0}},
+            "asyncps-tcp": {**samples("a", "steps/s", [300.0 * scale, 350.0 * scale]), "bytes_per_step": 1.5e6,
+                            "rss_mb": {"worker": 580.0, "shard": 80.0, "chief": 610.0}}}
+    return {"batch": 256, "num_ps": 2, "num_workers": 2, "rows": rows, "ratios": sparse_ratios(rows)}
 
 
 def test_tables_and_plot_of_every_section(tmp_path: Path) -> None:
@@ -97,7 +113,7 @@ def test_tables_and_plot_of_every_section(tmp_path: Path) -> None:
     assert bench.validate(results) == []
     tables = bench.markdown_tables(results)
     for title in ("### Training steps/s, MLP 784-2048-2048-10", "### Per-step overhead", "### Transfer of a 40 MB",
-                  "### Scaling, MLP 784-512-512-10"):
+                  "### Scaling, MLP 784-512-512-10", "### Sparse: recsys model"):
         assert title in tables
     assert "| asyncps-grpc | 210.0 | 200.0-220.0 | 3 | 1/1 | 9.00 | 5.00 | 4.00 | 0.68 | 1.31 |" in tables
     png = tmp_path / "plot.png"
@@ -123,6 +139,8 @@ def test_validate_rejects_broken_results() -> None:
         lambda r: r["transfer"]["contenders"]["raw-grpc"]["pull"].update(values=[]),
         lambda r: r["scaling"]["points"][0].pop("chief_rss_mb"),
         lambda r: r["overhead"]["grpc"]["784-512-512-10"].pop("overhead_ms"),
+        lambda r: r["sparse"]["rows"]["10000"]["asyncps-tcp"].pop("rss_mb"),
+        lambda r: r["sparse"]["rows"]["10000"]["keras-local"].update(values=[]),
     ):
         r = copy.deepcopy(good)
         mutate(r)
@@ -161,3 +179,24 @@ def test_stages_reads_cpu_from_proc_and_tabulates_every_role() -> None:
     text = stages.table(rows)
     assert "| CPU ms/step chief | CPU ms/step ps | CPU ms/step worker |" in text
     assert "| tcp | 784-512-512-10 | 100.0 | 20.00 | 8.00 | 9.00 | 0.00 | 3.00 | 0.00 | 4.00 | 15.00 |" in text
+
+
+def test_sparse_section_plumbing() -> None:
+    """The sparse section's options, contenders, ratios and table (no measurement: those run in `make bench`)."""
+    quick = bench.parse_args(["--quick", "--only", "sparse"])[0]
+    assert quick.sections == ("sparse",) and quick.sparse_rows == (10_000, 1_000_000)
+    assert bench.parse_args([])[0].sparse_rows == (10_000, 1_000_000, 10_000_000)
+    assert bench.parse_args(["--sparse-rows", "10000,50000000"])[0].sparse_rows == (10_000, 50_000_000)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--only", "sparse", "--sparse-rows", ""])
+    assert [name for name, _ in bench.sparse_contenders(quick)] == ["keras-local", "tf-ps-strategy", "asyncps-tcp",
+                                                                     "asyncps-shm"]
+    section = _synthetic()["sparse"]
+    assert section["ratios"] == {"asyncps-tcp / tf-ps-strategy at 1000000 rows": pytest.approx(35.0 / 20.0),
+                                 "asyncps-tcp 1000000 / 10000 rows": pytest.approx(0.1)}
+    big = {**section["rows"], "10000000": section["rows"]["1000000"]}
+    assert "asyncps-tcp / keras-local at 10000000 rows" in sparse_ratios(big)
+    table = bench.markdown_tables({"sparse": section})
+    assert "| 1000000 | asyncps-tcp | 35.0 | 30.0-35.0 | 2 | 1.50 | 580 | 80 | 610 |" in table
+    assert "| 10000 | keras-local | 500.0 | 500.0-500.0 | 1 | n/a | 600 | - | - |" in table
+    assert "| asyncps-tcp / tf-ps-strategy at 1000000 rows | 1.750 |" in table

@@ -259,9 +259,9 @@ def test_unknown_model_spec_raises(spec: str) -> None:
 
 
 def test_model_names() -> None:
-    assert set(MODEL_NAMES) == {"logreg", "mlp", "cnn", "embedding"}
+    assert set(MODEL_NAMES) == {"logreg", "mlp", "cnn", "embedding", "recsys"}
     for name in MODEL_NAMES:
-        build_model(name, 64, 10, (8, 8, 1))
+        build_model(name, 64, 10, (8, 8, 1), id_rows=17)  # recsys: its table's rows from the data's id space
 
 
 def test_loss_fn_matches_numpy() -> None:

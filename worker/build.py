@@ -16,6 +16,7 @@ from asyncps.worker.trainer import GradFn, TaskBatches, Telemetry, Trainer, make
 
 from asyncps.config import RunConfig
 from asyncps.ml.datasets import Dataset
+from asyncps.ml.sparse import SparseModel
 from asyncps.ml.task import make_loss
 from asyncps.net.security import SecurityConfig
 from asyncps.pb import coordinator_pb2 as cpb
@@ -24,16 +25,19 @@ from asyncps.transport import ModelClient, connect_model
 
 
 def connect_worker(worker_id: str, reg: cpb.RegisterResponse, model: Any, run: RunConfig,
-                   security: SecurityConfig, stop: threading.Event | None = None) -> ModelClient:
+                   security: SecurityConfig, stop: threading.Event | None = None,
+                   sparse: SparseModel | None = None) -> ModelClient:
     """A worker's client to every shard, as the run says: placement, transport, its index, and for a
     sync run over several shards shard 0 deciding each step (every worker of a process or a logical one).
     Once `stop` is set (the chief said stop, or is gone) a failing shard call is not retried: shards
     that lost the chief exit too, and the worker must not wait out rpc_deadline_s for them."""
-    specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
+    specs = sparse.specs() if sparse is not None else [
+        VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
     return connect_model(worker_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
                          security, transport=run.transport, worker_index=reg.index,
-                         coordinated=run.update_rule().consistency().coordinated, abort=stop)
+                         coordinated=run.update_rule().consistency().coordinated, abort=stop,
+                         row_variables=[t.variable for t in sparse.tables] if sparse is not None else ())
 
 
 def run_grad_fn(run: RunConfig, model: Any) -> GradFn:
@@ -43,7 +47,7 @@ def run_grad_fn(run: RunConfig, model: Any) -> GradFn:
 
 def build_trainer(run: RunConfig, link: ChiefLink, reg: cpb.RegisterResponse, client: ModelClient, *,
                   model: Any, data: Dataset, grad_fn: GradFn, telemetry: Telemetry,
-                  steps_done: list[int]) -> Trainer:
+                  steps_done: list[int], sparse: SparseModel | None = None) -> Trainer:
     """The Trainer of one worker, as the run says: its data tasks from the chief, its injected delays
     (by its index), read wait, pipelining and local SGD; each step it takes is written to steps_done[0]
     (for its heartbeats)."""
@@ -51,4 +55,4 @@ def build_trainer(run: RunConfig, link: ChiefLink, reg: cpb.RegisterResponse, cl
     batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
     return Trainer(client, names, grad_fn, batches, run.step_delay(reg.index), telemetry,
                    read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
-                   pipeline=run.pipeline, local=local_model(run, names))
+                   pipeline=run.pipeline, local=local_model(run, names), sparse=sparse)

@@ -20,7 +20,7 @@ from asyncps.identity import new_worker_id
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.procenv import freeze_heap
-from asyncps.runmodel import build_run_model
+from asyncps.runmodel import build_worker_model
 from asyncps.transport.coordinator import CoordinatorClient
 
 log = logging.getLogger("asyncps.worker")
@@ -63,15 +63,15 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
            outbox: ReportOutbox) -> int:
     """Build the model and data, train until stopped, send the final report; return the exit code."""
     limit_threads(run.tf_threads)
-    data, model = build_run_model(run)
-    client = connect_worker(link.worker_id, reg, model, run, config.security, stop)
+    data, model, sparse = build_worker_model(run)
+    client = connect_worker(link.worker_id, reg, model, run, config.security, stop, sparse)
     log.info("injected delays: %s", run.step_delay(reg.index).describe())
     grad_fn = run_grad_fn(run, model)
     log.info("warm-up gradient (traces the function): %.2fs",
              warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size))
     freeze_heap()  # set up: later collections skip TensorFlow's objects
     trainer = build_trainer(run, link, reg, client, model=model, data=data, grad_fn=grad_fn, telemetry=telemetry,
-                            steps_done=steps_done)
+                            steps_done=steps_done, sparse=sparse)
     code = 0
     lost: str | None = None
     try:

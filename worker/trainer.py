@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from asyncps.worker.local import LocalModel
@@ -18,9 +18,21 @@ from asyncps.delays import StepDelay
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rules.drops import DropReason
 from asyncps.transport import ModelClient, ShardPush
-from asyncps.wire.codec import Array, Gradient, SparseRows, aligned_zeros, all_finite, coalesce_rows, is_aligned
+from asyncps.wire.codec import (
+    Array,
+    Gradient,
+    IndexArray,
+    SparseRows,
+    aligned_zeros,
+    all_finite,
+    coalesce_rows,
+    is_aligned,
+)
 from asyncps.wire.proto import push_record
 from asyncps.wire.shard import PushOutcome
+
+if TYPE_CHECKING:
+    from asyncps.ml.sparse import SparseModel
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +273,7 @@ class Trainer:
         on_step: Callable[[int], None] | None = None,
         pipeline: bool = False,
         local: LocalModel | None = None,
+        sparse: SparseModel | None = None,
     ) -> None:
         self._client = client
         self._names = variable_names
@@ -275,6 +288,11 @@ class Trainer:
         if local is not None and pipeline:
             raise ValueError("a pipelined trainer pushes every gradient: no local steps")
         self._local = local
+        if sparse is not None and (pipeline or local is not None):
+            raise ValueError("tables read by rows need a step's rows before its gradient: no pipeline, no local SGD")
+        self._sparse = sparse
+        self._stop = threading.Event()
+        self._peeked: Batch | None = None  # the next batch, taken early to ask its rows with this step's push
         self.step = 0
         self.examples = 0
         self.nonfinite_steps = 0  # skipped (or refused by a shard) for a NaN/Inf loss or gradient
@@ -283,6 +301,7 @@ class Trainer:
     def run(self, stop: threading.Event, max_steps: int = 0, pulled: bool = False) -> None:
         """Pull once (unless the caller just did: `pulled`), then loop: compute gradients,
         push-and-pull, until stop (or max_steps)."""
+        self._stop = stop
         t0 = time.time()
         if not pulled:
             self._client.pull()
@@ -292,7 +311,7 @@ class Trainer:
             return
         # Trace the gradient function once, untimed: injected delays scale the measured compute
         # time, and a 40x straggler must not sleep 40 times TensorFlow's tracing.
-        self._grad_fn([self._client.values[n] for n in self._names], first.x, first.y)
+        self._grad_fn(self._values_for(first), first.x, first.y)
         self._batches = _Prepended(first, self._batches)
         if self._pipeline:
             self._run_pipelined(stop, max_steps, pull_s)
@@ -303,7 +322,7 @@ class Trainer:
                     return
                 pull_s = 0.0
                 continue
-            batch = self._batches.next_batch(stop)
+            batch = self._next_batch(stop)
             if batch is None:
                 return
             pull_s = self.run_step(batch, pull_s)
@@ -354,7 +373,8 @@ class Trainer:
         return True
 
     def _exchange(self, batches: Batch | list[Batch], loss: float, grads: list[Gradient], base: list[int],
-                  incarnations: list[int] | None, start: float, computed: float, pull_s: float) -> bool:
+                  incarnations: list[int] | None, start: float, computed: float, pull_s: float,
+                  rows: dict[str, IndexArray] | None = None) -> bool:
         """Push one step's gradient (or a round's model change) computed from `base` and receive the new
         values; record it (one push per shard, carrying len(batches) local steps). A step with a
         non-finite loss or gradient is not pushed: every shard's record says it was dropped (False)."""
@@ -363,7 +383,7 @@ class Trainer:
         sent = list(self._client.incarnations if incarnations is None else incarnations)  # before the reply
         if detail is None:
             results = self._client.push_pull(dict(zip(self._names, grads, strict=True)), self.step, loss,
-                                              self._read_wait_s, base, incarnations)
+                                              self._read_wait_s, base, incarnations, rows)
         else:
             results = [ShardPush(s, PushOutcome(False, 0, base[s], 0.0, DropReason.NONFINITE, detail), base[s])
                        for s in range(len(base))]
@@ -397,11 +417,47 @@ class Trainer:
             log.warning("step %d not applied: non-finite (%s); %d such step(s) in a row, %d in all", self.step,
                         refused[0].outcome.detail if refused[0].outcome else "", streak, self.nonfinite_steps)
 
+    def _next_batch(self, stop: threading.Event) -> Batch | None:
+        """The batch taken early, else the source's next."""
+        if self._peeked is not None:
+            batch, self._peeked = self._peeked, None
+            return batch
+        return self._batches.next_batch(stop)
+
+    def _values_for(self, batch: Batch) -> list[Array]:
+        """The values a gradient is computed from: the model's buffers (tables read by rows: whatever
+        their local tables hold, for tracing)."""
+        if self._sparse is None:
+            return [self._client.values[n] for n in self._names]
+        return [self._client.values[n] if n in self._client.values else np.asarray(v.value)
+                for n, v in zip(self._names, self._sparse.model.trainable_variables, strict=True)]
+
     def run_step(self, batch: Batch, pull_s: float = 0.0) -> float:
         """One step: gradients at the current values, then push them with their base versions."""
+        if self._sparse is not None:
+            return self._run_rows_step(self._sparse, batch, pull_s)
         values = [self._client.values[n] for n in self._names]
         loss, grads, start, computed = self._compute(batch, values)
         self._exchange(batch, loss, grads, list(self._client.versions), None, start, computed, pull_s)
+        return 0.0
+
+    def _run_rows_step(self, sparse: SparseModel, batch: Batch, pull_s: float) -> float:
+        """One step of a model whose tables are read by rows: the batch's rows (asked with the previous
+        push, else pulled now with the newer dense values), the gradient on the local tables, pushed as
+        rows of the whole tables with the clocks they were read at, and the next batch's rows asked with it."""
+        ids = sparse.batch_ids(batch.x)
+        rows = self._client.rows
+        if set(rows) != set(ids) or any(not np.array_equal(rows[n].indices, i) for n, i in ids.items()):
+            started = time.time()
+            self._client.pull(only_if_newer=True, rows=ids)
+            pull_s += time.time() - started
+        local = sparse.step(self._client.rows)
+        values = [local.tables[n] if n in local.tables else self._client.values[n] for n in self._names]
+        loss, grads, start, computed = self._compute(batch, values)
+        grads = [local.whole(n, g) for n, g in zip(self._names, grads, strict=True)]
+        self._peeked = self._batches.next_batch(self._stop, wait=False)
+        following = sparse.batch_ids(self._peeked.x) if self._peeked is not None else None
+        self._exchange(batch, loss, grads, list(self._client.versions), None, start, computed, pull_s, following)
         return 0.0
 
     def _run_pipelined(self, stop: threading.Event, max_steps: int, pull_s: float) -> None:

@@ -1,6 +1,6 @@
-"""Dataset loading shared by workers and the chief: flat float32 features, labels as the task has them:
-int64 class ids [n] (classification), or float32 / int64 arrays [n, ...] of any shape (regression targets,
-multi-label 0/1 matrices).
+"""Dataset loading shared by workers and the chief: flat float32 features (or int64 ids, one per categorical
+feature), labels as the task has them: int64 class ids [n] (classification), or float32 / int64 arrays [n, ...] of
+any shape (regression targets, multi-label 0/1 matrices).
 
 Importing this module is cheap on purpose: keras is imported only inside the loaders that
 download MNIST-style data, so processes that train on ``digits`` never pay for it here.
@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import functools
 import gzip
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-from asyncps.ml.specs import DATASET_NAMES, NPZ_PREFIX, SYNTHETIC_PREFIX
+from asyncps.ml.specs import DATASET_NAMES as DATASET_NAMES  # re-exported: the names load_dataset takes
+from asyncps.ml.specs import DATASET_PREFIXES, NPZ_PREFIX, RECSYS, SYNTHETIC_PREFIX, parse_recsys_data, valid_datasets
 from asyncps.ml.userfns import call_with_accepted, is_function_spec, load_function
 
 # the dataset specs accepted by load_dataset are checked in asyncps.ml.specs (no TensorFlow)
@@ -33,25 +35,27 @@ _SYN_TEST = 1000
 
 @dataclass(frozen=True, eq=False)  # eq=False: arrays make field-wise == ambiguous
 class Dataset:
-    """A train/test split with flat float32 features and labels: int64 class ids [n], or targets
-    (float32 or int64 [n, ...], or float32 [n]) of one shape per example."""
+    """A train/test split with flat float32 features (or int64 ids: integers kept exact, which float32 is not
+    above 2**24) and labels: int64 class ids [n], or targets (float32 or int64 [n, ...], or float32 [n]) of one
+    shape per example."""
 
     name: str
-    x_train: np.ndarray  # float32 [n, features]; images are flattened row-major (h, w, c)
+    x_train: np.ndarray  # float32 [n, features] (images flattened row-major (h, w, c)), or int64 ids [n, features]
     y_train: np.ndarray  # int64 [n] class ids; or targets [n, ...]
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int  # class ids: the number of classes; targets: the values per example (at least 1)
     image_shape: tuple[int, ...] | None  # (h, w, c) for images, None otherwise
     optimal_loss: float | None = None  # synthetic-logreg only: min mean training cross-entropy
+    num_ids: int | None = None  # int64 x: the id space [0, num_ids) (None: one past the largest id present)
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
             x: np.ndarray = getattr(self, f"x_{split}")
             y: np.ndarray = getattr(self, f"y_{split}")
-            if x.dtype != np.float32 or x.ndim != 2:
+            if x.dtype not in (np.float32, np.int64) or x.ndim != 2:
                 raise ValueError(
-                    f"x_{split} must be float32 [n, features], got {x.dtype} {x.shape}"
+                    f"x_{split} must be float32 [n, features] or int64 ids [n, features], got {x.dtype} {x.shape}"
                 )
             if y.dtype not in (np.int64, np.float32) or y.ndim < 1 or len(y) != len(x):
                 raise ValueError(f"y_{split} must be int64 or float32 [{x.shape[0]}, ...], got {y.dtype} {y.shape}")
@@ -62,8 +66,31 @@ class Dataset:
                              f"{self.y_test.shape[1:]} differ per example")
         if self.x_train.shape[1] != self.x_test.shape[1]:
             raise ValueError("x_train and x_test have different feature counts")
+        if self.x_train.dtype != self.x_test.dtype:
+            raise ValueError(f"x_train is {self.x_train.dtype} but x_test {self.x_test.dtype}")
+        self._check_ids()
         if self.image_shape is not None and int(np.prod(self.image_shape)) != self.num_features:
             raise ValueError(f"image_shape {self.image_shape} != {self.num_features} features")
+
+    def _check_ids(self) -> None:
+        """Integer features are ids: none negative, all inside num_ids when it is given."""
+        if self.x_train.dtype != np.int64:
+            if self.num_ids is not None:
+                raise ValueError("num_ids is for int64 ids; x is float32")
+            return
+        low = min(int(self.x_train.min(initial=0)), int(self.x_test.min(initial=0)))
+        if low < 0:
+            raise ValueError(f"int64 x holds a negative id ({low})")
+        high = _largest_id(self.x_train, self.x_test)
+        if self.num_ids is not None and high >= self.num_ids:
+            raise ValueError(f"int64 x holds id {high}, outside num_ids {self.num_ids}")
+
+    @property
+    def id_rows(self) -> int:
+        """Rows an id table needs for int64 x: num_ids, else one past the largest id present (0 for float x)."""
+        if self.x_train.dtype != np.int64:
+            return 0
+        return self.num_ids if self.num_ids is not None else 1 + _largest_id(self.x_train, self.x_test)
 
     @property
     def has_class_ids(self) -> bool:
@@ -79,6 +106,11 @@ class Dataset:
     def num_features(self) -> int:
         """Number of flat input features per example."""
         return int(self.x_train.shape[1])
+
+
+def _largest_id(*arrays: np.ndarray) -> int:
+    """The largest value over `arrays` (-1 when all are empty)."""
+    return max(int(a.max(initial=-1)) for a in arrays)
 
 
 def load_dataset(spec: str, seed: int = 0) -> Dataset:
@@ -107,11 +139,11 @@ def _load_uncached(spec: str, seed: int) -> Dataset:
         return _load_npz(spec[len(NPZ_PREFIX) :])
     if spec.startswith(SYNTHETIC_PREFIX):
         return _make_synthetic_classification(spec, seed)
-    if is_function_spec(spec, ("npz", "synthetic")):
+    if spec.partition(":")[0] == RECSYS:
+        return make_recsys(spec, seed)
+    if is_function_spec(spec, DATASET_PREFIXES):
         return _load_user_dataset(spec, seed)
-    valid = ", ".join((*DATASET_NAMES, f"{NPZ_PREFIX}PATH", f"{SYNTHETIC_PREFIX}FEATURESxCLASSES",
-                       "package.module:function"))
-    raise ValueError(f"unknown dataset spec {spec!r}; valid: {valid}")
+    raise ValueError(f"unknown dataset spec {spec!r}; valid: {valid_datasets()}")
 
 
 def worker_shard(n: int, index: int, num_workers: int) -> np.ndarray:
@@ -264,10 +296,13 @@ def _npz_image_shape(x: np.ndarray, path: str) -> tuple[int, ...] | None:
 
 
 def _npz_features(x: np.ndarray) -> np.ndarray:
-    """Flatten to float32 [n, f]; uint8 pixels are scaled to [0, 1] like the keras loaders."""
+    """Flatten to [n, f]: uint8 pixels scaled to float32 in [0, 1] like the keras loaders, other integers kept as
+    int64 ids (float32 would round ids above 2**24 onto a neighbour's), the rest as float32."""
     flat = x.reshape(len(x), -1)
     if flat.dtype == np.uint8:
         return (flat.astype(np.float32) / np.float32(255.0)).astype(np.float32)
+    if np.issubdtype(flat.dtype, np.integer):
+        return flat.astype(np.int64)
     return flat.astype(np.float32)
 
 
@@ -379,6 +414,62 @@ def _make_synthetic_classification(spec: str, seed: int) -> Dataset:
     y = np.argmax(x @ teacher, axis=1).astype(np.int64)
     return Dataset(name=spec, x_train=x[:5000], y_train=y[:5000], x_test=x[5000:], y_test=y[5000:],
                    num_classes=classes, image_shape=None)
+
+
+#: recsys: the scale of the hidden per-id weights (uniform in [-1, 1]): with 8 features the summed logit has a
+#: standard deviation near 2.4, so labels follow the ids clearly (Bayes accuracy ~0.8) and stay noisy.
+RECSYS_WEIGHT_SCALE = 1.5
+_MASK64 = (1 << 64) - 1
+
+
+def make_recsys(spec: str, seed: int) -> Dataset:
+    """`recsys:rows=R`: int64 ids [n, features], Zipf-distributed over [0, rows), with 0/1 labels of a hidden rule.
+
+    Each id has a hidden weight (a hash of the id and the seed); a row's label is drawn (with the seed) from the
+    logistic of its ids' weights summed, so only a model that learns per-id values can beat chance. Nothing of
+    size `rows` is made: 10M rows cost what 10K do (a recommendation table's shape, offline).
+    """
+    cfg = parse_recsys_data(spec)
+    rng = np.random.default_rng(seed)
+    n = cfg.train + cfg.test
+    ranks = zipf_ranks(rng, (n, cfg.features), cfg.rows, cfg.zipf)
+    ids = scatter_ranks(ranks, cfg.rows)
+    logits = RECSYS_WEIGHT_SCALE * hidden_id_weights(ids, seed).sum(axis=1)
+    y = (rng.random(n) < _sigmoid(logits)).astype(np.int64)
+    return Dataset(name=spec, x_train=ids[:cfg.train], y_train=y[:cfg.train], x_test=ids[cfg.train:],
+                   y_test=y[cfg.train:], num_classes=2, image_shape=None, num_ids=cfg.rows)
+
+
+def zipf_ranks(rng: np.random.Generator, shape: tuple[int, ...], rows: int, exponent: float) -> np.ndarray:
+    """Popularity ranks in [0, rows), P(rank k) close to Zipf's (k + 1) ** -exponent: the inverse CDF of a
+    continuous power law bounded to [1, rows + 1), floored (no table of `rows` probabilities to sample from)."""
+    u = rng.random(shape)
+    power = 1.0 - exponent
+    x = (1.0 + u * ((rows + 1.0) ** power - 1.0)) ** (1.0 / power)
+    ranks: np.ndarray = np.minimum(np.floor(x).astype(np.int64) - 1, rows - 1)
+    return ranks
+
+
+def scatter_ranks(ranks: np.ndarray, rows: int) -> np.ndarray:
+    """Ids from ranks: an affine bijection of [0, rows) per feature (column), so each feature's popular ids are
+    its own and spread over the table (as hashed ids are), not packed at its start."""
+    multiplier = 2_654_435_761 % rows or 1
+    while math.gcd(multiplier, rows) != 1:
+        multiplier += 1
+    offsets = (np.arange(ranks.shape[1], dtype=np.int64) * 1_000_003 + 12_345) % rows
+    # ranks < rows <= 2**31 keep rank * multiplier below 2**63
+    return (ranks * multiplier + offsets) % rows
+
+
+def hidden_id_weights(ids: np.ndarray, seed: int) -> np.ndarray:
+    """Each id's hidden weight, uniform in [-1, 1): splitmix64 of the id and the seed (no table of all ids)."""
+    z = ids.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK64)
+    with np.errstate(over="ignore"):  # the hash wraps around 2**64 on purpose
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    unit = (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    return 2.0 * unit - 1.0
 
 
 def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Keras model zoo shared by workers and the chief: flat float32 features in, logits (or targets) out.
+"""Keras model zoo shared by workers and the chief: flat float32 features (or int64 ids) in, logits (or targets) out.
 
 Every layer has a fixed name and a seeded initializer so that every process builds a model
 whose ``trainable_variables`` have identical paths, order, shapes and (for equal seeds) values;
@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 # the model specs accepted by build_model (mlp:H1,H2,... picks hidden sizes) are checked there
-from asyncps.ml.specs import KERAS_PREFIX, MODEL_NAMES, parse_hidden
+from asyncps.ml.specs import KERAS_PREFIX, MODEL_NAMES, RECSYS, parse_hidden, parse_recsys_model
 from asyncps.ml.userfns import call_with_accepted, is_function_spec, load_function
 
 #: Quantization levels per feature for the embedding model's tokenizer (features in [0, 1]).
@@ -24,6 +24,8 @@ from asyncps.ml.userfns import call_with_accepted, is_function_spec, load_functi
 EMBEDDING_LEVELS = 8
 EMBEDDING_DIM = 16
 EMBEDDING_HEAD_HIDDEN = 64
+#: The recsys model's hidden layer over its flattened id embeddings.
+RECSYS_HIDDEN = 64
 
 
 def build_model(
@@ -33,12 +35,14 @@ def build_model(
     image_shape: tuple[int, ...] | None = None,
     seed: int = 0,
     targets: tuple[int, ...] | None = None,
+    id_rows: int = 0,
 ) -> keras.Model:
     """Build the model named by ``spec`` with weights created and seeded from ``seed``.
 
     ``targets``: the shape of one example's label when the labels are not class ids (regression,
     multi-label), else None; then ``num_classes`` is the target width and the built-in models output
-    that many values.
+    that many values. ``id_rows``: the id space of int64 features (Dataset.id_rows), the rows of the
+    ``recsys`` model's table unless its spec names them.
     """
     if num_features < 1:
         raise ValueError(f"num_features must be >= 1, got {num_features}")
@@ -50,6 +54,8 @@ def build_model(
         return build_user_model(spec, num_features, num_classes, image_shape, seed, targets)
     name, _, arg = spec.partition(":")
     init = _Initializers(seed)
+    if name == RECSYS:
+        return _recsys(spec, num_features, num_classes, id_rows, init)
     inputs = keras.Input(shape=(num_features,), dtype="float32", name="features")
     if name == "logreg" and not arg:
         logits = _dense(num_classes, "logits", init)(inputs)
@@ -76,7 +82,7 @@ def build_user_model(
     The function is called with those of `input_shape` (the dataset's image layout, else
     `(num_features,)`), `num_classes` (the target width for labels that are not class ids),
     `output_shape` (`(num_classes,)`, or one example's label shape) and `seed` it accepts. The model is
-    wrapped so that it reads the flat float32 features every role feeds (reshaped to `input_shape`),
+    wrapped so that it reads the flat features every role feeds (reshaped to `input_shape`; its Input's dtype),
     compiled with the loss and metrics the builder compiled it with (asyncps.ml.task: the run's loss
     `auto`). Its whole state must be trainable: the shards hold only what workers push gradients for,
     so non-trainable state such as BatchNormalization's moving statistics would silently differ
@@ -116,7 +122,7 @@ def build_saved_model(spec: str, num_features: int, num_classes: int,
     """The model a `keras:PATH.keras` spec names (saved with `model.save`), its saved weights the start.
 
     Every process loads the same file, so layer names, variable paths, order and values agree. The
-    model takes the flat float32 features every role feeds, reshaped to the saved model's own input
+    model takes the flat features every role feeds (in its Input's dtype), reshaped to the saved model's own input
     shape. Custom layers, losses or activations must be registered with Keras
     (`keras.saving.register_keras_serializable`) in an importable module (on --user-path): each process
     imports the modules the file names for registered objects before loading it.
@@ -193,13 +199,14 @@ def import_registered_modules(path: str) -> list[str]:
 
 
 def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_shape: tuple[int, ...]) -> keras.Model:
-    """`user` behind an input of flat float32 features (reshaped to `input_shape`); checks its state.
+    """`user` behind an input of flat features of its own input dtype (float32, or integer ids kept exact),
+    reshaped to `input_shape`; checks its state.
 
     Its whole state must be trainable: the shards hold only what workers push gradients for, so
     non-trainable state such as BatchNormalization's moving statistics would silently differ between
     processes. Variable paths must be unique: the shards key variables by path.
     """
-    inputs = keras.Input(shape=(num_features,), dtype="float32", name="features")
+    inputs = keras.Input(shape=(num_features,), dtype=_input_dtype(user), name="features")
     x = inputs if input_shape == (num_features,) else keras.layers.Reshape(input_shape, name="to_input")(inputs)
     try:
         outputs = user(x)
@@ -219,6 +226,14 @@ def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_sha
     if len(set(paths)) != len(paths):
         raise ValueError(f"model {spec!r}: variable paths are not unique ({paths}); give the layers distinct names")
     return model
+
+
+def _input_dtype(user: keras.Model) -> str:
+    """The dtype `user` reads (an int64 Input reads ids); float32 for a model with no Input of its own yet."""
+    try:
+        return str(user.inputs[0].dtype)
+    except (AttributeError, ValueError, IndexError, TypeError):  # a Sequential built on its first call
+        return "float32"
 
 
 def loss_fn(logits: Any, labels: Any) -> tf.Tensor:
@@ -360,3 +375,23 @@ def _embedding(inputs: Any, num_features: int, num_classes: int, init: _Initiali
     x = ScaledSumPool(name="pool")(x)
     x = _dense(EMBEDDING_HEAD_HIDDEN, "head_hidden", init, activation="relu")(x)
     return _dense(num_classes, "logits", init)(x)
+
+
+def _recsys(spec: str, num_features: int, num_classes: int, id_rows: int, init: _Initializers) -> keras.Model:
+    """`recsys[:rows=R,dim=D]`: int64 ids -> ONE shared id table (Embedding) -> Flatten -> ReLU -> logits.
+
+    The table's rows are the spec's, else the data's id space (`id_rows`); fewer rows than the data's ids would
+    fail inside a lookup, so that is refused here. Its gradient is sparse (the touched rows).
+    """
+    cfg = parse_recsys_model(spec)
+    rows = cfg.rows or id_rows
+    if rows < 1:
+        raise ValueError(f"model {spec!r} needs rows=R, or a dataset of int64 ids (e.g. recsys:rows=R) to "
+                         "take them from")
+    if rows < id_rows:
+        raise ValueError(f"model {spec!r} has {rows} rows but the data's ids need {id_rows}")
+    inputs = keras.Input(shape=(num_features,), dtype="int64", name="ids")
+    x = keras.layers.Embedding(rows, cfg.dim, embeddings_initializer=init.uniform(0.05), name="id_embedding")(inputs)
+    x = keras.layers.Flatten(name="flatten")(x)
+    x = _dense(RECSYS_HIDDEN, "hidden", init, activation="relu")(x)
+    return keras.Model(inputs=inputs, outputs=_dense(num_classes, "logits", init)(x), name=RECSYS)

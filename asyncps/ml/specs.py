@@ -8,14 +8,19 @@ any process, with the user's path in place).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from asyncps.ml.userfns import is_function_spec, load_function
 
-MODEL_NAMES: tuple[str, ...] = ("logreg", "mlp", "cnn", "embedding")
-DATASET_NAMES: tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "synthetic-logreg")
+MODEL_NAMES: tuple[str, ...] = ("logreg", "mlp", "cnn", "embedding", "recsys")
+DATASET_NAMES: tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "synthetic-logreg", "recsys")
 NPZ_PREFIX = "npz:"
 SYNTHETIC_PREFIX = "synthetic:"
+#: `recsys[:rows=R,...]`: the synthetic recommendation data (int64 ids) and the model with one id table over it.
+RECSYS = "recsys"
+#: the dataset names that take `name:args` (not a `package.module:function`)
+DATASET_PREFIXES: tuple[str, ...] = ("npz", "synthetic", RECSYS)
 #: `keras:PATH`: a model saved by Keras (`model.save("m.keras")`), weights and all (what asyncps.train sends).
 KERAS_PREFIX = "keras:"
 DEFAULT_MLP_HIDDEN: tuple[int, ...] = (128, 128)
@@ -34,6 +39,61 @@ def parse_hidden(arg: str, spec: str) -> tuple[int, ...]:
     return sizes
 
 
+@dataclass(frozen=True)
+class RecsysData:
+    """`recsys:rows=R,features=F,zipf=A,train=N,test=M`: categorical ids, Zipf-distributed over [0, rows)."""
+
+    rows: int = 100_000
+    features: int = 8
+    zipf: float = 1.1
+    train: int = 20_000
+    test: int = 2_000
+
+
+@dataclass(frozen=True)
+class RecsysModel:
+    """`recsys:rows=R,dim=D`: one id table of `rows` rows (0: the data's id space) of width `dim`."""
+
+    rows: int = 0
+    dim: int = 32
+
+
+def _recsys_fields(spec: str, allowed: dict[str, type]) -> dict[str, int | float]:
+    """The `key=value` settings of a `recsys:...` spec, typed as `allowed` says; ValueError for anything else."""
+    name, _, arg = spec.partition(":")
+    if name != RECSYS:
+        raise ValueError(f"not a {RECSYS} spec: {spec!r}")
+    fields: dict[str, int | float] = {}
+    for part in filter(None, arg.split(",")):
+        key, eq, value = part.partition("=")
+        kind = allowed.get(key.strip())
+        try:
+            if kind is None or not eq:
+                raise ValueError
+            fields[key.strip()] = kind(value)
+        except ValueError:
+            raise ValueError(f"bad spec {spec!r}: expected {RECSYS}:KEY=VALUE,... with keys "
+                             f"{', '.join(allowed)}") from None
+    return fields
+
+
+def parse_recsys_data(spec: str) -> RecsysData:
+    """The settings of a `recsys[:rows=R,features=F,zipf=A,train=N,test=M]` dataset spec (defaults for the rest)."""
+    data = RecsysData(**_recsys_fields(spec, {"rows": int, "features": int, "zipf": float, "train": int,
+                                              "test": int}))  # type: ignore[arg-type]
+    if data.rows < 2 or data.features < 1 or data.train < 1 or data.test < 1 or not 1.0 < data.zipf <= 5.0:
+        raise ValueError(f"bad dataset spec {spec!r}: needs rows >= 2, features, train, test >= 1 and zipf in (1, 5]")
+    return data
+
+
+def parse_recsys_model(spec: str) -> RecsysModel:
+    """The settings of a `recsys[:rows=R,dim=D]` model spec (rows 0: the data's id space)."""
+    model = RecsysModel(**_recsys_fields(spec, {"rows": int, "dim": int}))  # type: ignore[arg-type]
+    if model.rows < 0 or model.dim < 1:
+        raise ValueError(f"bad model spec {spec!r}: needs rows >= 1 (or none: the data's) and dim >= 1")
+    return model
+
+
 def model_problem(spec: str) -> str | None:
     """Why `spec` names no model (None: it does, as far as can be told without building it)."""
     if spec.startswith(KERAS_PREFIX):
@@ -42,21 +102,27 @@ def model_problem(spec: str) -> str | None:
     if is_function_spec(spec, MODEL_NAMES):
         return None
     name, _, arg = spec.partition(":")
-    if name == "mlp":
+    if name in ("mlp", RECSYS):
         try:
-            parse_hidden(arg, spec)
+            parse_hidden(arg, spec) if name == "mlp" else parse_recsys_model(spec)
         except ValueError as exc:
             return str(exc)
         return None
     if name in MODEL_NAMES and not arg:
         return None
-    return (f"unknown model spec {spec!r}; valid: {', '.join(MODEL_NAMES)}, mlp:H1,H2,..., {KERAS_PREFIX}PATH.keras, "
-            "package.module:function")
+    return (f"unknown model spec {spec!r}; valid: {', '.join(MODEL_NAMES)}, mlp:H1,H2,..., recsys:rows=R,dim=D, "
+            f"{KERAS_PREFIX}PATH.keras, package.module:function")
 
 
 def dataset_problem(spec: str) -> str | None:
     """Why `spec` names no dataset (None: it does, as far as its syntax tells)."""
-    if spec in DATASET_NAMES or is_function_spec(spec, ("npz", "synthetic")):
+    if spec in DATASET_NAMES or is_function_spec(spec, DATASET_PREFIXES):
+        return None
+    if spec.partition(":")[0] == RECSYS:
+        try:
+            parse_recsys_data(spec)
+        except ValueError as exc:
+            return str(exc)
         return None
     if spec.startswith(NPZ_PREFIX) and spec[len(NPZ_PREFIX):]:
         return None
@@ -65,9 +131,13 @@ def dataset_problem(spec: str) -> str | None:
         if x and features.isdigit() and classes.isdigit() and int(features) >= 1 and int(classes) >= 2:
             return None
         return f"bad dataset spec {spec!r}: expected {SYNTHETIC_PREFIX}FEATURESxCLASSES, e.g. synthetic:20x4"
-    valid = ", ".join((*DATASET_NAMES, f"{NPZ_PREFIX}PATH", f"{SYNTHETIC_PREFIX}FEATURESxCLASSES",
-                       "package.module:function"))
-    return f"unknown dataset spec {spec!r}; valid: {valid}"
+    return f"unknown dataset spec {spec!r}; valid: {valid_datasets()}"
+
+
+def valid_datasets() -> str:
+    """Every kind of dataset spec, for error messages."""
+    return ", ".join((*DATASET_NAMES, f"{NPZ_PREFIX}PATH", f"{SYNTHETIC_PREFIX}FEATURESxCLASSES",
+                      f"{RECSYS}:rows=R,features=F,zipf=A,train=N,test=M", "package.module:function"))
 
 
 def spec_problems(model: str, dataset: str) -> list[str]:
@@ -79,7 +149,7 @@ def load_problems(model: str, dataset: str, loss: str, metrics: str = "") -> lis
     """spec_problems, then what only loading tells: user functions that do not import, npz files that
     are not there. Call it with the user's path in place (asyncps.ml.userfns.add_user_path)."""
     problems = spec_problems(model, dataset)
-    named = [("model", model, (*MODEL_NAMES, KERAS_PREFIX[:-1])), ("dataset", dataset, ("npz", "synthetic")),
+    named = [("model", model, (*MODEL_NAMES, KERAS_PREFIX[:-1])), ("dataset", dataset, DATASET_PREFIXES),
              ("loss", loss, ())]
     named += [("metric", m.strip(), ()) for m in metrics.split(",") if m.strip()]
     for what, spec, builtins in named:
@@ -95,5 +165,7 @@ def load_problems(model: str, dataset: str, loss: str, metrics: str = "") -> lis
     return problems
 
 
-__all__ = ["DATASET_NAMES", "DEFAULT_MLP_HIDDEN", "KERAS_PREFIX", "MODEL_NAMES", "NPZ_PREFIX", "SYNTHETIC_PREFIX",
-           "dataset_problem", "load_problems", "model_problem", "parse_hidden", "spec_problems"]
+__all__ = ["DATASET_NAMES", "DATASET_PREFIXES", "DEFAULT_MLP_HIDDEN", "KERAS_PREFIX", "MODEL_NAMES", "NPZ_PREFIX",
+           "RECSYS", "SYNTHETIC_PREFIX", "RecsysData", "RecsysModel", "dataset_problem", "load_problems",
+           "model_problem", "parse_hidden", "parse_recsys_data", "parse_recsys_model", "spec_problems",
+           "valid_datasets"]

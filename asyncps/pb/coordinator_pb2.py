@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 from asyncps.pb import ps_pb2 as asyncps_dot_pb_dot_ps__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61syncps/pb/coordinator.proto\x12\nasyncps.pb\x1a\x13\x61syncps/pb/ps.proto\"\\\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x17\n\x0frequested_index\x18\x03 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\"e\n\x10RegisterResponse\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x02 \x01(\x05\x12\x14\n\x0cps_addresses\x18\x03 \x03(\t\x12\x17\n\x0frun_config_json\x18\x04 \x01(\t\"A\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\"I\n\x11HeartbeatResponse\x12$\n\x07\x63ommand\x18\x01 \x01(\x0e\x32\x13.asyncps.pb.Command\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x9e\x02\n\nPushRecord\x12\x11\n\twall_time\x18\x01 \x01(\x01\x12\r\n\x05shard\x18\x02 \x01(\x05\x12\x14\n\x0c\x62\x61se_version\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x11\n\tstaleness\x18\x05 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x06 \x01(\x08\x12\x14\n\x0c\x65\x66\x66\x65\x63tive_lr\x18\x07 \x01(\x01\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x0c\n\x04step\x18\t \x01(\x03\x12\x13\n\x0b\x64rop_detail\x18\n \x01(\t\x12$\n\x04\x64rop\x18\x0b \x01(\x0e\x32\x16.asyncps.pb.DropReason\x12\x13\n\x0blocal_steps\x18\x0c \x01(\x03\x12\x13\n\x0bincarnation\x18\r \x01(\x03\x12\x0b\n\x03seq\x18\x0e \x01(\x03\"~\n\nStepTiming\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x01\x12\x0e\n\x06pull_s\x18\x03 \x01(\x01\x12\x11\n\tcompute_s\x18\x04 \x01(\x01\x12\x0e\n\x06push_s\x18\x05 \x01(\x01\x12\x0e\n\x06wait_s\x18\x06 \x01(\x01\x12\x10\n\x08\x65xamples\x18\x07 \x01(\x03\"\xbc\x01\n\rReportRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0cworker_index\x18\x02 \x01(\x05\x12&\n\x06pushes\x18\x03 \x03(\x0b\x32\x16.asyncps.pb.PushRecord\x12%\n\x05steps\x18\x04 \x03(\x0b\x32\x16.asyncps.pb.StepTiming\x12\r\n\x05\x66inal\x18\x05 \x01(\x08\x12\x17\n\x0f\x63ompleted_tasks\x18\x06 \x03(\x03\x12\x0b\n\x03seq\x18\x07 \x01(\x03\"-\n\x0bTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"l\n\tTaskReply\x12\x10\n\x08has_task\x18\x01 \x01(\x08\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0c\n\x04stop\x18\x05 \x01(\x03\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\"6\n\x0eReportResponse\x12$\n\x07\x63ommand\x18\x01 \x01(\x0e\x32\x13.asyncps.pb.Command\"\x0f\n\rStatusRequest\"\xa7\x03\n\rClusterStatus\x12\x0f\n\x07updates\x18\x01 \x01(\x03\x12\x15\n\rupdates_per_s\x18\x02 \x01(\x01\x12\x16\n\x0emean_staleness\x18\x03 \x01(\x01\x12\x15\n\rworkers_alive\x18\x04 \x01(\x05\x12\x11\n\teval_loss\x18\x05 \x01(\x01\x12\x15\n\reval_accuracy\x18\x06 \x01(\x01\x12\x14\n\x0c\x65val_version\x18\x07 \x01(\x03\x12\x13\n\x0bworker_loss\x18\x08 \x01(\x01\x12\x0c\n\x04\x64one\x18\t \x01(\x08\x12\x11\n\telapsed_s\x18\n \x01(\x01\x12\x0e\n\x06\x65pochs\x18\x0b \x01(\x01\x12\x15\n\rfraction_done\x18\x0c \x01(\x01\x12\x17\n\x0fworkers_planned\x18\r \x01(\x05\x12\x13\n\x0bstop_reason\x18\x0e \x01(\t\x12@\n\x0c\x65val_metrics\x18\x0f \x03(\x0b\x32*.asyncps.pb.ClusterStatus.EvalMetricsEntry\x1a\x32\n\x10\x45valMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"2\n\x0cStartRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\"v\n\nStartReply\x12\x10\n\x08released\x18\x01 \x01(\x08\x12$\n\x07\x63ommand\x18\x02 \x01(\x0e\x32\x13.asyncps.pb.Command\x12\r\n\x05ready\x18\x03 \x01(\x05\x12\x0f\n\x07planned\x18\x04 \x01(\x05\x12\x10\n\x08start_at\x18\x05 \x01(\x01*!\n\x07\x43ommand\x12\x0c\n\x08\x43ONTINUE\x10\x00\x12\x08\n\x04STOP\x10\x01\x32\x9c\x03\n\x0b\x43oordinator\x12\x45\n\x08Register\x12\x1b.asyncps.pb.RegisterRequest\x1a\x1c.asyncps.pb.RegisterResponse\x12H\n\tHeartbeat\x12\x1c.asyncps.pb.HeartbeatRequest\x1a\x1d.asyncps.pb.HeartbeatResponse\x12?\n\x06Report\x12\x19.asyncps.pb.ReportRequest\x1a\x1a.asyncps.pb.ReportResponse\x12\x39\n\x07GetTask\x12\x17.asyncps.pb.TaskRequest\x1a\x15.asyncps.pb.TaskReply\x12\x41\n\tGetStatus\x12\x19.asyncps.pb.StatusRequest\x1a\x19.asyncps.pb.ClusterStatus\x12=\n\tWaitStart\x12\x18.asyncps.pb.StartRequest\x1a\x16.asyncps.pb.StartReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61syncps/pb/coordinator.proto\x12\nasyncps.pb\x1a\x13\x61syncps/pb/ps.proto\"\\\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x17\n\x0frequested_index\x18\x03 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\"e\n\x10RegisterResponse\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x02 \x01(\x05\x12\x14\n\x0cps_addresses\x18\x03 \x03(\t\x12\x17\n\x0frun_config_json\x18\x04 \x01(\t\"A\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\"I\n\x11HeartbeatResponse\x12$\n\x07\x63ommand\x18\x01 \x01(\x0e\x32\x13.asyncps.pb.Command\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xfe\x02\n\nPushRecord\x12\x11\n\twall_time\x18\x01 \x01(\x01\x12\r\n\x05shard\x18\x02 \x01(\x05\x12\x14\n\x0c\x62\x61se_version\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x11\n\tstaleness\x18\x05 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x06 \x01(\x08\x12\x14\n\x0c\x65\x66\x66\x65\x63tive_lr\x18\x07 \x01(\x01\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x0c\n\x04step\x18\t \x01(\x03\x12\x13\n\x0b\x64rop_detail\x18\n \x01(\t\x12$\n\x04\x64rop\x18\x0b \x01(\x0e\x32\x16.asyncps.pb.DropReason\x12\x13\n\x0blocal_steps\x18\x0c \x01(\x03\x12\x13\n\x0bincarnation\x18\r \x01(\x03\x12\x0b\n\x03seq\x18\x0e \x01(\x03\x12\x0c\n\x04rows\x18\x0f \x01(\x03\x12\x1a\n\x12row_staleness_mean\x18\x10 \x01(\x01\x12\x19\n\x11row_staleness_p95\x18\x11 \x01(\x01\x12\x19\n\x11row_staleness_max\x18\x12 \x01(\x03\"~\n\nStepTiming\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x01\x12\x0e\n\x06pull_s\x18\x03 \x01(\x01\x12\x11\n\tcompute_s\x18\x04 \x01(\x01\x12\x0e\n\x06push_s\x18\x05 \x01(\x01\x12\x0e\n\x06wait_s\x18\x06 \x01(\x01\x12\x10\n\x08\x65xamples\x18\x07 \x01(\x03\"\xbc\x01\n\rReportRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0cworker_index\x18\x02 \x01(\x05\x12&\n\x06pushes\x18\x03 \x03(\x0b\x32\x16.asyncps.pb.PushRecord\x12%\n\x05steps\x18\x04 \x03(\x0b\x32\x16.asyncps.pb.StepTiming\x12\r\n\x05\x66inal\x18\x05 \x01(\x08\x12\x17\n\x0f\x63ompleted_tasks\x18\x06 \x03(\x03\x12\x0b\n\x03seq\x18\x07 \x01(\x03\"-\n\x0bTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"l\n\tTaskReply\x12\x10\n\x08has_task\x18\x01 \x01(\x08\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0c\n\x04stop\x18\x05 \x01(\x03\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\"6\n\x0eReportResponse\x12$\n\x07\x63ommand\x18\x01 \x01(\x0e\x32\x13.asyncps.pb.Command\"\x0f\n\rStatusRequest\"\xa7\x03\n\rClusterStatus\x12\x0f\n\x07updates\x18\x01 \x01(\x03\x12\x15\n\rupdates_per_s\x18\x02 \x01(\x01\x12\x16\n\x0emean_staleness\x18\x03 \x01(\x01\x12\x15\n\rworkers_alive\x18\x04 \x01(\x05\x12\x11\n\teval_loss\x18\x05 \x01(\x01\x12\x15\n\reval_accuracy\x18\x06 \x01(\x01\x12\x14\n\x0c\x65val_version\x18\x07 \x01(\x03\x12\x13\n\x0bworker_loss\x18\x08 \x01(\x01\x12\x0c\n\x04\x64one\x18\t \x01(\x08\x12\x11\n\telapsed_s\x18\n \x01(\x01\x12\x0e\n\x06\x65pochs\x18\x0b \x01(\x01\x12\x15\n\rfraction_done\x18\x0c \x01(\x01\x12\x17\n\x0fworkers_planned\x18\r \x01(\x05\x12\x13\n\x0bstop_reason\x18\x0e \x01(\t\x12@\n\x0c\x65val_metrics\x18\x0f \x03(\x0b\x32*.asyncps.pb.ClusterStatus.EvalMetricsEntry\x1a\x32\n\x10\x45valMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"2\n\x0cStartRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\"v\n\nStartReply\x12\x10\n\x08released\x18\x01 \x01(\x08\x12$\n\x07\x63ommand\x18\x02 \x01(\x0e\x32\x13.asyncps.pb.Command\x12\r\n\x05ready\x18\x03 \x01(\x05\x12\x0f\n\x07planned\x18\x04 \x01(\x05\x12\x10\n\x08start_at\x18\x05 \x01(\x01*!\n\x07\x43ommand\x12\x0c\n\x08\x43ONTINUE\x10\x00\x12\x08\n\x04STOP\x10\x01\x32\x9c\x03\n\x0b\x43oordinator\x12\x45\n\x08Register\x12\x1b.asyncps.pb.RegisterRequest\x1a\x1c.asyncps.pb.RegisterResponse\x12H\n\tHeartbeat\x12\x1c.asyncps.pb.HeartbeatRequest\x1a\x1d.asyncps.pb.HeartbeatResponse\x12?\n\x06Report\x12\x19.asyncps.pb.ReportRequest\x1a\x1a.asyncps.pb.ReportResponse\x12\x39\n\x07GetTask\x12\x17.asyncps.pb.TaskRequest\x1a\x15.asyncps.pb.TaskReply\x12\x41\n\tGetStatus\x12\x19.asyncps.pb.StatusRequest\x1a\x19.asyncps.pb.ClusterStatus\x12=\n\tWaitStart\x12\x18.asyncps.pb.StartRequest\x1a\x16.asyncps.pb.StartReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -24,8 +24,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
   _globals['_CLUSTERSTATUS_EVALMETRICSENTRY']._options = None
   _globals['_CLUSTERSTATUS_EVALMETRICSENTRY']._serialized_options = b'8\001'
-  _globals['_COMMAND']._serialized_start=1840
-  _globals['_COMMAND']._serialized_end=1873
+  _globals['_COMMAND']._serialized_start=1936
+  _globals['_COMMAND']._serialized_end=1969
   _globals['_REGISTERREQUEST']._serialized_start=65
   _globals['_REGISTERREQUEST']._serialized_end=157
   _globals['_REGISTERRESPONSE']._serialized_start=159
@@ -35,27 +35,27 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_HEARTBEATRESPONSE']._serialized_start=329
   _globals['_HEARTBEATRESPONSE']._serialized_end=402
   _globals['_PUSHRECORD']._serialized_start=405
-  _globals['_PUSHRECORD']._serialized_end=691
-  _globals['_STEPTIMING']._serialized_start=693
-  _globals['_STEPTIMING']._serialized_end=819
-  _globals['_REPORTREQUEST']._serialized_start=822
-  _globals['_REPORTREQUEST']._serialized_end=1010
-  _globals['_TASKREQUEST']._serialized_start=1012
-  _globals['_TASKREQUEST']._serialized_end=1057
-  _globals['_TASKREPLY']._serialized_start=1059
-  _globals['_TASKREPLY']._serialized_end=1167
-  _globals['_REPORTRESPONSE']._serialized_start=1169
-  _globals['_REPORTRESPONSE']._serialized_end=1223
-  _globals['_STATUSREQUEST']._serialized_start=1225
-  _globals['_STATUSREQUEST']._serialized_end=1240
-  _globals['_CLUSTERSTATUS']._serialized_start=1243
-  _globals['_CLUSTERSTATUS']._serialized_end=1666
-  _globals['_CLUSTERSTATUS_EVALMETRICSENTRY']._serialized_start=1616
-  _globals['_CLUSTERSTATUS_EVALMETRICSENTRY']._serialized_end=1666
-  _globals['_STARTREQUEST']._serialized_start=1668
-  _globals['_STARTREQUEST']._serialized_end=1718
-  _globals['_STARTREPLY']._serialized_start=1720
-  _globals['_STARTREPLY']._serialized_end=1838
-  _globals['_COORDINATOR']._serialized_start=1876
-  _globals['_COORDINATOR']._serialized_end=2288
+  _globals['_PUSHRECORD']._serialized_end=787
+  _globals['_STEPTIMING']._serialized_start=789
+  _globals['_STEPTIMING']._serialized_end=915
+  _globals['_REPORTREQUEST']._serialized_start=918
+  _globals['_REPORTREQUEST']._serialized_end=1106
+  _globals['_TASKREQUEST']._serialized_start=1108
+  _globals['_TASKREQUEST']._serialized_end=1153
+  _globals['_TASKREPLY']._serialized_start=1155
+  _globals['_TASKREPLY']._serialized_end=1263
+  _globals['_REPORTRESPONSE']._serialized_start=1265
+  _globals['_REPORTRESPONSE']._serialized_end=1319
+  _globals['_STATUSREQUEST']._serialized_start=1321
+  _globals['_STATUSREQUEST']._serialized_end=1336
+  _globals['_CLUSTERSTATUS']._serialized_start=1339
+  _globals['_CLUSTERSTATUS']._serialized_end=1762
+  _globals['_CLUSTERSTATUS_EVALMETRICSENTRY']._serialized_start=1712
+  _globals['_CLUSTERSTATUS_EVALMETRICSENTRY']._serialized_end=1762
+  _globals['_STARTREQUEST']._serialized_start=1764
+  _globals['_STARTREQUEST']._serialized_end=1814
+  _globals['_STARTREPLY']._serialized_start=1816
+  _globals['_STARTREPLY']._serialized_end=1934
+  _globals['_COORDINATOR']._serialized_start=1972
+  _globals['_COORDINATOR']._serialized_end=2384
 # @@protoc_insertion_point(module_scope)

@@ -146,6 +146,10 @@ class PushRecord(google.protobuf.message.Message):
     LOCAL_STEPS_FIELD_NUMBER: builtins.int
     INCARNATION_FIELD_NUMBER: builtins.int
     SEQ_FIELD_NUMBER: builtins.int
+    ROWS_FIELD_NUMBER: builtins.int
+    ROW_STALENESS_MEAN_FIELD_NUMBER: builtins.int
+    ROW_STALENESS_P95_FIELD_NUMBER: builtins.int
+    ROW_STALENESS_MAX_FIELD_NUMBER: builtins.int
     wall_time: builtins.float
     shard: builtins.int
     base_version: builtins.int
@@ -169,6 +173,11 @@ class PushRecord(google.protobuf.message.Message):
     """The shard's answer number (PushResult.seq; 0 from older shards): pushes.csv against the shards'
     own count of answers, and which answers a restore took back.
     """
+    rows: builtins.int
+    """Per-row staleness over the rows the push's tables read by rows touched (PushResult.rows; rows 0: none)"""
+    row_staleness_mean: builtins.float
+    row_staleness_p95: builtins.float
+    row_staleness_max: builtins.int
     def __init__(
         self,
         *,
@@ -186,8 +195,12 @@ class PushRecord(google.protobuf.message.Message):
         local_steps: builtins.int = ...,
         incarnation: builtins.int = ...,
         seq: builtins.int = ...,
+        rows: builtins.int = ...,
+        row_staleness_mean: builtins.float = ...,
+        row_staleness_p95: builtins.float = ...,
+        row_staleness_max: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "incarnation", b"incarnation", "local_steps", b"local_steps", "loss", b"loss", "seq", b"seq", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "incarnation", b"incarnation", "local_steps", b"local_steps", "loss", b"loss", "row_staleness_max", b"row_staleness_max", "row_staleness_mean", b"row_staleness_mean", "row_staleness_p95", b"row_staleness_p95", "rows", b"rows", "seq", b"seq", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]) -> None: ...
 
 global___PushRecord = PushRecord
 

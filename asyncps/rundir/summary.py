@@ -219,6 +219,34 @@ class StalenessSummary:
                    count=f.integer("count"), histogram=f.counts("histogram", int_keys=True))
 
 
+
+@dataclass(frozen=True)
+class RowStalenessSummary:
+    """Per-row staleness of a run whose tables were read by rows (pushes.csv's row columns): over every
+    row a push touched, the updates it had received since its worker read it (mean, max), and the
+    distribution of each push's worst row."""
+
+    rows: int
+    mean: float
+    max: int
+    worst_per_push: StalenessSummary
+
+    @classmethod
+    def of(cls, rows: int, total: float, worst: Mapping[int, int]) -> RowStalenessSummary:
+        """From the rows measured, the sum of their staleness and a histogram of each push's worst row."""
+        return cls(rows, total / rows if rows else 0.0, max(worst, default=0), StalenessSummary.of(worst))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object."""
+        return {"rows": self.rows, "mean": self.mean, "max": self.max,
+                "worst_per_push": self.worst_per_push.to_dict()}
+
+    @classmethod
+    def read(cls, f: _Fields) -> RowStalenessSummary:
+        """Read back from summary.json's object."""
+        return cls(f.integer("rows"), f.number("mean"), f.integer("max"),
+                   StalenessSummary.read(f.obj("worst_per_push")))
+
 @dataclass(frozen=True)
 class FinalEval:
     """The evaluation at the end of the run, on the test set."""
@@ -294,6 +322,8 @@ class RunSummary:
     # the pushes after every planned worker's first push; absent in older run directories
     start: dict[str, Any] = field(default_factory=dict)
     staleness_steady: StalenessSummary | None = None
+    # per-row staleness when tables were read by rows (absent: none measured, or an older run directory)
+    row_staleness: RowStalenessSummary | None = None
     # the largest clock lead measured by the chief from pushes.csv (asyncps.rundir.clocklead), and
     # SSP reads the shards refused (the worker repeated the call), by why: deadline, no_slot
     measured_clock_lead: int | None = None  # None: written by a chief before it measured it
@@ -328,10 +358,12 @@ class RunSummary:
         data["data"] = dict(self.data)
         data["start"] = dict(self.start)
         data["staleness_steady"] = None if self.staleness_steady is None else self.staleness_steady.to_dict()
+        data["row_staleness"] = None if self.row_staleness is None else self.row_staleness.to_dict()
         data["reads_refused"] = dict(self.reads_refused)
         data["metrics"] = dict(self.metrics)
         data["provenance"] = None if self.provenance is None else self.provenance.to_dict()
-        for name in ("final_train_loss", "optimality_gap", "staleness_steady", "measured_clock_lead", "provenance"):
+        for name in ("final_train_loss", "optimality_gap", "staleness_steady", "row_staleness", "measured_clock_lead",
+                     "provenance"):
             if data[name] is None:
                 del data[name]
         return data
@@ -368,6 +400,8 @@ class RunSummary:
             reads_refused=f.counts("reads_refused", {}),
             staleness_steady=(StalenessSummary.read(f.obj("staleness_steady"))
                               if f.get("staleness_steady", None) is not None else None),
+            row_staleness=(RowStalenessSummary.read(f.obj("row_staleness"))
+                           if f.get("row_staleness", None) is not None else None),
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
             metrics=_named_numbers(f, "metrics"), provenance=_provenance(f),
         )

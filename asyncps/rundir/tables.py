@@ -122,6 +122,13 @@ class PushRow(CsvRow):
     # the shard's number of its answer (asyncps.ps.store.Answers; 0: none, an older shard or worker): an
     # answer numbered above the count a later restore went back to was taken back (added later)
     seq: int = 0
+    # per-row staleness (tables read by rows): the rows the push touched that carried their read clocks, and
+    # the updates each had received since it was read: mean, 95th percentile and max over them (0 rows: none
+    # measured; added later)
+    rows: int = 0
+    row_staleness_mean: float = field(default=0.0, metadata=_G6)
+    row_staleness_p95: float = field(default=0.0, metadata=_G6)
+    row_staleness_max: int = 0
 
 
 @dataclass(frozen=True)

@@ -97,9 +97,9 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     module (on `user_path`).
     Data: `dataset` (a spec or importable function; default `digits`), or arrays `x`, `y` with
     `validation_data=(x, y)` or a `validation_split` (the last fraction, like Keras); evaluations run on
-    the validation arrays. `x` of any shape per example, sent as float32; `y`: integer class ids [n] or
-    [n, 1] (classification), or targets of any shape per example (float regression targets, 0/1
-    multi-label matrices), whatever the loss takes.
+    the validation arrays. `x` of any shape per example, sent as float32 (integer arrays as int64 ids, exact);
+    `y`: integer class ids [n] or [n, 1] (classification), or targets of any shape per example (float
+    regression targets, 0/1 multi-label matrices), whatever the loss takes.
     `loss`: a spec or importable function; by default the loss the model was compiled with (its
     metrics too: the chief reports them, and accuracy only for class ids or when they name it), else
     `crossentropy` of logits over class ids.
@@ -182,9 +182,11 @@ def _split_arrays(dataset: Any, x: Any, y: Any, validation_data: tuple[Any, Any]
 
 
 def _features(x: Any, what: str) -> np.ndarray:
-    """The caller's inputs as float32 [n, ...] (no scaling: the model sees what Keras' fit would)."""
+    """The caller's inputs as float32 [n, ...], integers as int64 ids (float32 would round ids above 2**24 onto a
+    neighbour's); no scaling: the model sees what Keras' fit would."""
     try:
-        array = np.asarray(x, dtype=np.float32)
+        array = np.asarray(x)
+        array = array.astype(np.int64 if np.issubdtype(array.dtype, np.integer) else np.float32)
     except (TypeError, ValueError) as error:
         raise ValueError(f"asyncps.train: {what} is not a numeric array ({error})") from None
     if array.ndim < 2:

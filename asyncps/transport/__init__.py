@@ -38,7 +38,7 @@ seam sees a grpc.RpcError.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from asyncps.net.security import SecurityConfig
 from asyncps.placement import Placement
@@ -101,14 +101,15 @@ def connect_model(
     ride_restarts: bool = True,
     abort: threading.Event | None = None,
     registry: TransportRegistry = TRANSPORTS,
+    row_variables: Collection[str] = (),
 ) -> ModelClient:
     """A ModelClient over transports to every shard, in shard order (see connect_shard); a worker's
     client sends its index with every push, and a coordinated one (a sync run's worker) has shard 0
     decide each step for every shard. `ride_restarts`, `abort`: see connect_shard. The model's
     buffers come from the transport's registry entry when it provides them (Transport.model_buffers:
     shm's arena, which every shard on this host writes its values into, rows of sliced variables
-    included)."""
-    buffers = registry.model_buffers(transport, placement, len(addresses))
+    included; never the tables read by rows, `row_variables`: see ModelClient)."""
+    buffers = registry.model_buffers(transport, placement.without(row_variables), len(addresses))
     try:
         shards = [connect_shard(a, deadline_s, chunk_bytes, security, transport=transport, registry=registry,
                                 ride_restarts=ride_restarts, abort=abort, model_buffers=buffers) for a in addresses]
@@ -116,7 +117,7 @@ def connect_model(
         if buffers is not None:
             buffers.close()
         raise
-    return ModelClient(worker_id, shards, placement, worker_index, coordinated, buffers)
+    return ModelClient(worker_id, shards, placement, worker_index, coordinated, buffers, row_variables)
 
 
 __all__ = ["AUTO", "TRANSPORTS", "ClientSetup", "DataPath", "FramesDataPath", "GrpcShardControl",

@@ -5,7 +5,7 @@ Works over any ShardTransport; which one is decided by the caller (asyncps.trans
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -13,11 +13,11 @@ from typing import TypeVar
 import numpy as np
 
 from asyncps.errors import InvalidArgumentError, NonFiniteGradientError
-from asyncps.placement import Placement
+from asyncps.placement import Part, Placement
 from asyncps.rules.drops import DropReason
 from asyncps.rules.sync.client import WorkerStep, coordinated_step
 from asyncps.transport.base import ModelBuffers, ShardTransport
-from asyncps.wire.codec import Array, Gradient, SparseRows, aligned_zeros
+from asyncps.wire.codec import Array, Gradient, IndexArray, SparseRows, aligned_zeros
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
 
 T = TypeVar("T")
@@ -34,34 +34,75 @@ class ShardPush:
     waited_s: float = 0.0
 
 
+class _NamingRows:
+    """A shard's transport whose pulls always name its parts of the tables read by rows (no ids unless
+    the caller asks some), so such a part never comes whole, whoever calls (the sync protocol too)."""
+
+    def __init__(self, shard: ShardTransport, parts: Sequence[str]) -> None:
+        self._shard = shard
+        self._none = {name: np.zeros(0, dtype=np.int64) for name in parts}
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._shard, name)
+
+    def pull(self, worker_id: str, if_newer_than: int = -1, buffers: Mapping[str, Array] | None = None,
+             wait_timeout_s: float = 0.0, rows: Mapping[str, IndexArray] | None = None) -> ShardValues:
+        """The shard's pull, naming every table part."""
+        return self._shard.pull(worker_id, if_newer_than, buffers, wait_timeout_s, {**self._none, **(rows or {})})
+
+    def push_pull(self, request: PushRequest, pull_if_newer_than: int = -1,
+                  buffers: Mapping[str, Array] | None = None, read_wait_s: float = 0.0,
+                  rows: Mapping[str, IndexArray] | None = None) -> tuple[PushOutcome, ShardValues]:
+        """The shard's push_pull, naming every table part."""
+        return self._shard.push_pull(request, pull_if_newer_than, buffers, read_wait_s,
+                                     {**self._none, **(rows or {})})
+
+
 class ModelClient:
     """The whole model over all shards.
 
     Received parts are written straight into views of the full variable buffers (an axis-0 slice
     of a C-contiguous array is contiguous), so reassembling a sliced variable costs no copy.
+
+    Tables read by rows (`row_variables`) have no buffer: a pull or a push-pull given `rows` (ids of the
+    whole table, sorted and distinct) fetches exactly those rows from the shards that hold them, into
+    `rows` (SparseRows of the whole table's ids, with the clocks they were read at); such a table is
+    never pulled whole.
     """
 
     def __init__(self, worker_id: str, shards: Sequence[ShardTransport], placement: Placement,
                  worker_index: int | None = None, coordinated: bool = False,
-                 buffers: ModelBuffers | None = None) -> None:
+                 buffers: ModelBuffers | None = None, row_variables: Collection[str] = ()) -> None:
         if len(shards) != placement.num_shards:
             raise ValueError(f"{len(shards)} shard transports for a placement over {placement.num_shards}")
         self.worker_id = worker_id
         self.worker_index = worker_index  # sent with every push when known (staleness policies see it)
         self.placement = placement
-        self.shards = list(shards)
+        self.row_variables = frozenset(row_variables)
+        unknown = sorted(self.row_variables - {v.name for v in placement.variables})
+        if unknown:
+            raise ValueError(f"tables {unknown} are not variables of the placement")
+        self._row_parts: list[list[Part]] = [[p for p in placement.parts_on(s) if p.variable in self.row_variables]
+                                             for s in range(len(shards))]
+        self.shards: list[ShardTransport] = [
+            _NamingRows(shard, [p.name for p in parts]) if parts else shard  # type: ignore[misc]
+            for shard, parts in zip(shards, self._row_parts, strict=True)]
+        self.rows: dict[str, SparseRows] = {}  # the rows last read, by table
         # aligned, so that TensorFlow computes from them in place (asyncps.worker.trainer.make_grad_fn); in
         # the transport's buffers when it provided some (shm's arena, where the shards write them)
         self._buffers = buffers
         self.values: dict[str, Array] = {
             v.name: buffers.array(tuple(v.shape), np.dtype(v.dtype)) if buffers is not None
             else aligned_zeros(tuple(v.shape), v.dtype) for v in placement.variables
+            if v.name not in self.row_variables
         }
         self.versions = [-1] * placement.num_shards
         self.incarnations = [0] * placement.num_shards
         self._views: list[dict[str, Array]] = [{} for _ in shards]
         self._whole: list[dict[str, str]] = [{} for _ in shards]  # per shard: part name -> its whole variable
         for part in placement.parts:
+            if part.variable in self.row_variables:
+                continue
             full = self.values[part.variable]
             self._views[part.shard][part.name] = full[part.rows()] if part.sliced else full
             if not part.sliced:
@@ -114,14 +155,52 @@ class ModelClient:
             views[name] = array
             self.values[variable] = array
 
-    def pull(self, only_if_newer: bool = False) -> list[int]:
-        """Refresh every variable from every shard; return the version vector."""
-        def one(shard: int) -> None:
-            since = self.versions[shard] if only_if_newer else -1
-            self._accept(shard, self.shards[shard].pull(self.worker_id, since, self._views[shard]))
+    def pull(self, only_if_newer: bool = False, rows: Mapping[str, IndexArray] | None = None) -> list[int]:
+        """Refresh every variable from every shard (the tables: the `rows` asked, into self.rows); return
+        the version vector."""
+        asked = self._rows_by_shard(rows)
 
-        self._on_all(one)
+        def one(shard: int) -> ShardValues:
+            since = self.versions[shard] if only_if_newer else -1
+            reply = self.shards[shard].pull(self.worker_id, since, self._views[shard], rows=asked[shard])
+            self._accept(shard, reply)
+            return reply
+
+        self._take_rows(rows, self._on_all(one))
         return list(self.versions)
+
+    def _rows_by_shard(self, rows: Mapping[str, IndexArray] | None) -> list[dict[str, IndexArray] | None]:
+        """Ids of whole tables as ids of each shard's parts (None for a shard holding no table part)."""
+        out: list[dict[str, IndexArray] | None] = []
+        for parts in self._row_parts:
+            if not parts:
+                out.append(None)
+                continue
+            mine: dict[str, IndexArray] = {}
+            for part in parts:
+                ids = (rows or {}).get(part.variable)
+                if ids is None:
+                    mine[part.name] = np.zeros(0, dtype=np.int64)
+                    continue
+                lo, hi = np.searchsorted(ids, [part.row_start, part.row_stop])
+                mine[part.name] = ids[lo:hi] - part.row_start
+            out.append(mine)
+        return out
+
+    def _take_rows(self, rows: Mapping[str, IndexArray] | None, replies: Sequence[ShardValues]) -> None:
+        """Join the rows each shard served into rows of the whole tables (self.rows)."""
+        if rows is None:
+            return
+        for variable, ids in rows.items():
+            pieces = [(part, replies[part.shard].rows) for part in self.placement.parts_of(variable)]
+            got = [(part, served[part.name]) for part, served in pieces if served is not None and part.name in served]
+            if sum(r.indices.size for _, r in got) != ids.size:
+                raise InvalidArgumentError(f"{variable}: the shards served {sum(r.indices.size for _, r in got)} "
+                                           f"rows for {ids.size} asked")
+            values = np.concatenate([r.values for _, r in got]) if got else np.zeros((0,))
+            clocks = np.concatenate([r.clocks if r.clocks is not None else np.zeros(r.indices.size, np.int64)
+                                     for _, r in got]) if got else np.zeros(0, np.int64)
+            self.rows[variable] = SparseRows(np.asarray(ids, dtype=np.int64), values, clocks)
 
     def split(self, grads: Mapping[str, Gradient]) -> list[dict[str, Gradient]]:
         """Cut full-variable gradients into per-shard dicts of parts."""
@@ -136,7 +215,8 @@ class ModelClient:
                 mask = (grad.indices >= part.row_start) & (grad.indices < part.row_stop)
                 if mask.any():
                     per_shard[part.shard][part.name] = SparseRows(
-                        grad.indices[mask] - part.row_start, grad.values[mask])
+                        grad.indices[mask] - part.row_start, grad.values[mask],
+                        None if grad.clocks is None else grad.clocks[mask])
             else:
                 per_shard[part.shard][part.name] = grad[part.rows()]
         return per_shard
@@ -144,33 +224,44 @@ class ModelClient:
     def push_pull(
         self, grads: Mapping[str, Gradient], step: int, loss: float, read_wait_s: float = 0.0,
         base: Sequence[int] | None = None, incarnations: Sequence[int] | None = None,
+        rows: Mapping[str, IndexArray] | None = None,
     ) -> list[ShardPush]:
         """Push one step's gradient to every shard with the versions (and incarnations) it was
         computed from — by default the ones last received — and receive the new values in the
-        same round trip."""
+        same round trip (with the tables' `rows` asked, for the next step: into self.rows)."""
         per_shard = self.split(grads)
         base = list(self.versions if base is None else base)
         incarnations = list(self.incarnations if incarnations is None else incarnations)
         if self.coordinated and len(self.shards) > 1:
             return self._coordinated_step(per_shard, step, loss, read_wait_s, base, incarnations)
+        asked = self._rows_by_shard(rows)
+        replies: list[ShardValues | None] = [None] * len(self.shards)
 
         def one(shard: int) -> ShardPush:
             if not per_shard[shard]:  # nothing of this shard was touched (sparse-only models)
-                reply = self.shards[shard].pull(self.worker_id, base[shard], self._views[shard])
+                reply = self.shards[shard].pull(self.worker_id, base[shard], self._views[shard], rows=asked[shard])
                 self._accept(shard, reply)
+                replies[shard] = reply
                 return ShardPush(shard, None, reply.version)
             request = PushRequest(self.worker_id, base[shard], per_shard[shard], step, loss, incarnations[shard],
                                   worker_index=self.worker_index)
             try:
-                outcome, reply = self.shards[shard].push_pull(request, -1, self._views[shard], read_wait_s)
+                outcome, reply = self.shards[shard].push_pull(request, -1, self._views[shard], read_wait_s,
+                                                              rows=asked[shard])
             except NonFiniteGradientError as exc:
                 # the shard refused a NaN/Inf gradient: a dropped push of this step, not the end of the worker
                 return ShardPush(shard, PushOutcome(False, 0, base[shard], 0.0, DropReason.NONFINITE, exc.detail),
                                  base[shard])
             self._accept(shard, reply)
+            replies[shard] = reply
             return ShardPush(shard, outcome, reply.version, reply.waited_s)
 
-        return self._on_all(one)
+        pushed = self._on_all(one)
+        if rows is not None and all(r is not None for r in replies):
+            self._take_rows(rows, [r for r in replies if r is not None])
+        else:
+            self.rows = {}  # a refused push: the next step reads its rows again
+        return pushed
 
     def _coordinated_step(
         self, per_shard: list[dict[str, Gradient]], step: int, loss: float, read_wait_s: float,

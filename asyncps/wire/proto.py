@@ -168,11 +168,16 @@ def push_record(
     """The telemetry record of one push, as a worker reports it to the chief (`local_steps`: the
     steps of local SGD its model change carried; 1 for a gradient; `incarnation`: of the shard's
     state the push was sent to)."""
-    return coordinator_pb2.PushRecord(
+    record = coordinator_pb2.PushRecord(
         wall_time=wall_time, shard=shard, base_version=base_version, version=outcome.version,
         staleness=outcome.staleness, accepted=outcome.accepted, effective_lr=outcome.effective_lr, loss=loss,
         step=step, drop=drop_to_wire(outcome.drop), drop_detail=outcome.detail, local_steps=local_steps,
         incarnation=incarnation, seq=outcome.seq)
+    rows = outcome.rows
+    if rows is not None:  # per-row staleness (tables read by rows)
+        record.rows, record.row_staleness_mean, record.row_staleness_p95 = rows.rows, rows.mean, rows.p95
+        record.row_staleness_max = rows.max
+    return record
 
 
 def stats_to_proto(stats: StoreStats) -> ps_pb2.ShardStats:

@@ -1,0 +1,264 @@
+"""Tables read by rows: a worker computes on the rows its batch touches, never on a whole table.
+
+A Keras `Embedding` reads its table through a gather, so a step needs only the rows of the ids in its
+batch. For every such layer (whatever feeds it: the model's input or ids the model computes), the
+worker builds the user's model without making its tables (variables left uninitialized), and clones
+it with each Embedding replaced by a `LocalRows` layer of the same name: a local table of `capacity`
+rows (the most distinct ids one batch can hold) and the sorted ids of the rows it holds, which maps
+each id to its local row by a binary search inside the computation. Per step (`RowStep`): the ids the
+batch looks up are computed (straight from the input when the layer reads it, else by the model's
+prefix), the shards serve exactly those rows, the gradient comes back as rows of the local table and
+is pushed as rows of the whole table, with the clocks the rows were read at (per-row staleness).
+
+The variables keep their paths, so placement, checkpoints and the chief see the whole tables: a
+table's spec is its full shape (`SparseModel.specs`), its rows partitioned over the shards like any
+large variable. Models this cannot clone (subclassed ones) train with their tables pulled whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from asyncps.placement import VariableSpec
+from asyncps.rules.initializers import RowInit
+from asyncps.wire.codec import Array, Gradient, IndexArray, SparseRows, aligned_zeros
+
+log = logging.getLogger(__name__)
+
+#: Pads a LocalRows' sorted ids past the rows it holds (no id of a batch reaches it).
+PAD_ID = np.iinfo(np.int64).max
+
+
+@keras.saving.register_keras_serializable(package="asyncps")
+class LocalRows(keras.layers.Layer):  # type: ignore[misc]  # keras is untyped
+    """An Embedding that holds only some rows of its table: `capacity` rows and their ids (sorted, padded
+    with PAD_ID), which the worker sets for each batch. Looks up ids of the whole table."""
+
+    def __init__(self, capacity: int, output_dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.capacity = capacity
+        self.output_dim = output_dim
+
+    def build(self, input_shape: Any) -> None:
+        """The local table (trainable: its gradient is the step's) and its row ids (state the worker sets)."""
+        self.embeddings = self.add_weight(shape=(self.capacity, self.output_dim), initializer="zeros",
+                                          name="embeddings")
+        self.row_ids = self.add_weight(shape=(self.capacity,), initializer="zeros", dtype="int64",
+                                       trainable=False, name="row_ids")
+
+    def call(self, inputs: Any) -> Any:
+        """Rows of the ids `inputs` (any shape): each id's position among the held ids, then a gather."""
+        ids = tf.cast(inputs, tf.int64)
+        flat = tf.reshape(ids, [1, -1])
+        local = tf.searchsorted(tf.reshape(self.row_ids, [1, -1]), flat, side="left")
+        # an id the rows held do not have (only before the worker set them: tracing) reads the last row
+        local = tf.minimum(local, self.capacity - 1)
+        rows = tf.gather(self.embeddings, tf.reshape(local, [-1]))
+        return tf.reshape(rows, tf.concat([tf.shape(ids), [self.output_dim]], axis=0))
+
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        """The input's shape and one more axis of output_dim."""
+        return (*tuple(input_shape), self.output_dim)
+
+    def get_config(self) -> dict[str, Any]:
+        """Capacity and output_dim beside the base config."""
+        return {**super().get_config(), "capacity": self.capacity, "output_dim": self.output_dim}
+
+
+@dataclass(frozen=True)
+class RowTable:
+    """One table read by rows: its variable's path, whole shape and dtype, the local table's capacity,
+    how the shards can make it (None: from the values the chief sends) and where its ids come from."""
+
+    variable: str
+    shape: tuple[int, ...]
+    dtype: str
+    capacity: int
+    init: RowInit | None
+    layer: str
+
+
+class SparseModel:
+    """The user's model with its tables read by rows (see the module's docstring)."""
+
+    def __init__(self, model: Any, tables: Sequence[RowTable], ids_fn: Callable[[Array], list[Array]]) -> None:
+        self.model = model
+        self.tables = tuple(tables)
+        self._ids_fn = ids_fn
+        by_layer = {layer.name: layer for layer in _layers(model)}
+        self._row_ids = [by_layer[t.layer].row_ids for t in self.tables]
+
+    def specs(self) -> list[VariableSpec]:
+        """Every trainable variable as placement must see it: tables at their whole shape."""
+        whole = {t.variable: t for t in self.tables}
+        return [VariableSpec(v.path, whole[v.path].shape if v.path in whole else tuple(v.shape),
+                             whole[v.path].dtype if v.path in whole else str(v.dtype))
+                for v in self.model.trainable_variables]
+
+    def batch_ids(self, x: Array) -> dict[str, IndexArray]:
+        """The distinct ids (sorted) each table's rows a batch looks up; ValueError for an id outside a table
+        or more distinct ids than its capacity."""
+        out: dict[str, IndexArray] = {}
+        for table, ids in zip(self.tables, self._ids_fn(x), strict=True):
+            unique = np.unique(np.asarray(ids, dtype=np.int64))
+            if unique.size and (unique[0] < 0 or unique[-1] >= table.shape[0]):
+                raise ValueError(f"{table.variable}: ids must lie in [0, {table.shape[0]}), got "
+                                 f"{int(unique[0])}..{int(unique[-1])}")
+            if unique.size > table.capacity:
+                raise ValueError(f"{table.variable}: {unique.size} distinct ids in one batch, more than the "
+                                 f"{table.capacity} rows its local table holds (a larger batch than the run's?)")
+            out[table.variable] = unique
+        return out
+
+    def step(self, rows: Mapping[str, SparseRows]) -> RowStep:
+        """One step over the rows served for a batch: the local tables and row ids filled."""
+        return RowStep(self, rows)
+
+
+class RowStep:
+    """The local state of one step: each table's local rows (padded to capacity), and the mapping of the
+    gradient back to rows of the whole table with the clocks they were read at."""
+
+    def __init__(self, sparse: SparseModel, rows: Mapping[str, SparseRows]) -> None:
+        self._sparse = sparse
+        self._rows = rows
+        self.tables: dict[str, Array] = {}
+        for table, row_ids in zip(sparse.tables, sparse._row_ids, strict=True):
+            read = rows[table.variable]
+            local = aligned_zeros((table.capacity, *table.shape[1:]), table.dtype)
+            local[:read.indices.size] = read.values
+            ids = np.full(table.capacity, PAD_ID, dtype=np.int64)
+            ids[:read.indices.size] = read.indices
+            row_ids.assign(ids)
+            self.tables[table.variable] = local
+
+    def whole(self, name: str, grad: Gradient) -> Gradient:
+        """A gradient of the local table as rows of the whole table (others unchanged)."""
+        read = self._rows.get(name)
+        if read is None or not isinstance(grad, SparseRows):
+            return grad
+        held = grad.indices < read.indices.size  # a padded row is never looked up; kept out all the same
+        local = grad.indices[held]
+        clocks = read.clocks[local] if read.clocks is not None else None
+        return SparseRows(read.indices[local], grad.values[held], clocks)
+
+
+def _layers(model: Any) -> list[Any]:
+    """Every layer of a model, nested models' included."""
+    out = []
+    for layer in model.layers:
+        out.append(layer)
+        if hasattr(layer, "layers"):
+            out.extend(_layers(layer))
+    return out
+
+
+def _row_init(layer: Any, seed: int) -> RowInit | None:
+    """The row initializer of an Embedding's table (None: one the shards cannot make)."""
+    init = layer.embeddings_initializer
+    config = init.get_config() if hasattr(init, "get_config") else {}
+    own = config.get("seed")
+    # an unseeded initializer: a seed of the run's, one per layer (every process derives the same)
+    seed = int(own) if isinstance(own, int) else int.from_bytes(
+        hashlib.sha256(f"{seed}/{layer.name}".encode()).digest()[:4], "big")
+    kind = type(init).__name__
+    if kind == "RandomUniform":
+        return RowInit.parse(f"uniform:min={config['minval']},max={config['maxval']},seed={seed}")
+    if kind in ("RandomNormal", "TruncatedNormal"):
+        name = "normal" if kind == "RandomNormal" else "truncated_normal"
+        return RowInit.parse(f"{name}:mean={config['mean']},stddev={config['stddev']},seed={seed}")
+    if kind == "Zeros":
+        return RowInit.parse("zeros")
+    if kind == "Constant":
+        return RowInit.parse(f"constant:value={float(config['value'])}")
+    return None
+
+
+def _capacity(layer: Any, batch_size: int) -> int:
+    """The most distinct ids one batch can look up in a layer: its ids per example times the batch size,
+    at most the table's rows."""
+    shape = tuple(layer.input.shape[1:])
+    if any(d is None for d in shape):
+        raise _Unsupported(f"{layer.name} looks up a variable number of ids per example {shape}")
+    return int(min(layer.input_dim, batch_size * math.prod(shape)))
+
+
+class _Unsupported(Exception):
+    """Why a model's tables cannot be read by rows."""
+
+
+def plan(model: Any, batch_size: int, seed: int = 0) -> SparseModel | None:
+    """The model with its Embedding tables read by rows, or None when it has no Embedding; a model it
+    cannot clone (subclassed, an Embedding with mask_zero, several inputs) is logged and None too."""
+    embeddings = [layer for layer in _layers(model) if type(layer) is keras.layers.Embedding]
+    if not embeddings:
+        return None
+    try:
+        return _clone(model, embeddings, batch_size, seed)
+    except _Unsupported as why:
+        log.info("tables pulled whole: %s", why)
+        return None
+
+
+def _clone(model: Any, embeddings: list[Any], batch_size: int, seed: int) -> SparseModel:
+    if len(model.inputs or []) != 1 or any(layer.mask_zero for layer in embeddings):
+        raise _Unsupported("asyncps reads tables by rows for one-input models without mask_zero Embeddings")
+    capacity = {layer.name: _capacity(layer, batch_size) for layer in embeddings}
+    tables = [RowTable(layer.embeddings.path, (layer.input_dim, layer.output_dim), str(layer.embeddings.dtype),
+                       capacity[layer.name], _row_init(layer, seed), layer.name) for layer in embeddings]
+    direct = [layer.input is model.inputs[0] for layer in embeddings]
+
+    def replace(layer: Any) -> Any:
+        if layer.name in capacity:
+            return LocalRows(capacity[layer.name], layer.output_dim, name=layer.name, dtype=layer.dtype_policy)
+        return layer.__class__.from_config(layer.get_config())
+
+    try:
+        clone = keras.models.clone_model(model, clone_function=replace)
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        raise _Unsupported(f"the model cannot be cloned ({type(exc).__name__}: {exc})") from None
+    paths = {v.path for v in clone.trainable_variables}
+    if any(t.variable not in paths for t in tables):
+        raise _Unsupported("the clone's table variables do not keep their paths")
+    prefix = None if all(direct) else keras.Model(clone.inputs, [clone.get_layer(t.layer).input for t in tables])
+
+    def ids_fn(x: Array) -> list[Array]:
+        if prefix is None:
+            return [np.asarray(x)] * len(tables)
+        out = prefix([x], training=False)
+        return [np.asarray(t) for t in (out if isinstance(out, (list, tuple)) else [out])]
+
+    return SparseModel(clone, tables, ids_fn)
+
+
+def build_deferred(build: Callable[[], Any]) -> Any:
+    """The model `build` makes, its variables left uninitialized (no memory for its tables): initialize
+    the ones kept with `initialize`, or drop the model."""
+    from keras.src.backend.common import global_state  # the collection StatelessScope initializes from
+
+    before = list(global_state.get_global_attribute("uninitialized_variables") or [])
+    with keras.StatelessScope(initialize_variables=False):
+        model = build()
+    # the scope registered the model's variables to be made at the next scope's exit (Keras' stateless
+    # calls enter one every step): forget them, so a table is never made behind the worker's back
+    global_state.set_global_attribute("uninitialized_variables", before)
+    return model
+
+
+def initialize(model: Any) -> None:
+    """Make every variable of a model built by build_deferred."""
+    for variable in model.variables:
+        if variable._value is None:
+            variable._deferred_initialize()
+
+
+__all__ = ["PAD_ID", "LocalRows", "RowStep", "RowTable", "SparseModel", "build_deferred", "initialize", "plan"]
