@@ -30,7 +30,7 @@ def test_a_table_read_by_rows_trains_moving_only_the_rows_each_step_touches(tmp_
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = RunSummary.from_json(RunDir(run_dir).summary.read_text())
     assert summary.final_eval.accuracy > 0.6, summary.final_eval
-    pushes = list(iter_rows(PushRow, RunDir(run_dir).pushes))
+    pushes = list(iter_rows(RunDir(run_dir).pushes, PushRow))
     steps = max(1, len({(p.worker, p.step) for p in pushes}))
     # the chief pulls the model whole for its evaluations (at most two here: the first and the final)
     per_step = (sum(s.bytes_pulled for s in summary.shards) - 2 * TABLE_BYTES) / steps
