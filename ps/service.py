@@ -12,13 +12,13 @@ import dataclasses
 import threading
 from collections.abc import Iterator, Mapping
 
-from asyncps.ps.store import MAX_ROWS_PER_READ, ShardStore
+from asyncps.ps.store import ShardStore
 
-from asyncps.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from asyncps.errors import InvalidArgumentError, UnavailableError
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.initializers import TableSpec
 from asyncps.rules.sync.types import Decisions, Held
-from asyncps.wire.codec import Array, IndexArray, check_row_ids
+from asyncps.wire.codec import Array, IndexArray
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 
 # Blocking waits (sync steps, SSP gates, long polls) allowed at once; a server must have more
@@ -117,19 +117,10 @@ class ShardService:
         return outcome, dataclasses.replace(values, waited_s=waited)
 
     def check_rows(self, rows: Mapping[str, IndexArray]) -> None:
-        """The rows a push-pull reads, checked as the store's read will (NotFoundError for a part this shard
-        does not hold, InvalidArgumentError for bad ids), so that a refused read leaves its push unapplied."""
-        stats = self.store.stats()
-        if not stats.initialized:
-            return  # the push refuses first (FAILED_PRECONDITION)
-        shapes = {name: shape for name, _, shape in stats.variables}
-        for name, ids in rows.items():
-            shape = shapes.get(name)
-            if shape is None:
-                raise NotFoundError(f"rows asked of unknown variable {name!r} on shard {self.shard_index}")
-            if not shape:
-                raise InvalidArgumentError(f"{name}: a scalar has no rows to read")
-            check_row_ids(name, ids, shape[0], MAX_ROWS_PER_READ)
+        """The rows a push-pull reads, checked as the store's read will (ShardStore.check_rows) before its push,
+        so that a refused read leaves its push unapplied; an uninitialized shard: the push refuses first."""
+        if self.store.rule is not None:
+            self.store.check_rows(rows)
 
     def _wait_readable(self, request: PushRequest, read_wait_s: float) -> float:
         """Wait (with a waiting slot, up to read_wait_s) until the worker may read; the seconds

@@ -53,7 +53,7 @@ from asyncps.rules.initializers import TableSpec
 from asyncps.rules.optimizers import Optimizer, make_optimizer
 from asyncps.rules.policies import PushContext, StalenessPolicy
 from asyncps.rules.sync.types import Ballot, Decisions, Held, Resolution
-from asyncps.wire.codec import Array, Gradient, IndexArray, SparseRows, all_finite, coalesce_rows
+from asyncps.wire.codec import Array, Gradient, IndexArray, SparseRows, all_finite, check_row_ids, coalesce_rows
 from asyncps.wire.shard import DropReason, PushOutcome, RowStaleness, ShardValues, Snapshot, StoreStats
 
 #: The most rows one request may read of one part (a reply of 2^20 rows of 64 float32 is 256 MiB).
@@ -311,8 +311,7 @@ class ShardStore:
         self._require_initialized()
         assert self._policy is not None
         rows = dict(rows or {})
-        for name, ids in rows.items():
-            self._validate_row_ids(name, ids)
+        self.check_rows(rows)
         if if_newer_than >= 0 and not rows:
             with self._version_cond:
                 if self._version <= if_newer_than:
@@ -337,20 +336,18 @@ class ShardStore:
                 self._reads.keep(worker_id, self._version, keep)
             return ShardValues(self._version, self._incarnation, values, decisions=decisions, rows=read)
 
-    def _validate_row_ids(self, name: str, ids: IndexArray) -> None:
-        var = self._vars.get(name)
-        if var is None:
-            raise NotFoundError(f"rows asked of unknown variable {name!r} on shard {self.shard_index}")
-        if var.value.ndim == 0:
-            raise InvalidArgumentError(f"{name}: a scalar has no rows to read")
-        if ids.ndim != 1 or ids.dtype != np.int64:
-            raise InvalidArgumentError(f"{name}: row ids must be int64 [k], got {ids.dtype} {list(ids.shape)}")
-        if ids.size > MAX_ROWS_PER_READ:
-            raise InvalidArgumentError(f"{name}: {ids.size} rows asked at once, at most {MAX_ROWS_PER_READ}")
-        if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
-            raise InvalidArgumentError(f"{name}: row ids must be strictly increasing (sorted, no duplicates)")
-        if ids.size and (ids[0] < 0 or ids[-1] >= var.value.shape[0]):
-            raise InvalidArgumentError(f"{name}: row ids must lie in [0, {var.value.shape[0]})")
+    def check_rows(self, rows: Mapping[str, IndexArray]) -> None:
+        """The rows a read asks, checked as `pull` checks them (NotFoundError for a part this shard does
+        not hold, InvalidArgumentError for ids that break asyncps.wire.codec.check_row_ids): a push-pull
+        checks its read's rows before its push, so a refused read leaves the push unapplied."""
+        self._require_initialized()
+        for name, ids in rows.items():
+            var = self._vars.get(name)
+            if var is None:
+                raise NotFoundError(f"rows asked of unknown variable {name!r} on shard {self.shard_index}")
+            if var.value.ndim == 0:
+                raise InvalidArgumentError(f"{name}: a scalar has no rows to read")
+            check_row_ids(name, ids, var.value.shape[0], MAX_ROWS_PER_READ)
 
     @staticmethod
     def _read_rows(var: _Variable, ids: IndexArray) -> SparseRows:

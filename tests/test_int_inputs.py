@@ -40,7 +40,7 @@ def through_train_arrays(x: Any, tmp_path: Path) -> Dataset:
     y = np.zeros(len(x), dtype=np.int64)
     arrays = _split_arrays(None, x, y, (x, y), 0.0)
     assert arrays is not None
-    path = tmp_path / "input-data.npz"
+    path = tmp_path / "ids.npz"
     np.savez(path, x_train=arrays[0], y_train=arrays[1], x_test=arrays[2], y_test=arrays[3])
     return load_dataset(f"npz:{path}")
 

@@ -39,7 +39,7 @@ class FakeClient:
         return self.versions
 
     def push_pull(self, grads: object, step: int, loss: float, read_wait_s: float, base: list[int],
-                  incarnations: object) -> list[ShardPush]:
+                  incarnations: object, rows: object = None) -> list[ShardPush]:
         self.pushed.append(step)
         return [ShardPush(s, PushOutcome(True, 0, v + 1, 0.1), v + 1) for s, v in enumerate(base)]
 

@@ -8,7 +8,7 @@ did) is wired once for both.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncps.worker.chieflink import ChiefLink
 from asyncps.worker.local import local_model
@@ -16,12 +16,14 @@ from asyncps.worker.trainer import GradFn, TaskBatches, Telemetry, Trainer, make
 
 from asyncps.config import RunConfig
 from asyncps.ml.datasets import Dataset
-from asyncps.ml.sparse import SparseModel
 from asyncps.ml.task import make_loss
 from asyncps.net.security import SecurityConfig
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.placement import VariableSpec, place
 from asyncps.transport import ModelClient, connect_model
+
+if TYPE_CHECKING:
+    from asyncps.ml.sparse import SparseModel
 
 
 def connect_worker(worker_id: str, reg: cpb.RegisterResponse, model: Any, run: RunConfig,
