@@ -311,7 +311,7 @@ class ShardStore:
         self._require_initialized()
         assert self._policy is not None
         rows = dict(rows or {})
-        self.check_rows(rows)
+        self._check_rows(rows)
         if if_newer_than >= 0 and not rows:
             with self._version_cond:
                 if self._version <= if_newer_than:
@@ -341,6 +341,9 @@ class ShardStore:
         not hold, InvalidArgumentError for ids that break asyncps.wire.codec.check_row_ids): a push-pull
         checks its read's rows before its push, so a refused read leaves the push unapplied."""
         self._require_initialized()
+        self._check_rows(rows)
+
+    def _check_rows(self, rows: Mapping[str, IndexArray]) -> None:
         for name, ids in rows.items():
             var = self._vars.get(name)
             if var is None:
