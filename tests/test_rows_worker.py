@@ -91,7 +91,8 @@ def train(model: Any, sparse: Any, values: dict[str, Array], shards: int, optimi
     tables = [t.variable for t in sparse.tables] if sparse is not None else []
     client = ModelClient("w", paths, placement, row_variables=tables)  # type: ignore[arg-type]
     names = [v.path for v in model.trainable_variables]
-    trainer = Trainer(client, names, make_grad_fn(model, loss_fn), BatchStream(x, y, 16, seed=1),
+    trainer = Trainer(client, names, make_grad_fn(model, loss_fn, fed=sparse.fed if sparse else ()),
+                      BatchStream(x, y, 16, seed=1),
                       StepDelay(NoDelay()), Telemetry(), sparse=sparse)
     trainer.run(threading.Event(), max_steps=steps)
     out = {}

@@ -42,9 +42,9 @@ def connect_worker(worker_id: str, reg: cpb.RegisterResponse, model: Any, run: R
                          row_variables=[t.variable for t in sparse.tables] if sparse is not None else ())
 
 
-def run_grad_fn(run: RunConfig, model: Any) -> GradFn:
+def run_grad_fn(run: RunConfig, model: Any, sparse: SparseModel | None = None) -> GradFn:
     """The gradient function of the run's loss for `model` (one per process: logical workers share it)."""
-    return make_grad_fn(model, make_loss(run.loss, model))
+    return make_grad_fn(model, make_loss(run.loss, model), fed=sparse.fed if sparse is not None else ())
 
 
 def build_trainer(run: RunConfig, link: ChiefLink, reg: cpb.RegisterResponse, client: ModelClient, *,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncps.worker.build import build_trainer, connect_worker, run_grad_fn
 from asyncps.worker.chieflink import ChiefLink
@@ -34,8 +34,11 @@ from asyncps.ml.datasets import Dataset
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.procenv import freeze_heap
-from asyncps.runmodel import build_run_model
+from asyncps.runmodel import build_worker_model
 from asyncps.transport.coordinator import CoordinatorClient
+
+if TYPE_CHECKING:
+    from asyncps.ml.sparse import SparseModel
 
 log = logging.getLogger("asyncps.worker")
 
@@ -100,15 +103,15 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
                stop: threading.Event) -> int:
     """Load the data and the model once, run every logical worker in its thread, report, exit code."""
     limit_threads(run.tf_threads)
-    data, model = build_run_model(run)
-    grad_fn = run_grad_fn(run, model)
+    data, model, sparse = build_worker_model(run)
+    grad_fn = run_grad_fn(run, model, sparse)
     freeze_heap()  # set up: later collections skip TensorFlow's objects
     go = threading.Event()
     def run_and_report(w: LogicalWorker) -> None:
         # Each logical worker reports its end as soon as it stops, as a worker process does: a sync
         # quorum waiting for it shrinks at once instead of when its process's last thread is done.
         try:
-            _run_one(config, coord, w, run, data, model, grad_fn, stop, go)
+            _run_one(config, coord, w, run, data, model, grad_fn, stop, go, sparse)
         finally:
             _final_report(coord, w)
 
@@ -135,11 +138,12 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
 
 
 def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, run: RunConfig, data: Dataset,
-             model: Any, grad_fn: GradFn, stop: threading.Event, go: threading.Event) -> None:
+             model: Any, grad_fn: GradFn, stop: threading.Event, go: threading.Event,
+             sparse: SparseModel | None = None) -> None:
     """One logical worker's life: connect, warm up, pull, wait for the release, train."""
     client = None
     try:
-        client = connect_worker(w.link.worker_id, w.reg, model, run, config.security, stop)
+        client = connect_worker(w.link.worker_id, w.reg, model, run, config.security, stop, sparse)
         warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size)
         if run.start_barrier:  # the values at the release: every planned worker's first gradient reads them
             client.pull()
@@ -148,7 +152,7 @@ def _run_one(config: WorkerConfig, coord: CoordinatorClient, w: LogicalWorker, r
             if stop.is_set():
                 return
         trainer = build_trainer(run, w.link, w.reg, client, model=model, data=data, grad_fn=grad_fn,
-                                telemetry=w.telemetry, steps_done=w.steps_done)
+                                telemetry=w.telemetry, steps_done=w.steps_done, sparse=sparse)
         try:
             trainer.run(stop, config.max_steps, pulled=run.start_barrier)
         finally:

@@ -66,7 +66,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     data, model, sparse = build_worker_model(run)
     client = connect_worker(link.worker_id, reg, model, run, config.security, stop, sparse)
     log.info("injected delays: %s", run.step_delay(reg.index).describe())
-    grad_fn = run_grad_fn(run, model)
+    grad_fn = run_grad_fn(run, model, sparse)
     log.info("warm-up gradient (traces the function): %.2fs",
              warm_up(grad_fn, model, data.x_train, data.y_train, run.batch_size))
     freeze_heap()  # set up: later collections skip TensorFlow's objects

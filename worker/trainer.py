@@ -156,7 +156,13 @@ class _Prepended:
         return self._source.next_batch(stop, wait)
 
 
-GradFn = Callable[[list[Array], Array, Array], tuple[float, list[Gradient]]]
+class GradFn(Protocol):
+    """(loss, gradients) of a model at `values` on one batch; `fed`: the values of the non-trainable
+    variables make_grad_fn was told to take per call (a local table's row ids), in its order."""
+
+    def __call__(self, values: list[Array], x: Array, y: Array, fed: Sequence[Array] = ()
+                 ) -> tuple[float, list[Gradient]]:
+        """(loss, gradients)."""
 
 
 def shared_input(value: Array) -> Any:
@@ -172,7 +178,7 @@ def shared_input(value: Array) -> Any:
         return value
 
 
-def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any]) -> GradFn:
+def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any], fed: Sequence[Any] = ()) -> GradFn:
     """A tf.function that computes (loss, gradients) of the model at the given values.
 
     The pulled values go straight into the computation through Keras' stateless call: no
@@ -188,34 +194,44 @@ def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any]) -> GradFn:
     of TensorFlow's results (`.numpy()` copies them again). Sharing is safe because a worker never
     writes its values while it computes from them (the exchange follows the gradient; a pipelined
     worker computes from a private copy).
+
+    `fed`: non-trainable variables whose values each call passes (`run(..., fed=[...])`; their current
+    values when it passes none) and that are never assigned: the row ids of a local table
+    (asyncps.ml.sparse), so that threads sharing the model (logical workers) each compute from their own.
     """
     import tensorflow as tf
 
     non_trainable = list(model.non_trainable_variables)
+    fed_vars = list(fed)
+    fed_paths = [v.path for v in fed_vars]
+    position = {path: i for i, path in enumerate(fed_paths)}
 
     @tf.function(reduce_retracing=True)  # type: ignore[untyped-decorator]
-    def step(values: list[Any], x: Any, y: Any) -> tuple[Any, list[Any]]:
+    def step(values: list[Any], fed_values: list[Any], x: Any, y: Any) -> tuple[Any, list[Any]]:
+        state = [fed_values[position[v.path]] if v.path in position else v.value for v in non_trainable]
         with tf.GradientTape() as tape:
             tape.watch(values)
-            logits, new_state = model.stateless_call(values, [v.value for v in non_trainable], x, training=True)
+            logits, new_state = model.stateless_call(values, state, x, training=True)
             loss = loss_fn(logits, y)
         for var, value in zip(non_trainable, new_state, strict=True):
-            var.assign(value)
+            if var.path not in position:
+                var.assign(value)
         return loss, tape.gradient(loss, values)
 
     # One concrete function per kind of batch (dtypes and trailing shapes; any batch size): calling it
     # skips the polymorphic function's per-call signature matching (measured: 0.38 -> 0.16 ms a call).
     concrete: dict[tuple[Any, ...], Any] = {}
 
-    def run(values: list[Array], x: Array, y: Array) -> tuple[float, list[Gradient]]:
+    def run(values: list[Array], x: Array, y: Array, fed: Sequence[Array] = ()) -> tuple[float, list[Gradient]]:
         x, y = np.asarray(x), np.asarray(y)
+        given = list(fed) or [np.asarray(v.value) for v in fed_vars]
         key = (x.dtype, x.shape[1:], y.dtype, y.shape[1:], *(v.shape for v in values))
         fn = concrete.get(key)
         if fn is None:
             fn = concrete[key] = step.get_concrete_function(
-                [tf.TensorSpec(v.shape, v.dtype) for v in values],
+                [tf.TensorSpec(v.shape, v.dtype) for v in values], [tf.TensorSpec(v.shape, v.dtype) for v in given],
                 tf.TensorSpec((None, *x.shape[1:]), x.dtype), tf.TensorSpec((None, *y.shape[1:]), y.dtype))
-        loss, grads = fn([shared_input(v) for v in values], x, y)
+        loss, grads = fn([shared_input(v) for v in values], given, x, y)
         out: list[Gradient] = []
         for g in grads:
             if isinstance(g, tf.IndexedSlices):
@@ -327,12 +343,12 @@ class Trainer:
                 return
             pull_s = self.run_step(batch, pull_s)
 
-    def _compute(self, batch: Batch, values: list[Array], then_push: bool = True
+    def _compute(self, batch: Batch, values: list[Array], then_push: bool = True, fed: Sequence[Array] = ()
                  ) -> tuple[float, list[Gradient], float, float]:
-        """Gradients of one batch at `values` (with the injected delays; the round trip's latency when
-        `then_push`); (loss, grads, start, computed)."""
+        """Gradients of one batch at `values` (`fed`: the local tables' row ids; with the injected delays;
+        the round trip's latency when `then_push`); (loss, grads, start, computed)."""
         start = time.time()
-        loss, grads = self._grad_fn(values, batch.x, batch.y)
+        loss, grads = self._grad_fn(values, batch.x, batch.y, fed)
         extra = self._delay.extra_compute_s(time.time() - start)
         if extra > 0:
             self._sleep(extra)
@@ -453,7 +469,7 @@ class Trainer:
             pull_s += time.time() - started
         local = sparse.step(self._client.rows)
         values = [local.tables[n] if n in local.tables else self._client.values[n] for n in self._names]
-        loss, grads, start, computed = self._compute(batch, values)
+        loss, grads, start, computed = self._compute(batch, values, fed=local.fed)
         grads = [local.whole(n, g) for n, g in zip(self._names, grads, strict=True)]
         self._peeked = self._batches.next_batch(self._stop, wait=False)
         following = sparse.batch_ids(self._peeked.x) if self._peeked is not None else None

@@ -95,7 +95,8 @@ class SparseModel:
         self.tables = tuple(tables)
         self._ids_fn = ids_fn
         by_layer = {layer.name: layer for layer in _layers(model)}
-        self._row_ids = [by_layer[t.layer].row_ids for t in self.tables]
+        #: the local tables' row ids: non-trainable variables each step feeds (worker.trainer.make_grad_fn)
+        self.fed = [by_layer[t.layer].row_ids for t in self.tables]
 
     def specs(self) -> list[VariableSpec]:
         """Every trainable variable as placement must see it: tables at their whole shape."""
@@ -132,13 +133,14 @@ class RowStep:
         self._sparse = sparse
         self._rows = rows
         self.tables: dict[str, Array] = {}
-        for table, row_ids in zip(sparse.tables, sparse._row_ids, strict=True):
+        self.fed: list[Array] = []  # each table's row ids, in SparseModel.fed's order
+        for table in sparse.tables:
             read = rows[table.variable]
             local = aligned_zeros((table.capacity, *table.shape[1:]), table.dtype)
             local[:read.indices.size] = read.values
             ids = np.full(table.capacity, PAD_ID, dtype=np.int64)
             ids[:read.indices.size] = read.indices
-            row_ids.assign(ids)
+            self.fed.append(ids)
             self.tables[table.variable] = local
 
     def whole(self, name: str, grad: Gradient) -> Gradient:
