@@ -152,3 +152,30 @@ def test_a_batch_with_an_id_outside_the_table_is_a_clear_error() -> None:
     assert sparse is not None
     with pytest.raises(ValueError, match=r"ids must lie in \[0, 50\)"):
         sparse.batch_ids(np.array([[1, 2, 3, 50]], dtype=np.int64))
+
+
+def test_a_saved_model_s_nested_table_is_read_by_rows_too(tmp_path: Any) -> None:
+    """asyncps.train hands a saved model over (`keras:PATH`), wrapped for flat features: the table sits in a
+    nested model, and is read by rows all the same."""
+    path = tmp_path / "user.keras"
+    ids_model(300).save(path)
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 300, size=(64, 4)).astype(np.int64)
+    y = rng.integers(0, 2, size=64).astype(np.int64)
+    whole_model = build_model(f"keras:{path}", 4, 2)
+    start = {v.path: np.array(v.numpy()) for v in whole_model.trainable_variables}
+    sparse = plan(build_deferred(lambda: build_model(f"keras:{path}", 4, 2)), batch_size=16)
+    assert sparse is not None and len(sparse.tables) == 1
+    by_rows, _ = train(sparse.model, sparse, start, 2, "adam", x, y)
+    whole, _ = train(whole_model, None, start, 2, "adam", x, y)
+    for name in whole:
+        np.testing.assert_allclose(by_rows[name], whole[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_sequential_model_s_table_is_read_by_rows() -> None:
+    model = keras.Sequential([keras.Input((3,), dtype="int64"), keras.layers.Embedding(40, 4, name="seq_table"),
+                              keras.layers.Flatten(), keras.layers.Dense(2)], name="seq")
+    sparse = plan(model, batch_size=8)
+    assert sparse is not None and sparse.tables[0].capacity == 24
+    assert sparse.batch_ids(np.array([[1, 5, 5], [39, 0, 1]], dtype=np.int64))["seq/seq_table/embeddings"].tolist() == [
+        0, 1, 5, 39]

@@ -217,29 +217,51 @@ def _clone(model: Any, embeddings: list[Any], batch_size: int, seed: int) -> Spa
     capacity = {layer.name: _capacity(layer, batch_size) for layer in embeddings}
     tables = [RowTable(layer.embeddings.path, (layer.input_dim, layer.output_dim), str(layer.embeddings.dtype),
                        capacity[layer.name], _row_init(layer, seed), layer.name) for layer in embeddings]
-    direct = [layer.input is model.inputs[0] for layer in embeddings]
 
     def replace(layer: Any) -> Any:
         if layer.name in capacity:
             return LocalRows(capacity[layer.name], layer.output_dim, name=layer.name, dtype=layer.dtype_policy)
         return layer.__class__.from_config(layer.get_config())
 
-    try:
-        clone = keras.models.clone_model(model, clone_function=replace)
+    try:  # nested functional and sequential models (a saved model's wrapper) are cloned the same way
+        clone = keras.models.clone_model(model, clone_function=replace, recursive=True)
     except (ValueError, TypeError, NotImplementedError) as exc:
         raise _Unsupported(f"the model cannot be cloned ({type(exc).__name__}: {exc})") from None
     paths = {v.path for v in clone.trainable_variables}
-    if any(t.variable not in paths for t in tables):
-        raise _Unsupported("the clone's table variables do not keep their paths")
-    prefix = None if all(direct) else keras.Model(clone.inputs, [clone.get_layer(t.layer).input for t in tables])
+    by_layer = {layer.name: layer for layer in _layers(clone)}
+    if any(t.variable not in paths or not isinstance(by_layer.get(t.layer), LocalRows) for t in tables):
+        raise _Unsupported("the clone's tables do not keep their layers' names and paths")
+    try:
+        finders = [_ids_of(clone, by_layer[t.layer]) for t in tables]
+    except ValueError as exc:  # a layer's input not reachable as a function of the model's input
+        raise _Unsupported(f"the ids a table looks up cannot be computed from the model's input ({exc})") from None
 
     def ids_fn(x: Array) -> list[Array]:
-        if prefix is None:
-            return [np.asarray(x)] * len(tables)
-        out = prefix([x], training=False)
-        return [np.asarray(t) for t in (out if isinstance(out, (list, tuple)) else [out])]
+        return [np.asarray(find(x)) for find in finders]
 
     return SparseModel(clone, tables, ids_fn)
+
+
+def _ids_of(model: Any, target: Any) -> Callable[[Any], Any]:
+    """A function of the model's input giving the ids `target` (a layer of the model, maybe in a nested
+    model) looks up: the input itself when the layer reads it, else the model's prefix up to the layer."""
+    if target in model.layers:
+        return _prefix(model, target)
+    inner = next(layer for layer in model.layers if hasattr(layer, "layers") and target in _layers(layer))
+    outer, rest = _prefix(model, inner), _ids_of(inner, target)
+    return lambda x: rest(outer(x))
+
+
+def _prefix(model: Any, layer: Any) -> Callable[[Any], Any]:
+    """The model's input → `layer`'s input (the identity when the layer reads the model's input)."""
+    nodes = [node for node in layer._inbound_nodes if node.operation is layer]
+    if len(nodes) != 1 or len(nodes[0].input_tensors) != 1:
+        raise _Unsupported(f"{layer.name} is called {len(nodes)} times or on several inputs")
+    tensor = nodes[0].input_tensors[0]  # in this model's graph (a nested model's `.input` is in its own)
+    if tensor is model.inputs[0]:
+        return lambda x: x
+    prefix = keras.Model(model.inputs, tensor)
+    return lambda x: prefix([x], training=False)
 
 
 def build_deferred(build: Callable[[], Any]) -> Any:
