@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pkglayout import modules
 
 ROLES = ("asyncps.ps", "asyncps.worker", "asyncps.chief")
-TOOLS = ("asyncps.tools", "benchmarks", "scripts")
+TOOLS = ("asyncps.tools", "asyncps.__main__", "benchmarks", "scripts")
 BARE_ROLE_NAMES = ("ps", "worker", "chief")
 
 # The floors inside the core, bottom up: a module imports its own floor and those below, never one

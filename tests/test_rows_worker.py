@@ -179,3 +179,14 @@ def test_a_sequential_model_s_table_is_read_by_rows() -> None:
     assert sparse is not None and sparse.tables[0].capacity == 24
     assert sparse.batch_ids(np.array([[1, 5, 5], [39, 0, 1]], dtype=np.int64))["seq/seq_table/embeddings"].tolist() == [
         0, 1, 5, 39]
+
+
+def test_a_model_that_cannot_be_built_without_its_tables_is_built_with_them(tmp_path: Any) -> None:
+    """A saved model compiled with its optimizer makes variables from values when loaded, which Keras refuses
+    without making them: it is built as usual, and its tables are read by rows all the same."""
+    path = tmp_path / "compiled.keras"
+    model = ids_model(100)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.save(path)
+    sparse = plan(build_deferred(lambda: build_model(f"keras:{path}", 4, 2)), batch_size=8)
+    assert sparse is not None and sparse.tables[0].shape == (100, 8)

@@ -59,6 +59,7 @@ def test_in_memory_model_and_arrays(tmp_path: Path, num_ps: int, compiled: bool)
     result = asyncps.train(model=model, x=x, y=y, validation_data=(x_val, y_val), num_workers=2, num_ps=num_ps,
                            epochs=3, optimizer="adam", learning_rate=0.01, run_dir=tmp_path / "run")
     trained = result.model
+    assert trained is model, "the model handed in is trained in place, as model.fit trains it"
     assert isinstance(trained, keras.Model) and trained.name == "digits_net"
     assert trained.input_shape == (None, 8, 8)  # the caller's model, not the flat-input wrapper
     assert any(not np.allclose(a, b) for a, b in zip(initial, trained.get_weights(), strict=True))
@@ -67,6 +68,11 @@ def test_in_memory_model_and_arrays(tmp_path: Path, num_ps: int, compiled: bool)
     assert accuracy(trained, x_val, y_val) == pytest.approx(result.summary.final_eval.accuracy, abs=0.005)
     assert result.history and result.history[-1].accuracy == pytest.approx(result.summary.final_eval.accuracy,
                                                                            abs=1e-6)
+    history = result.history.history  # as Keras' History.history: one entry per evaluation
+    assert set(history) >= {"loss", "val_loss", "val_accuracy", "updates", "elapsed_s"}
+    assert len(history["val_loss"]) == len(result.history) == len(history["loss"])
+    assert history["val_accuracy"][-1] == result.history[-1].accuracy
+    assert np.isfinite(history["loss"][-1]) and history["updates"] == sorted(history["updates"])
     assert bool(trained.compiled) == compiled  # compiled as the caller compiled it
 
 

@@ -266,16 +266,23 @@ def _prefix(model: Any, layer: Any) -> Callable[[Any], Any]:
 
 def build_deferred(build: Callable[[], Any]) -> Any:
     """The model `build` makes, its variables left uninitialized (no memory for its tables): initialize
-    the ones kept with `initialize`, or drop the model."""
+    the ones kept with `initialize`, or drop the model. A builder that cannot run so (one that makes a
+    variable from a value, e.g. a saved model compiled with its optimizer) builds as usual, tables made."""
     from keras.src.backend.common import global_state  # the collection StatelessScope initializes from
 
     before = list(global_state.get_global_attribute("uninitialized_variables") or [])
-    with keras.StatelessScope(initialize_variables=False):
-        model = build()
-    # the scope registered the model's variables to be made at the next scope's exit (Keras' stateless
-    # calls enter one every step): forget them, so a table is never made behind the worker's back
-    global_state.set_global_attribute("uninitialized_variables", before)
-    return model
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            return build()
+    except ValueError as exc:
+        if "stateless scope" not in str(exc):
+            raise
+        log.info("the model is built with its tables made: %s", str(exc).splitlines()[0])
+    finally:
+        # the scope registered the model's variables to be made at the next scope's exit (Keras' stateless
+        # calls enter one every step): forget them, so a table is never made behind the worker's back
+        global_state.set_global_attribute("uninitialized_variables", before)
+    return build()
 
 
 def initialize(model: Any) -> None:

@@ -3,9 +3,9 @@
     import asyncps
     result = asyncps.train(model=keras_model, x=x_train, y=y_train, validation_data=(x_test, y_test),
                            num_workers=2, num_ps=1, epochs=5)
-    result.model            # the trained keras.Model
+    result.model            # the trained keras.Model: keras_model itself, trained in place
     result.summary          # the RunSummary (summary.json)
-    result.history          # the evaluations (eval.csv rows)
+    result.history.history  # like Keras' History: val_loss, val_accuracy, loss, ... per evaluation
 
 A model object (or a builder that cannot travel by name: a lambda, a function in `__main__` or a
 notebook) is saved into the run directory as a .keras file that every process loads (`keras:PATH`);
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from asyncps.config import RunConfig, coerce_settings
 from asyncps.ml.specs import KERAS_PREFIX, NPZ_PREFIX
 from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, call_with_accepted, is_function_spec, user_path_from_env
 from asyncps.ps.main import PsConfig, run_ps
-from asyncps.rundir import EvalRow, RunDir, RunSummary, read_rows
+from asyncps.rundir import EvalRow, PushRow, RunDir, RunSummary, iter_rows, read_rows
 from asyncps.tools.local import LocalCluster, default_run_dir, run_local
 from asyncps.worker.config import WorkerConfig
 from asyncps.worker.main import run_worker
@@ -57,6 +58,26 @@ def spec_of(target: str | Callable[..., Any], what: str) -> str:
     return f"{module}:{name}"
 
 
+class History(list[EvalRow]):
+    """The run's evaluations on the validation data (eval.csv's rows, oldest first), and like Keras'
+    `History`: `.history`, a dict of lists with one entry per evaluation — `val_loss`, `val_accuracy`
+    (NaN when the task measures none), `loss` (the workers' mean training loss over the pushes since the
+    evaluation before), `updates` (applied) and `elapsed_s` (training time) — and `.epoch`, their numbers."""
+
+    def __init__(self, rows: list[EvalRow], pushes: Iterable[PushRow] = ()) -> None:
+        super().__init__(rows)
+        losses = sorted((p.wall_time, p.loss) for p in pushes if p.accepted)
+        train, start = [], float("-inf")
+        for row in rows:
+            window = [loss for at, loss in losses if start < at <= row.wall_time and np.isfinite(loss)]
+            train.append(float(np.mean(window)) if window else float("nan"))
+            start = row.wall_time
+        self.history: dict[str, list[float]] = {
+            "loss": train, "val_loss": [r.loss for r in rows], "val_accuracy": [r.accuracy for r in rows],
+            "updates": [float(r.updates) for r in rows], "elapsed_s": [r.elapsed_s for r in rows]}
+        self.epoch = list(range(len(rows)))
+
+
 @dataclass(frozen=True)
 class TrainResult:
     """What `train` returns: the trained Keras model, the run's summary and its evaluation history.
@@ -68,7 +89,8 @@ class TrainResult:
 
     model: Any  # keras.Model: the caller's architecture (compiled as the caller compiled it) with the final weights
     summary: RunSummary
-    history: list[EvalRow] = field(default_factory=list)  # eval.csv: one row per evaluation on the test set
+    # eval.csv's rows, one per evaluation on the validation data, with Keras' `.history` dict (History)
+    history: History = field(default_factory=lambda: History([]))
     run_dir: Path | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -85,11 +107,12 @@ ModelArg = Any
 def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = None, *,
           x: Any = None, y: Any = None, validation_data: tuple[Any, Any] | None = None,
           validation_split: float = 0.0, loss: str | Callable[..., Any] | None = None,
-          run_dir: str | Path | None = None, user_path: Iterable[str] = (), progress: bool = False,
+          run_dir: str | Path | None = None, user_path: Iterable[str] = (), progress: bool | None = None,
           secure: bool = False, **settings: Any) -> TrainResult:
     """Train on a local cluster to completion; return the trained model, the summary and the history.
 
-    `model`: a keras.Model (compiled or not; its weights are the start), a builder function, or a
+    `model`: a keras.Model (compiled or not; its weights are the start, and it is trained in place, as
+    `model.fit` trains it: afterwards its weights are the run's final ones), a builder function, or a
     spec (`mlp`, `keras:PATH.keras`, `package.module:function`). A builder importable by name travels
     by name; a lambda or one defined in `__main__`/a notebook is called once here (with those of
     `input_shape`, `num_classes`, `seed` it takes) and its model saved like a model object. Custom
@@ -104,7 +127,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     metrics too: the chief reports them, and accuracy only for class ids or when they name it), else
     `crossentropy` of logits over class ids.
     `settings` are RunConfig fields (`num_workers=2`, `num_ps=1`, `epochs=5`, `optimizer="adam"`, ...).
-    `user_path`: directories every process (this one too) imports user code from. Raises ValueError
+    `user_path`: directories every process (this one too) imports user code from. `progress`: a live
+    progress display (default: where a person watches, a terminal or a notebook). Raises ValueError
     for bad inputs (before any process starts), TrainingFailed when the run ends without a summary or
     with a failed chief.
     """
@@ -132,12 +156,27 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     fields = {"model": model_spec, "dataset": dataset_spec, "loss": loss_spec, **settings}
     run = RunConfig.from_layers(coerce_settings(fields, "asyncps.train"))
     env = {USER_PATH_ENV: os.pathsep.join(dict.fromkeys(dirs))} if dirs else None
-    code = run_local(run, where, progress=progress, env=env, secure=secure)
+    shown = progress if progress is not None else _watched()
+    code = run_local(run, where, progress=shown, env=env, secure=secure)
     if code != 0 or not files.summary.exists():
         raise TrainingFailed(f"asyncps.train: the chief exited with {code}; logs in {files.logs}"
                              + _last_error(files.log("chief")))
-    return TrainResult(model=_trained_model(files, saved is not None), summary=RunSummary.load(where),
-                       history=read_rows(files.evals, EvalRow), run_dir=where)
+    into = model if saved is not None and _is_keras_model(model) else None
+    history = History(read_rows(files.evals, EvalRow), iter_rows(files.pushes, PushRow))
+    return TrainResult(model=_trained_model(files, saved is not None, into), summary=RunSummary.load(where),
+                       history=history, run_dir=where)
+
+
+def _watched() -> bool:
+    """Whether a person watches this process's output: a terminal, or a notebook's kernel."""
+    return sys.stdout.isatty() or "ipykernel" in sys.modules
+
+
+def _is_keras_model(model: Any) -> bool:
+    """Whether `model` is a keras.Model object (not a spec or a builder)."""
+    import keras
+
+    return isinstance(model, keras.Model)
 
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -316,9 +355,10 @@ def _warn_logits_mismatch(model: Any, loss_spec: str) -> None:
         logging.getLogger("asyncps.train").warning("%s", mismatch)
 
 
-def _trained_model(files: RunDir, from_object: bool) -> Any:
-    """The trained model: the caller's own model (reloaded, compiled as it was) with the weights of the
-    chief's final export; for a spec, the exported model itself (it takes flat features)."""
+def _trained_model(files: RunDir, from_object: bool, into: Any = None) -> Any:
+    """The trained model: the caller's own model object `into` with the weights of the chief's final export
+    (trained in place), else (a builder's model) that model reloaded, compiled as it was, with them; for a
+    spec, the exported model itself (it takes flat features)."""
     import keras
 
     from asyncps.ml.models import import_registered_modules
@@ -330,7 +370,7 @@ def _trained_model(files: RunDir, from_object: bool) -> Any:
     exported = keras.saving.load_model(files.exported_model, compile=False)
     if not from_object:
         return exported
-    model = keras.saving.load_model(files.input_model)
+    model = into if into is not None else keras.saving.load_model(files.input_model)
     trained = exported.trainable_variables
     # the export wraps the caller's model behind a flat input, which adds no variables: same order
     if [tuple(v.shape) for v in trained] != [tuple(v.shape) for v in model.trainable_variables]:
