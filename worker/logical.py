@@ -31,6 +31,7 @@ from asyncps.config import RunConfig
 from asyncps.errors import Unreachable
 from asyncps.identity import new_worker_id
 from asyncps.ml.datasets import Dataset
+from asyncps.ml.models import seed_random_state
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.procenv import freeze_heap
@@ -104,6 +105,7 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
     """Load the data and the model once, run every logical worker in its thread, report, exit code."""
     limit_threads(run.tf_threads)
     data, model, sparse = build_worker_model(run)
+    seed_random_state(model, run.seed, workers[0].reg.index)  # one model, its generators shared by the threads
     grad_fn = run_grad_fn(run, model, sparse)
     freeze_heap()  # set up: later collections skip TensorFlow's objects
     go = threading.Event()

@@ -17,6 +17,7 @@ from asyncps.worker.trainer import Telemetry
 from asyncps.config import RunConfig
 from asyncps.errors import Unreachable
 from asyncps.identity import new_worker_id
+from asyncps.ml.models import seed_random_state
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.procenv import freeze_heap
@@ -64,6 +65,7 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     """Build the model and data, train until stopped, send the final report; return the exit code."""
     limit_threads(run.tf_threads)
     data, model, sparse = build_worker_model(run)
+    seed_random_state(model, run.seed, reg.index)  # dropout masks of its own, reproducibly
     client = connect_worker(link.worker_id, reg, model, run, config.security, stop, sparse)
     log.info("injected delays: %s", run.step_delay(reg.index).describe())
     grad_fn = run_grad_fn(run, model, sparse)

@@ -13,6 +13,7 @@ import zipfile
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 # the model specs accepted by build_model (mlp:H1,H2,... picks hidden sizes) are checked there
@@ -198,13 +199,33 @@ def import_registered_modules(path: str) -> list[str]:
     return sorted(modules)
 
 
+#: The name Keras gives a random generator's state variable (keras.random.SeedGenerator).
+RANDOM_STATE_NAME = "seed_generator_state"
+
+
+def is_random_state(variable: Any) -> bool:
+    """Whether a variable is a random generator's state (Dropout's): local to each worker, never on a shard."""
+    return bool(variable.path.split("/")[-1] == RANDOM_STATE_NAME)
+
+
+def seed_random_state(model: Any, seed: int, worker: int) -> int:
+    """Seed every random generator of `model` from the run's seed and the worker's index, so each worker
+    draws its own dropout masks and a run is reproducible; the number of generators seeded."""
+    generators = [v for v in model.non_trainable_variables if is_random_state(v)]
+    for i, variable in enumerate(generators):
+        mixed = (seed * 1_000_003 + worker * 7919 + i) % (2**32 - 1)
+        variable.assign(np.array([mixed, 0], dtype=variable.dtype))
+    return len(generators)
+
+
 def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_shape: tuple[int, ...]) -> keras.Model:
     """`user` behind an input of flat features of its own input dtype (float32, or integer ids kept exact),
     reshaped to `input_shape`; checks its state.
 
-    Its whole state must be trainable: the shards hold only what workers push gradients for, so
-    non-trainable state such as BatchNormalization's moving statistics would silently differ between
-    processes. Variable paths must be unique: the shards key variables by path.
+    Its whole state must be trainable, but for random generators' state (Dropout's, noise layers'), which
+    is each worker's own (seeded per worker: seed_random_state): the shards hold only what workers push
+    gradients for, so other non-trainable state such as BatchNormalization's moving statistics would
+    silently differ between processes. Variable paths must be unique: the shards key variables by path.
     """
     inputs = keras.Input(shape=(num_features,), dtype=_input_dtype(user), name="features")
     x = inputs if input_shape == (num_features,) else keras.layers.Reshape(input_shape, name="to_input")(inputs)
@@ -216,7 +237,7 @@ def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_sha
     if len(model.outputs) != 1:
         raise ValueError(f"model {spec!r} has {len(model.outputs)} outputs; asyncps trains models with one output "
                          "(join the heads with keras.layers.Concatenate, and their labels into one array)")
-    state = [v.path for v in model.non_trainable_variables]
+    state = [v.path for v in model.non_trainable_variables if not is_random_state(v)]
     if state:
         raise ValueError(
             f"model {spec!r} has non-trainable state {state[:4]}{' ...' if len(state) > 4 else ''}: asyncps keeps "
