@@ -9,11 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_API = ("train", "TrainResult", "TrainingFailed")
+_API = ("train", "TrainResult", "TrainingFailed", "RunDiverged")
 
 
 def __getattr__(name: str) -> Any:
-    """`asyncps.train` and `asyncps.TrainingFailed`, loaded lazily from asyncps.tools.api."""
+    """`asyncps.train`, `asyncps.TrainingFailed` and `asyncps.RunDiverged`, loaded lazily from asyncps.tools.api."""
     if name in _API:
         return getattr(importlib.import_module("asyncps.tools.api"), name)
     raise AttributeError(f"module 'asyncps' has no attribute {name!r}")
