@@ -389,7 +389,8 @@ class Chief:
     def _write_summary(self, final: tuple[float, float]) -> None:
         write_summary(self.config.run_dir, final, self.clock.wall_s(), self.progress,
                       self.recorder, self.run, len(self.config.ps), self.model.data, self.membership.stop_reason,
-                      self.ledger, self.model.evaluator, self.gate.describe(), self.provenance, self.verdict)
+                      self.ledger, self.model.evaluator, self.gate.describe(), self.provenance, self.verdict,
+                      self.checkpointer.failed)
 
 
 def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None,

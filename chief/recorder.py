@@ -396,7 +396,8 @@ def write_hparams(writer: Any, run: RunConfig) -> None:
 def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: Progress, recorder: Recorder,
                   run: RunConfig, num_ps: int, data: Dataset, stop_reason: str | None, ledger: TaskLedger,
                   evaluator: Evaluator, start: dict[str, Any] | None = None,
-                  provenance: Provenance | None = None, verdict: Verdict | None = None) -> None:
+                  provenance: Provenance | None = None, verdict: Verdict | None = None,
+                  checkpoints_failed: int = 0) -> None:
     """summary.json: the run's outcome (with the final training loss where the optimum is known); `verdict`:
     why it did not end as trained (diverged, no worker alive), None when it did."""
     histogram, _, examples, _ = recorder.snapshot()
@@ -450,4 +451,5 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         outcome=verdict.outcome if verdict is not None else "interrupted" if stop_reason == INTERRUPTED else "finished",
         verdict=verdict.reason if verdict is not None else None,
         nonfinite_steps=recorder.nonfinite().steps,
+        checkpoints_failed=checkpoints_failed,
     ).save(run_dir)

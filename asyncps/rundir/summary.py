@@ -12,7 +12,7 @@ reads as None (not measured: the tools measure it from timeline.csv then), and s
 (the versions, host and commit a chief ran with, in both files, asyncps.rundir.provenance). `final_train_loss` and
 `optimality_gap` exist only for datasets with a known optimum and are left out of the file
 otherwise (None here). `outcome` and `verdict` (how the run ended, and why not as trained) read as None
-when absent, `nonfinite_steps` as 0.
+when absent, `nonfinite_steps` and `checkpoints_failed` as 0.
 """
 
 from __future__ import annotations
@@ -340,6 +340,7 @@ class RunSummary:
     outcome: str | None = None
     verdict: str | None = None
     nonfinite_steps: int = 0
+    checkpoints_failed: int = 0  # checkpoints the storage refused (disk full, read-only); the run went on
 
     @property
     def diverged(self) -> bool:
@@ -416,7 +417,7 @@ class RunSummary:
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
             metrics=_named_numbers(f, "metrics"), provenance=_provenance(f),
             outcome=_absent_or_text(f, "outcome"), verdict=_absent_or_text(f, "verdict"),
-            nonfinite_steps=f.integer("nonfinite_steps", 0),
+            nonfinite_steps=f.integer("nonfinite_steps", 0), checkpoints_failed=f.integer("checkpoints_failed", 0),
         )
 
     @classmethod

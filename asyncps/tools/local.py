@@ -390,7 +390,8 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
             print(f"asyncps local: {cluster.last_words(cluster.chief, 'exited with status {code}')}", file=sys.stderr)
     if RunDir(run_dir).summary.exists():
         s = RunSummary.load(run_dir)
-        skipped = f", {s.nonfinite_steps} non-finite steps skipped" if s.nonfinite_steps else ""
+        skipped = (f", {s.nonfinite_steps} non-finite steps skipped" if s.nonfinite_steps else "") + (
+            f", {s.checkpoints_failed} checkpoint(s) not written (see logs/chief.log)" if s.checkpoints_failed else "")
         print(f"done: {s.updates_applied} updates in {s.wall_s:.1f}s ({s.throughput_updates_per_s:.1f}/s), "
               f"{final_eval_text(s)}, mean staleness {s.staleness.mean:.2f}{skipped}")
         if s.verdict:
