@@ -181,6 +181,8 @@ class CheckpointDir:
             raise
         for old in self.complete()[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+        for torn in self.root.glob("ckpt-*.tmp"):  # a chief killed mid-write (one chief writes: ChiefLock)
+            shutil.rmtree(torn, ignore_errors=True)
         return final
 
     def _write(self, number: int, tmp: Path, values: dict[str, Array], slots: dict[str, dict[str, Array]],

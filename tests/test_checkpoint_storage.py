@@ -93,6 +93,17 @@ def test_a_read_only_checkpoint_directory_refuses_the_write_and_keeps_the_last_o
     assert save(ckpt, 3).name == "ckpt-00000003" and ckpt.latest().number == 3  # type: ignore[union-attr]
 
 
+def test_a_write_torn_by_a_kill_is_never_loaded_and_is_removed_by_the_next_checkpoint(tmp_path: Path) -> None:
+    ckpt = CheckpointDir(tmp_path / "checkpoints")
+    save(ckpt, 1)
+    torn = ckpt.names.staging(2)  # what a chief killed during its fsync leaves: arrays cut short, no manifest
+    torn.mkdir()
+    (torn / "model.npz").write_bytes(b"PK\x03\x04 cut short")
+    assert ckpt.latest().number == 1 and ckpt.last_number() == 1  # type: ignore[union-attr]
+    save(ckpt, 3)
+    assert sorted(p.name for p in ckpt.root.iterdir()) == ["ckpt-00000001", "ckpt-00000003"]
+
+
 def complete(run_dir: Path) -> list[str]:
     return [p.name for p in CheckpointDir(RunDir(run_dir).checkpoints).complete()]
 
