@@ -363,6 +363,5 @@ def _last_error(log: Path) -> str:
 
 
 __all__ = ["ChiefConfig", "LocalCluster", "PsConfig", "RunConfig", "RunDiverged", "RunSummary", "TrainResult",
-           "TrainingFailed",
-           "WorkerConfig",
+           "TrainingFailed", "WorkerConfig",
            "run_chief", "run_local", "run_ps", "run_worker", "spec_of", "train"]
