@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from asyncps.chief.checkpoint import CheckpointDir
 
-from asyncps.rundir import RunDir, RunSummary
+from asyncps.rundir import CheckpointNames, RunDir, RunSummary
 from tests.test_chief_restart import REPO_ROOT, finish, role_pid, start_local
 from tests.test_cut_survives import wait_for
 
@@ -98,7 +98,7 @@ def test_a_write_torn_by_a_kill_is_never_loaded_and_is_removed_by_the_next_check
     save(ckpt, 1)
     torn = ckpt.names.staging(2)  # what a chief killed during its fsync leaves: arrays cut short, no manifest
     torn.mkdir()
-    (torn / "model.npz").write_bytes(b"PK\x03\x04 cut short")
+    CheckpointNames.arrays(torn).write_bytes(b"PK\x03\x04 cut short")
     assert ckpt.latest().number == 1 and ckpt.last_number() == 1  # type: ignore[union-attr]
     save(ckpt, 3)
     assert sorted(p.name for p in ckpt.root.iterdir()) == ["ckpt-00000001", "ckpt-00000003"]
