@@ -11,19 +11,19 @@ import importlib
 from importlib import metadata
 from typing import Any
 
-_API = ("train", "TrainResult", "TrainingFailed", "History")
+_API = ("train", "TrainResult", "TrainingFailed", "RunDiverged", "History")
 
 try:
     __version__ = metadata.version("asyncps")
 except metadata.PackageNotFoundError:  # a checkout on the path, not installed
     __version__ = "0+unknown"
 
-__all__ = ["History", "TrainResult", "TrainingFailed", "__version__", "train"]
+__all__ = ["History", "RunDiverged", "TrainResult", "TrainingFailed", "__version__", "train"]
 
 
 def __getattr__(name: str) -> Any:
-    """`asyncps.train`, `asyncps.TrainResult`, `asyncps.History` and `asyncps.TrainingFailed`, loaded lazily
-    from asyncps.tools.api."""
+    """`asyncps.train`, `asyncps.TrainResult`, `asyncps.History`, `asyncps.TrainingFailed` and
+    `asyncps.RunDiverged`, loaded lazily from asyncps.tools.api."""
     if name in _API:
         return getattr(importlib.import_module("asyncps.tools.api"), name)
     raise AttributeError(f"module 'asyncps' has no attribute {name!r}")

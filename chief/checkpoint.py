@@ -2,6 +2,8 @@
 
 A checkpoint is written into `ckpt-NNNNNNNN.tmp/`, every file fsynced, then the directory is
 renamed to `ckpt-NNNNNNNN/` and its parent fsynced: a reader sees a complete checkpoint or none.
+A write that fails (the disk full, the directory read-only) raises its OSError after removing what
+it staged (where it can): the complete checkpoints before it stay the latest.
 Variables are stored whole (slices reassembled), so a checkpoint restores into any number of
 shards (resharding) through the placement module.
 """
@@ -167,10 +169,26 @@ class CheckpointDir:
 
     def save(self, number: int, values: dict[str, Array], slots: dict[str, dict[str, Array]],
              manifest: dict[str, Any], policy_state: dict[str, dict[str, Array]] | None = None) -> Path:
-        """Write checkpoint `number` atomically and prune old ones; return its path."""
+        """Write checkpoint `number` atomically and prune old ones; return its path. An OSError (no space,
+        a read-only directory) leaves no trace of it but what the storage refused to remove (a `.tmp`
+        directory, never read as a checkpoint)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        final = self.names.final(number)
         tmp = self.names.staging(number)
+        try:
+            final = self._write(number, tmp, values, slots, manifest, policy_state)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # a full disk frees what the torn write took
+            raise
+        for old in self.complete()[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        for torn in self.root.glob("ckpt-*.tmp"):  # a chief killed mid-write (one chief writes: ChiefLock)
+            shutil.rmtree(torn, ignore_errors=True)
+        return final
+
+    def _write(self, number: int, tmp: Path, values: dict[str, Array], slots: dict[str, dict[str, Array]],
+               manifest: dict[str, Any], policy_state: dict[str, dict[str, Array]] | None) -> Path:
+        """Stage checkpoint `number` in `tmp`, fsynced, and rename it into place; return its path."""
+        final = self.names.final(number)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         arrays = {f"value/{n}": a for n, a in values.items()}
@@ -189,6 +207,4 @@ class CheckpointDir:
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(self.root)
-        for old in self.complete()[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
         return final

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from asyncps.placement import Placement
     from asyncps.transport import ModelClient
-    from asyncps.wire.shard import StoreStats
+    from asyncps.wire.shard import Snapshot, StoreStats
 
 log = logging.getLogger("asyncps.chief")
 
@@ -67,6 +67,7 @@ class Checkpointer:
         self._number = 0
         self._last = (since, 0)  # (monotonic time, updates) of the last checkpoint
         self.run_id = run_id
+        self.failed = 0  # checkpoints the storage refused (disk full, read-only): summary.json
         self._restores_lock = threading.Lock()  # restores.csv: shards start in parallel
 
     def initialize_shards(self) -> None:
@@ -191,9 +192,9 @@ class Checkpointer:
         and `examples_seen` (the examples the workers reported) are read before the release, so
         the manifest describes the same instant as the values: a task the ledger counts as done
         had every push of it applied before the cut (its worker reports it only after them).
-        None (nothing written, logged) when the cut outlasted the shards' hold."""
-        from asyncps.chief.checkpoint import assemble, assemble_policy_state
-
+        None (nothing written, logged) when the cut outlasted the shards' hold, or when the storage refused
+        the write (disk full, read-only: logged, counted in `failed`, tried again at the next interval; the
+        latest complete checkpoint stays the one a restart resumes from)."""
         t0 = time.monotonic()
 
         def records() -> tuple[int, dict[str, int], dict[str, Any]]:
@@ -206,13 +207,33 @@ class Checkpointer:
             return None
         snaps = cut.reads
         examples, worker_steps, data_tasks = cut.record
-        values, slots = assemble(self._placement, snaps)
         self._number += 1
+        try:
+            path = self._save(snaps, examples, worker_steps, data_tasks)
+        except OSError as exc:
+            self.failed += 1
+            self._last = (time.monotonic(), self._progress.updates)  # tried again at the next interval, not at once
+            latest = self.checkpoints.complete()
+            log.error("checkpoint %d not written: %s; training goes on, a restart resumes from %s; tried again at "
+                      "the next interval (%d checkpoint(s) failed)", self._number, exc,
+                      latest[-1].name if latest else "no checkpoint", self.failed)
+            return None
+        self._last = (time.monotonic(), self._progress.updates)
+        log.info("checkpoint %s at versions %s in %.3fs", path.name, [s.version for s in snaps],
+                 time.monotonic() - t0)
+        return path
+
+    def _save(self, snaps: list[Snapshot], examples: int, worker_steps: dict[str, int],
+              data_tasks: dict[str, Any]) -> Path:
+        """Write the cut's snapshots as checkpoint self._number (OSError: the storage refused it)."""
+        from asyncps.chief.checkpoint import assemble, assemble_policy_state
+
+        values, slots = assemble(self._placement, snaps)
         updates = {name: n for snap in snaps for name, n in snap.updates.items()}
         variable_updates: dict[str, int] = {}
         for part in self._placement.parts:
             variable_updates[part.variable] = max(variable_updates.get(part.variable, 0), updates.get(part.name, 0))
-        path = self.checkpoints.save(self._number, values, slots, {
+        return self.checkpoints.save(self._number, values, slots, {
             "shard_versions": [s.version for s in snaps],
             "shard_counters": [{"accepted": s.accepted, "dropped": s.dropped, "answers": s.answers,
                                 "answers_by_worker": {str(w): n for w, n in sorted(s.answers_by_worker.items())}}
@@ -227,7 +248,3 @@ class Checkpointer:
             "placement": [dataclasses.asdict(p) for p in self._placement.parts],
             "wall_time": time.time(),
         }, assemble_policy_state(self._placement, snaps))
-        self._last = (time.monotonic(), self._progress.updates)
-        log.info("checkpoint %s at versions %s in %.3fs", path.name, [s.version for s in snaps],
-                 time.monotonic() - t0)
-        return path

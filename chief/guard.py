@@ -1,5 +1,6 @@
 """The stop rules of a run that cannot go on by itself: every live worker diverged (its steps are all
-non-finite), or no worker has been alive for a grace period. Pure state with a clock; no grpc."""
+non-finite), or no worker has been alive for a grace period; and the end-of-run rule that a run which
+stopped for any other reason did not diverge on the way (final_verdict). Pure state with a clock; no grpc."""
 
 from __future__ import annotations
 
@@ -20,12 +21,48 @@ class NonfiniteStreak:
     last_loss: float
 
 
+#: The largest share of the examples trained whose steps may be skipped as non-finite in a run that still
+#: counts as trained. A run that recovers from a spike skips a few steps (well under 1%); past half, most of
+#: the data never moved the model: whatever its final evaluation says, it is not the run that was asked for.
+MAX_NONFINITE_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class NonfiniteTally:
+    """The run's steps skipped as non-finite (every worker, every chief start), and the first of them."""
+
+    steps: int = 0
+    examples: int = 0
+    first: str = ""  # "worker W step S: <the worker's words>", e.g. "... loss nan; first non-finite gradient: w"
+
+    def describe(self) -> str:
+        """`N non-finite steps skipped (E examples)`, with the first one when known."""
+        first = f"; first: {self.first}" if self.first else ""
+        return f"{self.steps} non-finite step(s) skipped ({self.examples} examples){first}"
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Why a run ends with an error, and the chief's exit status for it."""
 
     exit_code: int
     reason: str
+
+    @property
+    def outcome(self) -> str:
+        """summary.json's `outcome` for this verdict: diverged or no_workers."""
+        return "diverged" if self.exit_code == EXIT_DIVERGED else "no_workers"
+
+
+def final_verdict(final_loss: float, nonfinite: NonfiniteTally, examples: int) -> Verdict | None:
+    """Diverged (whatever stopped the run) when the final evaluation's loss is NaN or infinite, or when more
+    than MAX_NONFINITE_SHARE of the `examples` trained were in steps skipped as non-finite; else None."""
+    share = nonfinite.examples / examples if examples > 0 else 0.0
+    if math.isfinite(final_loss) and share <= MAX_NONFINITE_SHARE:
+        return None
+    why = (f"the final evaluation's loss is {final_loss:g}" if not math.isfinite(final_loss)
+           else f"{share:.1%} of the examples trained were in non-finite steps (more than {MAX_NONFINITE_SHARE:.0%})")
+    return Verdict(EXIT_DIVERGED, f"diverged: {why}; {nonfinite.describe()}")
 
 
 class RunGuard:
@@ -72,4 +109,4 @@ class RunGuard:
                                       f"of worker {last_worker}")
 
 
-__all__ = ["NonfiniteStreak", "RunGuard", "Verdict"]
+__all__ = ["MAX_NONFINITE_SHARE", "NonfiniteStreak", "NonfiniteTally", "RunGuard", "Verdict", "final_verdict"]

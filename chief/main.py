@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from asyncps.chief.checkpointer import LIVE, RESTORED, Checkpointer, ShardStateError
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.evaluator import Evaluation, Evaluator
-from asyncps.chief.guard import RunGuard, Verdict
+from asyncps.chief.guard import RunGuard, Verdict, final_verdict
 from asyncps.chief.ledgerlog import LedgerLog, replay
 from asyncps.chief.lifecycle import (
+    EXIT_DIVERGED,
     EXIT_HANDED_OVER,
     EXIT_SHARD_STATE,
     EXIT_UNREACHABLE,
@@ -245,6 +246,7 @@ class Chief:
             final = self._at_cut("final evaluation", self.evaluation.evaluate)
             if final is None:  # the shards could not be read: a chief restarted on them finishes the run
                 raise RuntimeError("the final evaluation failed: no summary written (see above)")
+            self.verdict = self._end_verdict(final[0])
             self._write_summary(final)
             finished = True
             if self.config.export:
@@ -265,8 +267,19 @@ class Chief:
                                     reason=f"the chief gave up: {gave_up}" if gave_up else "training finished")
             if metrics is not None:
                 metrics.close()
-        log.info("run complete: %s", self.config.run_dir)
+        nonfinite = self.recorder.nonfinite()
+        log.info("run complete: %s%s", self.config.run_dir, f" ({nonfinite.describe()})" if nonfinite.steps else "")
         return 0
+
+    def _end_verdict(self, final_loss: float) -> Verdict | None:
+        """The verdict the run ends with: the control loop's (a diverged one with the steps skipped as
+        non-finite), else the end-of-run rule's (asyncps.chief.guard.final_verdict), else None (trained)."""
+        nonfinite = self.recorder.nonfinite()
+        if self.verdict is None:
+            return final_verdict(final_loss, nonfinite, self.recorder.snapshot()[2])
+        if self.verdict.exit_code == EXIT_DIVERGED:
+            return dataclasses.replace(self.verdict, reason=f"{self.verdict.reason}; {nonfinite.describe()}")
+        return self.verdict
 
     def _control_loop(self) -> None:
         stop_at: float | None = None
@@ -376,7 +389,8 @@ class Chief:
     def _write_summary(self, final: tuple[float, float]) -> None:
         write_summary(self.config.run_dir, final, self.clock.wall_s(), self.progress,
                       self.recorder, self.run, len(self.config.ps), self.model.data, self.membership.stop_reason,
-                      self.ledger, self.model.evaluator, self.gate.describe(), self.provenance)
+                      self.ledger, self.model.evaluator, self.gate.describe(), self.provenance, self.verdict,
+                      self.checkpointer.failed)
 
 
 def run_chief(config: ChiefConfig, interrupt: threading.Event | None = None,

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncps.chief.guard import NonfiniteStreak
+from asyncps.chief.guard import NonfiniteStreak, NonfiniteTally, Verdict
 from asyncps.chief.progress import Progress
 from asyncps.chief.steady import SteadyStaleness
 from asyncps.chief.tasks import TaskLedger
@@ -23,6 +23,7 @@ from asyncps.config import RunConfig
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rules.drops import DropReason
 from asyncps.rundir import (
+    INTERRUPTED,
     EvalRow,
     FinalEval,
     Provenance,
@@ -116,6 +117,7 @@ class Recorder:
         self._step_outcomes: dict[tuple[int, int], tuple[str, int]] = {}  # (worker, step) -> (outcome, examples)
         self._run_dir = run_dir
         self._streaks: dict[int, NonfiniteStreak] = {}  # per worker index: its consecutive non-finite steps
+        self._nonfinite = NonfiniteTally()  # every step skipped as non-finite, and the first
         if append:
             self._reload(run_dir)
         self._pushes = RowWriter(RunDir(run_dir).pushes, PushRow, append=append)
@@ -125,26 +127,32 @@ class Recorder:
         """The statistics of the rows earlier chiefs of this run wrote."""
         pushes: collections.defaultdict[tuple[int, int], list[tuple[bool, str]]] = collections.defaultdict(list)
         losses: dict[tuple[int, int], float] = {}
+        details: dict[tuple[int, int], str] = {}
         for p in iter_rows(RunDir(run_dir).pushes, PushRow):
             self._count_push(p.staleness, p.drop_reason, p.loss)
             pushes[(p.worker, p.step)].append((p.accepted, p.drop_reason))
             losses[(p.worker, p.step)] = p.loss
+            details.setdefault((p.worker, p.step), p.drop_detail)
             if p.accepted:
                 self._applied.append(p)
             self._keep_row(p)
         for s in iter_rows(RunDir(run_dir).timeline, StepRow):
             key = (s.worker, s.step)
             self._count_outcome(s.worker, s.step, _outcome(pushes.get(key, [])), losses.get(key, math.nan),
-                                s.examples)
+                                s.examples, details.get(key, ""))
             self._count_step(s.worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
 
-    def _count_outcome(self, worker: int, step: int, outcome: str, loss: float, examples: int) -> None:
+    def _count_outcome(self, worker: int, step: int, outcome: str, loss: float, examples: int,
+                       detail: str = "") -> None:
         self.examples_by_outcome[outcome] += examples
         if outcome in ("applied", "partially_applied"):  # a restore can roll back what was applied
             self._step_outcomes[(worker, step)] = (outcome, examples)
         if outcome == "nonfinite":
             before = self._streaks.get(worker)
             self._streaks[worker] = NonfiniteStreak((before.steps if before else 0) + 1, step, loss)
+            tally = self._nonfinite
+            first = tally.first or f"worker {worker} step {step}: {detail or f'loss {loss:g}'}"
+            self._nonfinite = NonfiniteTally(tally.steps + 1, tally.examples + examples, first)
         else:
             self._streaks.pop(worker, None)
 
@@ -184,13 +192,15 @@ class Recorder:
                     self.steady.add(worker, p.shard, p.wall_time, p.base_version, p.staleness)
             outcomes: collections.defaultdict[int, list[tuple[bool, str]]] = collections.defaultdict(list)
             losses: dict[int, float] = {}
+            details: dict[int, str] = {}
             for p in pushes:  # a step's push records come in the same report as its timing
                 drop = drop_from_wire(p.drop)
                 outcomes[p.step].append((p.accepted, drop.value if drop is not None else ""))
                 losses[p.step] = p.loss
+                details.setdefault(p.step, p.drop_detail)
             for s in steps:
                 self._count_outcome(worker, s.step, _outcome(outcomes.get(s.step, [])), losses.get(s.step, math.nan),
-                                    s.examples)
+                                    s.examples, details.get(s.step, ""))
                 self._steps.write(StepRow(worker, s.step, s.start, s.pull_s, s.compute_s, s.push_s, s.wait_s,
                                           s.examples))
                 self._count_step(worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
@@ -260,6 +270,11 @@ class Recorder:
         """Per worker index whose latest steps were non-finite: how many in a row, and the last one."""
         with self._lock:
             return dict(self._streaks)
+
+    def nonfinite(self) -> NonfiniteTally:
+        """The steps skipped as non-finite so far (the files of earlier chiefs of the run included)."""
+        with self._lock:
+            return self._nonfinite
 
     def snapshot(self) -> tuple[dict[int, int], list[int], int, float]:
         """(staleness histogram, recent staleness values, examples seen, last worker loss)."""
@@ -381,8 +396,10 @@ def write_hparams(writer: Any, run: RunConfig) -> None:
 def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: Progress, recorder: Recorder,
                   run: RunConfig, num_ps: int, data: Dataset, stop_reason: str | None, ledger: TaskLedger,
                   evaluator: Evaluator, start: dict[str, Any] | None = None,
-                  provenance: Provenance | None = None) -> None:
-    """summary.json: the run's outcome (with the final training loss where the optimum is known)."""
+                  provenance: Provenance | None = None, verdict: Verdict | None = None,
+                  checkpoints_failed: int = 0) -> None:
+    """summary.json: the run's outcome (with the final training loss where the optimum is known); `verdict`:
+    why it did not end as trained (diverged, no worker alive), None when it did."""
     histogram, _, examples, _ = recorder.snapshot()
     rolled_back = recorder.rolled_back_by_shard()
     accounting = (recorder.push_accounting(p.answers, p.answers_by_worker) if len(p.answers) == len(p.versions)
@@ -431,4 +448,8 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         start={**(start or {}), "late_workers": recorder.steady.late_workers(run.num_workers)},
         metrics=metrics,
         provenance=provenance,
+        outcome=verdict.outcome if verdict is not None else "interrupted" if stop_reason == INTERRUPTED else "finished",
+        verdict=verdict.reason if verdict is not None else None,
+        nonfinite_steps=recorder.nonfinite().steps,
+        checkpoints_failed=checkpoints_failed,
     ).save(run_dir)

@@ -43,6 +43,7 @@ class Fault:
     name: str
     kills: int  # processes killed
     act: Callable[[Path, Path, subprocess.Popen[str]], None]
+    workers: int = 0  # of them, worker processes (each may leave one data task partly trained)
 
 
 def kill(pid: int) -> None:
@@ -103,12 +104,12 @@ def shard_during_checkpoint(i: str) -> Callable[[Path, Path, subprocess.Popen[st
 
 FAULTS = [
     Fault("kill ps-0", 1, shard("0")),
-    Fault("kill worker 1 and ps-1 at once", 2, at_once(worker("1"), shard("1"))),
+    Fault("kill worker 1 and ps-1 at once", 2, at_once(worker("1"), shard("1")), workers=1),
     Fault("kill ps-0 during a checkpoint cut", 1, shard_during_checkpoint("0")),
     Fault("kill the chief", 1, chief),
     Fault("kill the chief, then the restarted chief during its restart", 2, chief_during_restart),
-    Fault("kill worker 0", 1, worker("0")),
-    Fault("kill ps-1 and worker 2 at once", 2, at_once(shard("1"), worker("2"))),
+    Fault("kill worker 0", 1, worker("0"), workers=1),
+    Fault("kill ps-1 and worker 2 at once", 2, at_once(shard("1"), worker("2")), workers=1),
     Fault("kill ps-1 during a checkpoint cut", 1, shard_during_checkpoint("1")),
     Fault("kill the chief and ps-0 at once", 2, at_once(chief, shard("0"))),
 ]
@@ -159,6 +160,38 @@ def run(run_dir: Path, faults: list[tuple[float, Fault]], mode: str = "async") -
     return RunSummary.load(run_dir), took, out
 
 
+def trained(summary: RunSummary) -> int:
+    """The examples of every step recorded (timeline.csv), by what became of their gradient."""
+    return sum(int(summary.data[f"examples_{k}"]) for k in ("applied", "dropped", "partially_applied", "not_pushed",
+                                                            "nonfinite", "rolled_back"))
+
+
+def assert_examples_identity(summary: RunSummary, workers_killed: int) -> None:
+    """The examples identity: trained = done + rewound + extra attempts, 0 <= extra <= task_size x (stale and
+    duplicate completions + workers killed). Exact without faults (extra 0).
+
+    Why each term, and why the bound is not zero. A worker's batches never span two data tasks, and it
+    reports a task done in the report of the task's last step, after every earlier report was answered
+    (asyncps.worker.outbox): so each completion the ledger counts (done; or done before a restarted chief
+    went back to a checkpoint: rewound, then done again) is a whole task's steps in timeline.csv, once
+    (the test checks no report's rows were recorded twice). What else was trained is whole tasks
+    completed again (stale: issued by a dead chief past its checkpoint; duplicate), at most task_size
+    each, and the part of its one task a killed worker trained and reported before it died (it fetches
+    its next task only once the current one's batches are used up): 0 to task_size, which no file records
+    (its unreported steps died with it), so this part is a bound. re-run (a re-queued task finished by
+    another worker) counts whole tasks of which the killed worker trained some part: it is inside the
+    extra, not a term of its own."""
+    d = summary.data
+    done, rewound, task_size = int(d["examples_done"]), int(d["examples_rewound"]), int(d["task_size"])
+    whole = int(d["stale_completions"]) + int(d["duplicate_completions"])
+    extra = trained(summary) - done - rewound
+    bound = task_size * (whole + workers_killed)
+    print(f"examples identity: trained {trained(summary)} = done {done} + rewound {rewound} + {extra} extra "
+          f"(bound {bound}: {whole} stale or duplicate task(s), {workers_killed} worker(s) killed, tasks of "
+          f"{task_size}; {extra / max(1, done):.2%} of done)")
+    assert 0 <= extra <= bound, d
+
+
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path, mode: str) -> None:
     faults = schedule(SEED)
@@ -176,11 +209,12 @@ def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path, mod
           f"{faulted_s:.0f}s; chief starts {chief_log.count('chief serving on port')}, "
           f"restores {chief_log.count('restored from ckpt-')}, cuts retried {chief_log.count('the cut failed')}")
     d = faulted.data
-    fates = sum(int(d[f"examples_{k}"]) for k in ("applied", "dropped", "partially_applied", "not_pushed",
-                                                  "nonfinite", "rolled_back"))
+    fates = trained(faulted)
     print(f"examples trained {fates} = done {d['examples_done']} + re-run {d['examples_rerun']} + rewound "
           f"{d['examples_rewound']} + {d['stale_completions']} stale task(s) + partial attempts "
           f"{fates - int(d['examples_done']) - int(d['examples_rerun']) - int(d['examples_rewound'])}")
+    assert_examples_identity(base, 0)
+    assert_examples_identity(faulted, sum(f.workers for _, f in faults))
     for name, summary in (("unfaulted", base), ("faulted", faulted)):
         for i, counts in enumerate(summary.shards):
             print(f"{name} ps-{i}: {counts.rows} push rows = {counts.rows - counts.rows_taken_back} kept + "

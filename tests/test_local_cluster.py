@@ -51,6 +51,7 @@ def test_default_cluster_trains_and_leaves_a_complete_run_dir(tmp_path: Path) ->
     assert summary["final_eval"]["accuracy"] >= 0.90
     assert summary["mode"] == "async" and summary["workers"] == 2 and summary["ps_shards"] == 2
     assert summary["updates_applied"] > 0 and summary["throughput_updates_per_s"] > 0
+    assert (summary["outcome"], summary["nonfinite_steps"]) == ("finished", 0) and "verdict" not in summary
     files = RunDir(run_dir)
     for path in (files.config, files.pushes, files.evals, files.timeline):
         assert path.stat().st_size > 0, path.name

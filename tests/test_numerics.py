@@ -1,6 +1,8 @@
 """check_numerics for asynchronous training (issue 24, item 1): a step with a NaN/Inf loss or gradient
 is skipped and counted, a shard's refusal of one does not kill the worker, and a run whose every live
-worker diverged ends as diverged, with its summary and its own exit status."""
+worker diverged ends as diverged, with its summary and its own exit status. Issue 36: so does a run that
+stopped otherwise (its data ran out) with a non-finite final loss or most of its examples skipped; a run
+that skipped a few steps and recovered ends as trained."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from asyncps.chief.guard import NonfiniteStreak, RunGuard
+from asyncps.chief.guard import MAX_NONFINITE_SHARE, NonfiniteStreak, NonfiniteTally, RunGuard, final_verdict
 from asyncps.chief.lifecycle import EXIT_DIVERGED, EXIT_NO_WORKERS, FINAL_EXIT_CODES
 from asyncps.chief.recorder import Recorder
 from asyncps.worker.trainer import Batch, Telemetry, Trainer, nonfinite_detail
@@ -23,7 +25,10 @@ from asyncps.rundir import RunDir
 from asyncps.transport import ShardPush
 from asyncps.wire.codec import SparseRows
 from asyncps.wire.shard import PushOutcome
+from tests.nonfinite_data import POISONED
 from tests.test_local_cluster import run_cli
+
+TESTS = Path(__file__).parent
 
 
 class FakeClient:
@@ -112,6 +117,7 @@ def test_the_recorder_counts_non_finite_steps_and_each_workers_streak(tmp_path: 
     again = Recorder(tmp_path, append=True)  # a restarted chief reads the same from the files
     assert again.example_outcomes() == recorder.example_outcomes() and again.dropped() == recorder.dropped()
     assert again.nonfinite_streaks()[0].steps == 2
+    assert recorder.nonfinite() == again.nonfinite() == NonfiniteTally(3, 24, "worker 0 step 2: loss nan")
     again.close()
 
 
@@ -177,3 +183,68 @@ def test_a_diverging_run_ends_as_diverged_with_its_summary(tmp_path: Path) -> No
     assert "not applied: non-finite (loss" in worker_log and "Traceback" not in worker_log
     chief_log = RunDir(run_dir).log("chief").read_text()
     assert "diverged" in chief_log and "exiting 5" in chief_log
+
+
+def test_a_run_ends_as_diverged_when_its_final_loss_is_not_finite_or_most_examples_were_skipped() -> None:
+    few = NonfiniteTally(3, 96, "worker 0 step 7: loss nan; first non-finite gradient: w")
+    assert final_verdict(0.3, NonfiniteTally(), 5000) is None  # healthy
+    assert final_verdict(0.3, few, 5000) is None  # a spike the run recovered from
+    assert final_verdict(0.3, NonfiniteTally(80, int(5000 * MAX_NONFINITE_SHARE), ""), 5000) is None  # at the share
+    verdict = final_verdict(float("nan"), few, 5000)
+    assert verdict is not None and (verdict.exit_code, verdict.outcome) == (EXIT_DIVERGED, "diverged")
+    assert verdict.reason == ("diverged: the final evaluation's loss is nan; 3 non-finite step(s) skipped "
+                              "(96 examples); first: worker 0 step 7: loss nan; first non-finite gradient: w")
+    inf = final_verdict(float("inf"), NonfiniteTally(), 0)  # no step skipped, none trained: the loss decides
+    assert inf is not None and inf.reason.startswith("diverged: the final evaluation's loss is inf; 0 non-finite")
+    most = final_verdict(0.3, NonfiniteTally(120, 4000, ""), 5000)
+    assert most is not None and most.reason == ("diverged: 80.0% of the examples trained were in non-finite steps "
+                                                "(more than 50%); 120 non-finite step(s) skipped (4000 examples)")
+
+
+@pytest.mark.slow
+def test_a_run_whose_data_runs_out_while_every_step_is_non_finite_ends_as_diverged(tmp_path: Path) -> None:
+    """Issue 36's run: after two updates every step is non-finite, the data runs out before the workers'
+    streaks end the run, the final loss is NaN: exit 5, said on the screen and in summary.json."""
+    run_dir = tmp_path / "run"
+    result = run_cli(["local", "--run-dir", str(run_dir), "--learning-rate", "1e30", "--epochs", "3",
+                      "--num-workers", "2", "--num-ps", "2"])
+    assert result.returncode == EXIT_DIVERGED, result.stdout + result.stderr
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    assert summary["stop_reason"] == "reached 3 epochs (every data task done)"
+    assert summary["outcome"] == "diverged" and summary["nonfinite_steps"] > 0, summary
+    assert summary["verdict"].startswith("diverged: the final evaluation's loss is nan; "
+                                         f"{summary['nonfinite_steps']} non-finite step(s) skipped "
+                                         f"({summary['data']['examples_nonfinite']} examples); first: worker ")
+    assert "first non-finite gradient: " in summary["verdict"]
+    assert f"asyncps local: ERROR: the run did not train: {summary['verdict']}" in result.stderr
+    assert f", {summary['nonfinite_steps']} non-finite steps skipped" in result.stdout
+    assert f"run ended: {summary['verdict']}; exiting 5" in RunDir(run_dir).log("chief").read_text()
+
+
+@pytest.mark.slow
+def test_a_run_with_a_few_non_finite_steps_still_ends_as_trained(tmp_path: Path) -> None:
+    """A few training examples are NaN (tests/nonfinite_data.py): the steps whose batch holds one are
+    skipped, every other step trains; the run ends as trained (exit 0) and its last line counts them."""
+    run_dir = tmp_path / "run"
+    result = run_cli(["local", "--run-dir", str(run_dir), "--user-path", str(TESTS), "--dataset",
+                      "nonfinite_data:load", "--epochs", "3", "--num-workers", "2", "--num-ps", "2", "--quiet"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    assert summary["outcome"] == "finished" and "verdict" not in summary, summary
+    assert 0 < summary["nonfinite_steps"] <= 3 * POISONED, summary  # one batch per poisoned example and epoch
+    assert summary["final_eval"]["accuracy"] >= 0.8
+    assert f", {summary['nonfinite_steps']} non-finite steps skipped" in result.stdout
+    assert f"run complete: {run_dir} ({summary['nonfinite_steps']} non-finite step(s) skipped" in \
+        RunDir(run_dir).log("chief").read_text()
+
+
+@pytest.mark.slow
+def test_train_raises_run_diverged_with_the_verdict(tmp_path: Path) -> None:
+    """asyncps.train on the same diverging run: RunDiverged, a TrainingFailed that carries the summary."""
+    import asyncps
+    from asyncps.tools.api import RunDiverged
+
+    with pytest.raises(RunDiverged, match="diverged: the final evaluation's loss is nan") as raised:
+        asyncps.train(run_dir=tmp_path / "run", learning_rate=1e30, epochs=3, num_workers=2, num_ps=2)
+    assert isinstance(raised.value, asyncps.TrainingFailed) and raised.value.summary.diverged
+    assert raised.value.summary.nonfinite_steps > 0

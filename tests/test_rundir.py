@@ -52,7 +52,9 @@ def test_staleness_summary_of_a_histogram() -> None:
 
 
 def test_run_summary_round_trip(tmp_path: Path) -> None:
-    for s in (summary(), summary(final_train_loss=0.2, optimality_gap=0.01, stop_reason=None)):
+    diverged = summary(outcome="diverged", verdict="diverged: the final evaluation's loss is nan; ...",
+                       nonfinite_steps=133, checkpoints_failed=2)
+    for s in (summary(), summary(final_train_loss=0.2, optimality_gap=0.01, stop_reason=None), diverged):
         path = s.save(tmp_path)
         assert path == tmp_path / SUMMARY_JSON
         assert RunSummary.load(tmp_path) == s
@@ -65,6 +67,7 @@ def test_run_summary_round_trip(tmp_path: Path) -> None:
     assert RunSummary.from_dict(on_disk).shards[1].bytes_by_transport == {}
     assert "optimality_gap" not in summary().to_dict()  # only written when the optimum is known
     assert summary(stop_reason="interrupted").interrupted and not summary().interrupted
+    assert diverged.diverged and not summary().diverged and "outcome" not in summary().to_dict()
     nan = RunSummary.from_json(summary(final_eval=FinalEval(math.nan, 0.0)).to_json())
     assert math.isnan(nan.final_eval.loss)
 
@@ -100,13 +103,14 @@ def test_run_summary_errors_on_a_file_that_is_not_a_summary(tmp_path: Path) -> N
 
 def test_an_older_summary_without_the_later_fields_reads(tmp_path: Path) -> None:
     data = summary().to_dict()
-    for later in ("data", "idle_fraction", "max_clock_lead"):  # not written by the first chiefs
-        del data[later]
+    for later in ("data", "idle_fraction", "max_clock_lead", "nonfinite_steps", "checkpoints_failed"):
+        del data[later]  # not written by the first chiefs (nor outcome and verdict, None here)
     data["from_the_future"] = {"x": 1}  # unknown keys are ignored
     s = RunSummary.from_dict(data)
     assert s.data == {} and s.idle_fraction == {} and s.max_clock_lead == 0.0
     assert math.isnan(s.mean_idle_fraction())
     assert s == summary(data={}, idle_fraction={}, max_clock_lead=0.0)
+    assert (s.outcome, s.verdict, s.nonfinite_steps, s.checkpoints_failed, s.diverged) == (None, None, 0, 0, False)
 
 
 def test_config_record_round_trip(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ empty / 0 when absent, so run directories of earlier chiefs read; so do `start` 
 reads as None (not measured: the tools measure it from timeline.csv then), and so does `provenance`
 (the versions, host and commit a chief ran with, in both files, asyncps.rundir.provenance). `final_train_loss` and
 `optimality_gap` exist only for datasets with a known optimum and are left out of the file
-otherwise (None here).
+otherwise (None here). `outcome` and `verdict` (how the run ended, and why not as trained) read as None
+when absent, `nonfinite_steps` and `checkpoints_failed` as 0.
 """
 
 from __future__ import annotations
@@ -334,6 +335,17 @@ class RunSummary:
     metrics: dict[str, float] = field(default_factory=dict)  # --eval-metrics of the final evaluation (test set)
     # the versions, host and commit the chief ran with (None: an older run directory, or built from the CSVs)
     provenance: Provenance | None = None
+    # how the run ended: finished, interrupted, diverged or no_workers (None: an older chief's summary), the
+    # verdict's words when it did not finish as trained, and the steps its workers skipped as non-finite
+    outcome: str | None = None
+    verdict: str | None = None
+    nonfinite_steps: int = 0
+    checkpoints_failed: int = 0  # checkpoints the storage refused (disk full, read-only); the run went on
+
+    @property
+    def diverged(self) -> bool:
+        """True when the chief ended the run as diverged (exit status 5)."""
+        return self.outcome == "diverged"
 
     @property
     def interrupted(self) -> bool:
@@ -363,7 +375,7 @@ class RunSummary:
         data["metrics"] = dict(self.metrics)
         data["provenance"] = None if self.provenance is None else self.provenance.to_dict()
         for name in ("final_train_loss", "optimality_gap", "staleness_steady", "row_staleness", "measured_clock_lead",
-                     "provenance"):
+                     "provenance", "outcome", "verdict"):
             if data[name] is None:
                 del data[name]
         return data
@@ -404,6 +416,8 @@ class RunSummary:
                            if f.get("row_staleness", None) is not None else None),
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
             metrics=_named_numbers(f, "metrics"), provenance=_provenance(f),
+            outcome=_absent_or_text(f, "outcome"), verdict=_absent_or_text(f, "verdict"),
+            nonfinite_steps=f.integer("nonfinite_steps", 0), checkpoints_failed=f.integer("checkpoints_failed", 0),
         )
 
     @classmethod
@@ -431,6 +445,11 @@ class RunSummary:
         """The workers' mean share of step time held back (NaN when not recorded)."""
         values = list(self.idle_fraction.values())
         return sum(values) / len(values) if values else math.nan
+
+
+def _absent_or_text(f: _Fields, name: str) -> str | None:
+    """A string field that may be absent or null (None then)."""
+    return None if f.get(name, None) is None else f.text(name)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,14 @@ class TrainingFailed(RuntimeError):
     """A run ended without a summary, or its chief exited with an error (see the run's logs/)."""
 
 
+class RunDiverged(TrainingFailed):
+    """The run ended as diverged (the chief's exit status 5): `summary` (summary.json) says why in `verdict`."""
+
+    def __init__(self, message: str, summary: RunSummary) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+
 def spec_of(target: str | Callable[..., Any], what: str) -> str:
     """A spec string for a model/dataset/loss given as a spec or as an importable function.
 
@@ -129,7 +137,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     `settings` are RunConfig fields (`num_workers=2`, `num_ps=1`, `epochs=5`, `optimizer="adam"`, ...).
     `user_path`: directories every process (this one too) imports user code from. `progress`: a live
     progress display (default: where a person watches, a terminal or a notebook). Raises ValueError
-    for bad inputs (before any process starts), TrainingFailed when the run ends without a summary or
+    for bad inputs (before any process starts), RunDiverged (a TrainingFailed) when the run ended as
+    diverged (its summary's `verdict` says why), TrainingFailed when the run ends without a summary or
     with a failed chief.
     """
     arrays = _split_arrays(dataset, x, y, validation_data, validation_split)
@@ -158,6 +167,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     env = {USER_PATH_ENV: os.pathsep.join(dict.fromkeys(dirs))} if dirs else None
     shown = progress if progress is not None else _watched()
     code = run_local(run, where, progress=shown, env=env, secure=secure)
+    if code != 0 and files.summary.exists() and (summary := RunSummary.load(where)).diverged:
+        raise RunDiverged(f"asyncps.train: {summary.verdict}; logs in {files.logs}", summary)
     if code != 0 or not files.summary.exists():
         raise TrainingFailed(f"asyncps.train: the chief exited with {code}; logs in {files.logs}"
                              + _last_error(files.log("chief")))
@@ -391,6 +402,6 @@ def _last_error(log: Path) -> str:
     return f"; the chief said: {found[-1].strip()}" if found else ""
 
 
-__all__ = ["ChiefConfig", "LocalCluster", "PsConfig", "RunConfig", "RunSummary", "TrainResult", "TrainingFailed",
-           "WorkerConfig",
+__all__ = ["ChiefConfig", "LocalCluster", "PsConfig", "RunConfig", "RunDiverged", "RunSummary", "TrainResult",
+           "TrainingFailed", "WorkerConfig",
            "run_chief", "run_local", "run_ps", "run_worker", "spec_of", "train"]

@@ -390,8 +390,12 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
             print(f"asyncps local: {cluster.last_words(cluster.chief, 'exited with status {code}')}", file=sys.stderr)
     if RunDir(run_dir).summary.exists():
         s = RunSummary.load(run_dir)
+        skipped = (f", {s.nonfinite_steps} non-finite steps skipped" if s.nonfinite_steps else "") + (
+            f", {s.checkpoints_failed} checkpoint(s) not written (see logs/chief.log)" if s.checkpoints_failed else "")
         print(f"done: {s.updates_applied} updates in {s.wall_s:.1f}s ({s.throughput_updates_per_s:.1f}/s), "
-              f"{final_eval_text(s)}, mean staleness {s.staleness.mean:.2f}")
+              f"{final_eval_text(s)}, mean staleness {s.staleness.mean:.2f}{skipped}")
+        if s.verdict:
+            print(f"asyncps local: ERROR: the run did not train: {s.verdict}", file=sys.stderr)
     print(f"peak memory: workers {mem.workers_total_mb:.0f} MB ({mem.per_worker_mb:.1f} MB per worker), "
           f"all processes {mem.total_mb:.0f} MB")
     print(f"run directory: {run_dir}")
