@@ -104,6 +104,8 @@ def _train_all(config: WorkerConfig, coord: CoordinatorClient, workers: list[Log
                stop: threading.Event) -> int:
     """Load the data and the model once, run every logical worker in its thread, report, exit code."""
     limit_threads(run.tf_threads)
+    from asyncps.ml.models import seed_random_state  # TensorFlow's: loaded once the workers are registered
+
     data, model, sparse = build_worker_model(run)
     seed_random_state(model, run.seed, workers[0].reg.index)  # one model, its generators shared by the threads
     grad_fn = run_grad_fn(run, model, sparse)

@@ -64,6 +64,8 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
            outbox: ReportOutbox) -> int:
     """Build the model and data, train until stopped, send the final report; return the exit code."""
     limit_threads(run.tf_threads)
+    from asyncps.ml.models import seed_random_state  # TensorFlow's: loaded once the worker is registered
+
     data, model, sparse = build_worker_model(run)
     seed_random_state(model, run.seed, reg.index)  # dropout masks of its own, reproducibly
     client = connect_worker(link.worker_id, reg, model, run, config.security, stop, sparse)
