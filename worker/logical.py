@@ -31,7 +31,6 @@ from asyncps.config import RunConfig
 from asyncps.errors import Unreachable
 from asyncps.identity import new_worker_id
 from asyncps.ml.datasets import Dataset
-from asyncps.ml.models import seed_random_state
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.procenv import freeze_heap
