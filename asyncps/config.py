@@ -22,7 +22,7 @@ from typing import Any
 
 from asyncps.delays import StepDelay
 from asyncps.ml.specs import spec_problems
-from asyncps.ml.stopat import parse_stop_at
+from asyncps.ml.stopat import parse_early_stop, parse_stop_at
 from asyncps.placement import DEFAULT_SLICE_THRESHOLD_BYTES
 from asyncps.rules import MODES, OUTER_RULES, POLICIES, OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.modes import MODE_ALIASES, fold_mode_aliases, mode_alias_values
@@ -136,6 +136,9 @@ class RunConfig:
     stop_at: str = setting("", word=OFF, help=(
         "also stop once a scheduled evaluation meets this level: METRIC>=V or METRIC<=V, e.g. accuracy>=0.9, "
         "loss<=0.1 or a metric the task reports"))
+    early_stop: str = setting("", word=OFF, help=(
+        "also stop once P evaluations in a row did not improve METRIC (Keras' EarlyStopping): "
+        "METRIC:patience=P[,min_delta=D][,mode=min|max], e.g. val_loss:patience=3"))
     eval_every_s: float = setting(2.0, help="seconds between evaluations")
     seed: int = setting(0, help="seed of model init, data order and injected delays")
     compute_delay: str = setting("none", help="injected delay per step: none | const:S | uniform:A,B | exp:MEAN")
@@ -202,10 +205,11 @@ class RunConfig:
             problems.append("max_updates, epochs and max_training_s must be >= 0")
         if self.max_updates == 0 and self.epochs == 0 and self.max_training_s == 0:
             problems.append("set a stop condition: max_updates, epochs or max_training_s")
-        try:
-            parse_stop_at(self.stop_at)
-        except ValueError as exc:
-            problems.append(str(exc))
+        for parse, text in ((parse_stop_at, self.stop_at), (parse_early_stop, self.early_stop)):
+            try:
+                parse(text)
+            except ValueError as exc:
+                problems.append(str(exc))
         if self.backup_workers >= self.num_workers:
             problems.append(f"backup workers ({self.backup_workers}) must be < num_workers")
         if self.eval_every_s <= 0 or self.heartbeat_interval_s <= 0:

@@ -15,7 +15,7 @@ from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.tasks import TaskLedger
 
 from asyncps.config import resume_changes
-from asyncps.ml.stopat import parse_stop_at
+from asyncps.ml.stopat import EarlyStopWatch, parse_early_stop, parse_stop_at
 from asyncps.net.rpc import create_server, serve_health
 from asyncps.net.security import exposure_warning
 from asyncps.pb import coordinator_pb2_grpc
@@ -91,6 +91,9 @@ class Lifecycle:
         self._health: HealthServicer | None = None
         self._probe: grpc.Server | None = None  # the plaintext health server (--health-port)
         self._stop_at = parse_stop_at(self._run.stop_at)
+        early = parse_early_stop(self._run.early_stop)
+        self._early = EarlyStopWatch(early) if early is not None else None
+        self._early_seen: tuple[int, float] | None = None  # the last evaluation the early-stop rule took
 
     def start(self, servicer: coordinator_pb2_grpc.CoordinatorServicer) -> int:
         """Serve the Coordinator service; write the port file; return the bound port."""
@@ -128,12 +131,24 @@ class Lifecycle:
         """--stop-at: why the last evaluation ends the run, or None (the chief refused at start a metric its
         evaluation does not report: asyncps.chief.main.check_stop_at)."""
         stop_at, p = self._stop_at, self._progress
-        if stop_at is None:
+        if stop_at is None and self._early is None:
             return None
         with p.lock:
             loss, accuracy, metrics, updates = p.eval_loss, p.eval_accuracy, dict(p.eval_metrics), p.eval_updates
-        if not math.isnan(loss) and stop_at.met(loss, accuracy, metrics):  # NaN loss: no evaluation yet
+        if math.isnan(loss):  # no evaluation yet
+            return None
+        if stop_at is not None and stop_at.met(loss, accuracy, metrics):
             return f"reached {stop_at.describe()} (evaluation at {updates} updates)"
+        return self._early_stopped(loss, accuracy, metrics, updates)
+
+    def _early_stopped(self, loss: float, accuracy: float, metrics: dict[str, float], updates: int) -> str | None:
+        """--early-stop: each evaluation taken once; why the rule ends the run, or None."""
+        if self._early is None or self._early_seen == (updates, loss):
+            return None
+        self._early_seen = (updates, loss)
+        if self._early.observe(loss, accuracy, metrics):
+            return (f"early stopping: {self._early.rule.describe()} (best {self._early.best:g}; evaluation at "
+                    f"{updates} updates)")
         return None
 
     def fraction_done(self, updates: int) -> float:

@@ -45,7 +45,7 @@ from asyncps.chief.startgate import START_TIMEOUT_S, StartGate
 from asyncps.chief.tasks import TaskLedger
 
 from asyncps.errors import AsyncpsError, Unreachable
-from asyncps.ml.stopat import parse_stop_at
+from asyncps.ml.stopat import parse_early_stop, parse_stop_at
 from asyncps.ml.tfutil import limit_threads, quiet_tensorflow
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.procenv import freeze_heap
@@ -130,6 +130,10 @@ def check_stop_at(run: RunConfig, task: Task) -> None:
     reported = ["loss", *(["accuracy"] if task.accuracy is not None else []), *task.metrics]
     if stop_at is not None and stop_at.metric not in reported:
         raise ValueError(f"--stop-at {stop_at.describe()}: this run's evaluation reports no {stop_at.metric} "
+                         f"(it reports {', '.join(dict.fromkeys(reported))})")
+    early = parse_early_stop(run.early_stop)
+    if early is not None and early.metric not in reported:
+        raise ValueError(f"--early-stop {run.early_stop}: this run's evaluation reports no {early.metric} "
                          f"(it reports {', '.join(dict.fromkeys(reported))})")
 
 

@@ -67,3 +67,23 @@ def test_the_chief_refuses_a_level_its_evaluation_cannot_report() -> None:
         check_stop_at(run, task)
     for level in ("accuracy>=0.9", "loss<=0.2", ""):
         check_stop_at(RunConfig(model="mlp:8", dataset="digits", stop_at=level), task)
+
+
+def test_early_stop_waits_patience_evaluations_without_improvement() -> None:
+    from asyncps.ml.stopat import EarlyStopWatch, parse_early_stop
+
+    rule = parse_early_stop("val_loss:patience=2,min_delta=0.1")
+    assert rule is not None and (rule.metric, rule.mode) == ("loss", "min")
+    watch = EarlyStopWatch(rule)
+    assert [watch.observe(loss, 0.0, {}) for loss in (1.0, 0.8, 0.75, 0.72, 0.5)] == [False, False, False, True,
+                                                                                       False]
+    accuracy = parse_early_stop("accuracy:patience=1")
+    assert accuracy is not None and accuracy.mode == "max"
+
+
+@pytest.mark.parametrize("text", ["loss:patience=0", "loss:wait=3", "loss:mode=up", "val_loss:patience=x", "1loss"])
+def test_a_bad_early_stop_is_a_clear_error(text: str) -> None:
+    from asyncps.ml.stopat import parse_early_stop
+
+    with pytest.raises(ValueError, match="early_stop"):
+        parse_early_stop(text)

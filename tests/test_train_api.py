@@ -146,3 +146,37 @@ def test_a_model_with_dropout_trains_as_model_fit_trains_it(tmp_path: Path) -> N
     assert result.model is model
     ours = accuracy(model, x_val, y_val)
     assert ours >= fit_accuracy - 0.015, (ours, fit_accuracy)
+
+
+@pytest.mark.slow
+def test_early_stopping_ends_the_run_and_callbacks_see_each_evaluation(tmp_path: Path) -> None:
+    """keras.callbacks.EarlyStopping becomes the chief's --early-stop rule: a run planned for 200 epochs ends
+    when the validation loss stops improving; another callback sees every evaluation as an epoch's end."""
+    import keras
+
+    class Seen(keras.callbacks.Callback):  # type: ignore[misc]  # keras is untyped
+        def __init__(self) -> None:
+            super().__init__()
+            self.logs: list[dict[str, float]] = []
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+            self.logs.append(dict(logs or {}))
+
+    x, y, x_val, y_val = digit_arrays()
+    seen = Seen()
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, min_delta=0.5)
+    result = asyncps.train(model=functional_model(False), x=x, y=y, validation_data=(x_val, y_val), num_workers=2,
+                           num_ps=1, epochs=200, optimizer="adam", learning_rate=0.01, eval_every_s=0.5,
+                           callbacks=[stop, seen], run_dir=tmp_path / "run")
+    log = (tmp_path / "run" / "logs" / "chief.log").read_text()
+    assert "early stopping: loss did not improve by more than 0.5 for 2 evaluations" in log
+    assert result.summary.epochs < 200 and result.summary.data["tasks_done"] < result.summary.data["tasks_planned"]
+    assert len(seen.logs) == len(result.history) >= 3 and all("val_loss" in logs for logs in seen.logs)
+    assert seen.model is not None
+
+
+def test_a_model_checkpoint_callback_is_refused_with_what_to_do_instead() -> None:
+    import keras
+
+    with pytest.raises(ValueError, match=r"save result\.model afterwards"):
+        asyncps.train(model="mlp", callbacks=[keras.callbacks.ModelCheckpoint("w.keras")])

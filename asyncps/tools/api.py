@@ -35,6 +35,7 @@ from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, call_with_accepted,
 from asyncps.ps.main import PsConfig, run_ps
 from asyncps.rundir import EvalRow, PushRow, RunDir, RunSummary, iter_rows, read_rows
 from asyncps.tools.local import LocalCluster, default_run_dir, run_local
+from asyncps.tools.progress import StatusSink, display_for
 from asyncps.worker.config import WorkerConfig
 from asyncps.worker.main import run_worker
 
@@ -116,7 +117,7 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
           x: Any = None, y: Any = None, validation_data: tuple[Any, Any] | None = None,
           validation_split: float = 0.0, loss: str | Callable[..., Any] | None = None,
           run_dir: str | Path | None = None, user_path: Iterable[str] = (), progress: bool | None = None,
-          secure: bool = False, **settings: Any) -> TrainResult:
+          secure: bool = False, callbacks: Iterable[Any] = (), **settings: Any) -> TrainResult:
     """Train on a local cluster to completion; return the trained model, the summary and the history.
 
     `model`: a keras.Model (compiled or not; its weights are the start, and it is trained in place, as
@@ -135,6 +136,11 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     metrics too: the chief reports them, and accuracy only for class ids or when they name it), else
     `crossentropy` of logits over class ids.
     `settings` are RunConfig fields (`num_workers=2`, `num_ps=1`, `epochs=5`, `optimizer="adam"`, ...).
+    `callbacks`: Keras callbacks. `keras.callbacks.EarlyStopping` becomes the chief's `early_stop` rule (its
+    monitor, patience, min_delta and mode: the run ends there, and the summary says why); the others run
+    here, on each evaluation as an epoch's end (`on_epoch_end(i, logs)` with `val_loss`, `val_accuracy`,
+    `updates`), with the caller's model set (its weights are the start's until the run ends: a callback that
+    saves weights, such as ModelCheckpoint, is refused).
     `user_path`: directories every process (this one too) imports user code from. `progress`: a live
     progress display (default: where a person watches, a terminal or a notebook). Raises ValueError
     for bad inputs (before any process starts), RunDiverged (a TrainingFailed) when the run ended as
@@ -162,11 +168,14 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     loss_spec = spec_of(loss, "loss") if loss is not None else _compiled_loss(saved)
     if saved is not None:
         _warn_logits_mismatch(saved, loss_spec)
-    fields = {"model": model_spec, "dataset": dataset_spec, "loss": loss_spec, **settings}
+    others, early = _split_callbacks(callbacks)
+    fields = {"model": model_spec, "dataset": dataset_spec, "loss": loss_spec, **early, **settings}
     run = RunConfig.from_layers(coerce_settings(fields, "asyncps.train"))
     env = {USER_PATH_ENV: os.pathsep.join(dict.fromkeys(dirs))} if dirs else None
     shown = progress if progress is not None else _watched()
-    code = run_local(run, where, progress=shown, env=env, secure=secure)
+    sink = EvaluationCallbacks(others, files, model if _is_keras_model(model) else None,
+                               display_for(sys.stdout) if shown else None) if others else None
+    code = run_local(run, where, progress=shown, env=env, secure=secure, sink=sink)
     if code != 0 and files.summary.exists() and (summary := RunSummary.load(where)).diverged:
         raise RunDiverged(f"asyncps.train: {summary.verdict}; logs in {files.logs}", summary)
     if code != 0 or not files.summary.exists():
@@ -176,6 +185,62 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     history = History(read_rows(files.evals, EvalRow), iter_rows(files.pushes, PushRow))
     return TrainResult(model=_trained_model(files, saved is not None, into), summary=RunSummary.load(where),
                        history=history, run_dir=where)
+
+
+def _split_callbacks(callbacks: Iterable[Any]) -> tuple[list[Any], dict[str, str]]:
+    """The callbacks to run here, and the early_stop setting an EarlyStopping among them becomes."""
+    import keras
+
+    others, early = [], {}
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.EarlyStopping):
+            mode = "auto" if callback.mode == "auto" else callback.mode
+            early["early_stop"] = (f"{callback.monitor}:patience={max(1, callback.patience)},"
+                                   f"min_delta={abs(callback.min_delta):g},mode={mode}")
+        elif isinstance(callback, keras.callbacks.ModelCheckpoint):
+            raise ValueError("asyncps.train: ModelCheckpoint saves the caller's weights, which the shards hold until "
+                             "the run ends: save result.model afterwards, or use the run's checkpoints "
+                             "(--checkpoint-every-s, asyncps export)")
+        elif isinstance(callback, keras.callbacks.Callback):
+            others.append(callback)
+        else:
+            raise ValueError(f"asyncps.train: callbacks are keras.callbacks.Callback objects, not {callback!r}")
+    return others, early
+
+
+class EvaluationCallbacks:
+    """A run's status sink that runs Keras callbacks on each new evaluation (eval.csv's rows) as the end of an
+    epoch, and shows the status on `inner` (a progress display) if any."""
+
+    def __init__(self, callbacks: list[Any], files: RunDir, model: Any, inner: StatusSink | None) -> None:
+        self._callbacks, self._files, self._inner = callbacks, files, inner
+        self._seen = 0
+        for callback in callbacks:
+            if model is not None:
+                callback.set_model(model)
+            callback.on_train_begin({})
+
+    def show(self, status: Any) -> None:
+        """Show the status; run the callbacks on the evaluations recorded since the last call."""
+        if self._inner is not None:
+            self._inner.show(status)
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        rows = read_rows(self._files.evals, EvalRow)
+        for epoch, row in enumerate(rows[self._seen:], start=self._seen):
+            logs = {"val_loss": row.loss, "val_accuracy": row.accuracy, "updates": float(row.updates)}
+            for callback in self._callbacks:
+                callback.on_epoch_end(epoch, logs)
+        self._seen = len(rows)
+
+    def close(self) -> None:
+        """The run is over: the last evaluations, then on_train_end."""
+        if self._inner is not None:
+            self._inner.close()
+        self._catch_up()
+        for callback in self._callbacks:
+            callback.on_train_end({})
 
 
 def _watched() -> bool:
