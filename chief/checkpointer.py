@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from asyncps.chief.checkpoint import Checkpoint
 
     from asyncps.placement import Placement
+    from asyncps.rules.initializers import RowInit, TableSpec
     from asyncps.transport import ModelClient
     from asyncps.wire.shard import StoreStats
 
@@ -46,19 +47,39 @@ class ShardStateError(RuntimeError):
     """The shards' state cannot be used for this run (another run's, or lost with no checkpoint)."""
 
 
+def generated_parts(placement: Placement, shard: int, tables: Mapping[str, RowInit]) -> dict[str, TableSpec]:
+    """The parts of `tables` on `shard` as the shard makes them: each part's shape, dtype, its first row in
+    the whole table (so its values are those rows of the whole table's, whatever the shard count) and
+    the table's row initializer."""
+    from asyncps.rules.initializers import TableSpec
+
+    specs = {v.name: v for v in placement.variables}
+    out = {}
+    for part in placement.parts_on(shard):
+        init = tables.get(part.variable)
+        if init is not None:
+            spec = specs[part.variable]
+            shape = (part.row_stop - part.row_start, *spec.shape[1:]) if part.sliced else tuple(spec.shape)
+            out[part.name] = TableSpec(shape, spec.dtype, part.row_start if part.sliced else 0, init)
+    return out
+
+
 class Checkpointer:
     """Pause/snapshot/restore orchestration between the shards and the checkpoint directory."""
 
     def __init__(self, config: ChiefConfig, client: ModelClient, placement: Placement,
                  initial_values: dict[str, Array], ledger: TaskLedger, membership: Membership,
-                 progress: Progress, since: float, run_id: str = "") -> None:
+                 progress: Progress, since: float, run_id: str = "",
+                 tables: Mapping[str, RowInit] | None = None) -> None:
         """`since`: the monotonic time the checkpoint schedule counts from (the chief's start);
-        `run_id`: the run's id, given to the shards with their state."""
+        `run_id`: the run's id, given to the shards with their state; `tables`: the row initializer of
+        each table the shards make themselves (no initial values for those)."""
         self._config = config
         self._run = config.run
         self._client = client
         self._placement = placement
         self._initial_values = initial_values
+        self._tables = dict(tables or {})
         self._ledger = ledger
         self._membership = membership
         self._progress = progress
@@ -133,13 +154,13 @@ class Checkpointer:
         the restore to restores.csv (the pushes the shard had after its new version are rolled back)."""
         from asyncps.chief.checkpoint import split
 
-        from asyncps.placement import split_for_shards
-
         client = self._client.shards[shard]
         if ckpt is None:
-            part = split_for_shards(self._placement, self._initial_values)[shard]
+            values = self._initial_values
+            part = {p.name: values[p.variable][p.rows()] if p.sliced else values[p.variable]
+                    for p in self._placement.parts_on(shard) if p.variable not in self._tables}
             reply = client.initialize("chief", shard, len(self._config.ps), self._run.update_rule(), part,
-                                      self.run_id)
+                                      self.run_id, self._generated(shard))
             log.info("shard %d at %s: %s at version %d", shard, self._config.ps[shard],
                      "initialized" if reply.created else "already initialized", reply.version)
             if record and reply.created:
@@ -151,6 +172,10 @@ class Checkpointer:
                  reply.version)
         if record:
             self._record_restore(shard, reply.version, ckpt.path.name, snap.answers)
+
+    def _generated(self, shard: int) -> dict[str, TableSpec]:
+        """The tables' parts on `shard` the shard makes itself."""
+        return generated_parts(self._placement, shard, self._tables)
 
     def _record_restore(self, shard: int, version: int, checkpoint: str, answers: int) -> None:
         """Append the restore to restores.csv, with the incarnation it gave the shard's state (asked
