@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from asyncps.placement import Placement
     from asyncps.rules.initializers import RowInit, TableSpec
     from asyncps.transport import ModelClient
-    from asyncps.wire.shard import StoreStats
+    from asyncps.transport.base import InitResult, SnapshotStream
+    from asyncps.wire.shard import Snapshot, StoreStats
 
 log = logging.getLogger("asyncps.chief")
 
@@ -152,8 +153,6 @@ class Checkpointer:
     def _start_shard(self, shard: int, ckpt: Checkpoint | None, record: bool = True) -> None:
         """Initialize a shard from the initial values, or restore it from a checkpoint; `record`: write
         the restore to restores.csv (the pushes the shard had after its new version are rolled back)."""
-        from asyncps.chief.checkpoint import split
-
         client = self._client.shards[shard]
         if ckpt is None:
             values = self._initial_values
@@ -166,12 +165,25 @@ class Checkpointer:
             if record and reply.created:
                 self._record_restore(shard, reply.version, "", 0)
             return
-        snap = dataclasses.replace(split(self._placement, ckpt, self._run.update_rule())[shard], run_id=self.run_id)
-        reply = client.restore(snap, shard)
+        reply, snap = self._restore(shard, ckpt)
         log.info("shard %d at %s: restored from %s at version %d", shard, self._config.ps[shard], ckpt.path.name,
                  reply.version)
         if record:
             self._record_restore(shard, reply.version, ckpt.path.name, snap.answers)
+
+    def _restore(self, shard: int, ckpt: Checkpoint) -> tuple[InitResult, Snapshot]:
+        """Restore a shard's part of a checkpoint: streamed from its tensor files a chunk at a time (the
+        chief never holds a tensor), or, for a model.npz checkpoint, split from its arrays as before."""
+        from asyncps.chief.checkpoint import part_slices, split, split_counters
+
+        client = self._client.shards[shard]
+        rule = self._run.update_rule()
+        if not ckpt.files:
+            snap = dataclasses.replace(split(self._placement, ckpt, rule)[shard], run_id=self.run_id)
+            return client.restore(snap, shard), snap
+        snap = dataclasses.replace(split_counters(self._placement, ckpt, rule)[shard], run_id=self.run_id)
+        chunk = self._run.chunk_bytes
+        return client.restore_stream(snap, shard, lambda: part_slices(self._placement, ckpt, shard, chunk)), snap
 
     def _generated(self, shard: int) -> dict[str, TableSpec]:
         """The tables' parts on `shard` the shard makes itself."""
@@ -217,27 +229,51 @@ class Checkpointer:
         the manifest describes the same instant as the values: a task the ledger counts as done
         had every push of it applied before the cut (its worker reports it only after them).
         None (nothing written, logged) when the cut outlasted the shards' hold."""
-        from asyncps.chief.checkpoint import assemble, assemble_policy_state
-
         t0 = time.monotonic()
 
         def records() -> tuple[int, dict[str, int], dict[str, Any]]:
             return examples_seen(), self._membership.worker_steps(), self._ledger.state()
 
-        try:
-            cut = at_cut(self._client.shards, lambda _, shard: shard.snapshot(), records, what="checkpoint")
+        try:  # at the cut, each shard copies its state and sends its counters; its tensors stream after
+            cut = at_cut(self._client.shards, lambda _, shard: shard.snapshot_stream(), records, what="checkpoint")
         except CutLapsed as exc:
             log.error("checkpoint skipped: %s", exc)  # the next one is due again at once
             return None
-        snaps = cut.reads
-        examples, worker_steps, data_tasks = cut.record
-        values, slots = assemble(self._placement, snaps)
+        streams = cut.reads
+        try:
+            path = self._write(streams, cut.record)
+        finally:
+            for stream in streams:
+                stream.cancel()
+        self._last = (time.monotonic(), self._progress.updates)
+        log.info("checkpoint %s at versions %s in %.3fs", path.name, [s.header.version for s in streams],
+                 time.monotonic() - t0)
+        return path
+
+    def _write(self, streams: list[SnapshotStream], record: tuple[int, dict[str, int], dict[str, Any]]) -> Path:
+        """The next checkpoint from the shards' streams (each shard's tensors written as they arrive, the
+        shards at once) and the records of the cut."""
+        from asyncps.chief.checkpoint import TensorWriter
+
+        examples, worker_steps, data_tasks = record
+        snaps = [stream.header for stream in streams]
         self._number += 1
         updates = {name: n for snap in snaps for name, n in snap.updates.items()}
         variable_updates: dict[str, int] = {}
         for part in self._placement.parts:
             variable_updates[part.variable] = max(variable_updates.get(part.variable, 0), updates.get(part.name, 0))
-        path = self.checkpoints.save(self._number, values, slots, {
+
+        def write(tmp: Path) -> None:
+            writer = TensorWriter(tmp, self._placement)
+            done = False
+            try:
+                with ThreadPoolExecutor(max_workers=len(streams), thread_name_prefix="ckpt") as pool:
+                    list(pool.map(lambda stream: writer.add_all(stream.slices), streams))
+                done = True
+            finally:
+                writer.close(complete=done)
+
+        return self.checkpoints.save_with(self._number, write, {
             "shard_versions": [s.version for s in snaps],
             "shard_counters": [{"accepted": s.accepted, "dropped": s.dropped, "answers": s.answers,
                                 "answers_by_worker": {str(w): n for w, n in sorted(s.answers_by_worker.items())}}
@@ -251,8 +287,4 @@ class Checkpointer:
             "user_path": [os.path.abspath(d) for d in user_path_from_env()],  # for asyncps export
             "placement": [dataclasses.asdict(p) for p in self._placement.parts],
             "wall_time": time.time(),
-        }, assemble_policy_state(self._placement, snaps))
-        self._last = (time.monotonic(), self._progress.updates)
-        log.info("checkpoint %s at versions %s in %.3fs", path.name, [s.version for s in snaps],
-                 time.monotonic() - t0)
-        return path
+        })
