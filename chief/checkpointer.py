@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from asyncps.placement import Placement
     from asyncps.rules.initializers import RowInit, TableSpec
-    from asyncps.transport import ModelClient
+    from asyncps.transport import ModelClient, ShardTransport
     from asyncps.transport.base import InitResult, SnapshotStream
     from asyncps.wire.shard import Snapshot, StoreStats
 
@@ -234,11 +234,22 @@ class Checkpointer:
         def records() -> tuple[int, dict[str, int], dict[str, Any]]:
             return examples_seen(), self._membership.worker_steps(), self._ledger.state()
 
+        opened: list[SnapshotStream] = []
+
+        def open_stream(_: int, shard: ShardTransport) -> SnapshotStream:
+            opened.append(shard.snapshot_stream())
+            return opened[-1]
+
+        cut = None
         try:  # at the cut, each shard copies its state and sends its counters; its tensors stream after
-            cut = at_cut(self._client.shards, lambda _, shard: shard.snapshot_stream(), records, what="checkpoint")
+            cut = at_cut(self._client.shards, open_stream, records, what="checkpoint")
         except CutLapsed as exc:
             log.error("checkpoint skipped: %s", exc)  # the next one is due again at once
             return None
+        finally:
+            if cut is None:  # a failed cut: no shard keeps its copy for a stream nobody reads
+                for each in opened:
+                    each.cancel()
         streams = cut.reads
         try:
             path = self._write(streams, cut.record)
