@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 from asyncps.chief.checkpointer import LIVE, RESTORED, Checkpointer, ShardStateError
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.evaluator import Evaluation, Evaluator
@@ -68,6 +69,10 @@ T = TypeVar("T")
 # A cut (checkpoint, evaluation) that fails while a shard died or restarted empty is tried this many
 # times, the shards polled (and an empty one restored) between tries, then abandoned.
 CUT_TRIES = 3
+
+#: The most bytes of tables the chief makes whole at the end of a run to export the model (model.keras);
+#: larger tables are exported from a checkpoint by `asyncps export`, in its own process.
+EXPORT_TABLE_BYTES = 1 << 30
 
 #: Examples per evaluation batch (a table's local rows in the chief hold this many examples' ids).
 EVAL_BATCH = 1024
@@ -386,13 +391,20 @@ class Chief:
     def _export(self) -> None:
         """The final model into the run directory: a whole Keras model, so its tables are pulled whole
         into a model built whole (what export is for: the only time the chief holds a table)."""
-        if self.model.evaluator.sparse is None:
+        sparse = self.model.evaluator.sparse
+        if sparse is None:
             export_model(self.model.keras, self.config)
+            return
+        table_bytes = sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in sparse.tables)
+        if table_bytes > EXPORT_TABLE_BYTES:
+            log.warning("no model.keras: the tables (%.0f MB) only the shards hold are larger than the %d MB the "
+                        "chief makes whole to export them; `asyncps export` writes the model from a checkpoint",
+                        table_bytes / 1e6, EXPORT_TABLE_BYTES >> 20)
             return
         from asyncps.runmodel import build_run_model
         from asyncps.transport import connect_model
 
-        log.info("export: the tables are pulled whole into the chief")
+        log.info("export: the tables (%.1f MB) are pulled whole into the chief", table_bytes / 1e6)
         _, whole = build_run_model(self.run)
         client = connect_model("chief", list(self.config.ps), self.model.placement, self.run.rpc_deadline_s,
                                self.run.chunk_bytes, self.config.security, ride_restarts=False)

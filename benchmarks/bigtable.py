@@ -1,0 +1,63 @@
+"""A table larger than a worker's memory budget trains: `python -m benchmarks.bigtable`.
+
+`asyncps local` with the recsys model over a table of `--rows` x `--dim` float32 (default 32M x 32: 4.1 GB, and
+as much again for Adagrad's accumulator), on 2 shards with 2 workers, for a fixed number of updates. Only the
+shards hold the table: they make their parts from its row initializer (the chief sends no values), the
+workers and the chief's evaluation read the rows their batches look up. Prints each process' peak RSS
+(VmHWM, sampled by the benchmark's cluster runner) and whether the workers (and the chief) stayed under the
+budget. Not part of the test suites: it needs the shards' memory (table and slot, about 8.2 GB by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+
+from asyncps.config import RunConfig
+from benchmarks.asyncps_runs import run_cluster_summary
+
+#: What a worker (and the chief) may use, MB: far less than the table.
+BUDGET_MB = 1024.0
+
+
+def bigtable_run(rows: int, dim: int, updates: int, transport: str) -> RunConfig:
+    """The run: recsys data and model over `rows` ids, 2 shards, 2 workers, Adagrad, `updates` updates, no
+    checkpoints, evaluations only at the end."""
+    return RunConfig(dataset=f"recsys:rows={rows}", model=f"recsys:rows={rows},dim={dim}", num_workers=2,
+                     num_ps=2, optimizer="adagrad", learning_rate=0.05, batch_size=256, max_updates=updates,
+                     epochs=1000.0, eval_every_s=100000.0, transport=transport, rpc_deadline_s=600.0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run once; print the figures (exit 1 when a worker went over the budget)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=32_000_000)
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--updates", type=int, default=2000)
+    parser.add_argument("--transport", default="auto")
+    args = parser.parse_args(argv)
+    table_mb = args.rows * args.dim * 4 / 2**20
+    print(f"table {args.rows} x {args.dim} float32: {table_mb:.0f} MB (+ as much for Adagrad's accumulator); "
+          f"2 shards, 2 workers, {args.updates} updates, transport {args.transport}")
+    started = time.monotonic()
+    done = run_cluster_summary(bigtable_run(args.rows, args.dim, args.updates, args.transport), skip_s=0.0)
+    took = time.monotonic() - started
+    summary = done.summary
+    print(f"{summary.updates_applied} updates in {took:.0f}s (training {summary.wall_s:.0f}s, "
+          f"{summary.throughput_updates_per_s:.0f} updates/s); final eval loss {summary.final_eval.loss:.4f} "
+          f"accuracy {summary.final_eval.accuracy:.4f}")
+    print("| process | peak RSS, MB |")
+    print("|---|---|")
+    for name, mb in sorted(done.peaks.items()):
+        print(f"| {name} | {mb:.0f} |")
+    workers = {n: mb for n, mb in done.peaks.items() if n.startswith("worker")}
+    over = {n: mb for n, mb in workers.items() if mb >= BUDGET_MB}
+    chief = done.peaks.get("chief", 0.0)
+    print(f"workers under {BUDGET_MB:.0f} MB: {'yes' if not over else f'no {over}'}; chief under {BUDGET_MB:.0f} MB: "
+          f"{'yes' if chief < BUDGET_MB else 'no'} ({chief:.0f} MB)")
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
