@@ -21,12 +21,14 @@ from benchmarks.asyncps_runs import run_cluster_summary
 BUDGET_MB = 1024.0
 
 
-def bigtable_run(rows: int, dim: int, updates: int, transport: str) -> RunConfig:
-    """The run: recsys data and model over `rows` ids, 2 shards, 2 workers, Adagrad, `updates` updates, no
-    checkpoints, evaluations only at the end."""
+def bigtable_run(rows: int, dim: int, updates: int, transport: str, checkpoint: bool) -> RunConfig:
+    """The run: recsys data and model over `rows` ids, 2 shards, 2 workers, Adagrad, `updates` updates,
+    evaluations only at the end; with `checkpoint`, one checkpoint at the end (streamed by the chief into
+    its files; each shard copies its state for it), else none."""
     return RunConfig(dataset=f"recsys:rows={rows}", model=f"recsys:rows={rows},dim={dim}", num_workers=2,
                      num_ps=2, optimizer="adagrad", learning_rate=0.05, batch_size=256, max_updates=updates,
-                     epochs=1000.0, eval_every_s=100000.0, transport=transport, rpc_deadline_s=600.0)
+                     epochs=1000.0, eval_every_s=100000.0, transport=transport, rpc_deadline_s=600.0,
+                     checkpoint_every_s=100000.0 if checkpoint else 0.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,12 +38,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--updates", type=int, default=2000)
     parser.add_argument("--transport", default="auto")
+    parser.add_argument("--checkpoint", action="store_true", help="one checkpoint at the end (8.2 GB written)")
     args = parser.parse_args(argv)
     table_mb = args.rows * args.dim * 4 / 2**20
     print(f"table {args.rows} x {args.dim} float32: {table_mb:.0f} MB (+ as much for Adagrad's accumulator); "
-          f"2 shards, 2 workers, {args.updates} updates, transport {args.transport}")
+          f"2 shards, 2 workers, {args.updates} updates, transport {args.transport}, "
+          f"{'a checkpoint at the end' if args.checkpoint else 'no checkpoint'}")
     started = time.monotonic()
-    done = run_cluster_summary(bigtable_run(args.rows, args.dim, args.updates, args.transport), skip_s=0.0)
+    run = bigtable_run(args.rows, args.dim, args.updates, args.transport, args.checkpoint)
+    done = run_cluster_summary(run, skip_s=0.0)
     took = time.monotonic() - started
     summary = done.summary
     print(f"{summary.updates_applied} updates in {took:.0f}s (training {summary.wall_s:.0f}s, "
