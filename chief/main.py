@@ -72,7 +72,7 @@ CUT_TRIES = 3
 
 #: The most bytes of tables the chief makes whole at the end of a run to export the model (model.keras);
 #: larger tables are exported from a checkpoint by `asyncps export`, in its own process.
-EXPORT_TABLE_BYTES = 1 << 30
+EXPORT_TABLE_BYTES = 1 << 28
 
 #: Examples per evaluation batch (a table's local rows in the chief hold this many examples' ids).
 EVAL_BATCH = 1024
