@@ -24,7 +24,7 @@ from asyncps.chief.checkpoint import (
 
 from asyncps.placement import VariableSpec, place
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
-from asyncps.rundir import CheckpointNames
+from asyncps.rundir import CheckpointNames, RunDir
 from asyncps.transport import connect_model
 from asyncps.wire.codec import SparseRows
 from asyncps.wire.shard import PushRequest
@@ -108,7 +108,7 @@ def test_a_checkpoint_streamed_part_by_part_restores_onto_any_shard_count(
     _trained(two)
     expected_values, expected_slots = _whole(two)
     assert place(SPECS, 2, SLICE).parts_of("table")[0].sliced
-    path = _write(tmp_path / "ckpt", two)
+    path = _write(RunDir(tmp_path).checkpoints, two)
     ckpt = CheckpointDir.load(path)
     assert ckpt.files and isinstance(ckpt.values["table"], np.memmap)  # read from the files, not into memory
     for name, value in expected_values.items():
@@ -127,7 +127,7 @@ def test_a_checkpoint_streamed_part_by_part_restores_onto_any_shard_count(
 
 
 def test_a_model_npz_checkpoint_still_loads(tmp_path: Path) -> None:
-    path = tmp_path / "ckpt-00000001"
+    path = CheckpointNames(tmp_path).final(1)
     path.mkdir()
     table = np.arange(12, dtype=np.float32).reshape(6, 2)
     np.savez(CheckpointNames.arrays(path), **{"value/table": table, "slot/accumulator/table": table * 2})
@@ -144,7 +144,7 @@ def test_a_stream_that_does_not_fit_the_placement_leaves_no_checkpoint(
     _trained(two)
     other = place([VariableSpec("table", (1000, 8), "float32")], 2, SLICE)  # the dense variables unknown
     client = connect_model("chief", two, place(SPECS, 2, SLICE))
-    root = tmp_path / "ckpt"
+    root = RunDir(tmp_path).checkpoints
     try:
         streams = [shard.snapshot_stream() for shard in client.shards]
 
