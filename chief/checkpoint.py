@@ -365,7 +365,11 @@ class CheckpointDir:
         tmp = self.names.staging(number)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        write(tmp)
+        try:
+            write(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # no staging directory left by a failed stream
+            raise
         with open(CheckpointNames.manifest(tmp), "w") as f:
             json.dump({**manifest, "number": number}, f, indent=2, sort_keys=True)
             f.flush()

@@ -162,4 +162,4 @@ def test_a_stream_that_does_not_fit_the_placement_leaves_no_checkpoint(
             stream.cancel()
     finally:
         client.close()
-    assert CheckpointDir(root).complete() == []
+    assert CheckpointDir(root).complete() == [] and list(root.iterdir()) == []  # no staging directory left
