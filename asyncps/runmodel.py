@@ -49,4 +49,46 @@ def build_worker_model(run: RunConfig) -> tuple[Dataset, Any, SparseModel | None
     return data, sparse.model, sparse
 
 
-__all__ = ["build_run_model", "build_worker_model"]
+def build_chief_model(run: RunConfig, eval_batch: int) -> tuple[Dataset, Any, SparseModel | None, dict[str, Any]]:
+    """The chief's dataset and model: with `row_pull` auto and Embedding tables the clone reads by rows, the
+    model built without making its tables (asyncps.ml.sparse), cloned with local tables of capacity for
+    `eval_batch` examples (the evaluation's batches), its other variables made, and its SparseModel;
+    else the model as build_run_model builds it and None. The chief never makes a table the shards can
+    make themselves (`RowTable.init`): the others (an initializer the shards cannot make) are made here,
+    once, from the model as built, and returned by variable path (logged)."""
+    if run.row_pull == "off":
+        data, model = build_run_model(run)
+        return data, model, None, {}
+    from asyncps.ml.datasets import load_dataset
+    from asyncps.ml.models import build_model
+    from asyncps.ml.sparse import build_deferred, initialize, plan
+
+    data = load_dataset(run.dataset, run.seed)
+    model = build_deferred(lambda: build_model(run.model, data.num_features, data.num_classes, data.image_shape,
+                                               run.seed, data.targets, id_rows=data.id_rows))
+    sparse = plan(model, eval_batch, run.seed)
+    if sparse is None:
+        initialize(model)
+        return data, model, None, {}
+    return data, sparse.model, sparse, _unknown_tables(model, sparse)
+
+
+def _unknown_tables(model: Any, sparse: SparseModel) -> dict[str, Any]:
+    """The values of the tables whose initializer the shards cannot make, made from the deferred model."""
+    import logging
+
+    import numpy as np
+
+    unknown = {t.variable for t in sparse.tables if t.init is None}
+    made: dict[str, Any] = {}
+    for variable in model.variables:
+        if variable.path in unknown:
+            variable._deferred_initialize()
+            made[variable.path] = np.array(variable.numpy())
+            logging.getLogger("asyncps.chief").info(
+                "table %s %s: its initializer is not one the shards make (asyncps.rules.initializers): made "
+                "whole in the chief and sent", variable.path, list(made[variable.path].shape))
+    return made
+
+
+__all__ = ["build_chief_model", "build_run_model", "build_worker_model"]

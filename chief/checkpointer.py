@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,9 @@ if TYPE_CHECKING:
     from asyncps.chief.checkpoint import Checkpoint
 
     from asyncps.placement import Placement
-    from asyncps.transport import ModelClient
+    from asyncps.rules.initializers import RowInit, TableSpec
+    from asyncps.transport import ModelClient, ShardTransport
+    from asyncps.transport.base import InitResult, SnapshotStream
     from asyncps.wire.shard import Snapshot, StoreStats
 
 log = logging.getLogger("asyncps.chief")
@@ -46,19 +48,39 @@ class ShardStateError(RuntimeError):
     """The shards' state cannot be used for this run (another run's, or lost with no checkpoint)."""
 
 
+def generated_parts(placement: Placement, shard: int, tables: Mapping[str, RowInit]) -> dict[str, TableSpec]:
+    """The parts of `tables` on `shard` as the shard makes them: each part's shape, dtype, its first row in
+    the whole table (so its values are those rows of the whole table's, whatever the shard count) and
+    the table's row initializer."""
+    from asyncps.rules.initializers import TableSpec
+
+    specs = {v.name: v for v in placement.variables}
+    out = {}
+    for part in placement.parts_on(shard):
+        init = tables.get(part.variable)
+        if init is not None:
+            spec = specs[part.variable]
+            shape = (part.row_stop - part.row_start, *spec.shape[1:]) if part.sliced else tuple(spec.shape)
+            out[part.name] = TableSpec(shape, spec.dtype, part.row_start if part.sliced else 0, init)
+    return out
+
+
 class Checkpointer:
     """Pause/snapshot/restore orchestration between the shards and the checkpoint directory."""
 
     def __init__(self, config: ChiefConfig, client: ModelClient, placement: Placement,
                  initial_values: dict[str, Array], ledger: TaskLedger, membership: Membership,
-                 progress: Progress, since: float, run_id: str = "") -> None:
+                 progress: Progress, since: float, run_id: str = "",
+                 tables: Mapping[str, RowInit] | None = None) -> None:
         """`since`: the monotonic time the checkpoint schedule counts from (the chief's start);
-        `run_id`: the run's id, given to the shards with their state."""
+        `run_id`: the run's id, given to the shards with their state; `tables`: the row initializer of
+        each table the shards make themselves (no initial values for those)."""
         self._config = config
         self._run = config.run
         self._client = client
         self._placement = placement
         self._initial_values = initial_values
+        self._tables = dict(tables or {})
         self._ledger = ledger
         self._membership = membership
         self._progress = progress
@@ -132,26 +154,41 @@ class Checkpointer:
     def _start_shard(self, shard: int, ckpt: Checkpoint | None, record: bool = True) -> None:
         """Initialize a shard from the initial values, or restore it from a checkpoint; `record`: write
         the restore to restores.csv (the pushes the shard had after its new version are rolled back)."""
-        from asyncps.chief.checkpoint import split
-
-        from asyncps.placement import split_for_shards
-
         client = self._client.shards[shard]
         if ckpt is None:
-            part = split_for_shards(self._placement, self._initial_values)[shard]
+            values = self._initial_values
+            part = {p.name: values[p.variable][p.rows()] if p.sliced else values[p.variable]
+                    for p in self._placement.parts_on(shard) if p.variable not in self._tables}
             reply = client.initialize("chief", shard, len(self._config.ps), self._run.update_rule(), part,
-                                      self.run_id)
+                                      self.run_id, self._generated(shard))
             log.info("shard %d at %s: %s at version %d", shard, self._config.ps[shard],
                      "initialized" if reply.created else "already initialized", reply.version)
             if record and reply.created:
                 self._record_restore(shard, reply.version, "", 0)
             return
-        snap = dataclasses.replace(split(self._placement, ckpt, self._run.update_rule())[shard], run_id=self.run_id)
-        reply = client.restore(snap, shard)
+        reply, snap = self._restore(shard, ckpt)
         log.info("shard %d at %s: restored from %s at version %d", shard, self._config.ps[shard], ckpt.path.name,
                  reply.version)
         if record:
             self._record_restore(shard, reply.version, ckpt.path.name, snap.answers)
+
+    def _restore(self, shard: int, ckpt: Checkpoint) -> tuple[InitResult, Snapshot]:
+        """Restore a shard's part of a checkpoint: streamed from its tensor files a chunk at a time (the
+        chief never holds a tensor), or, for a model.npz checkpoint, split from its arrays as before."""
+        from asyncps.chief.checkpoint import part_slices, split, split_counters
+
+        client = self._client.shards[shard]
+        rule = self._run.update_rule()
+        if not ckpt.files:
+            snap = dataclasses.replace(split(self._placement, ckpt, rule)[shard], run_id=self.run_id)
+            return client.restore(snap, shard), snap
+        snap = dataclasses.replace(split_counters(self._placement, ckpt, rule)[shard], run_id=self.run_id)
+        chunk = self._run.chunk_bytes
+        return client.restore_stream(snap, shard, lambda: part_slices(self._placement, ckpt, shard, chunk)), snap
+
+    def _generated(self, shard: int) -> dict[str, TableSpec]:
+        """The tables' parts on `shard` the shard makes itself."""
+        return generated_parts(self._placement, shard, self._tables)
 
     def _record_restore(self, shard: int, version: int, checkpoint: str, answers: int) -> None:
         """Append the restore to restores.csv, with the incarnation it gave the shard's state (asked
@@ -200,16 +237,25 @@ class Checkpointer:
         def records() -> tuple[int, dict[str, int], dict[str, Any]]:
             return examples_seen(), self._membership.worker_steps(), self._ledger.state()
 
-        try:
-            cut = at_cut(self._client.shards, lambda _, shard: shard.snapshot(), records, what="checkpoint")
+        opened: list[SnapshotStream] = []
+
+        def open_stream(_: int, shard: ShardTransport) -> SnapshotStream:
+            opened.append(shard.snapshot_stream())
+            return opened[-1]
+
+        cut = None
+        try:  # at the cut, each shard copies its state and sends its counters; its tensors stream after
+            cut = at_cut(self._client.shards, open_stream, records, what="checkpoint")
         except CutLapsed as exc:
             log.error("checkpoint skipped: %s", exc)  # the next one is due again at once
             return None
-        snaps = cut.reads
-        examples, worker_steps, data_tasks = cut.record
-        self._number += 1
+        finally:
+            if cut is None:  # a failed cut: no shard keeps its copy for a stream nobody reads
+                for each in opened:
+                    each.cancel()
+        streams = cut.reads
         try:
-            path = self._save(snaps, examples, worker_steps, data_tasks)
+            path = self._write(streams, cut.record)
         except OSError as exc:
             self.failed += 1
             self._last = (time.monotonic(), self._progress.updates)  # tried again at the next interval, not at once
@@ -218,22 +264,38 @@ class Checkpointer:
                       "the next interval (%d checkpoint(s) failed)", self._number, exc,
                       latest[-1].name if latest else "no checkpoint", self.failed)
             return None
+        finally:
+            for stream in streams:
+                stream.cancel()
         self._last = (time.monotonic(), self._progress.updates)
-        log.info("checkpoint %s at versions %s in %.3fs", path.name, [s.version for s in snaps],
+        log.info("checkpoint %s at versions %s in %.3fs", path.name, [s.header.version for s in streams],
                  time.monotonic() - t0)
         return path
 
-    def _save(self, snaps: list[Snapshot], examples: int, worker_steps: dict[str, int],
-              data_tasks: dict[str, Any]) -> Path:
-        """Write the cut's snapshots as checkpoint self._number (OSError: the storage refused it)."""
-        from asyncps.chief.checkpoint import assemble, assemble_policy_state
+    def _write(self, streams: list[SnapshotStream], record: tuple[int, dict[str, int], dict[str, Any]]) -> Path:
+        """The next checkpoint from the shards' streams (each shard's tensors written as they arrive, the
+        shards at once) and the records of the cut."""
+        from asyncps.chief.checkpoint import TensorWriter
 
-        values, slots = assemble(self._placement, snaps)
+        examples, worker_steps, data_tasks = record
+        snaps = [stream.header for stream in streams]
+        self._number += 1
         updates = {name: n for snap in snaps for name, n in snap.updates.items()}
         variable_updates: dict[str, int] = {}
         for part in self._placement.parts:
             variable_updates[part.variable] = max(variable_updates.get(part.variable, 0), updates.get(part.name, 0))
-        return self.checkpoints.save(self._number, values, slots, {
+
+        def write(tmp: Path) -> None:
+            writer = TensorWriter(tmp, self._placement)
+            done = False
+            try:
+                with ThreadPoolExecutor(max_workers=len(streams), thread_name_prefix="ckpt") as pool:
+                    list(pool.map(lambda stream: writer.add_all(stream.slices), streams))
+                done = True
+            finally:
+                writer.close(complete=done)
+
+        return self.checkpoints.save_with(self._number, write, {
             "shard_versions": [s.version for s in snaps],
             "shard_counters": [{"accepted": s.accepted, "dropped": s.dropped, "answers": s.answers,
                                 "answers_by_worker": {str(w): n for w, n in sorted(s.answers_by_worker.items())}}
@@ -247,4 +309,4 @@ class Checkpointer:
             "user_path": [os.path.abspath(d) for d in user_path_from_env()],  # for asyncps export
             "placement": [dataclasses.asdict(p) for p in self._placement.parts],
             "wall_time": time.time(),
-        }, assemble_policy_state(self._placement, snaps))
+        })

@@ -101,12 +101,20 @@ def at_cut(shards: Sequence[ShardTransport], read: Callable[[int, ShardTransport
     return Cut(reads, paused, recorded, sync_steps)
 
 
-def pull_at_cut(client: ModelClient, hold_s: float = DEFAULT_HOLD_S) -> list[int]:
-    """Pull the whole model into `client.values` at a cut; the version vector of those values.
+def pull_at_cut(client: ModelClient, hold_s: float = DEFAULT_HOLD_S,
+                then: Callable[[], None] | None = None) -> list[int]:
+    """Pull the whole model into `client.values` at a cut (and call `then`, reading the tables' rows, at
+    the same cut); the version vector of those values.
 
     Pushes are held for the pull's duration, so no shard's values can include a gradient computed
     from values of another shard newer than the ones pulled."""
-    return at_cut(client.shards, lambda _, __: None, client.pull, hold_s, what="evaluation").record
+    def pull() -> list[int]:
+        versions = client.pull()
+        if then is not None:
+            then()
+        return versions
+
+    return at_cut(client.shards, lambda _, __: None, pull, hold_s, what="evaluation").record
 
 
 __all__ = ["CUT_GATE_ENV", "DEFAULT_HOLD_S", "Cut", "CutLapsed", "at_cut", "pull_at_cut"]

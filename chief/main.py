@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 from asyncps.chief.checkpointer import LIVE, RESTORED, Checkpointer, ShardStateError
 from asyncps.chief.config import ChiefConfig
 from asyncps.chief.evaluator import Evaluation, Evaluator
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from asyncps.ml.datasets import Dataset
     from asyncps.ml.task import Task
     from asyncps.placement import Placement
+    from asyncps.rules.initializers import RowInit
     from asyncps.transport import ModelClient
 
 __all__ = ["Chief", "ChiefConfig", "run_chief"]
@@ -69,10 +71,20 @@ T = TypeVar("T")
 # times, the shards polled (and an empty one restored) between tries, then abandoned.
 CUT_TRIES = 3
 
+#: The most bytes of tables the chief makes whole at the end of a run to export the model (model.keras: a
+#: 512 MB table took the chief to 3.7 GB);
+#: larger tables are exported from a checkpoint by `asyncps export`, in its own process.
+EXPORT_TABLE_BYTES = 1 << 28
+
+#: Examples per evaluation batch (a table's local rows in the chief hold this many examples' ids).
+EVAL_BATCH = 1024
+
 
 @dataclass(frozen=True)
 class ModelParts:
-    """The dataset, the Keras model with its evaluator, and the model's placement over the shards."""
+    """The dataset, the Keras model with its evaluator, and the model's placement over the shards:
+    `initial_values` of every variable the chief sends, `tables` the row initializer of every table the
+    shards make themselves (asyncps.rules.initializers; never made in the chief)."""
 
     data: Dataset
     keras: Any
@@ -80,31 +92,35 @@ class ModelParts:
     initial_values: dict[str, Array]
     placement: Placement
     client: ModelClient
+    tables: dict[str, RowInit] = dataclasses.field(default_factory=dict)
 
 
 def build_model_parts(config: ChiefConfig) -> ModelParts:
-    """Load the dataset, build the model, place it over the shards and connect to them."""
+    """Load the dataset, build the model (its tables read by rows: never made here when the shards can
+    make them, asyncps.runmodel.build_chief_model), place it over the shards and connect to them."""
     run = config.run
     quiet_tensorflow()
     limit_threads(run.tf_threads)
     from asyncps.placement import VariableSpec, place
-    from asyncps.runmodel import build_run_model
+    from asyncps.runmodel import build_chief_model
     from asyncps.transport import connect_model
 
-    data, model = build_run_model(run)
-    evaluator = Evaluator(model, resolve_run_task(run, data, model))
-    initial_values = evaluator.values()
+    data, model, sparse, made = build_chief_model(run, EVAL_BATCH)
+    evaluator = Evaluator(model, resolve_run_task(run, data, model), EVAL_BATCH, sparse)
+    initial_values = {**evaluator.values(), **made}
+    tables = {t.variable: t.init for t in sparse.tables if t.init is not None} if sparse is not None else {}
     started = time.monotonic()
     evaluator.warm_up(data.x_test, data.y_test)
     log.info("evaluation traced in %.2fs", time.monotonic() - started)
-    specs = [VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
+    specs = sparse.specs() if sparse is not None else [
+        VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(config.ps), run.slice_threshold_bytes)
     # the chief restores a shard that restarted empty: its reads fail at once there instead of waiting
     client = connect_model("chief", list(config.ps), placement, run.rpc_deadline_s, run.chunk_bytes, config.security,
-                           ride_restarts=False)
-    log.info("model %s: %d variables, %d parameters; bytes per shard %s", run.model, len(specs),
-             sum(math.prod(s.shape) for s in specs), placement.shard_bytes())
-    return ModelParts(data, model, evaluator, initial_values, placement, client)
+                           ride_restarts=False, row_variables=[t.variable for t in sparse.tables] if sparse else ())
+    log.info("model %s: %d variables, %d parameters; bytes per shard %s; %d table(s) made by the shards", run.model,
+             len(specs), sum(math.prod(s.shape) for s in specs), placement.shard_bytes(), len(tables))
+    return ModelParts(data, model, evaluator, initial_values, placement, client, tables)
 
 
 def resolve_run_task(run: RunConfig, data: Dataset, model: Any) -> Task:
@@ -254,7 +270,7 @@ class Chief:
             self._write_summary(final)
             finished = True
             if self.config.export:
-                export_model(self.model.keras, self.config)
+                self._export()
             if self.verdict is not None:
                 gave_up = self.verdict.reason
                 log.error("run ended: %s; exiting %d", self.verdict.reason, self.verdict.exit_code)
@@ -390,6 +406,34 @@ class Chief:
     def _checkpoint(self) -> None:
         self._at_cut("checkpoint", lambda: self.checkpointer.checkpoint(lambda: self.recorder.snapshot()[2]))
 
+    def _export(self) -> None:
+        """The final model into the run directory: a whole Keras model, so its tables are pulled whole
+        into a model built whole (what export is for: the only time the chief holds a table)."""
+        sparse = self.model.evaluator.sparse
+        if sparse is None:
+            export_model(self.model.keras, self.config)
+            return
+        table_bytes = sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in sparse.tables)
+        if table_bytes > EXPORT_TABLE_BYTES:
+            log.warning("no model.keras: the tables (%.0f MB) only the shards hold are larger than the %d MB the "
+                        "chief makes whole to export them; `asyncps export` writes the model from a checkpoint",
+                        table_bytes / 1e6, EXPORT_TABLE_BYTES >> 20)
+            return
+        from asyncps.runmodel import build_run_model
+        from asyncps.transport import connect_model
+
+        log.info("export: the tables (%.1f MB) are pulled whole into the chief", table_bytes / 1e6)
+        _, whole = build_run_model(self.run)
+        client = connect_model("chief", list(self.config.ps), self.model.placement, self.run.rpc_deadline_s,
+                               self.run.chunk_bytes, self.config.security, ride_restarts=False)
+        try:
+            client.pull()
+            for variable in whole.trainable_variables:
+                variable.assign(client.values[variable.path])
+        finally:
+            client.close()
+        export_model(whole, self.config)
+
     def _write_summary(self, final: tuple[float, float]) -> None:
         write_summary(self.config.run_dir, final, self.clock.wall_s(), self.progress,
                       self.recorder, self.run, len(self.config.ps), self.model.data, self.membership.stop_reason,
@@ -425,7 +469,7 @@ def _run_locked(config: ChiefConfig, interrupt: threading.Event | None,
     membership = Membership(run.num_workers, run.heartbeat_timeout_s)
     ledger = TaskLedger(len(model.data.x_train), run.task_size or 4 * run.batch_size, run.epochs)
     checkpointer = Checkpointer(config, model.client, model.placement, model.initial_values, ledger, membership,
-                                progress, since=started, run_id=manifest.run_id)
+                                progress, since=started, run_id=manifest.run_id, tables=model.tables)
     try:
         how = checkpointer.start_shards(resuming, reshard)
     except Unreachable as exc:

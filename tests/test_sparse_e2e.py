@@ -14,7 +14,7 @@ from asyncps.chief.tasks import TaskLedger
 from asyncps.ml.datasets import epoch_order, load_dataset
 from asyncps.ml.models import EMBEDDING_LEVELS, build_model
 from asyncps.placement import Placement, VariableSpec, place
-from asyncps.rundir import RunDir, RunSummary
+from asyncps.rundir import EvalRow, RunDir, RunSummary, iter_rows
 from tests.test_local_cluster import run_cli
 
 pytestmark = pytest.mark.slow
@@ -64,6 +64,18 @@ def _expected_push_bytes(placement: Placement, table: str) -> list[int]:
     return expected
 
 
+def _test_ids_per_shard(placement: Placement, table: str) -> list[int]:
+    """Per shard: the distinct ids of its table part the test set looks up."""
+    x = load_dataset("digits", SEED).x_test
+    tokens = np.clip(np.floor(x * np.float32(EMBEDDING_LEVELS)), 0, EMBEDDING_LEVELS - 1).astype(np.int64)
+    ids = np.unique(tokens + np.arange(x.shape[1]) * EMBEDDING_LEVELS)
+    out = [0] * placement.num_shards
+    for part in placement.parts_of(table):
+        start, stop = (part.row_start, part.row_stop) if part.sliced else (0, ids.max() + 1)
+        out[part.shard] += int(np.count_nonzero((ids >= start) & (ids < stop)))
+    return out
+
+
 def test_embedding_model_trains_on_the_cluster_pushing_only_touched_rows(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(["local", "--run-dir", str(run_dir), "--model", "embedding", "--dataset", "digits",
@@ -77,6 +89,11 @@ def test_embedding_model_trains_on_the_cluster_pushing_only_touched_rows(tmp_pat
 
     placement, table = _placement()
     expected = _expected_push_bytes(placement, table)
+    # the chief's evaluations ask the rows the test set looks up, once each (chief/evaluator.py): their ids
+    # too, but the final one's come after the shards' last counters the summary holds
+    evaluations = len(list(iter_rows(RunDir(run_dir).evals, EvalRow))) - 1
+    for shard, ids in enumerate(_test_ids_per_shard(placement, table)):
+        expected[shard] += evaluations * ids * 8
     received = [s.bytes_pushed for s in summary.shards]
     assert received == expected, (received, expected)
     # and that is far less than pushing the table dense, or a row per lookup (2048 per batch)

@@ -13,7 +13,7 @@
 | `memory.json` | PeakMemory | the local launcher, at the end |
 | `chief.lock` | ChiefLock (flock, released when the chief ends) | the chief, for its life |
 | `tb/` | TensorBoard events | the chief, every evaluation |
-| `ckpt/ckpt-NNNNNNNN/` | asyncps.chief.checkpoint (its own `manifest.json`, `model.npz`) | the chief, at a cut |
+| `ckpt/ckpt-NNNNNNNN/` | asyncps.chief.checkpoint (`manifest.json`, `tensors/`) | the chief, at a cut |
 | `logs/` | role logs and port files | the local launcher |
 | `model.keras`, `saved_model/` | the final model | the chief, at the end (`exported_model(dir)`) |
 | `input-model.keras`, `input-data.npz` | the model object and arrays handed to `asyncps.train` | asyncps.train |

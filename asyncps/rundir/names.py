@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 CONFIG_JSON = "config.json"  # the run's settings, written by the chief when it starts
 SUMMARY_JSON = "summary.json"  # the run's outcome, written by the chief when it finishes
@@ -32,7 +33,8 @@ INPUT_DATA_NPZ = "input-data.npz"  # asyncps.train: the caller's arrays (x_train
 # ckpt-NNNNNNNN.tmp/ first; it holds its arrays and its own manifest, a different format from the
 # run's MANIFEST_JSON (same file name: run directories written so far must still resume).
 CHECKPOINT_MANIFEST_JSON = "manifest.json"  # the checkpoint's number, shard versions, counters and settings
-CHECKPOINT_ARRAYS_NPZ = "model.npz"  # whole variables, optimizer slots and policy state
+CHECKPOINT_ARRAYS_NPZ = "model.npz"  # whole variables, optimizer slots and policy state (before tensors/)
+CHECKPOINT_TENSORS = "tensors"  # the same, one .npy file each (written chunk by chunk as the shards stream)
 _CHECKPOINT = re.compile(r"^ckpt-(\d{8})$")
 
 
@@ -72,8 +74,23 @@ class CheckpointNames:
 
     @staticmethod
     def arrays(checkpoint: Path) -> Path:
-        """A checkpoint directory's arrays."""
+        """A checkpoint directory's arrays in one .npz (checkpoints written before tensors/)."""
         return checkpoint / CHECKPOINT_ARRAYS_NPZ
+
+    @staticmethod
+    def tensors(checkpoint: Path) -> Path:
+        """A checkpoint directory's folder of tensors, one .npy file each (tensor_file names them)."""
+        return checkpoint / CHECKPOINT_TENSORS
+
+    @staticmethod
+    def tensor_file(checkpoint: Path, key: str) -> Path:
+        """The .npy file of tensor `key` (`value/NAME`, `slot/SLOT/NAME`, `policy/KEY/NAME`) in a checkpoint."""
+        return checkpoint / CHECKPOINT_TENSORS / (quote(key, safe="") + ".npy")
+
+    @staticmethod
+    def tensor_key(file: Path) -> str:
+        """The tensor key of a file tensor_file named."""
+        return unquote(file.name.removesuffix(".npy"))
 
 
 @dataclass(frozen=True)

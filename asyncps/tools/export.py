@@ -20,8 +20,9 @@ from asyncps.rundir import CheckpointNames, RunDir
 
 def find_checkpoint(path: Path) -> Path:
     """The checkpoint at `path`: a ckpt-NNNNNNNN directory, or the newest one in a checkpoint root or in
-    a run directory's ckpt/ (a run directory has a manifest.json of its own, but no model.npz)."""
-    if CheckpointNames.manifest(path).exists() and CheckpointNames.arrays(path).exists():
+    a run directory's ckpt/ (a run directory has a manifest.json of its own, but no tensors/ or model.npz)."""
+    if CheckpointNames.manifest(path).exists() and (CheckpointNames.tensors(path).is_dir()
+                                                    or CheckpointNames.arrays(path).exists()):
         return path
     for root in (path, RunDir(path).checkpoints):
         complete = CheckpointDir(root).complete()

@@ -9,7 +9,7 @@ validation) never depend on the path a tensor took; protobuf stays inside the im
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,6 +19,7 @@ from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.initializers import TableSpec
 from asyncps.rules.sync.types import Decisions, Held
 from asyncps.wire.codec import Array, IndexArray
+from asyncps.wire.frames import Slice
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues, Snapshot, StoreStats
 
 if TYPE_CHECKING:
@@ -85,6 +86,17 @@ class DataPath(Protocol):
         """Release what the path holds (not the shared gRPC channel: the control face owns it)."""
 
 
+@dataclass
+class SnapshotStream:
+    """A shard's state as it streams: `header` (its counters and update counts; no arrays), and its
+    tensors' `slices` (each a byte range of `value/PART`, `slot/SLOT/PART` or `policy/KEY/PART`, in order
+    within a tensor); `cancel` ends the stream early (a cut that failed)."""
+
+    header: Snapshot
+    slices: Iterator[Slice]
+    cancel: Callable[[], None]
+
+
 class ShardControl(Protocol):
     """The chief's (and tools') calls to one shard: always gRPC, whatever the data path."""
 
@@ -112,6 +124,15 @@ class ShardControl(Protocol):
 
     def restore(self, snap: Snapshot, shard_index: int) -> InitResult:
         """Replace the shard's state with a checkpoint's part."""
+
+    def snapshot_stream(self) -> SnapshotStream:
+        """The shard's whole state as it streams: its counters read at once (the shard has copied its
+        state by then), its tensors a chunk at a time as the caller reads them."""
+
+    def restore_stream(self, snap: Snapshot, shard_index: int,
+                       slices: Callable[[], Iterable[Slice]]) -> InitResult:
+        """Replace the shard's state with a checkpoint's part: `snap`'s counters (its arrays ignored) and
+        the tensors `slices()` yields (`value/PART`, `slot/SLOT/PART`, `policy/KEY/PART`), sent as read."""
 
     def set_live_workers(self, worker_ids: Sequence[str]) -> None:
         """Tell the shard which workers are alive."""
@@ -184,6 +205,15 @@ class ShardClient:
         """See ShardControl.restore."""
         return self.control.restore(snap, shard_index)
 
+    def snapshot_stream(self) -> SnapshotStream:
+        """See ShardControl.snapshot_stream."""
+        return self.control.snapshot_stream()
+
+    def restore_stream(self, snap: Snapshot, shard_index: int,
+                       slices: Callable[[], Iterable[Slice]]) -> InitResult:
+        """See ShardControl.restore_stream."""
+        return self.control.restore_stream(snap, shard_index, slices)
+
     def set_live_workers(self, worker_ids: Sequence[str]) -> None:
         """See ShardControl.set_live_workers."""
         self.control.set_live_workers(worker_ids)
@@ -201,4 +231,4 @@ class ShardClient:
 
 
 __all__ = ["ClientSetup", "DataPath", "InitResult", "ModelBuffers", "PushRequest", "ShardClient", "ShardControl",
-           "ShardTransport"]
+           "ShardTransport", "SnapshotStream"]

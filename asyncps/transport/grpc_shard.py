@@ -6,18 +6,20 @@ deadlines, and retries of transient failures only. Protobuf does not leave this 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from asyncps.errors import InvalidArgumentError
+from asyncps.net.rpc import raising_domain_errors
 from asyncps.net.security import SecurityConfig
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.initializers import TableSpec
 from asyncps.rules.sync.types import Decisions, Held
-from asyncps.transport.base import ClientSetup, DataPath, InitResult, ShardClient
+from asyncps.transport.base import ClientSetup, DataPath, InitResult, ShardClient, SnapshotStream
 from asyncps.transport.link import ShardLink
 from asyncps.wire.codec import DEFAULT_CHUNK_BYTES, Array, IndexArray, SparseRows, TensorAssembler
-from asyncps.wire.frames import identity, read_frames
+from asyncps.wire.frames import Slice, decode_frame, frames, identity, read_frames
 from asyncps.wire.proto import (
     decisions_from_proto,
     decisions_to_proto,
@@ -206,6 +208,32 @@ class GrpcShardControl:
                                                   timeout=self.link.call_timeout_s * 4))
         return InitResult(reply.created, reply.version)
 
+    def snapshot_stream(self) -> SnapshotStream:
+        """See ShardControl.snapshot_stream: the call is retried until its first frame (the header) came."""
+        def first() -> tuple[Any, bytes]:
+            stream: Any = self._snapshot(ps_pb2.SnapshotRequest(), timeout=self.link.call_timeout_s * 4)
+            return stream, next(stream)
+
+        stream, frame = self.link.retry(first)
+        message, data = decode_frame(frame, parse_snapshot, "snapshot")
+        if not message.HasField("header"):
+            stream.cancel()
+            raise InvalidArgumentError("snapshot: the first frame has no header")
+        header = snapshot_from_wire(message.header, {})
+        return SnapshotStream(header, _snapshot_slices(stream, message, data), stream.cancel)
+
+    def restore_stream(self, snap: Snapshot, shard_index: int,
+                       slices: Callable[[], Iterable[Slice]]) -> InitResult:
+        """See ShardControl.restore_stream (a retry reads the slices again)."""
+        header = snapshot_header(snap, shard_index)
+
+        def make(h: Any, chunks: list[tensor_pb2.TensorChunk]) -> ps_pb2.SnapshotChunk:
+            return ps_pb2.SnapshotChunk(header=h, tensors=chunks)
+
+        reply = self.link.retry(lambda: self._restore(frames(make, header, slices(), self._chunk_bytes),
+                                                      timeout=self.link.call_timeout_s * 4))
+        return InitResult(reply.created, reply.version)
+
     def set_live_workers(self, worker_ids: Sequence[str]) -> None:
         """Tell the shard which workers are alive."""
         request = ps_pb2.LiveWorkersRequest(worker_ids=worker_ids)
@@ -218,6 +246,26 @@ class GrpcShardControl:
     def close(self) -> None:
         """Close the link's channel (every data path over it stops too)."""
         self.link.close()
+
+
+def _snapshot_slices(stream: Any, message: Any, data: list[memoryview]) -> Iterator[Slice]:
+    """The tensors' slices of a snapshot stream whose first frame (`message`, `data`) was read; the
+    stream's failures raised as asyncps.errors."""
+    read = raising_domain_errors(lambda: next(stream, None))
+    try:
+        while True:
+            for chunk, view in zip(message.tensors, data, strict=True):
+                if chunk.role != tensor_pb2.DENSE:
+                    raise InvalidArgumentError(f"snapshot tensor {chunk.name}: not dense")
+                yield Slice(chunk.name, chunk.role, chunk.dtype, tuple(int(d) for d in chunk.shape), chunk.offset, view)
+            frame = read()
+            if frame is None:
+                return
+            message, data = decode_frame(frame, parse_snapshot, "snapshot")
+            if message.HasField("header"):
+                raise InvalidArgumentError("snapshot: a header after the first frame")
+    finally:
+        stream.cancel()  # a no-op once the stream ended
 
 
 class GrpcShardTransport(ShardClient):
