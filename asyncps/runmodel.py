@@ -55,8 +55,11 @@ def build_chief_model(run: RunConfig, eval_batch: int) -> tuple[Dataset, Any, Sp
     `eval_batch` examples (the evaluation's batches), its other variables made, and its SparseModel;
     else the model as build_run_model builds it and None. The chief never makes a table the shards can
     make themselves (`RowTable.init`): the others (an initializer the shards cannot make) are made here,
-    once, from the model as built, and returned by variable path (logged)."""
-    if run.row_pull == "off":
+    once, from the model as built, and returned by variable path (logged). A saved model (`keras:PATH`,
+    what asyncps.train hands over) starts from its saved weights, tables included, so it is built whole."""
+    from asyncps.ml.specs import KERAS_PREFIX
+
+    if run.row_pull == "off" or run.model.startswith(KERAS_PREFIX):
         data, model = build_run_model(run)
         return data, model, None, {}
     from asyncps.ml.datasets import load_dataset

@@ -39,7 +39,7 @@ try:
     CheckpointDir(Path(sys.argv[1])).save(2, {"w": np.ones(1 << 16, np.float32)}, {}, {"step": 2})
     print("written")
 except OSError as exc:
-    print("refused", exc.errno)
+    print("refused", exc.errno or "torn")  # numpy's tofile says "N requested and M written", without errno
 """
 
 
@@ -75,7 +75,7 @@ def test_a_checkpoint_the_disk_cannot_hold_leaves_the_last_complete_one_the_late
     save(ckpt, 1)
     child = subprocess.run([sys.executable, "-c", _TORN_WRITE, str(ckpt.root)], cwd=REPO_ROOT, capture_output=True,
                            text=True, timeout=120)
-    assert child.stdout.split() == ["refused", str(errno.EFBIG)], child.stdout + child.stderr
+    assert child.stdout.split() in (["refused", str(errno.EFBIG)], ["refused", "torn"]), child.stdout + child.stderr
     assert [p.name for p in ckpt.root.iterdir()] == ["ckpt-00000001"]  # the torn staging removed
     latest = ckpt.latest()
     assert latest is not None and latest.number == 1 and latest.values["w"].tolist() == [1.0] * 4
