@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from asyncps.rundir import PUSHES_CSV, SUMMARY_JSON
 from tests.dockerutil import BUILD_TIMEOUT_S, ROOT, build_image, image_id, require_engine, run_logged
 
 SCRIPT = ROOT / "scripts" / "slurm-cluster.sh"
@@ -111,7 +112,7 @@ def roles_by_node(output: str) -> dict[str, list[str]]:
 
 
 def summary(cluster: Cluster, job_id: str) -> dict[str, object]:
-    return json.loads(cluster.sh(f"cat runs/asyncps-{job_id}/summary.json"))  # type: ignore[no-any-return]
+    return json.loads(cluster.sh(f"cat runs/asyncps-{job_id}/{SUMMARY_JSON}"))  # type: ignore[no-any-return]
 
 
 def test_the_batch_script_trains_across_two_nodes(cluster: Cluster) -> None:
@@ -149,7 +150,7 @@ def test_losing_the_chiefs_node_requeues_and_the_run_finishes(cluster: Cluster) 
     assert "start 2" in output and lost not in state["NodeList"], state
     after = roles_by_node(output.split("start 2", 1)[1])
     result = summary(cluster, job_id)
-    pushes = csv.DictReader(cluster.sh(f"cat runs/asyncps-{job_id}/pushes.csv").splitlines())
+    pushes = csv.DictReader(cluster.sh(f"cat runs/asyncps-{job_id}/{PUSHES_CSV}").splitlines())
     resumed_s = min(float(row["wall_time"]) for row in pushes if float(row["wall_time"]) > killed_at) - killed_at
     print(f"lost {lost} (first start {first}); second start {after}; training again {resumed_s:.0f} s after "
           f"the loss; {result['updates_applied']} updates")
