@@ -14,7 +14,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from asyncps.cluster import ClusterConfigError, TFConfig, parse_tf_config
+from asyncps.cluster import (
+    SLURM_PORT_BASE,
+    ClusterConfigError,
+    TFConfig,
+    parse_slurm,
+    parse_tf_config,
+    tf_config_json,
+)
 from asyncps.config import (
     AUTO,
     ENV_PREFIX,
@@ -351,6 +358,17 @@ def cmd_chief(args: argparse.Namespace) -> int:
     return run_chief(config, stop, handover)
 
 
+def cmd_slurm(args: argparse.Namespace) -> int:
+    """asyncps slurm: this task's role from the Slurm step (as TF_CONFIG, which the role then reads), run."""
+    tf = parse_slurm(os.environ, int(args.num_ps), int(args.port_base))
+    os.environ["TF_CONFIG"] = tf_config_json(tf)
+    name = tf.task_type if tf.task_type == "chief" else f"{tf.task_type}-{tf.task_index}"
+    print(f"asyncps slurm: rank {os.environ['SLURM_PROCID']} on {os.environ.get('SLURMD_NODENAME', '?')} is "
+          f"{name} ({tf.own_address})", file=sys.stderr, flush=True)
+    serves = ["--host", str(args.host), "--port", str(tf.own_port)] if tf.task_type != "worker" else []
+    return main([tf.task_type, *serves])
+
+
 def cmd_local(args: argparse.Namespace) -> int:
     """asyncps local."""
     require_tensorflow("asyncps local")
@@ -483,6 +501,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_flags(p, skip=("num_ps",))  # the number of shards is the number of --ps addresses
     add_security_flags(p)
     p.set_defaults(fn=cmd_chief)
+
+    p = add_parser("slurm", help="run this Slurm task's role: rank 0 the chief, ranks 1..N the shards, the "
+                   "rest workers (srun -n TASKS asyncps slurm --num-ps N); settings from ASYNCPS_* variables")
+    _add(p, "--num-ps", 1, "how many tasks are shards (ranks 1..N)", type=int)
+    _add(p, "--port-base", SLURM_PORT_BASE, "a node's tasks bind this port, the next, ... in rank order", type=int)
+    _add(p, "--host", "0.0.0.0", "interface the chief and the shards bind (give the cluster a token or mTLS)")
+    p.set_defaults(fn=cmd_slurm)
 
     p = add_parser("local", help="run a whole cluster as local processes, with progress")
     add_user_path_flag(p)
