@@ -150,3 +150,25 @@ def test_hot_rows_are_the_ones_in_at_least_one_update_in_a_hundred() -> None:
     outcome = store.push("w", 0, {"t": SparseRows(ids(0, 1), ones(2), read["t"].clocks)})
     assert outcome.rows is not None
     assert (outcome.rows.hot_rows, outcome.rows.hot_mean, outcome.rows.cold_mean) == (1, 200.0, 1.0)
+
+
+def test_a_shards_rule_with_a_hostile_per_row_policy_is_refused_before_any_state_exists() -> None:
+    with pytest.raises(ValueError, match=r"bound must be an integer >= 0"):
+        UpdateRuleConfig(OptimizerConfig("sgd", LR), staleness_policy="row-drop:bound=-1")
+
+
+@pytest.mark.parametrize(("indices", "scale", "error"), [
+    ((0, 1), (1.0,), "one scale per index"),
+    ((1, 0), (1.0, 1.0), "strictly increasing"),
+    ((0, 0), (1.0, 1.0), "strictly increasing"),
+    ((0, 1), (1.0, -0.5), "finite and >= 0"),
+    ((0, 1), (1.0, float("nan")), "finite and >= 0"),
+])
+def test_per_row_rates_that_do_not_fit_are_refused_and_change_nothing(indices: tuple[int, ...],
+                                                                       scale: tuple[float, ...], error: str) -> None:
+    opt = make_optimizer(OptimizerConfig("sgd", LR))
+    value = np.zeros((4, 2), np.float32)
+    with pytest.raises(ValueError, match=error):
+        opt.apply_sparse(value, ids(*indices), np.ones((len(indices), 2), np.float32), {}, LR, 1,
+                         np.array(scale))
+    assert not value.any()
