@@ -51,7 +51,8 @@ def load_runs(spec_path: Path, runs: Path, reduced: bool = False) -> list[Run]:
     return found
 
 
-def _series(ax: Any, runs: Sequence[Run], metric: str, label: str, color: str, marker: str = "o") -> None:
+def _series(ax: Any, runs: Sequence[Run], metric: str, label: str, color: str, marker: str = "o",
+            style: str = "-") -> None:
     """Every seed as a dot, the mean over seeds as a line, against λ."""
     workers = sorted({r.workers for r in runs})
     means = []
@@ -59,14 +60,14 @@ def _series(ax: Any, runs: Sequence[Run], metric: str, label: str, color: str, m
         values = [r.metrics[metric] for r in runs if r.workers == w and not math.isnan(r.metrics[metric])]
         ax.scatter([w] * len(values), values, color=color, s=12, alpha=0.6, marker=marker)
         means.append(sum(values) / len(values) if values else math.nan)
-    ax.plot(workers, means, color=color, lw=1.4, marker=marker, ms=4, label=label)
+    ax.plot(workers, means, color=color, lw=1.4, ls=style, marker=marker, ms=4, label=label, zorder=3)
     ax.set_xscale("log", base=2)
     ax.set_xticks(workers, [str(w) for w in workers])
 
 
 def _staleness_panel(ax: Any, sparse: Sequence[Run], dense: Sequence[Run]) -> None:
-    _series(ax, sparse, "staleness_mean", "pushes (versions), sparse", _color(7), "s")
     _series(ax, dense, "row_staleness_mean", "rows, dense table (16 rows)", _color(3))
+    _series(ax, sparse, "staleness_mean", "pushes (versions), sparse: under the dense rows", "black", "s", "--")
     _series(ax, sparse, "row_staleness_hot_mean", "hot rows, sparse table", _color(1))
     _series(ax, sparse, "row_staleness_mean", "all rows, sparse table", _color(0))
     _series(ax, sparse, "row_staleness_cold_mean", "cold rows, sparse table", _color(2))
