@@ -115,7 +115,7 @@ class RunConfig:
     mode: str = setting("async", help="consistency mode spec: async | sync[:backup=B] | ssp[:bound=S]")
     staleness_policy: str = setting(
         "none", help="staleness policy spec (async): none | drop:bound=K | lr-scale | dc-asgd[:lambda=L] | "
-                     "dc-asgd-a[:lambda0=L0,momentum=M] | gap-aware[:c=C]")
+                     "dc-asgd-a[:lambda0=L0,momentum=M] | gap-aware[:c=C] | row-drop:bound=K | row-lr-scale")
     # The mode's parameters as fields of their own: a nonzero value folds into `mode` (a contradiction is
     # an error); afterwards both mirror the mode (0 for another mode's parameter).
     backup_workers: int = setting(0, word=OFF, help="same as --mode sync:backup=B")

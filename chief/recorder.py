@@ -74,6 +74,8 @@ class RowStalenessTally:
         self.rows = 0
         self.total = 0.0
         self.worst: collections.Counter[int] = collections.Counter()
+        self.dropped = self.hot_rows = 0
+        self.hot_total = 0.0
 
     def add(self, row: PushRow) -> None:
         """Count one push's rows (none measured: nothing)."""
@@ -82,10 +84,15 @@ class RowStalenessTally:
         self.rows += row.rows
         self.total += row.row_staleness_mean * row.rows
         self.worst[row.row_staleness_max] += 1
+        self.dropped += row.rows_dropped
+        self.hot_rows += row.hot_rows
+        self.hot_total += row.hot_row_staleness_mean * row.hot_rows
 
     def summary(self) -> RowStalenessSummary | None:
         """The run's per-row staleness (None: no push measured any)."""
-        return RowStalenessSummary.of(self.rows, self.total, self.worst) if self.rows else None
+        if not self.rows:
+            return None
+        return RowStalenessSummary.of(self.rows, self.total, self.worst, self.dropped, self.hot_rows, self.hot_total)
 
 class Recorder:
     """Appends telemetry to pushes.csv and timeline.csv and keeps running statistics.
@@ -181,7 +188,7 @@ class Recorder:
                 row = PushRow(p.wall_time, worker, p.shard, p.step, p.base_version, p.version, p.staleness,
                               p.accepted, kind, p.effective_lr, p.loss, p.drop_detail, p.local_steps or 1,
                               p.incarnation, p.seq, p.rows, p.row_staleness_mean, p.row_staleness_p95,
-                              p.row_staleness_max)
+                              p.row_staleness_max, p.rows_dropped, p.hot_rows, p.hot_row_staleness_mean)
                 self.row_staleness.add(row)
                 self._pushes.write(row)
                 if row.accepted:

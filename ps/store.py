@@ -58,6 +58,10 @@ from asyncps.wire.shard import DropReason, PushOutcome, RowStaleness, ShardValue
 
 #: The most rows one request may read of one part (a reply of 2^20 rows of 64 float32 is 256 MiB).
 MAX_ROWS_PER_READ = 1 << 20
+#: A row is hot (RowStaleness.hot_rows) when it took part in at least this share of its table's updates
+#: since its clock was made (before 1 / HOT_SHARE updates: in at least one): popularity as the shard sees it,
+#: whatever the ids' numbering
+HOT_SHARE = 0.01
 
 
 class Answers:
@@ -96,6 +100,7 @@ class _Variable:
     # per row, the updates it received since the first row read of the variable (made then: a variable
     # never read by rows keeps none); served with each row read, for per-row staleness
     clock: npt.NDArray[np.int64] | None = None
+    clock_base: int = 0  # `updates` when the clock was made
     generated: TableSpec | None = None  # made by the shard from a row initializer (initialize)
 
     def count_update(self, grad: Gradient) -> None:
@@ -171,6 +176,29 @@ class _ModeHandle:
     def count_drop(self, reason: DropReason) -> None:
         """Count a dropped gradient."""
         self._store._count_drop(reason)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A part of a push as the staleness policy keeps it: the gradient (a sparse one cut to its kept rows)
+    with its learning rate's scale, or one scale per row (a per-row policy's, strictly increasing rows)."""
+
+    grad: Gradient
+    lr_scale: float = 1.0
+    row_scale: Array | None = None
+
+
+def _rows_once(grad: SparseRows, ages: npt.NDArray[np.int64]) -> tuple[SparseRows, npt.NDArray[np.int64]]:
+    """A sparse gradient with each row once, sorted (duplicates summed, read at their earliest clock, as stale
+    as their stalest), with the rows' staleness: a per-row learning rate needs each row named once."""
+    if grad.indices.size < 2 or bool(np.all(grad.indices[1:] > grad.indices[:-1])):
+        return grad, ages
+    order = np.argsort(grad.indices, kind="stable")
+    ordered = grad.indices[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    assert grad.clocks is not None
+    return (SparseRows(ordered[starts], np.add.reduceat(grad.values[order], starts, axis=0),
+                       np.minimum.reduceat(grad.clocks[order], starts)), np.maximum.reduceat(ages[order], starts))
 
 
 @dataclass(frozen=True)
@@ -357,6 +385,7 @@ class ShardStore:
         """Rows `ids` of a variable with their clocks (copies; the variable's locks held)."""
         if var.clock is None:
             var.clock = np.zeros(var.value.shape[0], dtype=np.int64)
+            var.clock_base = var.updates
         return SparseRows(np.array(ids, copy=True), var.value[ids], var.clock[ids])
 
     def wait_readable(self, worker_id: str, base_version: int, timeout_s: float) -> ReadGate:
@@ -488,7 +517,8 @@ class ShardStore:
             if repeated is not None:
                 return repeated
             staleness = version_now - base_version
-            rows = self._row_staleness(grads)
+            ages = self._row_ages(grads)
+            rows = self._row_summary(ages, grads)
             admission = self._mode.admit(worker_id, base_version, version_now, ballot)
             self._mode.pushed(worker_id)
             if admission.verdict is Verdict.ACCUMULATE:
@@ -506,22 +536,73 @@ class ShardStore:
                 return self._remember(worker_id, step, answer(PushOutcome(False, staleness, version_now, 0.0, drop,
                                                                           admission.reason or decision.reason,
                                                                           rows=rows)))
+            parts, part_scale, dropped_rows = self._kept_parts(grads, ages, staleness)
+            if rows is not None:
+                rows = dataclasses.replace(rows, dropped=dropped_rows)
+            if not parts:  # a per-row policy kept none of it
+                self._count_drop(DropReason.STALE)
+                self._version_cond.notify_all()
+                detail = f"every row and part of the push is staler than {self._policy.spec} keeps"
+                return self._remember(worker_id, step, answer(PushOutcome(False, staleness, version_now, 0.0,
+                                                                          DropReason.STALE, detail, rows=rows)))
             lr = self._rule.optimizer.learning_rate * decision.lr_scale
             read = self._reads.get(worker_id, base_version) if self._policy.needs_read_values else None
-            for name in sorted(grads):
-                self._apply(self._vars[name], self._adjusted(name, grads[name], read), lr)
+            for name, part in sorted(parts.items()):
+                self._apply(self._vars[name], self._adjusted(name, part.grad, read), lr * part.lr_scale,
+                            part.row_scale)
             self._version += 1
             self._accepted += 1
             self._version_cond.notify_all()
-            return self._remember(worker_id, step, answer(PushOutcome(True, staleness, self._version, lr, rows=rows)))
+            return self._remember(worker_id, step, answer(PushOutcome(True, staleness, self._version,
+                                                                      lr * part_scale, rows=rows)))
 
-    def _row_staleness(self, grads: Mapping[str, Gradient]) -> RowStaleness | None:
-        """Per-row staleness of a push (the locks of its variables held): for the rows of each sparse
+    def _row_ages(self, grads: Mapping[str, Gradient]) -> dict[str, npt.NDArray[np.int64]]:
+        """Per-row staleness of a push's parts (the locks of its variables held): for the rows of each sparse
         gradient sent with the clocks they were read at, the updates each row received since."""
-        measured = [np.maximum(clock[g.indices] - g.clocks, 0) for name, g in grads.items()
-                    if isinstance(g, SparseRows) and g.clocks is not None
-                    and (clock := self._vars[name].clock) is not None]
-        return RowStaleness.of(np.concatenate(measured)) if measured else None
+        return {name: np.maximum(clock[g.indices] - g.clocks, 0) for name, g in grads.items()
+                if isinstance(g, SparseRows) and g.clocks is not None and (clock := self._vars[name].clock) is not None}
+
+    def _row_summary(self, ages: Mapping[str, npt.NDArray[np.int64]],
+                     grads: Mapping[str, Gradient]) -> RowStaleness | None:
+        """The summary of a push's per-row staleness, hot rows apart (before the push changes any clock)."""
+        if not ages:
+            return None
+        hot = [self._hot(self._vars[name], grads[name]) for name in ages]
+        return RowStaleness.of(np.concatenate(list(ages.values())), np.concatenate(hot))
+
+    @staticmethod
+    def _hot(var: _Variable, grad: Gradient) -> npt.NDArray[np.bool_]:
+        """Which rows of a sparse gradient are hot (HOT_SHARE) now."""
+        assert var.clock is not None and isinstance(grad, SparseRows)
+        share: npt.NDArray[np.bool_] = var.clock[grad.indices] >= HOT_SHARE * max(var.updates - var.clock_base,
+                                                                                   1 / HOT_SHARE)
+        return share
+
+    def _kept_parts(self, grads: Mapping[str, Gradient], ages: Mapping[str, npt.NDArray[np.int64]],
+                    staleness: int) -> tuple[dict[str, _Part], float, int]:
+        """What the staleness policy keeps of an admitted push: the parts with their learning rates' scales,
+        the scale of a part judged by the push's staleness, and the rows dropped. A per-row policy
+        (StalenessPolicy.per_row) cuts each sparse gradient sent with clocks to the rows it keeps, by each
+        row's own staleness, and keeps or drops every other part whole, by the push's."""
+        assert self._policy is not None
+        if not self._policy.per_row:
+            return {name: _Part(grad) for name, grad in grads.items()}, 1.0, 0
+        whole = self._policy.decide_rows(np.array([staleness], dtype=np.int64))
+        part_scale = float(whole.scale[0])
+        parts = {name: _Part(grad, part_scale) for name, grad in grads.items() if name not in ages and whole.keep[0]}
+        dropped = 0
+        for name, age in ages.items():
+            grad = grads[name]
+            assert isinstance(grad, SparseRows)
+            grad, age = _rows_once(grad, age)
+            decided = self._policy.decide_rows(age)
+            keep = decided.keep
+            dropped += int(keep.size - np.count_nonzero(keep))
+            if keep.any():
+                assert grad.clocks is not None
+                parts[name] = _Part(SparseRows(grad.indices[keep], grad.values[keep], grad.clocks[keep]),
+                                    row_scale=decided.scale[keep])
+        return parts, part_scale, dropped
 
     def _remember(self, worker_id: str, step: int | None, outcome: PushOutcome) -> PushOutcome:
         """Keep the outcome of a worker's push for a retry of it, in the mode's memo (state lock held)."""
@@ -572,7 +653,8 @@ class ShardStore:
         self._dropped += 1
         self._dropped_by_reason[reason.value] = self._dropped_by_reason.get(reason.value, 0) + 1
 
-    def _apply(self, var: _Variable, grad: Gradient, lr: float) -> None:
+    def _apply(self, var: _Variable, grad: Gradient, lr: float, row_scale: Array | None = None) -> None:
+        """Apply one update to a variable (`row_scale`: a sparse update's per-row learning rate scales)."""
         assert self._optimizer is not None
         var.updates += 1
         var.count_update(grad)
@@ -580,7 +662,8 @@ class ShardStore:
             if var.shared:  # a reader holds the current array: update a private copy
                 var.value = var.value.copy()
                 var.shared = False
-            self._optimizer.apply_sparse(var.value, grad.indices, grad.values, var.slots, lr, var.updates)
+            self._optimizer.apply_sparse(var.value, grad.indices, grad.values, var.slots, lr, var.updates,
+                                         row_scale)
         elif var.shared:  # a reader holds the current array: the update is written to a new one
             updated = np.empty_like(var.value)
             self._optimizer.apply_dense(updated, grad, var.slots, lr, var.updates, source=var.value)

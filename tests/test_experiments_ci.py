@@ -32,7 +32,11 @@ SPECS = [*sorted((ROOT / "experiments").glob("e[1-5789]_*.yaml")), ROOT / "exper
 # accuracy 0.100-0.107 of sync's (bar <= 0.9), the delayed Nesterov's pushes to 93% 1.36-1.53x sync's (bar
 # <= 2) and its accuracy 0.995-1.0 of sync's (bar >= 0.97). E8's (6 points, 142-225 s here beside a full
 # sweep) passed 10 consecutive runs: async's seconds to the error level 0.15-0.37 of 4-sync's (bar < 1).
-CI_RUNS = [*SPECS, ROOT / "experiments" / "e6_async_momentum.yaml"]
+# E11's reduced run (3 points, one seed, one shard: λ = 8, 300 updates; 40 s here) checks its per-row staleness
+# claims (sparse rows' mean <= 0.5 of the pushes', dense rows' >= 0.9, hot >= 4x cold, row-drop drops 0-50%);
+# its policy comparisons are full_only
+E11 = ROOT / "experiments" / "e11_sparsity_staleness.yaml"
+CI_RUNS = [*SPECS, ROOT / "experiments" / "e6_async_momentum.yaml", E11]
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
@@ -264,3 +268,21 @@ def test_e7_figure_normalizes_each_run_by_its_own_lambda_one_run(tmp_path: Path)
     assert table[0] == "| network | optimizer | λ = 1 | λ = 8 |"
     assert table[2] == "| 1 hidden | sgd | 1.00 ± 0.00 | 1.75 ± 0.35 (1/3 never) |"  # the two that reached: 1.5, 2.0
     assert (tmp_path / "e7.png").stat().st_size > 0
+
+
+def test_e11_figure_draws_the_points_of_a_sweep_and_refuses_an_empty_one(tmp_path: Path) -> None:
+    from asyncps.tools.experiment.sparsity_figure import load_runs, sparsity_figure
+
+    points = load_spec(E11, reduced=True).points()
+    with open(tmp_path / RESULTS_CSV, "w", newline="") as f:
+        writer = csv.DictWriter(f, ["point", "label", "status", *METRICS])
+        writer.writeheader()
+        for i, point in enumerate(points):
+            metrics = dict.fromkeys(METRICS, 1.0 + i)
+            writer.writerow({"point": point.slug, "label": point.label, "status": "ran", **metrics})
+    runs = load_runs(E11, tmp_path, reduced=True)
+    assert sorted((r.dense, r.policy) for r in runs) == [(False, "none"), (False, "row-drop:bound=4"), (True, "none")]
+    assert sparsity_figure(E11, tmp_path, tmp_path / "e11.png", reduced=True) == 3
+    assert (tmp_path / "e11.png").stat().st_size > 0
+    with pytest.raises(ExperimentError, match="no finished point"):
+        load_runs(E11, tmp_path / "nothing", reduced=True)

@@ -150,6 +150,9 @@ class PushRecord(google.protobuf.message.Message):
     ROW_STALENESS_MEAN_FIELD_NUMBER: builtins.int
     ROW_STALENESS_P95_FIELD_NUMBER: builtins.int
     ROW_STALENESS_MAX_FIELD_NUMBER: builtins.int
+    ROWS_DROPPED_FIELD_NUMBER: builtins.int
+    HOT_ROWS_FIELD_NUMBER: builtins.int
+    HOT_ROW_STALENESS_MEAN_FIELD_NUMBER: builtins.int
     wall_time: builtins.float
     shard: builtins.int
     base_version: builtins.int
@@ -178,6 +181,12 @@ class PushRecord(google.protobuf.message.Message):
     row_staleness_mean: builtins.float
     row_staleness_p95: builtins.float
     row_staleness_max: builtins.int
+    rows_dropped: builtins.int
+    """rows a per-row staleness policy dropped"""
+    hot_rows: builtins.int
+    """rows that were hot (PushResult.rows.hot_rows)"""
+    hot_row_staleness_mean: builtins.float
+    """their mean staleness"""
     def __init__(
         self,
         *,
@@ -199,8 +208,11 @@ class PushRecord(google.protobuf.message.Message):
         row_staleness_mean: builtins.float = ...,
         row_staleness_p95: builtins.float = ...,
         row_staleness_max: builtins.int = ...,
+        rows_dropped: builtins.int = ...,
+        hot_rows: builtins.int = ...,
+        hot_row_staleness_mean: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "incarnation", b"incarnation", "local_steps", b"local_steps", "loss", b"loss", "row_staleness_max", b"row_staleness_max", "row_staleness_mean", b"row_staleness_mean", "row_staleness_p95", b"row_staleness_p95", "rows", b"rows", "seq", b"seq", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "base_version", b"base_version", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "hot_row_staleness_mean", b"hot_row_staleness_mean", "hot_rows", b"hot_rows", "incarnation", b"incarnation", "local_steps", b"local_steps", "loss", b"loss", "row_staleness_max", b"row_staleness_max", "row_staleness_mean", b"row_staleness_mean", "row_staleness_p95", b"row_staleness_p95", "rows", b"rows", "rows_dropped", b"rows_dropped", "seq", b"seq", "shard", b"shard", "staleness", b"staleness", "step", b"step", "version", b"version", "wall_time", b"wall_time"]) -> None: ...
 
 global___PushRecord = PushRecord
 

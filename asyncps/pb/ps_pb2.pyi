@@ -425,10 +425,19 @@ class RowStaleness(google.protobuf.message.Message):
     MEAN_FIELD_NUMBER: builtins.int
     P95_FIELD_NUMBER: builtins.int
     MAX_FIELD_NUMBER: builtins.int
+    DROPPED_FIELD_NUMBER: builtins.int
+    HOT_ROWS_FIELD_NUMBER: builtins.int
+    HOT_MEAN_FIELD_NUMBER: builtins.int
     rows: builtins.int
     mean: builtins.float
     p95: builtins.float
     max: builtins.int
+    dropped: builtins.int
+    """rows a per-row staleness policy dropped (not applied)"""
+    hot_rows: builtins.int
+    """rows in at least 1 of 100 of their table's updates when the push arrived"""
+    hot_mean: builtins.float
+    """their mean staleness"""
     def __init__(
         self,
         *,
@@ -436,8 +445,11 @@ class RowStaleness(google.protobuf.message.Message):
         mean: builtins.float = ...,
         p95: builtins.float = ...,
         max: builtins.int = ...,
+        dropped: builtins.int = ...,
+        hot_rows: builtins.int = ...,
+        hot_mean: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["max", b"max", "mean", b"mean", "p95", b"p95", "rows", b"rows"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["dropped", b"dropped", "hot_mean", b"hot_mean", "hot_rows", b"hot_rows", "max", b"max", "mean", b"mean", "p95", b"p95", "rows", b"rows"]) -> None: ...
 
 global___RowStaleness = RowStaleness
 

@@ -29,6 +29,9 @@ from asyncps.rules.registry import Registry, format_value, param
 FloatArray = npt.NDArray[np.float32]
 IndexArray = npt.NDArray[np.int64]
 Slots = dict[str, FloatArray]
+# The learning rate a rule's update uses: one for the whole update, or one per row (broadcast over a row's
+# other axes: a per-row staleness policy's scaled rates, apply_sparse's `row_scale`)
+Rate = np.float32 | FloatArray
 # Elements per block of a dense update (256 KiB of float32: the temporaries stay in L2).
 _BLOCK = 1 << 16
 
@@ -159,6 +162,7 @@ class Optimizer(abc.ABC):
         slots: Slots,
         lr: float,
         step: int,
+        row_scale: FloatArray | None = None,
     ) -> None:
         """Apply one update given as gradient rows for some rows (axis 0) of `value`, in place.
 
@@ -174,6 +178,9 @@ class Optimizer(abc.ABC):
         correction still uses the variable-wide `step`. Consequently, for
         momentum, Nesterov, Adam and Adagrad a sparse update equals the dense
         one only when it touches every row.
+
+        `row_scale` (a per-row staleness policy's): each row's learning rate is `lr` times its scale, one
+        scale per index; the indices must then be strictly increasing (each row named once).
         """
         if value.ndim == 0:
             raise ValueError("sparse updates need a variable with at least one axis")
@@ -185,14 +192,14 @@ class Optimizer(abc.ABC):
         # per-row arithmetic is then identical to the dense path by construction.
         value_rows = value[unique]
         slot_rows = {slot: state[unique] for slot, state in slots.items()}
-        self._apply(value_rows, summed, slot_rows, value.dtype.type(lr), step)
+        self._apply(value_rows, summed, slot_rows, _row_rates(value, indices, lr, row_scale), step)
         value[unique] = value_rows
         for slot, state_rows in slot_rows.items():
             slots[slot][unique] = state_rows
 
     @abc.abstractmethod
     def _apply(
-        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: Rate, step: int
     ) -> None:
         """Update `value` and `slots` in place from a validated, same-dtype, same-shape `grad`."""
 
@@ -209,7 +216,7 @@ class SGD(Optimizer):
     name = "sgd"
 
     def _apply(
-        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: Rate, step: int
     ) -> None:
         value -= np.multiply(grad, lr)
 
@@ -229,7 +236,7 @@ class Momentum(Optimizer):
         object.__setattr__(self, "momentum", _check_hyperparameter("momentum", self.momentum))
 
     def _apply(
-        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: Rate, step: int
     ) -> None:
         velocity = slots["momentum"]
         mu = value.dtype.type(self.momentum)
@@ -291,7 +298,7 @@ class DelayedNesterov(Optimizer):
         object.__setattr__(self, "period", int(period))
 
     def _apply(
-        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: Rate, step: int
     ) -> None:
         dtype = value.dtype.type
         total, velocity = slots["sum"], slots["momentum"]
@@ -330,7 +337,7 @@ class Adam(Optimizer):
             object.__setattr__(self, key, _check_hyperparameter(key, getattr(self, key)))
 
     def _apply(
-        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: Rate, step: int
     ) -> None:
         m, v = slots["momentum"], slots["velocity"]
         dtype = value.dtype.type
@@ -379,7 +386,7 @@ class Adagrad(Optimizer):
         return {"accumulator": np.full_like(value, self.initial_accumulator_value)}
 
     def _apply(
-        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: np.float32, step: int
+        self, value: FloatArray, grad: FloatArray, slots: Slots, lr: Rate, step: int
     ) -> None:
         accumulator = slots["accumulator"]
         scratch = np.square(grad)
@@ -439,6 +446,22 @@ def _check_step(step: int) -> None:
     """Reject step counts below 1 (Adam's bias correction divides by 1 - beta_1**step)."""
     if step < 1:
         raise ValueError(f"step is the 1-based update count and must be >= 1, got {step}")
+
+
+def _row_rates(value: FloatArray, indices: IndexArray, lr: float, row_scale: FloatArray | None) -> Rate:
+    """The rate of a sparse update: `lr`, or `lr` times each row's scale (shaped to broadcast over a row)."""
+    rate = value.dtype.type(lr)
+    if row_scale is None:
+        return rate
+    scale = np.asarray(row_scale, dtype=value.dtype)
+    if scale.shape != indices.shape:
+        raise ValueError(f"row_scale has shape {scale.shape}, not one scale per index {indices.shape}")
+    if indices.size > 1 and not bool(np.all(indices[1:] > indices[:-1])):
+        raise ValueError("row_scale needs strictly increasing indices (each row named once)")
+    if not bool(np.all(np.isfinite(scale))) or bool(np.any(scale < 0)):
+        raise ValueError("row_scale must be finite and >= 0")
+    rates: FloatArray = (rate * scale).reshape(-1, *([1] * (value.ndim - 1)))
+    return rates
 
 
 def _coalesce(

@@ -4,7 +4,9 @@ Each policy is a small frozen dataclass with one job and its typed parameters, r
 `POLICIES` and chosen by a spec string (`drop:bound=4`, `dc-asgd:lambda=0.1`; see
 asyncps.rules.registry for the form, plugins included); the store calls `decide_push` (which
 by default asks `decide` with the staleness alone; and `adjust` where `needs_read_values`) and
-never branches on the kind.
+never branches on the kind. Per-row policies (`row-drop:bound=4`, `row-lr-scale`: `per_row`) judge each
+row of a sparse push by the updates that row received since it was read (`decide_rows`), instead of the
+push by the shard's version.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 
 from asyncps.identity import index_of
 from asyncps.rules.drops import DropReason
@@ -30,6 +33,15 @@ class Decision:
     lr_scale: float = 1.0
     reason: str = ""
     drop: DropReason | None = None  # the kind of a refusal
+
+
+@dataclass(frozen=True)
+class RowDecision:
+    """What to do with each row of a push, judged by its own staleness: apply it (its learning rate
+    scaled) or drop it."""
+
+    keep: npt.NDArray[np.bool_]  # per row: applied
+    scale: npt.NDArray[np.float64]  # per row: the learning rate's scale (of a row kept)
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,7 @@ class StalenessPolicy(abc.ABC):
     """
 
     needs_read_values: ClassVar[bool] = False
+    per_row: ClassVar[bool] = False  # judges each row of a push (decide_rows), not the push
 
     @property
     def spec(self) -> str:
@@ -72,6 +85,10 @@ class StalenessPolicy(abc.ABC):
     def decide_push(self, push: PushContext) -> Decision:
         """The decision for one push; override to use the worker or its step, not only the staleness."""
         return self.decide(push.staleness)
+
+    def decide_rows(self, staleness: npt.NDArray[np.int64]) -> RowDecision:
+        """The decision for each row, given each row's staleness (>= 0); every row kept unless per_row."""
+        return RowDecision(np.ones(staleness.shape, dtype=bool), np.ones(staleness.shape))
 
     def adjust(
         self, name: str, grad: Array, value_now: Array, value_read: Array, state: dict[str, Array]
@@ -124,6 +141,49 @@ class LrScale(StalenessPolicy):
     def decide(self, staleness: int) -> Decision:
         """Apply with the learning rate divided by max(1, staleness)."""
         return Decision(True, lr_scale=1.0 / max(1, staleness))
+
+
+class _PerRow(StalenessPolicy):
+    """Base of the policies that judge each row of a push by the updates it received since it was read.
+
+    The shard asks `decide_rows` with each row's staleness: for the rows of a sparse gradient sent with
+    the clocks they were read at, the updates each row received since (docs/architecture.md, "Tables read
+    by rows"); every row of a dense gradient, or of a sparse one sent without clocks, has the push's
+    staleness (every update since its read touched it), so those parts are kept or dropped whole, as the
+    per-push policy would. The push is never dropped as a whole unless none of it is kept.
+    """
+
+    per_row: ClassVar[bool] = True
+
+    def decide(self, staleness: int) -> Decision:
+        """Apply the push: its rows and parts are judged one by one (decide_rows)."""
+        return Decision(True)
+
+
+@POLICIES.register("row-drop")
+@dataclass(frozen=True)
+class RowDrop(_PerRow):
+    """Drop the rows whose own staleness exceeds a bound; apply the fresh ones."""
+
+    bound: int = param(help="largest per-row staleness still applied")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bound, bool) or not isinstance(self.bound, int) or self.bound < 0:
+            raise ValueError(f"bound must be an integer >= 0, got {self.bound!r}")
+
+    def decide_rows(self, staleness: npt.NDArray[np.int64]) -> RowDecision:
+        """Keep the rows with staleness <= K, at the full learning rate."""
+        return RowDecision(staleness <= self.bound, np.ones(staleness.shape))
+
+
+@POLICIES.register("row-lr-scale")
+@dataclass(frozen=True)
+class RowLrScale(_PerRow):
+    """Each row's learning rate alpha / max(1, s), s the updates that row received since it was read."""
+
+    def decide_rows(self, staleness: npt.NDArray[np.int64]) -> RowDecision:
+        """Keep every row, its learning rate divided by max(1, its staleness) (lr-scale's rule, per row)."""
+        return RowDecision(np.ones(staleness.shape, dtype=bool), 1.0 / np.maximum(1, staleness))
 
 
 class _GradientCorrection(StalenessPolicy):

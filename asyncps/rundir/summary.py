@@ -225,28 +225,39 @@ class StalenessSummary:
 class RowStalenessSummary:
     """Per-row staleness of a run whose tables were read by rows (pushes.csv's row columns): over every
     row a push touched, the updates it had received since its worker read it (mean, max), and the
-    distribution of each push's worst row."""
+    distribution of each push's worst row; the hot rows' mean and the others' (asyncps.ps.store.HOT_SHARE),
+    and the rows a per-row staleness policy dropped (0 in older files)."""
 
     rows: int
     mean: float
     max: int
     worst_per_push: StalenessSummary
+    dropped: int = 0
+    hot_rows: int = 0
+    hot_mean: float = 0.0
+    cold_mean: float = 0.0
 
     @classmethod
-    def of(cls, rows: int, total: float, worst: Mapping[int, int]) -> RowStalenessSummary:
-        """From the rows measured, the sum of their staleness and a histogram of each push's worst row."""
-        return cls(rows, total / rows if rows else 0.0, max(worst, default=0), StalenessSummary.of(worst))
+    def of(cls, rows: int, total: float, worst: Mapping[int, int], dropped: int = 0, hot_rows: int = 0,
+           hot_total: float = 0.0) -> RowStalenessSummary:
+        """From the rows measured, the sum of their staleness and a histogram of each push's worst row; the rows
+        dropped, the hot rows and the sum of their staleness."""
+        cold = rows - hot_rows
+        return cls(rows, total / rows if rows else 0.0, max(worst, default=0), StalenessSummary.of(worst), dropped,
+                   hot_rows, hot_total / hot_rows if hot_rows else 0.0, (total - hot_total) / cold if cold else 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object."""
         return {"rows": self.rows, "mean": self.mean, "max": self.max,
-                "worst_per_push": self.worst_per_push.to_dict()}
+                "worst_per_push": self.worst_per_push.to_dict(), "dropped": self.dropped,
+                "hot_rows": self.hot_rows, "hot_mean": self.hot_mean, "cold_mean": self.cold_mean}
 
     @classmethod
     def read(cls, f: _Fields) -> RowStalenessSummary:
         """Read back from summary.json's object."""
         return cls(f.integer("rows"), f.number("mean"), f.integer("max"),
-                   StalenessSummary.read(f.obj("worst_per_push")))
+                   StalenessSummary.read(f.obj("worst_per_push")), f.integer("dropped", 0),
+                   f.integer("hot_rows", 0), f.number("hot_mean", 0.0), f.number("cold_mean", 0.0))
 
 @dataclass(frozen=True)
 class FinalEval:

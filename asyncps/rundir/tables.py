@@ -129,6 +129,11 @@ class PushRow(CsvRow):
     row_staleness_mean: float = field(default=0.0, metadata=_G6)
     row_staleness_p95: float = field(default=0.0, metadata=_G6)
     row_staleness_max: int = 0
+    # of those rows: the ones a per-row staleness policy dropped, the hot ones (in at least 1 of 100 of their
+    # table's updates: asyncps.ps.store.HOT_SHARE) and their mean staleness (added later)
+    rows_dropped: int = 0
+    hot_rows: int = 0
+    hot_row_staleness_mean: float = field(default=0.0, metadata=_G6)
 
 
 @dataclass(frozen=True)

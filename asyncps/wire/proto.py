@@ -99,7 +99,8 @@ def outcome_to_proto(outcome: PushOutcome) -> ps_pb2.PushResult:
         drop_detail=outcome.detail,
         seq=outcome.seq,
         rows=None if outcome.rows is None else ps_pb2.RowStaleness(
-            rows=outcome.rows.rows, mean=outcome.rows.mean, p95=outcome.rows.p95, max=outcome.rows.max),
+            rows=outcome.rows.rows, mean=outcome.rows.mean, p95=outcome.rows.p95, max=outcome.rows.max,
+            dropped=outcome.rows.dropped, hot_rows=outcome.rows.hot_rows, hot_mean=outcome.rows.hot_mean),
     )
 
 
@@ -107,9 +108,11 @@ def outcome_from_proto(msg: ps_pb2.PushResult) -> PushOutcome:
     """Decode a push outcome; an inconsistent one is InvalidArgumentError."""
     rows = None
     if msg.HasField("rows") and msg.rows.rows:
-        if msg.rows.rows < 0 or msg.rows.max < 0:
-            raise InvalidArgumentError(f"bad push result: row staleness over {msg.rows.rows} rows, max {msg.rows.max}")
-        rows = RowStaleness(msg.rows.rows, msg.rows.mean, msg.rows.p95, msg.rows.max)
+        r = msg.rows
+        if r.rows < 0 or r.max < 0 or not 0 <= r.dropped <= r.rows or not 0 <= r.hot_rows <= r.rows:
+            raise InvalidArgumentError(f"bad push result: row staleness over {r.rows} rows, max {r.max}, "
+                                       f"{r.dropped} dropped, {r.hot_rows} hot")
+        rows = RowStaleness(r.rows, r.mean, r.p95, r.max, r.dropped, r.hot_rows, r.hot_mean)
     try:
         return PushOutcome(msg.accepted, msg.staleness, msg.version, msg.effective_lr, drop_from_wire(msg.drop),
                            msg.drop_detail, msg.seq, rows)
@@ -177,6 +180,7 @@ def push_record(
     if rows is not None:  # per-row staleness (tables read by rows)
         record.rows, record.row_staleness_mean, record.row_staleness_p95 = rows.rows, rows.mean, rows.p95
         record.row_staleness_max = rows.max
+        record.rows_dropped, record.hot_rows, record.hot_row_staleness_mean = rows.dropped, rows.hot_rows, rows.hot_mean
     return record
 
 

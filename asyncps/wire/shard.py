@@ -20,20 +20,33 @@ from asyncps.wire.codec import Array, Gradient, SparseRows
 @dataclass(frozen=True)
 class RowStaleness:
     """Per-row staleness of one push: over the rows its sparse gradients touched (those sent with the
-    clocks they were read at), how many updates each row had received since the worker read it."""
+    clocks they were read at), how many updates each row had received since the worker read it; of
+    them, the hot rows' (asyncps.ps.store.HOT_SHARE: rows in at least 1 of 100 of their table's updates)
+    and the rows a per-row staleness policy dropped."""
 
     rows: int
     mean: float
     p95: float
     max: int
+    dropped: int = 0  # rows a per-row policy dropped (not applied)
+    hot_rows: int = 0  # rows that were hot when the push arrived
+    hot_mean: float = 0.0  # their mean staleness (0 when none)
 
     @staticmethod
-    def of(staleness: Array) -> RowStaleness | None:
-        """The summary of per-row staleness values (None for none)."""
+    def of(staleness: Array, hot: Array | None = None, dropped: int = 0) -> RowStaleness | None:
+        """The summary of per-row staleness values (None for none); `hot`: which rows are hot."""
         if staleness.size == 0:
             return None
+        hot_rows = int(np.count_nonzero(hot)) if hot is not None else 0
+        hot_mean = float(staleness[hot].mean()) if hot is not None and hot_rows else 0.0
         return RowStaleness(int(staleness.size), float(staleness.mean()),
-                            float(np.percentile(staleness, 95)), int(staleness.max()))
+                            float(np.percentile(staleness, 95)), int(staleness.max()), dropped, hot_rows, hot_mean)
+
+    @property
+    def cold_mean(self) -> float:
+        """The mean staleness of the rows that were not hot (0 when none)."""
+        cold = self.rows - self.hot_rows
+        return (self.mean * self.rows - self.hot_mean * self.hot_rows) / cold if cold else 0.0
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ METRICS: tuple[str, ...] = (
     "updates", "wall_s", "updates_per_s", "gradients_per_s", "staleness_mean", "staleness_steady_mean",
     "staleness_p95", "staleness_max", "dropped_pct", "idle_pct", "time_to_target_s", "updates_to_target",
     "final_accuracy", "final_loss", "optimality_gap", "clock_lead", "late_workers", "worker_mb", "loss_rebound",
-    "run_s", "gap_tail", "pushes_to_target",
+    "run_s", "gap_tail", "pushes_to_target", "row_staleness_mean", "row_staleness_hot_mean",
+    "row_staleness_cold_mean", "rows_dropped_pct",
 )
 
 #: The metrics measured up to the target: NaN when the run never reached it, a cost above any measured
@@ -233,4 +234,18 @@ def run_metrics(run_dir: Path, target: Target | None = None) -> dict[str, float]
         "loss_rebound": loss_rebound(evals),
         "gap_tail": math.nan if math.isnan(floor) else gap_tail(evals, floor),
         "pushes_to_target": reach_pushes,
+        **row_metrics(s),
     }
+
+
+def row_metrics(s: RunSummary) -> dict[str, float]:
+    """Per-row staleness (tables read by rows): every row's mean, the hot rows' and the others', and the
+    percentage of rows a per-row policy dropped; NaN when no push measured any."""
+    rows = s.row_staleness
+    if rows is None:
+        return dict.fromkeys(("row_staleness_mean", "row_staleness_hot_mean", "row_staleness_cold_mean",
+                              "rows_dropped_pct"), math.nan)
+    return {"row_staleness_mean": rows.mean,
+            "row_staleness_hot_mean": rows.hot_mean if rows.hot_rows else math.nan,
+            "row_staleness_cold_mean": rows.cold_mean if rows.rows > rows.hot_rows else math.nan,
+            "rows_dropped_pct": 100.0 * rows.dropped / rows.rows}

@@ -130,7 +130,9 @@ SEED_METRICS: tuple[tuple[str, str, str], ...] = (
     ("idle_pct", "idle %", ".1f"), ("dropped_pct", "dropped %", ".1f"), ("clock_lead", "clock lead", ".0f"),
     ("time_to_target_s", "time to target (s)", ".2f"), ("updates_to_target", "updates to target", ".0f"),
     ("pushes_to_target", "pushes to target", ".0f"), ("optimality_gap", "optimality gap", ".4f"),
-    ("final_accuracy", "final accuracy", ".3f"),
+    ("final_accuracy", "final accuracy", ".3f"), ("final_loss", "final loss", ".3f"),
+    ("row_staleness_mean", "row staleness", ".2f"), ("row_staleness_hot_mean", "hot rows' staleness", ".2f"),
+    ("row_staleness_cold_mean", "cold rows' staleness", ".3f"), ("rows_dropped_pct", "rows dropped %", ".1f"),
     ("worker_mb", "MB per worker", ".0f"), ("run_s", "point s", ".0f"),
 )
 
