@@ -18,6 +18,7 @@ import pytest
 import asyncps
 from asyncps.ml.datasets import load_digits
 from asyncps.ml.specs import model_problem, spec_problems
+from asyncps.rundir import RunDir
 
 
 def digit_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -168,7 +169,7 @@ def test_early_stopping_ends_the_run_and_callbacks_see_each_evaluation(tmp_path:
     result = asyncps.train(model=functional_model(False), x=x, y=y, validation_data=(x_val, y_val), num_workers=2,
                            num_ps=1, epochs=200, optimizer="adam", learning_rate=0.01, eval_every_s=0.5,
                            callbacks=[stop, seen], run_dir=tmp_path / "run")
-    log = (tmp_path / "run" / "logs" / "chief.log").read_text()
+    log = RunDir(tmp_path / "run").log("chief").read_text()
     assert "early stopping: loss did not improve by more than 0.5 for 2 evaluations" in log
     assert result.summary.epochs < 200 and result.summary.data["tasks_done"] < result.summary.data["tasks_planned"]
     assert len(seen.logs) == len(result.history) >= 3 and all("val_loss" in logs for logs in seen.logs)
