@@ -71,15 +71,18 @@ class History(list[EvalRow]):
     """The run's evaluations on the validation data (eval.csv's rows, oldest first), and like Keras'
     `History`: `.history`, a dict of lists with one entry per evaluation — `val_loss`, `val_accuracy`
     (NaN when the task measures none), `loss` (the workers' mean training loss over the pushes since the
-    evaluation before), `updates` (applied) and `elapsed_s` (training time) — and `.epoch`, their numbers."""
+    evaluation before; with none since, the last one before), `updates` (applied) and `elapsed_s` (training
+    time) — and `.epoch`, their numbers."""
 
     def __init__(self, rows: list[EvalRow], pushes: Iterable[PushRow] = ()) -> None:
         super().__init__(rows)
-        losses = sorted((p.wall_time, p.loss) for p in pushes if p.accepted)
+        losses = sorted((p.wall_time, p.loss) for p in pushes if p.accepted and np.isfinite(p.loss))
         train, start = [], float("-inf")
         for row in rows:
-            window = [loss for at, loss in losses if start < at <= row.wall_time and np.isfinite(loss)]
-            train.append(float(np.mean(window)) if window else float("nan"))
+            window = [loss for at, loss in losses if start < at <= row.wall_time]
+            before = [loss for at, loss in losses if at <= row.wall_time]
+            # no push since the evaluation before (the final one, after training ended): the last loss before it
+            train.append(float(np.mean(window)) if window else float(before[-1]) if before else float("nan"))
             start = row.wall_time
         self.history: dict[str, list[float]] = {
             "loss": train, "val_loss": [r.loss for r in rows], "val_accuracy": [r.accuracy for r in rows],
