@@ -68,25 +68,24 @@ class _TableRows:
         return self._shards[np.searchsorted(self._starts, ids, side="right") - 1]
 
     def fresh(self, ids: IndexArray, staleness: int, versions: Array, incarnations: Array) -> Array:
-        """Which ids the cache may serve: held, read from the shard's current incarnation, and at most
-        `staleness` versions behind it; those are marked most recently used."""
+        """The slot of each id the cache may serve (-1: ask it): held, read from the shard's current
+        incarnation, and at most `staleness` versions behind it; those are marked most recently used."""
         got = self.slots.get
         slots = np.fromiter((got(i, -1) for i in ids.tolist()), dtype=np.int64, count=ids.size)
-        held = slots >= 0
+        held = np.flatnonzero(slots >= 0)
         s = slots[held]
         shard = self.shard[s]
         ok = (self.incarnation[s] == incarnations[shard]) & (versions[shard] <= self.read_at[s] + staleness)
-        out = np.zeros(ids.size, dtype=bool)
-        out[np.flatnonzero(held)[ok]] = True
-        for i in ids[out].tolist():
+        slots[held[~ok]] = -1
+        for i in ids[slots >= 0].tolist():
             self.slots.move_to_end(i)
-        return out
+        return slots
 
-    def store(self, rows: SparseRows, versions: Array, incarnations: Array) -> None:
-        """Keep rows just served (an expired row's slot reused), evicting the least recently used."""
-        if not rows.indices.size:
-            return
+    def store(self, rows: SparseRows, versions: Array, incarnations: Array) -> Array:
+        """Keep rows just served (an expired row's slot reused), evicting the least recently used; their slots."""
         slots = np.empty(rows.indices.size, dtype=np.int64)
+        if not rows.indices.size:
+            return slots
         for k, i in enumerate(rows.indices.tolist()):
             slot = self.slots.pop(i, None)
             if slot is None:
@@ -99,10 +98,10 @@ class _TableRows:
         self.read_at[slots] = versions[shards]
         self.incarnation[slots] = incarnations[shards]
         self.shard[slots] = shards
+        return slots
 
-    def take(self, ids: IndexArray) -> SparseRows:
-        """The held rows of `ids` (each held), with the clocks they were read at."""
-        slots = np.fromiter((self.slots[i] for i in ids.tolist()), dtype=np.int64, count=ids.size)
+    def take(self, ids: IndexArray, slots: Array) -> SparseRows:
+        """The rows of `ids` held in `slots`, with the clocks they were read at."""
         return SparseRows(ids, self.values[slots], self.clocks[slots])
 
 
@@ -117,20 +116,21 @@ class RowCache:
         self._tables = {name: _TableRows(parts, shape, dtype, max_rows[name])
                         for name, (parts, shape, dtype) in tables.items()}
         self.counts = RowCacheCounts()
-        self._hits: dict[str, Array] = {}  # per table: which of the ids last asked the cache serves
+        self._slots: dict[str, Array] = {}  # per table: the slots of the ids last asked (-1: asked of the shards)
 
     def to_ask(self, rows: Mapping[str, IndexArray], versions: Sequence[int],
                incarnations: Sequence[int]) -> dict[str, IndexArray]:
         """The ids of `rows` the shards must serve (missing or expired), the others counted as hits."""
         v, inc = np.asarray(versions, dtype=np.int64), np.asarray(incarnations, dtype=np.int64)
         ask: dict[str, IndexArray] = {}
-        self._hits = {}
+        self._slots = {}
         for name, ids in rows.items():
             table = self._tables.get(name)
             if table is None:
                 ask[name] = ids
                 continue
-            hits = self._hits[name] = table.fresh(ids, self.staleness, v, inc)
+            slots = self._slots[name] = table.fresh(ids, self.staleness, v, inc)
+            hits = slots >= 0
             ask[name] = ids[~hits]
             served = int(hits.sum())
             self.counts.rows += ids.size
@@ -149,8 +149,9 @@ class RowCache:
             if table is None:
                 out[name] = served[name]
                 continue
-            table.store(served[name], v, inc)
-            out[name] = table.take(ids)
+            slots = self._slots[name]
+            slots[slots < 0] = table.store(served[name], v, inc)
+            out[name] = table.take(ids, slots)
         return out
 
 
