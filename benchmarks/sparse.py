@@ -220,4 +220,6 @@ def plot_sparse(ax: Any, section: dict[str, Any]) -> None:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sizes))], [f"{int(r):,} rows" for r in sizes])
     ax.set_yscale("log")
     ax.set_ylabel("steps/s (median, log)")
-    ax.legend(fontsize=8)
+    tallest = max((c["median"] for entry in section["rows"].values() for c in entry.values()), default=1.0)
+    ax.set_ylim(top=tallest * 30)  # room above the bars for the legend
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
