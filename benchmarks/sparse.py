@@ -42,6 +42,10 @@ LEARNING_RATE = 0.05
 _WARMUP_STEPS = 20
 #: Seconds of an asyncps run left out of its rates: connections, tracing (a big table takes longer to place).
 SPARSE_WARMUP_S = 4.0
+#: Seconds per million table rows added to an asyncps run's length: its first pushes take that long (10M rows:
+#: ~11 s on this machine, the shards' first update of their parts), and the chief's max_training_s counts them,
+#: so without it a 10M-row run ended before its first measured window.
+SETUP_S_PER_MILLION_ROWS = 2.0
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,9 @@ def recsys_run_config(rows: int, via: Transport, seconds: float, num_ps: int = 2
 
 def asyncps_recsys(rows: int, via: Transport, seconds: float, window_s: float, num_ps: int = 2,
                    num_workers: int = 2) -> SparseResult:
-    """asyncps over `via`: aggregate steps/s per window after the warm-up, bytes per step from the shards' counts."""
-    run = recsys_run_config(rows, via, seconds, num_ps, num_workers)
+    """asyncps over `via`: aggregate steps/s per window after the warm-up (the run lengthened by its table's set-up),
+    bytes per step from the shards' counts."""
+    run = recsys_run_config(rows, via, seconds + rows / 1e6 * SETUP_S_PER_MILLION_ROWS, num_ps, num_workers)
     done = run_cluster_summary(run, window_s, skip_s=SPARSE_WARMUP_S)
     stats, peaks = done.stats, done.peaks
     summary, steps = done.summary, max(1, stats.steps)
@@ -157,11 +162,11 @@ def sparse_ratios(by_rows: dict[str, dict[str, Any]]) -> dict[str, float]:
     for top, bottom, rows in RATIOS:
         if rows is not None:
             entry = by_rows.get(str(rows), {})
-            if top in entry and bottom in entry:
+            if top in entry and bottom in entry and entry[bottom]["median"] > 0:
                 ratios[f"{top} / {bottom} at {rows} rows"] = entry[top]["median"] / entry[bottom]["median"]
             continue
         sizes = sorted(int(k) for k, entry in by_rows.items() if top in entry)
-        if len(sizes) > 1:
+        if len(sizes) > 1 and by_rows[str(sizes[0])][top]["median"] > 0:
             big, small = by_rows[str(sizes[-1])][top], by_rows[str(sizes[0])][top]
             ratios[f"{top} {sizes[-1]} / {sizes[0]} rows"] = big["median"] / small["median"]
     return ratios
