@@ -189,6 +189,14 @@ class RunConfig:
     row_pull: str = setting("auto", help=(
         "auto: workers read the tables of the model's Embedding layers by rows, only those a batch touches "
         "(never a whole copy; per-row staleness measured); off: every variable pulled whole each step"))
+    row_cache_staleness: int = setting(0, word=OFF, help=(
+        "tables read by rows: a worker serves a row it read at shard version v again, without asking, while "
+        "that shard's version as it last saw it is at most v + S (a bound on the row's updates since; the "
+        "rows' clocks are those they were read at, so per-row staleness counts the cache's); off: every row "
+        "a step touches is read"))
+    row_cache_rows: int = setting(0, word=AUTO, help=(
+        "rows the row cache keeps per table, the least recently used evicted (auto: as many as 64 MB hold; "
+        "at least the most distinct ids of one batch)"))
 
     def __post_init__(self) -> None:
         self._fold_rule_specs()
@@ -268,6 +276,8 @@ class RunConfig:
             problems.append("--local-optimizer and --outer apply to local SGD only: set --local-steps H (H > 1)")
         if self.row_pull not in ("auto", "off"):
             problems.append(f"row_pull must be auto or off, got {self.row_pull!r}")
+        if self.row_cache_staleness < 0 or self.row_cache_rows < 0:
+            problems.append("row_cache_staleness and row_cache_rows must be >= 0 (0: off, auto)")
         if self.local_steps > 1 and self.pipeline:
             problems.append("--pipeline overlaps one gradient with its push; with --local-steps > 1 a push is "
                             "H steps of local work: leave --pipeline off")

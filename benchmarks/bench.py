@@ -64,6 +64,7 @@ from benchmarks.baselines import (
 )
 from benchmarks.scaling import ScalingPoint, scaling_point
 from benchmarks.sparse import (
+    CACHED_TCP,
     SPARSE_WARMUP_S,
     SparseResult,
     asyncps_recsys,
@@ -283,13 +284,15 @@ def _run_scaling(cfg: BenchConfig, results: dict[str, Any]) -> None:
 
 def sparse_contenders(cfg: BenchConfig) -> list[tuple[str, Callable[[int], SparseResult]]]:
     """The sparse section's contenders by name, each measuring one table size: the baselines, then asyncps over
-    tcp and shm."""
+    tcp and shm, and over tcp with the workers' row cache."""
     seconds = SPARSE_WARMUP_S + cfg.repeats * cfg.seconds + 0.5
     return [
         ("keras-local", lambda rows: keras_recsys(rows, cfg.repeats, cfg.seconds)),
         ("tf-ps-strategy", lambda rows: tf_ps_recsys(rows, cfg.repeats, cfg.seconds, cfg.num_ps, cfg.num_workers)),
         *((f"asyncps-{t}", functools.partial(lambda via, rows: asyncps_recsys(
             rows, transport(via), seconds, cfg.seconds, cfg.num_ps, cfg.num_workers), t)) for t in SPARSE_TRANSPORTS),
+        ("asyncps-tcp-cache", lambda rows: asyncps_recsys(rows, CACHED_TCP, seconds, cfg.seconds, cfg.num_ps,
+                                                          cfg.num_workers)),
     ]
 
 

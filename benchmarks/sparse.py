@@ -3,9 +3,12 @@
 Contenders, each on asyncps' `recsys:rows=R` data and model (batch 256, Adagrad): the plain Keras loop in one
 process (the table in that process), TF's ParameterServerStrategy with the table partitioned over the shards
 (plain TF: benchmarks/_tf_sparse_child.py says why), and asyncps over each transport (2 shards x 2 workers,
-through the cluster runner of the other asyncps contenders). Each gives steps/s (all workers together), bytes
-moved per worker step (asyncps: the shards' pulled + pushed bytes of every transport over the run's steps; TF:
-not measured, None) and peak RSS per role (worker, shard, chief; the local loop is one worker).
+through the cluster runner of the other asyncps contenders), and asyncps over tcp with the workers' row cache
+(`--row-cache-staleness 4`). Each gives steps/s (all workers together, over windows after a warm-up: the chief's
+set-up of a big table is left out), bytes moved per worker step (asyncps: the shards' pulled + pushed bytes of
+every transport over the run's steps; TF: not measured, None) and peak RSS per role (worker, shard, chief; the
+local loop is one worker); asyncps over tcp also the bytes its workers pulled per step (the chief's reads of
+the model go over shared memory: left out), the distinct rows a step touched and the row cache's hit rate.
 """
 
 from __future__ import annotations
@@ -29,12 +32,20 @@ from benchmarks.baselines import (
     compute_threads,
 )
 
+#: The row cache contender's S (asyncps.transport.rowcache).
+CACHE_STALENESS = 4
+#: asyncps over tcp with the workers' row cache: a contender of its own.
+CACHED_TCP = Transport("tcp-cache", {"transport": "tcp", "row_cache_staleness": CACHE_STALENESS})
 _SPARSE_CHILD = Path(__file__).resolve().parent / "_tf_sparse_child.py"
 BATCH = 256
 LEARNING_RATE = 0.05
 _WARMUP_STEPS = 20
 #: Seconds of an asyncps run left out of its rates: connections, tracing (a big table takes longer to place).
 SPARSE_WARMUP_S = 4.0
+#: Seconds per million table rows added to an asyncps run's length: its first pushes take that long (10M rows:
+#: ~11 s on this machine, the shards' first update of their parts), and the chief's max_training_s counts them,
+#: so without it a 10M-row run ended before its first measured window.
+SETUP_S_PER_MILLION_ROWS = 2.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,10 @@ class SparseResult:
     samples: Samples  # aggregate steps/s, one value per repetition or time window
     bytes_per_step: float | None  # tensor bytes pulled + pushed per worker step; None: not measurable
     rss_mb: dict[str, float]  # peak resident memory by role: worker, shard, chief (the largest of each)
+    # asyncps over tcp: tensor bytes the workers pulled per step, distinct rows a step pushed, row cache hit rate
+    pulled_per_step: float | None = None
+    rows_per_step: float | None = None
+    hit_rate: float | None = None
 
 
 def _child_argv(role: str, **kwargs: object) -> list[str]:
@@ -86,27 +101,37 @@ def tf_ps_recsys(rows: int, repeats: int, seconds: float, num_ps: int = 2, num_w
 
 
 def recsys_run_config(rows: int, via: Transport, seconds: float, num_ps: int = 2, num_workers: int = 2) -> RunConfig:
-    """The asyncps run of the sparse section: recsys data and model of `rows` rows, Adagrad, stop after `seconds`."""
+    """The asyncps run of the sparse section: recsys data and model of `rows` rows, Adagrad, stop after `seconds`;
+    no periodic checkpoint (the chief reads the whole model for one: 1.28 GB at 10M rows, tens of seconds on
+    this machine, which the baselines never do; the final one comes after the measured steps)."""
     run = RunConfig(model="recsys", dataset=f"recsys:rows={rows}", batch_size=BATCH, optimizer="adagrad",
                     learning_rate=LEARNING_RATE, num_workers=num_workers, num_ps=num_ps, epochs=0.0,
-                    max_training_s=seconds, eval_every_s=3600.0, tf_threads=compute_threads(num_workers))
+                    max_training_s=seconds, eval_every_s=3600.0, tf_threads=compute_threads(num_workers),
+                    checkpoint_every_s=0.0)
     return dataclasses.replace(run, **dict(via.run_overrides))
 
 
 def asyncps_recsys(rows: int, via: Transport, seconds: float, window_s: float, num_ps: int = 2,
                    num_workers: int = 2) -> SparseResult:
-    """asyncps over `via`: aggregate steps/s per window after the warm-up, bytes per step from the shards' counts."""
-    run = recsys_run_config(rows, via, seconds, num_ps, num_workers)
+    """asyncps over `via`: aggregate steps/s per window after the warm-up (the run lengthened by its table's set-up),
+    bytes per step from the shards' counts."""
+    run = recsys_run_config(rows, via, seconds + rows / 1e6 * SETUP_S_PER_MILLION_ROWS, num_ps, num_workers)
     done = run_cluster_summary(run, window_s, skip_s=SPARSE_WARMUP_S)
     stats, peaks = done.stats, done.peaks
-    moved = sum(n for shard in done.summary.shards for way in shard.bytes_by_transport.values() for n in way.values())
+    summary, steps = done.summary, max(1, stats.steps)
+    moved = sum(n for shard in summary.shards for way in shard.bytes_by_transport.values() for n in way.values())
+    # the workers' pulls over tcp: the chief reads through shared memory (asyncps local's default)
+    tcp = sum(shard.bytes_by_transport.get("tcp", {}).get("pulled", 0) for shard in summary.shards)
 
     def peak(prefix: str) -> float:
         return max((v for k, v in peaks.items() if k.startswith(prefix)), default=0.0)
 
     return SparseResult(Samples(f"asyncps-{via.name} {num_ps}ps+{num_workers}w recsys {rows} rows", "steps/s",
-                                stats.window_rates or [stats.steady_rate]), moved / max(1, stats.steps),
-                        {"worker": peak("worker"), "shard": peak("ps"), "chief": peak("chief")})
+                                stats.window_rates or [stats.steady_rate]), moved / steps,
+                        {"worker": peak("worker"), "shard": peak("ps"), "chief": peak("chief")},
+                        tcp / steps if run.transport == "tcp" else None,
+                        summary.row_staleness.rows / steps if summary.row_staleness is not None else None,
+                        summary.row_cache.get("hit_rate"))
 
 
 # -- the section's results: JSON entries, ratios, table, check, plot -----------------------------------------
@@ -117,6 +142,8 @@ RATIOS: tuple[tuple[str, str, int | None], ...] = (
     ("asyncps-shm", "keras-local", 10_000_000),
     ("asyncps-tcp", "asyncps-tcp", None),
     ("asyncps-shm", "asyncps-shm", None),
+    ("asyncps-tcp-cache", "asyncps-tcp", 1_000_000),
+    ("asyncps-tcp-cache", "asyncps-tcp", 10_000_000),
 )
 
 
@@ -124,7 +151,8 @@ def result_json(r: SparseResult) -> dict[str, Any]:
     """One contender's entry: its samples, bytes per step and peak RSS by role."""
     s = r.samples
     return {"name": s.name, "unit": s.unit, "median": s.median, "min": s.min, "max": s.max, "values": s.values,
-            "bytes_per_step": r.bytes_per_step, "rss_mb": r.rss_mb}
+            "bytes_per_step": r.bytes_per_step, "rss_mb": r.rss_mb, "pulled_per_step": r.pulled_per_step,
+            "rows_per_step": r.rows_per_step, "hit_rate": r.hit_rate}
 
 
 def sparse_ratios(by_rows: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -134,11 +162,11 @@ def sparse_ratios(by_rows: dict[str, dict[str, Any]]) -> dict[str, float]:
     for top, bottom, rows in RATIOS:
         if rows is not None:
             entry = by_rows.get(str(rows), {})
-            if top in entry and bottom in entry:
+            if top in entry and bottom in entry and entry[bottom]["median"] > 0:
                 ratios[f"{top} / {bottom} at {rows} rows"] = entry[top]["median"] / entry[bottom]["median"]
             continue
         sizes = sorted(int(k) for k, entry in by_rows.items() if top in entry)
-        if len(sizes) > 1:
+        if len(sizes) > 1 and by_rows[str(sizes[0])][top]["median"] > 0:
             big, small = by_rows[str(sizes[-1])][top], by_rows[str(sizes[0])][top]
             ratios[f"{top} {sizes[-1]} / {sizes[0]} rows"] = big["median"] / small["median"]
     return ratios
@@ -148,17 +176,24 @@ def _mb(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 1e6:.2f}"
 
 
+def _num(value: float | None, scale: float, spec: str) -> str:
+    return "-" if value is None else format(value * scale, spec)
+
+
 def sparse_table(section: dict[str, Any]) -> list[str]:
     """The section as markdown: one row per table size and contender, then the ratios."""
     out = [f"### Sparse: recsys model (one id table, dim 32), batch {section['batch']}, Adagrad", "",
-           "| rows | contender | steps/s median | min-max | n | MB moved/step | peak RSS worker MB | shard MB | "
-           "chief MB |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "| rows | contender | steps/s median | min-max | n | MB moved/step | KB pulled/step | rows/step | "
+           "cache hits | peak RSS worker MB | shard MB | chief MB |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for rows, entry in section["rows"].items():
         for name, c in entry.items():
             rss = c["rss_mb"]
             cells = [f"{rss[r]:.0f}" if r in rss else "-" for r in ("worker", "shard", "chief")]
+            extra = [_num(c.get("pulled_per_step"), 1e-3, ".1f"), _num(c.get("rows_per_step"), 1, ".0f"),
+                     _num(c.get("hit_rate"), 1, ".2f")]
             out.append(f"| {rows} | {name} | {c['median']:.1f} | {c['min']:.1f}-{c['max']:.1f} | {len(c['values'])} | "
-                       f"{_mb(c['bytes_per_step'])} | {' | '.join(cells)} |")
+                       f"{_mb(c['bytes_per_step'])} | {' | '.join(extra)} | {' | '.join(cells)} |")
     out += ["", "| ratio of median steps/s | value |", "|---|---:|"]
     out += [f"| {name} | {value:.3f} |" for name, value in section["ratios"].items()]
     return [*out, ""]
@@ -190,4 +225,6 @@ def plot_sparse(ax: Any, section: dict[str, Any]) -> None:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sizes))], [f"{int(r):,} rows" for r in sizes])
     ax.set_yscale("log")
     ax.set_ylabel("steps/s (median, log)")
-    ax.legend(fontsize=8)
+    tallest = max((c["median"] for entry in section["rows"].values() for c in entry.values()), default=1.0)
+    ax.set_ylim(top=tallest * 30)  # room above the bars for the legend
+    ax.legend(fontsize=7, ncol=2, loc="upper left")

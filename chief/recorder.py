@@ -112,6 +112,9 @@ class Recorder:
         self.examples = 0
         self.busy_s: collections.defaultdict[int, float] = collections.defaultdict(float)
         self.wait_s: collections.defaultdict[int, float] = collections.defaultdict(float)
+        # per worker: rows its steps needed, rows its row cache served, bytes that cache kept off the wire
+        self.row_cache: collections.defaultdict[int, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter)
         self.pushes_recorded = 0
         self.last_loss = float("nan")
         self._applied: list[PushRow] = []  # for the clock lead measured from the pushes themselves
@@ -211,6 +214,8 @@ class Recorder:
                 self._steps.write(StepRow(worker, s.step, s.start, s.pull_s, s.compute_s, s.push_s, s.wait_s,
                                           s.examples))
                 self._count_step(worker, s.pull_s + s.compute_s + s.push_s, s.wait_s, s.examples)
+                if s.rows:
+                    self.row_cache[worker].update(rows=s.rows, hits=s.rows_cached, bytes_saved=s.row_bytes_saved)
             # readers (asyncps report on a running or crashed run) see every report
             self._pushes.flush()
             self._steps.flush()
@@ -298,6 +303,20 @@ class Recorder:
         with self._lock:
             return {w: self.wait_s[w] / (self.busy_s[w] + self.wait_s[w])
                     for w in sorted(self.busy_s) if self.busy_s[w] + self.wait_s[w] > 0}
+
+    def row_cache_summary(self) -> dict[str, Any]:
+        """The workers' row caches (summary.json's row_cache; empty without one): rows needed, hits, hit
+        rate and bytes not pulled, in all and per worker index (counted from this chief's reports)."""
+        with self._lock:
+            per = {w: dict(c) for w, c in sorted(self.row_cache.items())}
+        if not per:
+            return {}
+
+        def entry(c: Mapping[str, int]) -> dict[str, Any]:
+            return {**c, "hit_rate": c["hits"] / c["rows"] if c["rows"] else 0.0}
+
+        total = {k: sum(c[k] for c in per.values()) for k in ("rows", "hits", "bytes_saved")}
+        return {**entry(total), "by_worker": {str(w): entry(c) for w, c in per.items()}}
 
     def measured_clock_lead(self) -> int:
         """The largest clock lead with which a worker read, measured from the recorded pushes
@@ -452,6 +471,7 @@ def write_summary(run_dir: Path, final: tuple[float, float], wall_s: float, p: P
         optimality_gap=gap,
         staleness_steady=StalenessSummary.of(recorder.steady.snapshot()),
         row_staleness=recorder.row_staleness.summary(),
+        row_cache=recorder.row_cache_summary(),
         start={**(start or {}), "late_workers": recorder.steady.late_workers(run.num_workers)},
         metrics=metrics,
         provenance=provenance,

@@ -190,13 +190,18 @@ def test_sparse_section_plumbing() -> None:
     with pytest.raises(SystemExit):
         bench.parse_args(["--only", "sparse", "--sparse-rows", ""])
     assert [name for name, _ in bench.sparse_contenders(quick)] == ["keras-local", "tf-ps-strategy", "asyncps-tcp",
-                                                                     "asyncps-shm"]
+                                                                     "asyncps-shm", "asyncps-tcp-cache"]
     section = _synthetic()["sparse"]
     assert section["ratios"] == {"asyncps-tcp / tf-ps-strategy at 1000000 rows": pytest.approx(35.0 / 20.0),
                                  "asyncps-tcp 1000000 / 10000 rows": pytest.approx(0.1)}
     big = {**section["rows"], "10000000": section["rows"]["1000000"]}
     assert "asyncps-tcp / keras-local at 10000000 rows" in sparse_ratios(big)
     table = bench.markdown_tables({"sparse": section})
-    assert "| 1000000 | asyncps-tcp | 35.0 | 30.0-35.0 | 2 | 1.50 | 580 | 80 | 610 |" in table
-    assert "| 10000 | keras-local | 500.0 | 500.0-500.0 | 1 | n/a | 600 | - | - |" in table
+    assert "| 1000000 | asyncps-tcp | 35.0 | 30.0-35.0 | 2 | 1.50 | - | - | - | 580 | 80 | 610 |" in table
+    assert "| 10000 | keras-local | 500.0 | 500.0-500.0 | 1 | n/a | - | - | - | 600 | - | - |" in table
+    cached = {**section["rows"]["10000"]["asyncps-tcp"], "pulled_per_step": 2.5e5, "rows_per_step": 1428.4,
+              "hit_rate": 0.41}
+    row = bench.markdown_tables({"sparse": {**section, "rows": {"10000": {"asyncps-tcp-cache": cached}}}})
+    assert "| 10000 | asyncps-tcp-cache | 350.0 | 300.0-350.0 | 2 | 1.50 | 250.0 | 1428 | 0.41 | 580 | 80 | 610 |" \
+        in row
     assert "| asyncps-tcp / tf-ps-strategy at 1000000 rows | 1.750 |" in table

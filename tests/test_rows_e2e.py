@@ -43,3 +43,23 @@ def test_a_table_read_by_rows_trains_moving_only_the_rows_each_step_touches(tmp_
     # two workers over one table: some rows were updated by the other worker between a read and its push
     assert summary.row_staleness.max >= 1
 
+
+
+def test_a_worker_row_cache_serves_hot_rows_and_their_staleness_is_measured(tmp_path: Path) -> None:
+    """--row-cache-staleness: the Zipf-hot rows come from the workers' caches (hits reported per worker in
+    summary.json), the run still trains, and the rows pushed carry the clocks they were read at."""
+    run_dir = tmp_path / "run"
+    result = run_cli(["local", "--run-dir", str(run_dir), "--dataset", f"recsys:rows={ROWS}",
+                      "--model", f"recsys:rows={ROWS},dim={DIM}", "--num-workers", "2", "--num-ps", "2",
+                      "--optimizer", "adagrad", "--learning-rate", "0.05", "--batch-size", str(BATCH),
+                      "--epochs", "2", "--transport", "tcp", "--seed", "3", "--eval-every-s", "1000",
+                      "--row-cache-staleness", "4", "--quiet"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = RunSummary.from_json(RunDir(run_dir).summary.read_text())
+    assert summary.final_eval.accuracy > 0.6, summary.final_eval
+    cache = summary.row_cache
+    assert cache["hits"] > 0 and 0 < cache["hit_rate"] < 1, cache
+    assert cache["bytes_saved"] == cache["hits"] * (DIM * 4 + 16), cache
+    assert set(cache["by_worker"]) == {"0", "1"}, cache
+    # a cached row's push counts the versions it spent in the cache: staleness beyond one round trip
+    assert summary.row_staleness is not None and summary.row_staleness.max >= 2

@@ -7,9 +7,11 @@ did) is wired once for both.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from asyncps.worker.chieflink import ChiefLink
 from asyncps.worker.local import local_model
 from asyncps.worker.trainer import GradFn, TaskBatches, Telemetry, Trainer, make_grad_fn
@@ -25,6 +27,9 @@ from asyncps.transport import ModelClient, connect_model
 if TYPE_CHECKING:
     from asyncps.ml.sparse import SparseModel
 
+#: The row cache's memory per table when --row-cache-rows is auto.
+ROW_CACHE_AUTO_BYTES = 64 << 20
+
 
 def connect_worker(worker_id: str, reg: cpb.RegisterResponse, model: Any, run: RunConfig,
                    security: SecurityConfig, stop: threading.Event | None = None,
@@ -36,10 +41,24 @@ def connect_worker(worker_id: str, reg: cpb.RegisterResponse, model: Any, run: R
     specs = sparse.specs() if sparse is not None else [
         VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
-    return connect_model(worker_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
-                         security, transport=run.transport, worker_index=reg.index,
-                         coordinated=run.update_rule().consistency().coordinated, abort=stop,
-                         row_variables=[t.variable for t in sparse.tables] if sparse is not None else ())
+    client = connect_model(worker_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
+                           security, transport=run.transport, worker_index=reg.index,
+                           coordinated=run.update_rule().consistency().coordinated, abort=stop,
+                           row_variables=[t.variable for t in sparse.tables] if sparse is not None else ())
+    if sparse is not None and run.row_cache_staleness > 0:
+        client.use_row_cache(run.row_cache_staleness, row_cache_rows(sparse, run.row_cache_rows))
+    return client
+
+
+def row_cache_rows(sparse: SparseModel, rows: int = 0) -> dict[str, int]:
+    """The rows the row cache keeps per table: `rows` (0: as many as ROW_CACHE_AUTO_BYTES hold), at least
+    the most distinct ids of one batch (a step's rows are never evicted), at most the table's."""
+    out = {}
+    for table in sparse.tables:
+        row_bytes = math.prod(table.shape[1:]) * np.dtype(table.dtype).itemsize
+        wanted = rows or ROW_CACHE_AUTO_BYTES // max(1, row_bytes)
+        out[table.variable] = min(table.shape[0], max(table.capacity, wanted))
+    return out
 
 
 def run_grad_fn(run: RunConfig, model: Any, sparse: SparseModel | None = None) -> GradFn:

@@ -100,4 +100,8 @@ def _train(config: WorkerConfig, link: ChiefLink, reg: cpb.RegisterResponse, run
     except Unreachable as exc:
         log.warning("final report not delivered: %s", exc)
     log.info("worker %d done after %d steps", reg.index, trainer.step)
+    if client.row_cache is not None:
+        c = client.row_cache.counts
+        log.info("row cache (S=%d): %d of %d rows served from the cache (hit rate %.3f), %.1f MB not pulled",
+                 client.row_cache.staleness, c.hits, c.rows, c.hit_rate, c.bytes_saved / 1e6)
     return code

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import math
 import threading
@@ -18,6 +19,7 @@ from asyncps.delays import StepDelay
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.rules.drops import DropReason
 from asyncps.transport import ModelClient, ShardPush
+from asyncps.transport.rowcache import RowCacheCounts
 from asyncps.wire.codec import (
     Array,
     Gradient,
@@ -313,6 +315,7 @@ class Trainer:
         self.examples = 0
         self.nonfinite_steps = 0  # skipped (or refused by a shard) for a NaN/Inf loss or gradient
         self._nonfinite_streak = 0
+        self._cache_counted = RowCacheCounts()  # the row cache's counts already in a step's timing
 
     def run(self, stop: threading.Event, max_steps: int = 0, pulled: bool = False) -> None:
         """Pull once (unless the caller just did: `pulled`), then loop: compute gradients,
@@ -413,12 +416,23 @@ class Trainer:
             push_record(r.outcome, done, r.shard, base[r.shard], loss, self.step, len(batches), sent[r.shard])
             for r in results if r.outcome is not None
         ]
+        cache = self._cache_counts()
         timing = cpb.StepTiming(step=self.step, start=start, pull_s=pull_s, compute_s=computed - start,
-                                push_s=done - computed - waited, wait_s=waited, examples=examples)
+                                push_s=done - computed - waited, wait_s=waited, examples=examples, rows=cache.rows,
+                                rows_cached=cache.hits, row_bytes_saved=cache.bytes_saved)
         self._telemetry.add(records, timing, [b.completes for b in batches if b.completes is not None])
         if self._on_step is not None:
             self._on_step(self.step)
         return detail is None
+
+    def _cache_counts(self) -> RowCacheCounts:
+        """The row cache's counts since the last step's (zeros without a cache)."""
+        cache = self._client.row_cache
+        if cache is None:
+            return RowCacheCounts()
+        now = dataclasses.replace(cache.counts)
+        since, self._cache_counted = now.minus(self._cache_counted), now
+        return since
 
     def _count_nonfinite(self, results: Sequence[ShardPush]) -> None:
         """Count and log a step skipped (or refused by a shard) for a NaN/Inf: its step and what was not finite."""

@@ -229,6 +229,9 @@ class StepTiming(google.protobuf.message.Message):
     PUSH_S_FIELD_NUMBER: builtins.int
     WAIT_S_FIELD_NUMBER: builtins.int
     EXAMPLES_FIELD_NUMBER: builtins.int
+    ROWS_FIELD_NUMBER: builtins.int
+    ROWS_CACHED_FIELD_NUMBER: builtins.int
+    ROW_BYTES_SAVED_FIELD_NUMBER: builtins.int
     step: builtins.int
     start: builtins.float
     pull_s: builtins.float
@@ -236,6 +239,12 @@ class StepTiming(google.protobuf.message.Message):
     push_s: builtins.float
     wait_s: builtins.float
     examples: builtins.int
+    rows: builtins.int
+    """Tables read by rows with a row cache (--row-cache-staleness): the rows this step asked for the
+    next, how many of them the cache served, and the bytes that therefore did not travel. 0: no cache.
+    """
+    rows_cached: builtins.int
+    row_bytes_saved: builtins.int
     def __init__(
         self,
         *,
@@ -246,8 +255,11 @@ class StepTiming(google.protobuf.message.Message):
         push_s: builtins.float = ...,
         wait_s: builtins.float = ...,
         examples: builtins.int = ...,
+        rows: builtins.int = ...,
+        rows_cached: builtins.int = ...,
+        row_bytes_saved: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["compute_s", b"compute_s", "examples", b"examples", "pull_s", b"pull_s", "push_s", b"push_s", "start", b"start", "step", b"step", "wait_s", b"wait_s"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["compute_s", b"compute_s", "examples", b"examples", "pull_s", b"pull_s", "push_s", b"push_s", "row_bytes_saved", b"row_bytes_saved", "rows", b"rows", "rows_cached", b"rows_cached", "start", b"start", "step", b"step", "wait_s", b"wait_s"]) -> None: ...
 
 global___StepTiming = StepTiming
 

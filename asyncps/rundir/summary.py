@@ -336,6 +336,9 @@ class RunSummary:
     staleness_steady: StalenessSummary | None = None
     # per-row staleness when tables were read by rows (absent: none measured, or an older run directory)
     row_staleness: RowStalenessSummary | None = None
+    # the workers' row caches (--row-cache-staleness): rows, hits, hit_rate, bytes_saved, and by_worker
+    # (worker index -> the same); empty: no cache, or an older run directory
+    row_cache: dict[str, Any] = field(default_factory=dict)
     # the largest clock lead measured by the chief from pushes.csv (asyncps.rundir.clocklead), and
     # SSP reads the shards refused (the worker repeated the call), by why: deadline, no_slot
     measured_clock_lead: int | None = None  # None: written by a chief before it measured it
@@ -383,6 +386,7 @@ class RunSummary:
         data["staleness_steady"] = None if self.staleness_steady is None else self.staleness_steady.to_dict()
         data["row_staleness"] = None if self.row_staleness is None else self.row_staleness.to_dict()
         data["reads_refused"] = dict(self.reads_refused)
+        data["row_cache"] = dict(self.row_cache)
         data["metrics"] = dict(self.metrics)
         data["provenance"] = None if self.provenance is None else self.provenance.to_dict()
         for name in ("final_train_loss", "optimality_gap", "staleness_steady", "row_staleness", "measured_clock_lead",
@@ -426,7 +430,7 @@ class RunSummary:
             row_staleness=(RowStalenessSummary.read(f.obj("row_staleness"))
                            if f.get("row_staleness", None) is not None else None),
             final_train_loss=f.optional_number("final_train_loss"), optimality_gap=f.optional_number("optimality_gap"),
-            metrics=_named_numbers(f, "metrics"), provenance=_provenance(f),
+            metrics=_named_numbers(f, "metrics"), provenance=_provenance(f), row_cache=f.mapping("row_cache", {}),
             outcome=_absent_or_text(f, "outcome"), verdict=_absent_or_text(f, "verdict"),
             nonfinite_steps=f.integer("nonfinite_steps", 0), checkpoints_failed=f.integer("checkpoints_failed", 0),
         )

@@ -17,6 +17,7 @@ from asyncps.placement import Part, Placement
 from asyncps.rules.drops import DropReason
 from asyncps.rules.sync.client import WorkerStep, coordinated_step
 from asyncps.transport.base import ModelBuffers, ShardTransport
+from asyncps.transport.rowcache import RowCache
 from asyncps.wire.codec import Array, Gradient, IndexArray, SparseRows, aligned_zeros
 from asyncps.wire.shard import PushOutcome, PushRequest, ShardValues
 
@@ -67,7 +68,8 @@ class ModelClient:
     Tables read by rows (`row_variables`) have no buffer: a pull or a push-pull given `rows` (ids of the
     whole table, sorted and distinct) fetches exactly those rows from the shards that hold them, into
     `rows` (SparseRows of the whole table's ids, with the clocks they were read at); such a table is
-    never pulled whole.
+    never pulled whole. With a `row_cache`, only the rows it cannot serve are asked
+    (asyncps.transport.rowcache).
     """
 
     def __init__(self, worker_id: str, shards: Sequence[ShardTransport], placement: Placement,
@@ -88,6 +90,7 @@ class ModelClient:
             _NamingRows(shard, [p.name for p in parts]) if parts else shard  # type: ignore[misc]
             for shard, parts in zip(shards, self._row_parts, strict=True)]
         self.rows: dict[str, SparseRows] = {}  # the rows last read, by table
+        self.row_cache: RowCache | None = None  # set by use_row_cache
         # aligned, so that TensorFlow computes from them in place (asyncps.worker.trainer.make_grad_fn); in
         # the transport's buffers when it provided some (shm's arena, where the shards write them)
         self._buffers = buffers
@@ -110,6 +113,14 @@ class ModelClient:
         self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="shard")
         # sync over several shards: shard 0 decides each step for all (asyncps.rules.sync)
         self.coordinated = coordinated
+
+    def use_row_cache(self, staleness: int, max_rows: Mapping[str, int]) -> RowCache:
+        """Serve the tables' rows from a cache while within `staleness` versions of their shard (at most
+        `max_rows` rows per table, by name)."""
+        tables = {name: (self.placement.parts_of(name), tuple(v.shape[1:]), np.dtype(v.dtype))
+                  for v in self.placement.variables if (name := v.name) in self.row_variables}
+        self.row_cache = RowCache(staleness, tables, max_rows)
+        return self.row_cache
 
     def _on_all(self, fn: Callable[[int], T]) -> list[T]:
         """fn(shard) for every shard at once: shard 0 in the calling thread (one thread hand-off fewer per
@@ -158,6 +169,8 @@ class ModelClient:
     def pull(self, only_if_newer: bool = False, rows: Mapping[str, IndexArray] | None = None) -> list[int]:
         """Refresh every variable from every shard (the tables: the `rows` asked, into self.rows); return
         the version vector."""
+        wanted = rows
+        rows = self._to_ask(rows)
         asked = self._rows_by_shard(rows)
 
         def one(shard: int) -> ShardValues:
@@ -167,7 +180,19 @@ class ModelClient:
             return reply
 
         self._take_rows(rows, self._on_all(one))
+        self._from_cache(wanted)
         return list(self.versions)
+
+    def _to_ask(self, rows: Mapping[str, IndexArray] | None) -> Mapping[str, IndexArray] | None:
+        """The rows the shards must serve: all of `rows`, or the row cache's misses."""
+        if rows is None or self.row_cache is None:
+            return rows
+        return self.row_cache.to_ask(rows, self.versions, self.incarnations)
+
+    def _from_cache(self, wanted: Mapping[str, IndexArray] | None) -> None:
+        """With a row cache: the rows just served kept in it, and self.rows every row `wanted`."""
+        if wanted is not None and self.row_cache is not None:
+            self.rows = self.row_cache.complete(wanted, self.rows, self.versions, self.incarnations)
 
     def _rows_by_shard(self, rows: Mapping[str, IndexArray] | None) -> list[dict[str, IndexArray] | None]:
         """Ids of whole tables as ids of each shard's parts (None for a shard holding no table part)."""
@@ -234,6 +259,8 @@ class ModelClient:
         incarnations = list(self.incarnations if incarnations is None else incarnations)
         if self.coordinated and len(self.shards) > 1:
             return self._coordinated_step(per_shard, step, loss, read_wait_s, base, incarnations)
+        wanted = rows
+        rows = self._to_ask(rows)
         asked = self._rows_by_shard(rows)
         replies: list[ShardValues | None] = [None] * len(self.shards)
 
@@ -259,6 +286,7 @@ class ModelClient:
         pushed = self._on_all(one)
         if rows is not None and all(r is not None for r in replies):
             self._take_rows(rows, [r for r in replies if r is not None])
+            self._from_cache(wanted)
         else:
             self.rows = {}  # a refused push: the next step reads its rows again
         return pushed
