@@ -39,6 +39,7 @@ class FakeClient:
         self.versions = [4, 7]
         self.incarnations = [1, 1]
         self.pushed: list[int] = []
+        self.row_cache = None  # ModelClient.row_cache: no tables read by rows here
 
     def pull(self) -> list[int]:
         return self.versions
