@@ -34,6 +34,7 @@ class FakeClient:
         self.versions = [4, 7]
         self.incarnations = [1, 1]
         self.pushed: list[int] = []
+        self.row_cache = None  # tables read by rows have none here
 
     def pull(self) -> list[int]:
         return self.versions
