@@ -195,8 +195,8 @@ class RunConfig:
         "rows' clocks are those they were read at, so per-row staleness counts the cache's); off: every row "
         "a step touches is read"))
     row_cache_rows: int = setting(0, word=AUTO, help=(
-        "rows the row cache keeps per table, the least recently used evicted (auto: as many as 64 MB hold; "
-        "at least the most distinct ids of one batch)"))
+        "rows the row cache keeps per table, the least recently used evicted (auto: as many as 64 MB of row "
+        "values hold, its index adding about 130 bytes a row; at least the most distinct ids of one batch)"))
 
     def __post_init__(self) -> None:
         self._fold_rule_specs()

@@ -7,6 +7,7 @@ third pushes updates between the rounds. The end-to-end run with the cache is te
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -115,3 +116,43 @@ def test_the_cache_keeps_at_most_its_rows_dropping_the_least_recently_used() -> 
 def test_a_cache_of_s_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="S >= 1"):
         clients(staleness=0)
+
+
+@pytest.mark.parametrize("staleness", [0, 4])
+def test_a_single_worker_pushes_cached_rows_with_the_clocks_they_were_read_at(staleness: int) -> None:
+    """One worker alone: without a cache every row it pushes is fresh (per-row staleness 0); with one, a row
+    served from the cache carries the clock it was read at, so the shard measures the updates it missed:
+    at most S past the version the worker last saw when it asked, and the one push of that round trip."""
+    from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
+
+    from asyncps.delays import NoDelay, StepDelay
+    from asyncps.ml.models import loss_fn
+    from asyncps.ml.sparse import build_deferred, plan
+    from tests.test_rows_worker import ids_model
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 20, size=(64, 4)).astype(np.int64)  # few ids: rows repeat from step to step
+    y = rng.integers(0, 2, size=64).astype(np.int64)
+    sparse = plan(build_deferred(lambda: ids_model(300)), batch_size=16)
+    assert sparse is not None
+    model = ids_model(300)
+    values = {v.path: np.array(v.numpy()) for v in model.trainable_variables}
+    placement = place(sparse.specs(), 1)
+    store = ShardStore(0)
+    store.initialize(UpdateRuleConfig(OptimizerConfig("sgd", 0.05)), values)
+    client = ModelClient("w", [StorePath(store)], placement, row_variables=[TABLE])  # type: ignore[list-item]
+    if staleness:
+        client.use_row_cache(staleness, {TABLE: 300})
+    telemetry = Telemetry()
+    trainer = Trainer(client, [v.path for v in sparse.model.trainable_variables],
+                      make_grad_fn(sparse.model, loss_fn, fed=sparse.fed), BatchStream(x, y, 16, seed=1),
+                      StepDelay(NoDelay()), telemetry, sparse=sparse)
+    trainer.run(threading.Event(), max_steps=12)
+    pushes, steps = telemetry.drain()
+    worst = max(p.row_staleness_max for p in pushes)
+    cached = sum(s.rows_cached for s in steps)
+    if staleness:
+        # S versions past the read as last seen, plus the worker's own push of the round trip that asked
+        assert cached > 0 and 1 <= worst <= staleness + 1, (cached, worst)
+    else:
+        assert cached == 0 and worst == 0
