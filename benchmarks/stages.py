@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncps.rundir import RunDir, StepRow, read_rows
+from asyncps.config import RunConfig
+from asyncps.rundir import RunDir, RunSummary, StepRow, read_rows
 from asyncps.tools.local import LocalCluster
 from benchmarks.asyncps_runs import TRANSPORTS, WARMUP_S, bench_run_config
 
@@ -51,11 +52,18 @@ class Stages:
     wait_ms: float
     other_ms: float  # the rest of the step: next batch, telemetry, Python between stages
     cpu_ms: dict[str, float]  # role -> CPU ms per worker step (all processes of that role)
+    bytes_per_step: float = 0.0  # bytes the shards moved (pushed + pulled, every transport) per worker step
 
 
 def measure(hidden: tuple[int, ...], transport: str, seconds: float) -> Stages:
     """Run the benchmark's cluster once over `transport` and break its steps down."""
     run = bench_run_config(hidden, 2, 2, seconds, TRANSPORTS[transport])
+    return measure_run(run, "-".join(str(h) for h in hidden))
+
+
+def measure_run(run: RunConfig, label: str, warmup_s: float = WARMUP_S) -> Stages:
+    """Run `asyncps local` with `run` to its end and break its steady steps down (`label` names the model)."""
+    transport = run.transport
     with tempfile.TemporaryDirectory(prefix="asyncps-stages-") as tmp:
         cluster = LocalCluster(run, Path(tmp))
         cpu: dict[str, float] = {}
@@ -69,7 +77,7 @@ def measure(hidden: tuple[int, ...], transport: str, seconds: float) -> Stages:
                     used = _cpu_s(child.proc.pid)
                     if used is not None:
                         cpu[child.name] = used
-                        if time.monotonic() - started < WARMUP_S + 1.0:
+                        if time.monotonic() - started < warmup_s + 1.0:
                             marks[child.name] = used
                 done.wait(0.1)
 
@@ -83,7 +91,9 @@ def measure(hidden: tuple[int, ...], transport: str, seconds: float) -> Stages:
             done.set()
             cluster.stop()
         rows = read_rows(RunDir(Path(tmp)).timeline, StepRow)
-    t0 = min(r.start for r in rows) + WARMUP_S + 1.0
+        summary = RunSummary.load(Path(tmp))
+    moved = sum(n for shard in summary.shards for way in shard.bytes_by_transport.values() for n in way.values())
+    t0 = min(r.start for r in rows) + warmup_s + 1.0
     steady = [r for r in rows if r.start >= t0]
     if len(steady) < 4:
         raise RuntimeError(f"{transport}: {len(steady)} steady steps, too few to measure")
@@ -101,9 +111,9 @@ def measure(hidden: tuple[int, ...], transport: str, seconds: float) -> Stages:
         role = name.split("-")[0]
         roles[role] = roles.get(role, 0.0) + used - marks.get(name, 0.0)
     steps = len(steady)
-    return Stages(transport, "-".join(str(h) for h in hidden), steps / span, 1e3 * step, 1e3 * compute,
+    return Stages(transport, label, steps / span, 1e3 * step, 1e3 * compute,
                   1e3 * exchange, 1e3 * wait, 1e3 * (step - compute - exchange - wait),
-                  {role: 1e3 * s / steps for role, s in sorted(roles.items())})
+                  {role: 1e3 * s / steps for role, s in sorted(roles.items())}, moved / max(1, len(rows)))
 
 
 def table(results: Sequence[Stages]) -> str:

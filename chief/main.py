@@ -269,7 +269,10 @@ class Chief:
             self.verdict = self._end_verdict(final[0])
             self._write_summary(final)
             finished = True
-            if self.config.export:
+            if self.config.export and self.verdict is not None and self.verdict.exit_code == EXIT_DIVERGED:
+                log.warning("no model exported: the run diverged (its values are not finite); the run directory's "
+                            "earlier checkpoints (not the last) hold earlier values")
+            elif self.config.export:
                 self._export()
             if self.verdict is not None:
                 gave_up = self.verdict.reason

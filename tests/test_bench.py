@@ -205,3 +205,15 @@ def test_sparse_section_plumbing() -> None:
     assert "| 10000 | asyncps-tcp-cache | 350.0 | 300.0-350.0 | 2 | 1.50 | 250.0 | 1428 | 0.41 | 580 | 80 | 610 |" \
         in row
     assert "| asyncps-tcp / tf-ps-strategy at 1000000 rows | 1.750 |" in table
+
+
+def test_capacity_arithmetic() -> None:
+    """benchmarks.capacity: the binding term and the shard count follow the measured costs (no measurement)."""
+    from benchmarks import capacity
+
+    assert capacity.fit_line([1.0, 2.0, 3.0], [3.0, 5.0, 7.0]) == (pytest.approx(1.0), pytest.approx(2.0))
+    # 100 workers x 10 steps/s x 8 MB a step (4 MB each way) = 4 GB/s a direction: 4 shards at 10 Gbit/s
+    # (1.25 GB/s each) if a step costs the shards no CPU; 1 ms of shard CPU a step: 1,000 steps/s a core -> 1
+    assert capacity.shards_needed(100, 10.0, 8e6, 0.0, 10) == (4, "net")
+    assert capacity.shards_needed(100, 10.0, 8e6, 0.0, 100) == (1, "net")
+    assert capacity.shards_needed(100, 10.0, 8e3, 0.005, 10) == (5, "cpu")

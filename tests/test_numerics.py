@@ -220,7 +220,11 @@ def test_a_run_whose_data_runs_out_while_every_step_is_non_finite_ends_as_diverg
     assert "first non-finite gradient: " in summary["verdict"]
     assert f"asyncps local: ERROR: the run did not train: {summary['verdict']}" in result.stderr
     assert f", {summary['nonfinite_steps']} non-finite steps skipped" in result.stdout
-    assert f"run ended: {summary['verdict']}; exiting 5" in RunDir(run_dir).log("chief").read_text()
+    chief_log = RunDir(run_dir).log("chief").read_text()
+    assert f"run ended: {summary['verdict']}; exiting 5" in chief_log
+    # a NaN model is no result: none is exported where a trained one would be
+    assert "no model exported: the run diverged" in chief_log
+    assert not RunDir(run_dir).exported_model.exists()
 
 
 @pytest.mark.slow
