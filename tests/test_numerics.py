@@ -251,6 +251,7 @@ def test_train_raises_run_diverged_with_the_verdict(tmp_path: Path) -> None:
     from asyncps.tools.api import RunDiverged
 
     with pytest.raises(RunDiverged, match="diverged: the final evaluation's loss is nan") as raised:
-        asyncps.train(run_dir=tmp_path / "run", learning_rate=1e30, epochs=3, num_workers=2, num_ps=2)
+        asyncps.train(run_dir=tmp_path / "run", learning_rate=1e30, epochs=3, num_workers=2, num_ps=2,
+                      max_nonfinite_steps=100_000)  # the streak rule off, as above: the data runs out first
     assert isinstance(raised.value, asyncps.TrainingFailed) and raised.value.summary.diverged
     assert raised.value.summary.nonfinite_steps > 0
