@@ -176,6 +176,7 @@ class Chief:
         self.reports = reports or ReportLog()  # the worker reports recorded, each once
         self.manifest = manifest or RunManifest.new()
         self.clock = TrainClock(self.manifest.elapsed_s)
+        checkpointer.failed = self.manifest.checkpoints_failed  # counted over every chief of the run
         self.started = time.monotonic()
         self.failure: str | None = None  # why the run cannot go on (the shards' state is lost)
         self.unreachable: str | None = None  # a shard stayed unreachable: the run stops, for a restarted chief
@@ -402,12 +403,16 @@ class Chief:
         """Keep manifest.json's training time current (about once a second)."""
         now = time.monotonic()
         if force or now - self._manifest_saved >= 1.0:
-            self.manifest = dataclasses.replace(self.manifest, elapsed_s=self.clock.elapsed())
+            self.manifest = dataclasses.replace(self.manifest, elapsed_s=self.clock.elapsed(),
+                                                checkpoints_failed=self.checkpointer.failed)
             self.manifest.save(self.config.run_dir)
             self._manifest_saved = now
 
     def _checkpoint(self) -> None:
+        failed = self.checkpointer.failed
         self._at_cut("checkpoint", lambda: self.checkpointer.checkpoint(lambda: self.recorder.snapshot()[2]))
+        if self.checkpointer.failed != failed:  # the count outlives this chief (manifest.json)
+            self._save_manifest(force=True)
 
     def _export(self) -> None:
         """The final model into the run directory: a whole Keras model, so its tables are pulled whole

@@ -138,7 +138,8 @@ def test_a_chief_whose_checkpoints_fail_trains_on_and_a_restart_resumes_from_the
             proc.kill()
             proc.wait()
     summary = RunSummary.load(run_dir)
-    assert summary.outcome == "finished" and summary.checkpoints_failed >= 2, summary
+    # counted over both chiefs: the first one's failures (kept in manifest.json) and the restarted one's two
+    assert summary.outcome == "finished" and summary.checkpoints_failed >= failures + 2, summary
     assert f"{summary.checkpoints_failed} checkpoint(s) not written" in out
     assert not [p.name for p in RunDir(run_dir).checkpoints.iterdir() if p.name.endswith(".tmp")]
     assert all(CheckpointDir.load(p).values for p in CheckpointDir(RunDir(run_dir).checkpoints).complete())

@@ -2,7 +2,8 @@
 
 Written by the chief when a run starts and kept current while it runs: the run's id (given to the
 shards with their state, so a chief never trains on another run's shards), how many times a chief
-started on it, and the training time so far (the clock continues across chief restarts). A run
+started on it, the training time so far (the clock continues across chief restarts) and the
+checkpoints the storage refused so far (summary.json counts them over every chief). A run
 directory with a manifest is a run to resume.
 """
 
@@ -24,6 +25,7 @@ class RunManifest:
     run_id: str
     chief_starts: int = 1  # chiefs started on this run directory, this one included
     elapsed_s: float = 0.0  # training time so far, over every chief of the run
+    checkpoints_failed: int = 0  # checkpoints the storage refused, over every chief of the run
 
     @staticmethod
     def new() -> RunManifest:
@@ -39,11 +41,13 @@ class RunManifest:
         try:
             data = json.loads(path.read_text())
             return RunManifest(run_id=str(data["run_id"]), chief_starts=int(data["chief_starts"]),
-                               elapsed_s=float(data["elapsed_s"]))
+                               elapsed_s=float(data["elapsed_s"]),
+                               checkpoints_failed=int(data.get("checkpoints_failed", 0)))
         except (ValueError, KeyError, TypeError) as exc:
             raise RunDirError(f"{path}: not a run manifest ({exc})") from None
 
     def save(self, run_dir: Path) -> None:
         """Write atomically (a reader sees the old or the new manifest)."""
         write_json(RunDir(run_dir).manifest, {"run_id": self.run_id, "chief_starts": self.chief_starts,
-                                             "elapsed_s": round(self.elapsed_s, 3)})
+                                             "elapsed_s": round(self.elapsed_s, 3),
+                                             "checkpoints_failed": self.checkpoints_failed})
