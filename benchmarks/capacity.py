@@ -181,17 +181,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         models.append((f"dense {size / 1e6:.0f} M", byte_ratio * 4 * size, cpu_a + cpu_b * 4 * size / 1e6))
     models.append((f"sparse, rows as recsys ({sparse.bytes_per_step / 1e3:.0f} KB/step)", sparse.bytes_per_step,
                    sparse.cpu_ms.get("ps", 0.0) / 1e3))
-    print(f"Shards needed, each worker at {rate:g} steps/s (binding term: net or cpu):")
+    print(f"Shards needed, each worker at {rate:g} steps/s: the larger of the network's and the CPU's need "
+          "(each shown):")
     print()
-    print("| model | " + " | ".join(f"N={n} @ {g} Gbit/s" for n in WORKERS for g in LINKS_GBIT) + " |")
-    print("|---|" + "---|" * (len(WORKERS) * len(LINKS_GBIT)))
+    print("| model | link | " + " | ".join(f"N = {n}" for n in WORKERS) + " |")
+    print("|---|---|" + "---|" * len(WORKERS))
     for label, nbytes, cpu_s in models:
-        cells = []
-        for n in WORKERS:
-            for g in LINKS_GBIT:
-                need, why = shards_needed(n, rate, nbytes, cpu_s, g)
-                cells.append(f"{need} ({why})")
-        print(f"| {label} | " + " | ".join(cells) + " |")
+        for g in LINKS_GBIT:
+            cells = []
+            for n in WORKERS:
+                need, _ = shards_needed(n, rate, nbytes, cpu_s, g)
+                net = n * rate * nbytes / 2 / (g * 1e9 / 8)
+                cells.append(f"**{need}** (net {net:.1f}, cpu {n * rate * cpu_s:.1f})")
+            print(f"| {label} | {g} Gbit/s | " + " | ".join(cells) + " |")
+    print()
+    print("The chief's checkpoint cut reads every shard's values and slots through its one link (Adam: 3 tensors "
+          "a parameter):")
+    print()
+    print("| model | bytes per cut (SGD / Adam) | " + " | ".join(f"Adam cut at {g} Gbit/s" for g in LINKS_GBIT) + " |")
+    print("|---|---|" + "---|" * len(LINKS_GBIT))
+    for size in (10e6, 100e6, 1e9):
+        sgd, adam = 4 * size, 12 * size
+        print(f"| dense {size / 1e6:.0f} M | {sgd / 1e9:.2f} / {adam / 1e9:.2f} GB | "
+              + " | ".join(f"{adam / (g * 1e9 / 8):.1f} s" for g in LINKS_GBIT) + " |")
     print()
     print(f"The chief reaches one core at lambda = {chief_limit:.0f} workers stepping {rate:g} times a second "
           f"({chief_limit * rate:.0f} worker steps/s).")
