@@ -50,7 +50,7 @@ demo: $(VENV)/.installed
 ## workers, then the shard's tests at the version floors
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j4 static
-	$(PY) -m pytest -m "not slow and not docker and not multinode" -n $(TEST_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not docker and not multinode and not soak" -n $(TEST_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-floors
 
 ## static: the checks that read the code (each on one core: make -j runs them side by side)
@@ -72,7 +72,7 @@ test-floors: $(FLOORS_VENV)/.installed
 
 ## test-e2e: the long end-to-end suites (process clusters, crash recovery, docker compose); CI runs them too
 test-e2e: $(STAMP)
-	$(PY) -m pytest -m "(slow or docker) and not multinode" -n $(E2E_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -m "(slow or docker) and not multinode and not soak" -n $(E2E_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## layers: core <- roles <- tools, no role imports another, the core's floors, no circles (scripts/check_layers.py)
 layers: $(STAMP)

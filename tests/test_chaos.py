@@ -136,11 +136,12 @@ def leftovers(launcher: subprocess.Popen[str]) -> tuple[list[int], list[str]]:
     return pids, [p.name for p in SHM_DIR.glob(f"asyncps-run{launcher.pid}x*")]
 
 
-def run(run_dir: Path, faults: list[tuple[float, Fault]], mode: str = "async") -> tuple[RunSummary, float, str]:
+def run(run_dir: Path, faults: list[tuple[float, Fault]], mode: str = "async", args: tuple[str, ...] = ARGS,
+        seed: int = SEED, finish_s: float = 400) -> tuple[RunSummary, float, str]:
     gate = run_dir.parent / f"{run_dir.name}-gate"
     gate.mkdir()
     started = time.monotonic()
-    proc = start_local(run_dir, *ARGS, "--mode", mode, "--seed", str(SEED), env={CUT_GATE_ENV: str(gate)})
+    proc = start_local(run_dir, *args, "--mode", mode, "--seed", str(seed), env={CUT_GATE_ENV: str(gate)})
     try:
         if faults:  # from the first checkpoint on: a shard that lost its state is restored from one
             wait_for("a checkpoint", CheckpointDir(RunDir(run_dir).checkpoints).complete, proc, timeout_s=180)
@@ -149,7 +150,7 @@ def run(run_dir: Path, faults: list[tuple[float, Fault]], mode: str = "async") -
             assert proc.poll() is None, f"the run ended before {fault.name!r}"
             print(f"  t={time.monotonic() - started:5.1f}s  {fault.name}", flush=True)
             fault.act(run_dir, gate, proc)
-        out = finish(proc, timeout_s=400)
+        out = finish(proc, timeout_s=finish_s)
     finally:
         if proc.poll() is None:
             proc.kill()
