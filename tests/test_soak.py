@@ -6,7 +6,7 @@ seed does: exit 0, accuracy within 1 point, every push row accounted per shard, 
 within its bound, no process or shared-memory segment left behind. It prints its schedule and a table
 of the faults by kind, the restores, and the push rows taken back per shard.
 
-Opt-in (about 25 minutes on 2 cores shared with other work): marked `soak`, in no make target, skipped unless ASYNCPS_SOAK=1:
+Opt-in (about 25 minutes here, loaded): marked `soak`, in no make target, skipped unless ASYNCPS_SOAK=1:
 
     ASYNCPS_SOAK=1 .venv/bin/pytest -m soak -s tests/test_soak.py
 
