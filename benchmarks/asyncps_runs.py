@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,30 +137,45 @@ class ClusterRun:
     summary: RunSummary
 
 
+def run_watched(run: RunConfig, run_dir: Path, sample: Callable[[LocalCluster], None],
+                every_s: float) -> LocalCluster:
+    """Run `asyncps local` with `run` in `run_dir` to the chief's exit, calling `sample` every `every_s` meanwhile.
+
+    The one loop the benchmarks watch a cluster with (peak RSS, CPU per role); returns the stopped cluster.
+    """
+    cluster = LocalCluster(run, run_dir)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            sample(cluster)
+            done.wait(every_s)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        cluster.start()
+        watcher.start()
+        while cluster.chief.alive():
+            time.sleep(0.2)
+    finally:
+        done.set()
+        cluster.stop()
+    watcher.join(timeout=5.0)
+    return cluster
+
+
 def run_cluster_summary(run: RunConfig, window_s: float = 3.0, skip_s: float = WARMUP_S) -> ClusterRun:
     """run_cluster, with the run's summary (the shards' byte counts) and `skip_s` of warm-up left out of the rates."""
     with tempfile.TemporaryDirectory(prefix="asyncps-bench-") as tmp:
         run_dir = Path(tmp) / "run"
         run_dir.mkdir(parents=True)
-        cluster = LocalCluster(run, run_dir)
         peaks: dict[str, float] = {}
-        done = threading.Event()
 
-        def watch() -> None:
-            while not done.is_set():
-                for child in list(cluster.children):
-                    peaks[child.name] = max(peaks.get(child.name, 0.0), _peak_rss_mb(child.proc.pid))
-                done.wait(0.25)
+        def sample(cluster: LocalCluster) -> None:
+            for child in list(cluster.children):
+                peaks[child.name] = max(peaks.get(child.name, 0.0), _peak_rss_mb(child.proc.pid))
 
-        watcher = threading.Thread(target=watch, daemon=True)
-        try:
-            cluster.start()
-            watcher.start()
-            while cluster.chief.alive():
-                time.sleep(0.2)
-        finally:
-            done.set()
-            cluster.stop()
+        cluster = run_watched(run, run_dir, sample, every_s=0.25)
         codes = cluster.exit_codes()
         if codes.get("chief") != 0:
             log = RunDir(run_dir).log("chief").read_text(errors="replace")[-2000:]

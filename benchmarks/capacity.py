@@ -30,7 +30,6 @@ import dataclasses
 import math
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ import numpy as np
 from asyncps.config import RunConfig
 from asyncps.rundir import RunSummary
 from asyncps.tools.local import LocalCluster
-from benchmarks.asyncps_runs import TRANSPORTS, bench_run_config
+from benchmarks.asyncps_runs import TRANSPORTS, bench_run_config, run_watched
 from benchmarks.sparse import recsys_run_config
 from benchmarks.stages import Stages, _cpu_s, measure_run
 
@@ -73,26 +72,14 @@ def chief_load(workers: int, seconds: float, delay: str = FAST, processes: int =
                     max_training_s=seconds, eval_every_s=3600.0, heartbeat_timeout_s=60.0, tf_threads=1,
                     checkpoint_every_s=0.0)
     with tempfile.TemporaryDirectory(prefix="asyncps-capacity-") as tmp:
-        cluster = LocalCluster(run, Path(tmp))
         samples: list[tuple[float, float]] = []  # (monotonic time, chief CPU s) while training
-        done = threading.Event()
 
-        def watch() -> None:
-            while not done.is_set():
-                used = _cpu_s(cluster.chief.proc.pid)
-                if used is not None:
-                    samples.append((time.monotonic(), used))
-                done.wait(0.5)
+        def sample(cluster: LocalCluster) -> None:
+            used = _cpu_s(cluster.chief.proc.pid)
+            if used is not None:
+                samples.append((time.monotonic(), used))
 
-        watcher = threading.Thread(target=watch, daemon=True)
-        try:
-            cluster.start()
-            watcher.start()
-            while cluster.chief.alive():
-                time.sleep(0.2)
-        finally:
-            done.set()
-            cluster.stop()
+        run_watched(run, Path(tmp), sample, every_s=0.5)
         summary = RunSummary.load(Path(tmp))
     # the steady part: the middle half of the chief's life (start-up imports and the final evaluation left out)
     span = samples[len(samples) // 4: 3 * len(samples) // 4 + 1]

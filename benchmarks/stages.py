@@ -15,7 +15,6 @@ import argparse
 import os
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 from asyncps.config import RunConfig
 from asyncps.rundir import RunDir, RunSummary, StepRow, read_rows
 from asyncps.tools.local import LocalCluster
-from benchmarks.asyncps_runs import TRANSPORTS, WARMUP_S, bench_run_config
+from benchmarks.asyncps_runs import TRANSPORTS, WARMUP_S, bench_run_config, run_watched
 
 MODELS = {"small": (512, 512), "large": (2048, 2048)}
 _TICK_S = os.sysconf("SC_CLK_TCK")
@@ -65,31 +64,19 @@ def measure_run(run: RunConfig, label: str, warmup_s: float = WARMUP_S) -> Stage
     """Run `asyncps local` with `run` to its end and break its steady steps down (`label` names the model)."""
     transport = run.transport
     with tempfile.TemporaryDirectory(prefix="asyncps-stages-") as tmp:
-        cluster = LocalCluster(run, Path(tmp))
         cpu: dict[str, float] = {}
         marks: dict[str, float] = {}  # CPU at the end of the warm-up, per process
-        done = threading.Event()
+        started = time.monotonic()
 
-        def watch() -> None:
-            started = time.monotonic()
-            while not done.is_set():
-                for child in list(cluster.children):
-                    used = _cpu_s(child.proc.pid)
-                    if used is not None:
-                        cpu[child.name] = used
-                        if time.monotonic() - started < warmup_s + 1.0:
-                            marks[child.name] = used
-                done.wait(0.1)
+        def sample(cluster: LocalCluster) -> None:
+            for child in list(cluster.children):
+                used = _cpu_s(child.proc.pid)
+                if used is not None:
+                    cpu[child.name] = used
+                    if time.monotonic() - started < warmup_s + 1.0:
+                        marks[child.name] = used
 
-        watcher = threading.Thread(target=watch, daemon=True)
-        try:
-            cluster.start()
-            watcher.start()
-            while cluster.chief.alive():
-                time.sleep(0.2)
-        finally:
-            done.set()
-            cluster.stop()
+        run_watched(run, Path(tmp), sample, every_s=0.1)
         rows = read_rows(RunDir(Path(tmp)).timeline, StepRow)
         summary = RunSummary.load(Path(tmp))
     moved = sum(n for shard in summary.shards for way in shard.bytes_by_transport.values() for n in way.values())
