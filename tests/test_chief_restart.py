@@ -132,6 +132,22 @@ def test_killed_chief_is_restarted_and_the_run_finishes_as_if_uninterrupted(tmp_
         baseline.final_eval.accuracy, summary.final_eval.accuracy)
 
 
+def test_a_crash_past_max_restarts_ends_the_run_and_says_why(tmp_path: Path) -> None:
+    """`--max-restarts 0`: the chief killed once is not restarted; the launcher exits non-zero and names it."""
+    run_dir = tmp_path / "run"
+    proc = start_local(run_dir, "--epochs", "1000", "--max-restarts", "0")
+    try:
+        wait_for_updates(run_dir, 50, proc)
+        os.kill(role_pid(run_dir, "chief"), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out[-3000:]
+    assert "chief crashed with its 0 restarts used (--max-restarts 0): not restarted" in out, out[-3000:]
+    assert "restarted it" not in out
+
+
 def test_chief_sigtermed_with_handover_leaves_the_shards_to_its_replacement(tmp_path: Path) -> None:
     # An orchestrator replacing the chief's task (swarm: unhealthy) sends SIGTERM: with
     # --on-sigterm handover the chief exits 143 without stopping the workers or the shards, and the

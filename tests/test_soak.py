@@ -54,7 +54,9 @@ pytestmark = [pytest.mark.soak, pytest.mark.slow, pytest.mark.timeout(3600),
 
 SEED = int(os.environ.get("ASYNCPS_SOAK_SEED", "1"))
 FAULTS_PLANNED, FAULTS_NEEDED = 90, 60
+# --max-restarts: the schedule kills each role far more often than the launcher's default 5 restarts allow
 ARGS = ("--num-workers", "3", "--num-ps", "2", "--epochs", "1000", "--checkpoint-every-s", "3", "--eval-every-s", "20",
+        "--max-restarts", "1000",
         *shlex.split(os.environ.get("ASYNCPS_SOAK_ARGS", "")))
 
 

@@ -383,7 +383,8 @@ def cmd_local(args: argparse.Namespace) -> int:
            else run_config_from(args))
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
     return run_local(run, run_dir, progress=not args.quiet, resume=bool(args.resume), secure=bool(args.secure),
-                     client_auth=not args.tls_no_client_auth, prometheus_port=int(args.prometheus_port))
+                     client_auth=not args.tls_no_client_auth, prometheus_port=int(args.prometheus_port),
+                     max_restarts=int(args.max_restarts))
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -519,6 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mutual TLS and a token on every RPC (development CA and token made in RUN_DIR/secrets)")
     p.add_argument("--tls-no-client-auth", action="store_true",
                    help="with --secure: servers do not require client certificates (TLS instead of mTLS)")
+    _add(p, "--max-restarts", 5, "restarts of each process (a shard, a worker, the chief) after a crash; one more "
+         "crash and the launcher gives up on it (a dead chief or shard ends the run)", type=int)
     _add_prometheus_port(p)
     add_run_flags(p)
     # --ps lists shard addresses (asyncps chief); before 0.2 `local --ps N` was the count

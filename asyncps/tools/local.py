@@ -111,6 +111,8 @@ class LocalCluster:
         self.resume = resume
         self.max_restarts = max_restarts
         self.restarts: dict[str, int] = {}
+        self._given_up: set[str] = set()  # crashed past max_restarts
+        self._told: set[str] = set()  # of those, the ones given_up() has named
         self.run_dir = run_dir
         self.files = RunDir(run_dir)
         self.logs = self.files.logs
@@ -261,10 +263,17 @@ class LocalCluster:
                 self._restart(child)
         return True
 
+    def given_up(self) -> list[str]:
+        """The processes that crashed once more than max_restarts allows, each named once (the first time asked)."""
+        new = sorted(self._given_up - self._told)
+        self._told.update(new)
+        return new
+
     def _restart(self, child: Child) -> bool:
         """Replace a dead child by a new process with its arguments (within max_restarts per name)."""
         count = self.restarts.get(child.name, 0)
         if count >= self.max_restarts:
+            self._given_up.add(child.name)
             return False
         self.restarts[child.name] = count + 1
         child.log.close()
@@ -312,7 +321,8 @@ class LocalCluster:
 
 def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
               env: dict[str, str] | None = None, resume: bool = False, secure: bool = False,
-              client_auth: bool = True, sink: StatusSink | None = None, prometheus_port: int = -1) -> int:
+              client_auth: bool = True, sink: StatusSink | None = None, prometheus_port: int = -1,
+              max_restarts: int = 5) -> int:
     """Run a whole local cluster to completion; return the chief's exit code. The run's status goes
     to `sink`, else (with `progress`) to a progress bar or status lines on stdout. ValueError, before
     any process starts, for a spec that does not load (a user function that does not import, a
@@ -321,8 +331,10 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     if problems:
         raise ValueError("; ".join(problems))
     run_dir.mkdir(parents=True, exist_ok=True)
+    if max_restarts < 0:
+        raise ValueError(f"--max-restarts must be 0 or more, got {max_restarts}")
     cluster = LocalCluster(run, run_dir, env, resume=resume, secure=secure, client_auth=client_auth,
-                           prometheus_port=prometheus_port)
+                           prometheus_port=prometheus_port, max_restarts=max_restarts)
     interrupted = threading.Event()
 
     def on_signal(signum: int) -> None:  # run by the route's thread, not in the signal handler
@@ -365,9 +377,13 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
                     print(f"\nasyncps local: {name} died; restarted it (restart {cluster.restarts[name]} of "
                           f"{cluster.max_restarts})", file=sys.stderr)
             # a chief killed or crashed comes back on its port and resumes the run from the live shards
-            if cluster.restart_dead_chief():
+            chief_back = cluster.restart_dead_chief()
+            if chief_back:
                 print("\nasyncps local: the chief died; restarted it (it resumes the run)", file=sys.stderr)
-            elif not cluster.chief.alive():
+            for name in cluster.given_up():
+                print(f"\nasyncps local: {name} crashed with its {cluster.max_restarts} restarts used "
+                      f"(--max-restarts {cluster.max_restarts}): not restarted", file=sys.stderr)
+            if not chief_back and not cluster.chief.alive():
                 break
     except ProcessDied as exc:
         print(f"asyncps local: {exc}", file=sys.stderr)
