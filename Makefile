@@ -72,7 +72,7 @@ test-floors: $(FLOORS_VENV)/.installed
 
 ## test-e2e: the long end-to-end suites (process clusters, crash recovery, docker compose); CI runs them too
 test-e2e: $(STAMP)
-	$(PY) -m pytest -m "(slow or docker) and not multinode and not soak" -n $(E2E_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -m "(slow or docker) and not soak" -n $(E2E_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## layers: core <- roles <- tools, no role imports another, the core's floors, no circles (scripts/check_layers.py)
 layers: $(STAMP)

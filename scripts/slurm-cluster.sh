@@ -9,8 +9,10 @@
 #
 # Unprivileged: proctrack/linuxproc and task/none (no cgroups); SlurmdParameters=config_overrides
 # lets each node declare CPUs=4 on a 2-core host, so a node can hold a chief and two shards. A lost
-# node is noticed within about a minute (SlurmdTimeout=10), and a requeued job waits 10 s before it
-# starts again (AuthInfo=cred_expire=10; Slurm's default, 120 s, is the credential lifetime).
+# node is noticed within about 30 s (SlurmdTimeout=10), a requeued job waits 10 s before it starts again
+# (AuthInfo=cred_expire=10; Slurm's default, 120 s, is the credential lifetime), and the scheduler looks
+# for work every 5 s (sched_interval, bf_interval: 60 s and 30 s by default, a requeued job's longest wait);
+# tasks a lost node's job leaves on the others get SIGKILL 5 s after SIGTERM (KillWait, 30 s by default).
 #
 #   scripts/slurm-cluster.sh build      # the image (asyncps-slurm:test), once; ~2 min
 #   scripts/slurm-cluster.sh up         # network, volume, munge key, slurmctld, slurmd x N; waits idle
@@ -93,10 +95,12 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=5,bf_interval=5
 SlurmdParameters=config_overrides
 ReturnToService=2
 SlurmdTimeout=10
 MessageTimeout=5
+KillWait=5
 SlurmctldPidFile=/run/slurmctld.pid
 SlurmdPidFile=/run/slurmd.pid
 StateSaveLocation=/var/spool/slurmctld
@@ -127,8 +131,11 @@ start_node() {  # NAME DAEMON...
     if [[ -n "$SRC" ]]; then
         src=(-v "$SRC:/src:ro" -e PYTHONPATH=/opt/src)
     fi
+    # tcp_syn_retries=2: a connection to a node that is gone fails in ~7 s instead of the kernel's ~2 min (a
+    # container's address vanishes without an ARP failure, where a LAN answers a dead host's address at once):
+    # the surviving node's step otherwise waits that long to tell the lost batch host its tasks ended
     docker run -d --name "${PREFIX}-${name}" --hostname "$name" --network "$NET" --network-alias "$name" \
-        -v "$ETC:/cluster:ro" -v "$SHARED:/shared" "${src[@]}" --user root \
+        --sysctl net.ipv4.tcp_syn_retries=2 -v "$ETC:/cluster:ro" -v "$SHARED:/shared" "${src[@]}" --user root \
         "$IMAGE" bash -c "$NODE_START" node "$@" >/dev/null
 }
 
