@@ -197,7 +197,8 @@ def docker_image(tmp_path_factory: pytest.TempPathFactory) -> str:
 # scheduler below (xdist's hook) feeds one unit at a time, in the order of the collection
 # (--no-loadscope-reorder; _order below); one at a time kept only ~58% of the 2 cores busy,
 # the suites mostly wait on the wall clock. The docker modules share one Docker engine, the session's
-# image build and the swarm: one unit (the Slurm cluster's image is built from the session's). Each reduced experiment is a unit of its own (the largest, 25-175 s).
+# image build and the swarm: one unit (the Slurm cluster's image is built from the session's). Each reduced
+# experiment is a unit of its own (the largest, 25-175 s).
 # Every other module is one unit: its tests share its module-scoped clusters, started once.
 DOCKER_MODULES = frozenset({"test_docker_compose.py", "test_docker_swarm.py", "test_slurm_cluster.py"})
 SPLIT_MODULES = frozenset({"test_experiments_ci.py"})
