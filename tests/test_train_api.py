@@ -181,3 +181,32 @@ def test_a_model_checkpoint_callback_is_refused_with_what_to_do_instead() -> Non
 
     with pytest.raises(ValueError, match=r"save result\.model afterwards"):
         asyncps.train(model="mlp", callbacks=[keras.callbacks.ModelCheckpoint("w.keras")])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["tf.data", "generator"])
+def test_a_dataset_or_generator_trains_every_example_once_per_epoch(tmp_path: Path, source: str) -> None:
+    """x= a tf.data.Dataset of batches, or a function returning a generator of them (validation_data the other
+    kind): read to their end here, then trained as arrays; the chief's accounting counts each example once an
+    epoch, and the model learns."""
+    import tensorflow as tf
+
+    x, y, x_val, y_val = digit_arrays()
+
+    def batches(xs: np.ndarray, ys: np.ndarray) -> Any:
+        return ((xs[i:i + 50], ys[i:i + 50]) for i in range(0, len(xs), 50))
+
+    train_data: Any = (tf.data.Dataset.from_tensor_slices((x, y)).batch(50) if source == "tf.data"
+                       else (lambda: batches(x, y)))
+    val_data: Any = (batches(x_val, y_val) if source == "tf.data"
+                     else tf.data.Dataset.from_tensor_slices((x_val, y_val)).batch(64))
+    result = asyncps.train(model=functional_model(compiled=True), x=train_data, validation_data=val_data,
+                           num_workers=2, num_ps=1, epochs=2, optimizer="adam", learning_rate=0.01,
+                           run_dir=tmp_path / "run")
+    data = result.summary.data
+    assert data["examples_done"] == 2 * len(x) and data["tasks_done"] == data["tasks_planned"], data
+    assert data["duplicate_completions"] == 0 and data["tasks_not_done"] == 0, data
+    with np.load(RunDir(tmp_path / "run").input_data) as sent:  # the arrays the run trained on: the sources'
+        np.testing.assert_array_equal(sent["x_train"], x)
+        np.testing.assert_array_equal(sent["y_test"], y_val)
+    assert result.summary.final_eval.accuracy > 0.8

@@ -34,6 +34,7 @@ from asyncps.ml.specs import KERAS_PREFIX, NPZ_PREFIX
 from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, call_with_accepted, is_function_spec, user_path_from_env
 from asyncps.ps.main import PsConfig, run_ps
 from asyncps.rundir import EvalRow, PushRow, RunDir, RunSummary, iter_rows, read_rows
+from asyncps.tools import kerasdata
 from asyncps.tools.local import LocalCluster, default_run_dir, run_local
 from asyncps.tools.progress import StatusSink, display_for
 from asyncps.worker.config import WorkerConfig
@@ -134,7 +135,10 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     `validation_data=(x, y)` or a `validation_split` (the last fraction, like Keras); evaluations run on
     the validation arrays. `x` of any shape per example, sent as float32 (integer arrays as int64 ids, exact);
     `y`: integer class ids [n] or [n, 1] (classification), or targets of any shape per example (float
-    regression targets, 0/1 multi-label matrices), whatever the loss takes.
+    regression targets, 0/1 multi-label matrices), whatever the loss takes. `x` (and `validation_data`) may
+    also be what `model.fit` reads batches of (x, y) from: a `tf.data.Dataset`, a `keras.utils.PyDataset`,
+    a generator or a function returning one; finite ones, read here to their end into arrays
+    (asyncps.tools.kerasdata), so each example is trained once per epoch.
     `loss`: a spec or importable function; by default the loss the model was compiled with (its
     metrics too: the chief reports them, and accuracy only for class ids or when they name it), else
     `crossentropy` of logits over class ids.
@@ -150,6 +154,12 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     diverged (its summary's `verdict` says why), TrainingFailed when the run ends without a summary or
     with a failed chief.
     """
+    if kerasdata.kind(x) is not None:
+        if y is not None:
+            raise ValueError("asyncps.train: x= is a dataset of (x, y) batches; do not give y= as well")
+        x, y = kerasdata.read(x, "x")
+    if kerasdata.kind(validation_data) is not None:
+        validation_data = kerasdata.read(validation_data, "validation_data")
     arrays = _split_arrays(dataset, x, y, validation_data, validation_split)
     if arrays is not None and loss is None:
         _check_default_loss(arrays[1], model)
