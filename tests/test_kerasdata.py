@@ -90,7 +90,7 @@ def test_train_refuses_labels_beside_a_dataset_before_any_process(tmp_path: Path
     with pytest.raises(ValueError, match="do not give y= as well"):
         asyncps.train(model="mlp", x=tf.data.Dataset.from_tensor_slices((X, Y)).batch(8), y=Y,
                       validation_split=0.2, run_dir=tmp_path / "run")
-    with pytest.raises(ValueError, match="infinite tf.data.Dataset"):
+    with pytest.raises(ValueError, match=r"infinite tf\.data\.Dataset"):
         asyncps.train(model="mlp", x=X, y=Y, run_dir=tmp_path / "run",
                       validation_data=tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).repeat())
     assert not (tmp_path / "run").exists()
