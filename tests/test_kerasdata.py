@@ -53,7 +53,8 @@ def generate() -> Iterator[tuple[np.ndarray, np.ndarray]]:
     pytest.param(lambda: iter(list(generate())), id="iterator"),
 ])
 def test_every_source_reads_as_the_arrays_it_was_made_from(source: Any) -> None:
-    x, y = kerasdata.read(source(), "x")
+    x, y, w = kerasdata.read(source(), "x")
+    assert w is None
     np.testing.assert_array_equal(x, X)
     np.testing.assert_array_equal(y, Y)
     assert x.dtype == X.dtype and y.dtype == Y.dtype  # integers stay integers (ids above 2**24 exact)
@@ -67,7 +68,8 @@ def test_arrays_and_specs_are_not_sources() -> None:
     (tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).repeat(), r"infinite tf.data.Dataset .*take\(batches\)"),
     (Batches(endless=True), "PyDataset without a length"),
     (tf.data.Dataset.from_tensor_slices((X, Y)), "not batched"),
-    (tf.data.Dataset.from_tensor_slices((X, Y, np.ones(35))).batch(8), "sample weights"),
+    (iter([(X[:4], Y[:4], np.ones(4)), (X[4:8], Y[4:8])]), "lacks sample weights and batch 0 does not"),
+    (iter([(X[:4], Y[:4], np.ones(3))]), r"\(3,\) sample weights"),
     (tf.data.Dataset.from_tensor_slices(({"a": X}, Y)).batch(8), "several inputs"),
     (tf.data.Dataset.from_tensor_slices(X).batch(8), r"not an \(x, y\) pair"),
     (iter([(X[:4], Y[:3])]), "4 inputs but 3 labels"),
@@ -78,6 +80,15 @@ def test_arrays_and_specs_are_not_sources() -> None:
 def test_a_source_that_cannot_be_read_is_refused_with_what_to_do(source: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         kerasdata.read(source, "x")
+
+
+def test_batches_with_sample_weights_bring_them() -> None:
+    weights = np.linspace(0.0, 2.0, 35).astype(np.float32)
+    x, y, w = kerasdata.read(tf.data.Dataset.from_tensor_slices((X, Y, weights)).batch(8), "x")
+    np.testing.assert_array_equal(x, X)
+    np.testing.assert_array_equal(y, Y)
+    assert w is not None and w.dtype == np.float32
+    np.testing.assert_allclose(w, weights)
 
 
 def test_an_endless_generator_is_refused_not_read_forever(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,3 +105,40 @@ def test_train_refuses_labels_beside_a_dataset_before_any_process(tmp_path: Path
         asyncps.train(model="mlp", x=X, y=Y, run_dir=tmp_path / "run",
                       validation_data=tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).repeat())
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"sample_weight": np.ones(34)}, r"one number per example \(35\)"),
+    ({"sample_weight": -np.ones(35)}, "finite and >= 0"),
+    ({"class_weight": {0: 1.0}, "y": X[:, 0]}, "class_weight= needs integer class ids"),
+    ({"class_weight": {-1: 1.0}}, "not a class id"),
+    ({"sample_weight": np.ones(35), "dataset": "digits", "x": None, "y": None}, "not a dataset= spec"),
+    ({"x": tf.data.Dataset.from_tensor_slices((X, Y, np.ones(35))).batch(8), "y": None, "sample_weight": np.ones(35)},
+     "do not give sample_weight="),
+])
+def test_bad_weights_are_refused_before_any_process(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    given = {"x": X, "y": Y, "validation_split": 0.2, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        asyncps.train(model="mlp", run_dir=tmp_path / "run", **given)
+    assert not (tmp_path / "run").exists()
+
+
+def test_weighted_losses_reduce_as_keras_reduces_them() -> None:
+    """sum(w * loss) / batch size, for the built-in loss, a Keras loss object (given the weights) and a Keras
+    loss function (per example, weighted here); weights of 1 give the unweighted mean."""
+    from asyncps.ml.models import loss_fn
+    from asyncps.ml.task import make_loss
+
+    logits = tf.constant(np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32))
+    labels = tf.constant(np.array([0, 1, 2, 0, 1, 2]))
+    w = tf.constant(np.array([0.0, 1.0, 2.0, 0.5, 0.0, 3.0], dtype=np.float32))
+    per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits).numpy()
+    want = float(np.sum(per * w.numpy()) / 6)
+    assert float(loss_fn(logits, labels, w)) == pytest.approx(want, rel=1e-6)
+    assert float(loss_fn(logits, labels, tf.ones(6))) == pytest.approx(float(loss_fn(logits, labels)), rel=1e-6)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert float(make_loss("auto", model)(logits, labels, w)) == pytest.approx(want, rel=1e-5)
+    probs = tf.nn.softmax(logits)
+    fn = make_loss("sparse_categorical_crossentropy")
+    assert float(fn(probs, labels, w)) == pytest.approx(want, rel=1e-4)

@@ -74,7 +74,7 @@ def test_a_non_finite_step_is_not_pushed_but_counted_and_logged(caplog: pytest.L
     losses = iter([float("nan"), 0.5, float("nan"), 0.3])  # the first call traces, untimed
 
     def grad_fn(values: list[np.ndarray], x: np.ndarray, y: np.ndarray,
-                fed: object = ()) -> tuple[float, list[np.ndarray]]:
+                fed: object = (), w: object = None) -> tuple[float, list[np.ndarray]]:
         loss = next(losses, 0.3)
         grads = [np.full(3, np.nan if loss != loss else 1.0, np.float32), np.ones(1, np.float32)]
         return loss, list(grads)

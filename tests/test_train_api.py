@@ -210,3 +210,21 @@ def test_a_dataset_or_generator_trains_every_example_once_per_epoch(tmp_path: Pa
         np.testing.assert_array_equal(sent["x_train"], x)
         np.testing.assert_array_equal(sent["y_test"], y_val)
     assert result.summary.final_eval.accuracy > 0.8
+
+
+@pytest.mark.slow
+def test_class_weight_zero_leaves_a_class_unlearned(tmp_path: Path) -> None:
+    """class_weight={0: 0}: digit 0's examples weigh nothing in the workers' loss, so the model almost never
+    predicts 0 (unweighted, digit 0 is the easiest class: recall ~0.95+), while it learns the other nine."""
+    x, y, x_val, y_val = digit_arrays()
+    result = asyncps.train(model=functional_model(compiled=True), x=x, y=y, validation_data=(x_val, y_val),
+                           class_weight={0: 0.0}, num_workers=2, num_ps=1, epochs=3, optimizer="adam",
+                           learning_rate=0.01, run_dir=tmp_path / "run")
+    predicted = np.argmax(result.model.predict(x_val, verbose=0), axis=1)
+    zero = y_val == 0
+    recall_zero = float(np.mean(predicted[zero] == 0))
+    others = float(np.mean(predicted[~zero] == y_val[~zero]))
+    print(f"class_weight {{0: 0}}: recall of digit 0 {recall_zero:.3f}, accuracy on the others {others:.3f}")
+    assert recall_zero < 0.3 and others > 0.8, (recall_zero, others)
+    with np.load(RunDir(tmp_path / "run").input_data) as sent:
+        np.testing.assert_array_equal(sent["w_train"], np.where(y == 0, 0.0, 1.0).astype(np.float32))

@@ -73,7 +73,7 @@ def build_trainer(run: RunConfig, link: ChiefLink, reg: cpb.RegisterResponse, cl
     (by its index), read wait, pipelining and local SGD; each step it takes is written to steps_done[0]
     (for its heartbeats)."""
     names = [v.path for v in model.trainable_variables]
-    batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed)
+    batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed, w=data.w_train)
     return Trainer(client, names, grad_fn, batches, run.step_delay(reg.index), telemetry,
                    read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),
                    pipeline=run.pipeline, local=local_model(run, names), sparse=sparse)

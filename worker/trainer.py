@@ -46,6 +46,7 @@ class Batch:
     x: Array
     y: Array
     completes: int | None = None
+    w: Array | None = None  # per-example loss weights (sample_weight, class_weight), None: all 1
 
 
 class BatchStream:
@@ -89,11 +90,11 @@ class TaskBatches:
     """
 
     def __init__(self, get_task: Callable[[], cpb.TaskReply], x: Array, y: Array, batch_size: int,
-                 seed: int, poll_s: float = 0.1) -> None:
+                 seed: int, poll_s: float = 0.1, w: Array | None = None) -> None:
         from asyncps.ml.datasets import epoch_order
 
         self._get_task = get_task
-        self._x, self._y = x, y
+        self._x, self._y, self._w = x, y, w
         self._batch = batch_size
         self._seed = seed
         self._poll_s = poll_s
@@ -122,7 +123,7 @@ class TaskBatches:
             pieces = [positions[i:i + self._batch] for i in range(0, len(positions), self._batch)]
             self._queue = [(p, reply.task_id if i == len(pieces) - 1 else None) for i, p in enumerate(pieces)]
         rows, completes = self._queue.pop(0)
-        return Batch(self._x[rows], self._y[rows], completes)
+        return Batch(self._x[rows], self._y[rows], completes, None if self._w is None else self._w[rows])
 
 
 def nonfinite_detail(loss: float, names: Sequence[str], grads: Sequence[Gradient]) -> str | None:
@@ -162,9 +163,9 @@ class GradFn(Protocol):
     """(loss, gradients) of a model at `values` on one batch; `fed`: the values of the non-trainable
     variables make_grad_fn was told to take per call (a local table's row ids), in its order."""
 
-    def __call__(self, values: list[Array], x: Array, y: Array, fed: Sequence[Array] = ()
-                 ) -> tuple[float, list[Gradient]]:
-        """(loss, gradients)."""
+    def __call__(self, values: list[Array], x: Array, y: Array, fed: Sequence[Array] = (),
+                 w: Array | None = None) -> tuple[float, list[Gradient]]:
+        """(loss, gradients); `w`: the examples' loss weights (None: unweighted)."""
 
 
 def shared_input(value: Array) -> Any:
@@ -180,7 +181,7 @@ def shared_input(value: Array) -> Any:
         return value
 
 
-def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any], fed: Sequence[Any] = ()) -> GradFn:
+def make_grad_fn(model: Any, loss_fn: Callable[..., Any], fed: Sequence[Any] = ()) -> GradFn:
     """A tf.function that computes (loss, gradients) of the model at the given values.
 
     The pulled values go straight into the computation through Keras' stateless call: no
@@ -209,12 +210,12 @@ def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any], fed: Sequence[A
     position = {path: i for i, path in enumerate(fed_paths)}
 
     @tf.function(reduce_retracing=True)  # type: ignore[untyped-decorator]
-    def step(values: list[Any], fed_values: list[Any], x: Any, y: Any) -> tuple[Any, list[Any]]:
+    def step(values: list[Any], fed_values: list[Any], x: Any, y: Any, w: Any) -> tuple[Any, list[Any]]:
         state = [fed_values[position[v.path]] if v.path in position else v.value for v in non_trainable]
         with tf.GradientTape() as tape:
             tape.watch(values)
             logits, new_state = model.stateless_call(values, state, x, training=True)
-            loss = loss_fn(logits, y)
+            loss = loss_fn(logits, y) if w is None else loss_fn(logits, y, w)
         for var, value in zip(non_trainable, new_state, strict=True):
             if var.path not in position:
                 var.assign(value)
@@ -224,16 +225,19 @@ def make_grad_fn(model: Any, loss_fn: Callable[[Any, Any], Any], fed: Sequence[A
     # skips the polymorphic function's per-call signature matching (measured: 0.38 -> 0.16 ms a call).
     concrete: dict[tuple[Any, ...], Any] = {}
 
-    def run(values: list[Array], x: Array, y: Array, fed: Sequence[Array] = ()) -> tuple[float, list[Gradient]]:
+    def run(values: list[Array], x: Array, y: Array, fed: Sequence[Array] = (),
+            w: Array | None = None) -> tuple[float, list[Gradient]]:
         x, y = np.asarray(x), np.asarray(y)
         given = list(fed) or [np.asarray(v.value) for v in fed_vars]
-        key = (x.dtype, x.shape[1:], y.dtype, y.shape[1:], *(v.shape for v in values))
+        key = (x.dtype, x.shape[1:], y.dtype, y.shape[1:], w is None, *(v.shape for v in values))
         fn = concrete.get(key)
         if fn is None:
             fn = concrete[key] = step.get_concrete_function(
                 [tf.TensorSpec(v.shape, v.dtype) for v in values], [tf.TensorSpec(v.shape, v.dtype) for v in given],
-                tf.TensorSpec((None, *x.shape[1:]), x.dtype), tf.TensorSpec((None, *y.shape[1:]), y.dtype))
-        loss, grads = fn([shared_input(v) for v in values], given, x, y)
+                tf.TensorSpec((None, *x.shape[1:]), x.dtype), tf.TensorSpec((None, *y.shape[1:]), y.dtype),
+                None if w is None else tf.TensorSpec((None,), tf.float32))
+        weights = None if w is None else np.asarray(w, dtype=np.float32)  # None: traced as a constant
+        loss, grads = fn([shared_input(v) for v in values], given, x, y, weights)
         out: list[Gradient] = []
         for g in grads:
             if isinstance(g, tf.IndexedSlices):
@@ -330,7 +334,7 @@ class Trainer:
             return
         # Trace the gradient function once, untimed: injected delays scale the measured compute
         # time, and a 40x straggler must not sleep 40 times TensorFlow's tracing.
-        self._grad_fn(self._values_for(first), first.x, first.y)
+        self._grad_fn(self._values_for(first), first.x, first.y, w=first.w)
         self._batches = _Prepended(first, self._batches)
         if self._pipeline:
             self._run_pipelined(stop, max_steps, pull_s)
@@ -351,7 +355,7 @@ class Trainer:
         """Gradients of one batch at `values` (`fed`: the local tables' row ids; with the injected delays;
         the round trip's latency when `then_push`); (loss, grads, start, computed)."""
         start = time.time()
-        loss, grads = self._grad_fn(values, batch.x, batch.y, fed)
+        loss, grads = self._grad_fn(values, batch.x, batch.y, fed, batch.w)
         extra = self._delay.extra_compute_s(time.time() - start)
         if extra > 0:
             self._sleep(extra)

@@ -8,6 +8,7 @@ download MNIST-style data, so processes that train on ``digits`` never pay for i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import math
@@ -48,6 +49,7 @@ class Dataset:
     image_shape: tuple[int, ...] | None  # (h, w, c) for images, None otherwise
     optimal_loss: float | None = None  # synthetic-logreg only: min mean training cross-entropy
     num_ids: int | None = None  # int64 x: the id space [0, num_ids) (None: one past the largest id present)
+    w_train: np.ndarray | None = None  # float32 [n] loss weights of the training examples (None: all 1)
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
@@ -69,6 +71,10 @@ class Dataset:
         if self.x_train.dtype != self.x_test.dtype:
             raise ValueError(f"x_train is {self.x_train.dtype} but x_test {self.x_test.dtype}")
         self._check_ids()
+        if self.w_train is not None and (self.w_train.dtype != np.float32 or self.w_train.shape != (len(self.x_train),)
+                                         or not np.isfinite(self.w_train).all() or (self.w_train < 0).any()):
+            raise ValueError(f"w_train must be float32 [{len(self.x_train)}] of finite weights >= 0, got "
+                             f"{self.w_train.dtype} {self.w_train.shape}")
         if self.image_shape is not None and int(np.prod(self.image_shape)) != self.num_features:
             raise ValueError(f"image_shape {self.image_shape} != {self.num_features} features")
 
@@ -240,7 +246,14 @@ def _load_npz(path: str) -> Dataset:
                 f"{path}: missing keys {missing}; need {list(_NPZ_KEYS)}, found {data.files}"
             )
         x_train, y_train, x_test, y_test = (np.asarray(data[k]) for k in _NPZ_KEYS)
-    return _from_arrays(f"{NPZ_PREFIX}{path}", x_train, y_train, x_test, y_test, where=path)
+        weights = np.asarray(data["w_train"]) if "w_train" in data.files else None
+    loaded = _from_arrays(f"{NPZ_PREFIX}{path}", x_train, y_train, x_test, y_test, where=path)
+    if weights is None:
+        return loaded
+    if weights.shape != (len(loaded.x_train),) or not np.issubdtype(weights.dtype, np.number):
+        raise ValueError(f"{path}: w_train must be [{len(loaded.x_train)}] numbers (one weight per training "
+                         f"example), got {weights.dtype} {weights.shape}")
+    return dataclasses.replace(loaded, w_train=weights.astype(np.float32))
 
 
 def _load_user_dataset(spec: str, seed: int) -> Dataset:

@@ -257,12 +257,23 @@ def _input_dtype(user: keras.Model) -> str:
         return "float32"
 
 
-def loss_fn(logits: Any, labels: Any) -> tf.Tensor:
-    """Mean sparse categorical cross-entropy of integer ``labels`` under ``logits``."""
+def loss_fn(logits: Any, labels: Any, weights: Any = None) -> tf.Tensor:
+    """Mean sparse categorical cross-entropy of integer ``labels`` under ``logits``; with ``weights`` (one per
+    example) the weighted sum over the batch size, as Keras reduces a weighted loss (sum_over_batch_size)."""
     labels = tf.cast(tf.reshape(labels, [-1]), tf.int64)
     logits = tf.cast(logits, tf.float32)
     per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-    return tf.reduce_mean(per_example)
+    return tf.reduce_mean(per_example) if weights is None else weighted_mean(per_example, weights)
+
+
+def weighted_mean(per_example: Any, weights: Any) -> tf.Tensor:
+    """sum(weights * losses) / examples: Keras' reduction of a weighted loss; losses of any rank per example
+    are first averaged over their other axes."""
+    per_example = tf.cast(per_example, tf.float32)
+    if per_example.shape.rank is not None and per_example.shape.rank > 1:
+        per_example = tf.reduce_mean(per_example, axis=list(range(1, per_example.shape.rank)))
+    weights = tf.cast(tf.reshape(weights, [-1]), tf.float32)
+    return tf.reduce_sum(per_example * weights) / tf.cast(tf.size(weights), tf.float32)
 
 
 class _Initializers:

@@ -33,7 +33,7 @@ DEFAULT_LOSS = "crossentropy"
 #: Metric names that mean "accuracy, as the task defines it" (as Keras' compile resolves them).
 ACCURACY_NAMES = ("accuracy", "acc")
 
-LossFn = Callable[[Any, Any], Any]
+LossFn = Callable[..., Any]  # (outputs, labels[, weights]) -> mean
 
 
 @dataclass(frozen=True)
@@ -106,17 +106,28 @@ def _reads_logits(loss: Any) -> bool:
 
 
 def _mean_loss(user: Any) -> LossFn:
-    """`(outputs, labels) -> mean` over a Keras-style `(y_true, y_pred)` loss; labels as the data holds them."""
+    """`(outputs, labels[, weights]) -> mean` over a Keras-style `(y_true, y_pred)` loss; labels as the data
+    holds them; weights (one per example) reduced as Keras reduces them (asyncps.ml.models.weighted_mean)."""
+    import keras
     import tensorflow as tf
 
-    def loss(outputs: Any, labels: Any) -> Any:
+    from asyncps.ml.models import weighted_mean
+
+    def loss(outputs: Any, labels: Any, weights: Any = None) -> Any:
         rank = outputs.shape.rank
         if rank is not None and labels.shape.rank == rank - 1 and outputs.shape[-1] == 1:
             # targets [n] against outputs [n, 1]: a loss of its own may not align them, and
             # [n] - [n, 1] would broadcast to [n, n] without a word
             labels = tf.expand_dims(labels, -1)
+        if weights is None:
+            return tf.reduce_mean(tf.cast(user(labels, outputs), tf.float32))
+        if isinstance(user, keras.losses.Loss):  # it reduces itself: hand it the weights, as fit does
+            return tf.cast(user(labels, outputs, sample_weight=weights), tf.float32)
         value = user(labels, outputs)
-        return tf.reduce_mean(tf.cast(value, tf.float32))
+        if value.shape.rank == 0:
+            raise ValueError(f"loss {getattr(user, '__name__', user)!r} returns one value per batch: sample or "
+                             "class weights need a loss per example")
+        return weighted_mean(value, weights)
 
     return loss
 

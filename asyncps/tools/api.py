@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,7 +121,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
           x: Any = None, y: Any = None, validation_data: tuple[Any, Any] | None = None,
           validation_split: float = 0.0, loss: str | Callable[..., Any] | None = None,
           run_dir: str | Path | None = None, user_path: Iterable[str] = (), progress: bool | None = None,
-          secure: bool = False, callbacks: Iterable[Any] = (), **settings: Any) -> TrainResult:
+          secure: bool = False, callbacks: Iterable[Any] = (), sample_weight: Any = None,
+          class_weight: Mapping[int, float] | None = None, **settings: Any) -> TrainResult:
     """Train on a local cluster to completion; return the trained model, the summary and the history.
 
     `model`: a keras.Model (compiled or not; its weights are the start, and it is trained in place, as
@@ -139,6 +140,9 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     also be what `model.fit` reads batches of (x, y) from: a `tf.data.Dataset`, a `keras.utils.PyDataset`,
     a generator or a function returning one; finite ones, read here to their end into arrays
     (asyncps.tools.kerasdata), so each example is trained once per epoch.
+    `sample_weight` (one weight >= 0 per example of `x`) and `class_weight` ({class id: weight}, class ids
+    only) weight each example's loss on the workers as `model.fit` weights it (the weighted sum over the batch
+    size; both given: multiplied); a `validation_split` leaves the validation examples' weights out.
     `loss`: a spec or importable function; by default the loss the model was compiled with (its
     metrics too: the chief reports them, and accuracy only for class ids or when they name it), else
     `crossentropy` of logits over class ids.
@@ -157,9 +161,18 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     if kerasdata.kind(x) is not None:
         if y is not None:
             raise ValueError("asyncps.train: x= is a dataset of (x, y) batches; do not give y= as well")
-        x, y = kerasdata.read(x, "x")
+        x, y, weighted = kerasdata.read(x, "x")
+        if weighted is not None:
+            if sample_weight is not None:
+                raise ValueError("asyncps.train: x= yields (x, y, sample_weight) batches; do not give sample_weight=")
+            sample_weight = weighted
     if kerasdata.kind(validation_data) is not None:
-        validation_data = kerasdata.read(validation_data, "validation_data")
+        x_val, y_val, weighted = kerasdata.read(validation_data, "validation_data")
+        if weighted is not None:
+            raise ValueError("asyncps.train: validation_data yields sample weights; the chief's evaluation is "
+                             "unweighted (give (x, y) batches)")
+        validation_data = (x_val, y_val)
+    weights = _weights(sample_weight, class_weight, y, dataset)
     arrays = _split_arrays(dataset, x, y, validation_data, validation_split)
     if arrays is not None and loss is None:
         _check_default_loss(arrays[1], model)
@@ -169,7 +182,11 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     dataset_spec = spec_of(dataset if dataset is not None else "digits", "dataset")
     if arrays is not None:
         files.root.mkdir(parents=True, exist_ok=True)
-        np.savez(files.input_data, x_train=arrays[0], y_train=arrays[1], x_test=arrays[2], y_test=arrays[3])
+        saved_arrays = {"x_train": arrays[0], "y_train": arrays[1], "x_test": arrays[2], "y_test": arrays[3]}
+        if weights is not None:
+            saved_arrays["w_train"] = weights[:len(arrays[0])]  # a validation split's weights cut off
+        # numpy's stub types **arrays as its allow_pickle keyword (numpy 2.x), which numpy 1.26 has not
+        np.savez(files.input_data, **saved_arrays)  # type: ignore[arg-type]
         dataset_spec = f"{NPZ_PREFIX}{files.input_data}"
     saved = _saveable_model(model, arrays, dataset_spec, int(settings.get("seed", 0)))
     if saved is not None:
@@ -307,6 +324,39 @@ def _split_arrays(dataset: Any, x: Any, y: Any, validation_data: tuple[Any, Any]
     if len(x_train) == 0:
         raise ValueError("asyncps.train: no training examples")
     return x_train, y_train, x_test, y_test
+
+
+def _weights(sample_weight: Any, class_weight: Mapping[int, float] | None, y: Any, dataset: Any) -> np.ndarray | None:
+    """The training examples' loss weights (float32 [n], >= 0) from `sample_weight` and `class_weight`, or None."""
+    if sample_weight is None and class_weight is None:
+        return None
+    if dataset is not None or y is None:
+        raise ValueError("asyncps.train: sample_weight= and class_weight= weight the examples of x=, y= (arrays "
+                         "or a dataset of batches), not a dataset= spec")
+    labels = np.asarray(y)
+    out = np.ones(len(labels), dtype=np.float32)
+    if sample_weight is not None:
+        given = np.asarray(sample_weight)
+        if given.ndim == 2 and given.shape[1] == 1:
+            given = given[:, 0]
+        if given.shape != (len(labels),) or not np.issubdtype(given.dtype, np.number):
+            raise ValueError(f"asyncps.train: sample_weight must be one number per example ({len(labels)}), got "
+                             f"{given.dtype} {given.shape}")
+        out *= given.astype(np.float32)
+    if class_weight is not None:
+        ids = labels[:, 0] if labels.ndim == 2 and labels.shape[1] == 1 else labels
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError("asyncps.train: class_weight= needs integer class ids in y")
+        table = np.ones(int(ids.max(initial=0)) + 1, dtype=np.float32)
+        for cls, weight in dict(class_weight).items():
+            if int(cls) != cls or cls < 0:
+                raise ValueError(f"asyncps.train: class_weight has {cls!r}, not a class id")
+            if int(cls) < len(table):
+                table[int(cls)] = weight
+        out *= table[ids]
+    if not np.isfinite(out).all() or (out < 0).any():
+        raise ValueError("asyncps.train: sample and class weights must be finite and >= 0")
+    return out
 
 
 def _features(x: Any, what: str) -> np.ndarray:

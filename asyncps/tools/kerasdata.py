@@ -6,10 +6,11 @@ are read to their end in the caller's process and joined into the arrays `asyncp
 chief's data tasks and its exactly-once accounting hold for them as for arrays: every example read is
 trained once per epoch. Only a finite source can be read so: an infinite `tf.data.Dataset` (`repeat()`)
 or `PyDataset` is refused with what to do (`take(n)`), and an iterator that has not ended after
-MAX_EXAMPLES examples is refused instead of read forever.
+MAX_EXAMPLES examples is refused instead of read forever. Batches of `(x, y, sample_weight)` bring their
+weights (the workers weight each example's loss by them).
 
 Not built here: a `dataset_fn` that each worker calls to build its own pipeline (TF's parameter-server
-habit); sample weights are refused (the workers' losses take none yet).
+habit).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def kind(source: Any) -> str | None:
     return None
 
 
-def read(source: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """The examples of a dataset, PyDataset or generator `source` (see the module), joined: (x, y).
+def read(source: Any, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The examples of a dataset, PyDataset or generator `source` (see the module), joined: (x, y, sample
+    weights or None).
     ValueError, naming `what`, for a source that does not end, batches that are not (x, y) pairs, or batches
     whose shapes differ after the first axis."""
     how = kind(source)
@@ -54,11 +56,17 @@ def read(source: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
     batches = _batches(source, how, what)
     xs: list[np.ndarray] = []
     ys: list[np.ndarray] = []
+    ws: list[np.ndarray | None] = []
     examples = 0
     for i, batch in enumerate(batches):
-        x, y = _pair(batch, what, i)
-        if len(x) != len(y):
-            raise ValueError(f"asyncps.train: batch {i} of {what} has {len(x)} inputs but {len(y)} labels")
+        x, y, w = _pair(batch, what, i)
+        if len(x) != len(y) or (w is not None and w.shape != (len(x),)):
+            raise ValueError(f"asyncps.train: batch {i} of {what} has {len(x)} inputs but {len(y)} labels"
+                             + ("" if w is None else f" and {w.shape} sample weights"))
+        if ws and (w is None) != (ws[0] is None):
+            raise ValueError(f"asyncps.train: batch {i} of {what} {'lacks' if w is None else 'has'} sample weights "
+                             "and batch 0 does not: all or none")
+        ws.append(w)
         if xs and (x.shape[1:] != xs[0].shape[1:] or y.shape[1:] != ys[0].shape[1:]):
             raise ValueError(f"asyncps.train: batch {i} of {what} has examples of shape {x.shape[1:]} -> "
                              f"{y.shape[1:]}, batch 0 {xs[0].shape[1:]} -> {ys[0].shape[1:]}")
@@ -70,7 +78,8 @@ def read(source: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
                              "one (itertools.islice(generator, batches), dataset.take(batches))")
     if not xs:
         raise ValueError(f"asyncps.train: {what} yielded no batches")
-    return np.concatenate(xs), np.concatenate(ys)
+    weights = None if ws[0] is None else np.concatenate([w for w in ws if w is not None])
+    return np.concatenate(xs), np.concatenate(ys), weights
 
 
 def _batches(source: Any, how: str, what: str) -> collections.abc.Iterable[Any]:
@@ -96,13 +105,11 @@ def _batches(source: Any, how: str, what: str) -> collections.abc.Iterable[Any]:
     return source  # type: ignore[no-any-return]
 
 
-def _pair(batch: Any, what: str, i: int) -> tuple[np.ndarray, np.ndarray]:
+def _pair(batch: Any, what: str, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
         raise ValueError(f"asyncps.train: batch {i} of {what} is {type(batch).__name__}, not an (x, y) pair "
                          "(as keras.Model.fit reads a dataset)")
-    if len(batch) == 3 and batch[2] is not None:
-        raise ValueError(f"asyncps.train: batch {i} of {what} has sample weights (x, y, sample_weight): not "
-                         "supported yet; give (x, y)")
+    w = None if len(batch) == 2 or batch[2] is None else np.asarray(batch[2], dtype=np.float32).reshape(-1)
     x, y = batch[0], batch[1]
     if isinstance(x, dict) or isinstance(y, dict) or isinstance(x, (tuple, list)):
         raise ValueError(f"asyncps.train: batch {i} of {what} has several inputs or outputs: asyncps.train "
@@ -111,7 +118,7 @@ def _pair(batch: Any, what: str, i: int) -> tuple[np.ndarray, np.ndarray]:
     if x.ndim == 0 or y.ndim == 0:
         raise ValueError(f"asyncps.train: batch {i} of {what} is not batched (x {x.shape}, y {y.shape}): "
                          "batch it (dataset.batch(n)), as keras.Model.fit reads one")
-    return x, y
+    return x, y, w
 
 
 __all__ = ["MAX_EXAMPLES", "kind", "read"]
