@@ -18,7 +18,7 @@ import pytest
 import asyncps
 from asyncps.ml.datasets import load_digits
 from asyncps.ml.specs import model_problem, spec_problems
-from asyncps.rundir import RunDir
+from asyncps.rundir import RunConfigRecord, RunDir
 
 
 def digit_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -95,6 +95,46 @@ def test_bad_inputs_are_refused(tmp_path: Path, kwargs: dict[str, Any], message:
     with pytest.raises(ValueError, match=message):
         asyncps.train(model="mlp", run_dir=tmp_path / "run", **kwargs)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("make", "settings"), [
+    (lambda k: k.optimizers.SGD(0.05), {"optimizer": "sgd", "learning_rate": 0.05, "optimizer_params": {}}),
+    (lambda k: k.optimizers.SGD(0.1, momentum=0.8), {"optimizer": "momentum", "learning_rate": 0.1,
+                                                     "optimizer_params": {"momentum": 0.8}}),
+    (lambda k: k.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+     {"optimizer": "nesterov", "learning_rate": 0.1, "optimizer_params": {"momentum": 0.9}}),
+    (lambda k: k.optimizers.Adam(0.002, beta_2=0.99), {"optimizer": "adam", "learning_rate": 0.002, "optimizer_params":
+                                                       {"beta_1": 0.9, "beta_2": 0.99, "epsilon": 1e-7}}),
+    (lambda k: k.optimizers.Adagrad(0.05), {"optimizer": "adagrad", "learning_rate": 0.05, "optimizer_params":
+                                            {"initial_accumulator_value": 0.1, "epsilon": 1e-7}}),
+])
+def test_a_compiled_optimizer_the_shards_implement_is_the_runs(make: Any, settings: dict[str, Any]) -> None:
+    import keras
+
+    from asyncps.config import RunConfig
+    from asyncps.tools.api import compiled_optimizer
+
+    model = functional_model(compiled=False)
+    model.compile(optimizer=make(keras), loss="mse")
+    assert compiled_optimizer(model) == settings
+    RunConfig(**settings)  # settings the run takes (the shards validate the optimizer's parameters)
+    assert compiled_optimizer(functional_model(compiled=False)) == {}
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda k: "rmsprop", "compiled with RMSprop, which the shards do not implement"),
+    (lambda k: k.optimizers.SGD(0.1, clipnorm=1.0), "SGD with clipnorm=1.0"),
+    (lambda k: k.optimizers.AdamW(0.001), "AdamW with weight_decay=0.004"),
+    (lambda k: k.optimizers.SGD(k.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9)), "a learning-rate schedule"),
+])
+def test_a_compiled_optimizer_the_shards_do_not_implement_is_refused(tmp_path: Path, make: Any, message: str) -> None:
+    import keras
+
+    x, y, x_val, y_val = digit_arrays()
+    model = functional_model(compiled=False)
+    model.compile(optimizer=make(keras), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match=message):
+        asyncps.train(model=model, x=x, y=y, validation_data=(x_val, y_val), run_dir=tmp_path / "run")
 
 
 def test_keras_model_spec_is_checked() -> None:
@@ -217,9 +257,15 @@ def test_class_weight_zero_leaves_a_class_unlearned(tmp_path: Path) -> None:
     """class_weight={0: 0}: digit 0's examples weigh nothing in the workers' loss, so the model almost never
     predicts 0 (unweighted, digit 0 is the easiest class: recall ~0.95+), while it learns the other nine."""
     x, y, x_val, y_val = digit_arrays()
-    result = asyncps.train(model=functional_model(compiled=True), x=x, y=y, validation_data=(x_val, y_val),
-                           class_weight={0: 0.0}, num_workers=2, num_ps=1, epochs=3, optimizer="adam",
-                           learning_rate=0.01, run_dir=tmp_path / "run")
+    import keras
+
+    model = functional_model(compiled=False)  # compiled with Adam: the shards run it (no optimizer= given)
+    model.compile(optimizer=keras.optimizers.Adam(0.01, beta_1=0.85),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    result = asyncps.train(model=model, x=x, y=y, validation_data=(x_val, y_val), class_weight={0: 0.0},
+                           num_workers=2, num_ps=1, epochs=3, run_dir=tmp_path / "run")
+    run = RunConfigRecord.load(tmp_path / "run").run
+    assert (run["optimizer"], run["learning_rate"], run["optimizer_params"]["beta_1"]) == ("adam", 0.01, 0.85), run
     predicted = np.argmax(result.model.predict(x_val, verbose=0), axis=1)
     zero = y_val == 0
     recall_zero = float(np.mean(predicted[zero] == 0))

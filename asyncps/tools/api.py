@@ -146,7 +146,9 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     `loss`: a spec or importable function; by default the loss the model was compiled with (its
     metrics too: the chief reports them, and accuracy only for class ids or when they name it), else
     `crossentropy` of logits over class ids.
-    `settings` are RunConfig fields (`num_workers=2`, `num_ps=1`, `epochs=5`, `optimizer="adam"`, ...).
+    `settings` are RunConfig fields (`num_workers=2`, `num_ps=1`, `epochs=5`, `optimizer="adam"`, ...). Without
+    `optimizer=`, a compiled model's optimizer is the shards' when they implement it (SGD with or without
+    momentum or Nesterov, Adam, Adagrad: its rate and hyperparameters), else a ValueError says what to give.
     `callbacks`: Keras callbacks. `keras.callbacks.EarlyStopping` becomes the chief's `early_stop` rule (its
     monitor, patience, min_delta and mode: the run ends there, and the summary says why); the others run
     here, on each evaluation as an epoch's end (`on_epoch_end(i, logs)` with `val_loss`, `val_accuracy`,
@@ -189,6 +191,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
         np.savez(files.input_data, **saved_arrays)  # type: ignore[arg-type]
         dataset_spec = f"{NPZ_PREFIX}{files.input_data}"
     saved = _saveable_model(model, arrays, dataset_spec, int(settings.get("seed", 0)))
+    if saved is not None and "optimizer" not in settings:
+        settings = {**compiled_optimizer(saved, keep_rate="learning_rate" in settings), **settings}
     if saved is not None:
         files.root.mkdir(parents=True, exist_ok=True)
         saved.save(files.input_model)
@@ -390,6 +394,45 @@ def _labels(y: Any, what: str) -> np.ndarray:
             raise ValueError(f"asyncps.train: {what} holds NaN or infinite values")
         return targets
     raise ValueError(f"asyncps.train: {what} must be numeric (integer class ids or float targets), got {array.dtype}")
+
+
+#: Keras optimizers the shards implement: class name -> the asyncps optimizer and the hyperparameters it takes
+_SHARD_OPTIMIZERS = {"SGD": ("sgd", ()), "Adam": ("adam", ("beta_1", "beta_2", "epsilon")),
+                     "Adagrad": ("adagrad", ("initial_accumulator_value", "epsilon"))}
+#: Keras optimizer settings the shards do not apply: a compiled optimizer with one of them set is refused
+_NOT_ON_SHARDS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema", "amsgrad",
+                  "gradient_accumulation_steps", "loss_scale_factor")
+
+
+def compiled_optimizer(model: Any, keep_rate: bool = False) -> dict[str, Any]:
+    """The run settings (optimizer, learning_rate, optimizer_params) of a compiled model's optimizer, when the
+    shards implement it ({} for an uncompiled model); ValueError naming what they do not (another optimizer,
+    clipping, weight decay, a learning-rate schedule). `keep_rate`: the caller gives learning_rate itself."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not getattr(model, "compiled", False):
+        return {}
+    kind = type(optimizer).__name__
+    config = optimizer.get_config()
+    known = _SHARD_OPTIMIZERS.get(kind)
+    problems = [f"{key}={config[key]}" for key in _NOT_ON_SHARDS if config.get(key)]
+    rate = config.get("learning_rate")
+    if not isinstance(rate, (int, float)) and not keep_rate:
+        problems.append("a learning-rate schedule")
+    if known is None or problems:
+        what = f"{kind}" + (f" with {', '.join(problems)}" if problems else "")
+        raise ValueError(f"asyncps.train: the model is compiled with {what}, which the shards do not implement "
+                         "(RMSprop is Keras' default when compile names no optimizer); give optimizer= (sgd, "
+                         "momentum, nesterov, adam or adagrad) and learning_rate=, or compile with SGD, Adam or "
+                         "Adagrad")
+    name, keys = known
+    params = {key: float(f"{float(config[key]):.7g}") for key in keys}
+    if kind == "SGD" and config.get("momentum"):
+        name = "nesterov" if config.get("nesterov") else "momentum"
+        params = {"momentum": float(f"{float(config['momentum']):.7g}")}
+    out: dict[str, Any] = {"optimizer": name, "optimizer_params": params}
+    if not keep_rate:
+        out["learning_rate"] = float(f"{float(rate):.7g}")  # Keras keeps it as float32: 0.05 -> 0.0500000007
+    return out
 
 
 def _check_default_loss(y: np.ndarray, model: ModelArg) -> None:
