@@ -43,7 +43,8 @@ NO_WORKERS_START_ALLOWANCE_S = 60.0
 # may the rest (timeouts, evaluation and checkpoint schedules, transport, threads, injected delays).
 RUN_DEFINING = ("model", "dataset", "loss", "eval_metrics", "batch_size", "optimizer", "learning_rate",
                 "optimizer_params", "mode", "staleness_policy", "num_workers", "seed", "task_size",
-                "local_steps", "local_optimizer", "outer")  # the mode spec holds backup_workers and staleness_bound
+                "local_steps", "local_optimizer", "outer",  # the mode spec holds backup_workers and staleness_bound
+                "clipnorm", "global_clipnorm", "clipvalue")
 SHARD_LAYOUT = ("num_ps", "slice_threshold_bytes")
 STOP_CONDITIONS = ("max_updates", "epochs", "max_training_s")
 
@@ -186,6 +187,12 @@ class RunConfig:
     pipeline: bool = setting(False, help=(
         "workers compute the next gradient while the previous push is in flight: more steps/s, one more "
         "step of staleness (measured and recorded like any other)"))
+    clipnorm: float = setting(0.0, word=OFF, help=(
+        "workers clip each variable's gradient to this L2 norm before pushing it, as Keras' clipnorm"))
+    global_clipnorm: float = setting(0.0, word=OFF, help=(
+        "workers scale a step's gradients so that their joint L2 norm is at most this, as Keras' global_clipnorm"))
+    clipvalue: float = setting(0.0, word=OFF, help=(
+        "workers clip every gradient element to [-V, V], as Keras' clipvalue (one of the three clippings)"))
     row_pull: str = setting("auto", help=(
         "auto: workers read the tables of the model's Embedding layers by rows, only those a batch touches "
         "(never a whole copy; per-row staleness measured); off: every variable pulled whole each step"))
@@ -211,6 +218,10 @@ class RunConfig:
             problems.append("worker_processes must be between 0 and num_workers")
         if self.max_updates < 0 or self.epochs < 0 or self.max_training_s < 0:
             problems.append("max_updates, epochs and max_training_s must be >= 0")
+        if min(self.clipnorm, self.global_clipnorm, self.clipvalue) < 0:
+            problems.append("clipnorm, global_clipnorm and clipvalue must be >= 0 (0: off)")
+        if sum(1 for c in (self.clipnorm, self.global_clipnorm, self.clipvalue) if c) > 1:
+            problems.append("give one of clipnorm, global_clipnorm and clipvalue (as Keras' optimizers take them)")
         if self.max_updates == 0 and self.epochs == 0 and self.max_training_s == 0:
             problems.append("set a stop condition: max_updates, epochs or max_training_s")
         for parse, text in ((parse_stop_at, self.stop_at), (parse_early_stop, self.early_stop)):

@@ -91,3 +91,36 @@ def test_gradients_are_the_same_from_shared_and_copied_values() -> None:
         assert loss == results[0][0]
         for got, want in zip(grads, results[0][1], strict=True):
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("spec", ["mlp:16", "embedding"])
+@pytest.mark.parametrize("clip", ["norm", "global_norm", "value"])
+def test_clipping_bounds_the_gradients_as_keras_options_do(spec: str, clip: str) -> None:
+    """Clip(norm=c): each variable's gradient at most c in L2 norm, its direction kept; Clip(global_norm=c): all
+    of them jointly; Clip(value=c): every element in [-c, c]. An embedding's gradient stays rows (SparseRows)."""
+    from asyncps.worker.trainer import Clip
+
+    model = build_model(spec, 12, 3, seed=1)
+    rng = np.random.default_rng(0)
+    values = [(v.numpy() + rng.standard_normal(v.shape).astype(np.float32)) for v in model.trainable_variables]
+    x = rng.integers(0, 12, (8, 12)).astype(np.float32)
+    y = rng.integers(0, 3, 8)
+    _, plain = make_grad_fn(model, loss_fn)(values, x, y)
+    dense = [g.values if isinstance(g, SparseRows) else g for g in plain]
+    bound = 0.1 * min(float(np.linalg.norm(g)) for g in dense)  # below every norm: each one is clipped
+    _, clipped = make_grad_fn(model, loss_fn, clip=Clip(**{clip: bound}))(values, x, y)
+    got = [g.values if isinstance(g, SparseRows) else g for g in clipped]
+    assert [type(g) for g in clipped] == [type(g) for g in plain]
+    if clip == "norm":
+        for before, after in zip(dense, got, strict=True):
+            assert float(np.linalg.norm(after)) == pytest.approx(bound, rel=1e-4)
+            np.testing.assert_allclose(after, before * (bound / np.linalg.norm(before)), rtol=1e-4, atol=1e-7)
+    elif clip == "global_norm":
+        joint = float(np.sqrt(sum(np.sum(np.square(g)) for g in dense)))
+        assert float(np.sqrt(sum(np.sum(np.square(g)) for g in got))) == pytest.approx(bound, rel=1e-4)
+        for before, after in zip(dense, got, strict=True):
+            np.testing.assert_allclose(after, before * (bound / joint), rtol=1e-4, atol=1e-7)
+    else:
+        for before, after in zip(dense, got, strict=True):
+            np.testing.assert_allclose(after, np.clip(before, -bound, bound), rtol=1e-6)
+            assert float(np.max(np.abs(after))) <= bound * (1 + 1e-6)

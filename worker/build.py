@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from asyncps.worker.chieflink import ChiefLink
 from asyncps.worker.local import local_model
-from asyncps.worker.trainer import GradFn, TaskBatches, Telemetry, Trainer, make_grad_fn
+from asyncps.worker.trainer import Clip, GradFn, TaskBatches, Telemetry, Trainer, make_grad_fn
 
 from asyncps.config import RunConfig
 from asyncps.ml.datasets import Dataset
@@ -63,7 +63,8 @@ def row_cache_rows(sparse: SparseModel, rows: int = 0) -> dict[str, int]:
 
 def run_grad_fn(run: RunConfig, model: Any, sparse: SparseModel | None = None) -> GradFn:
     """The gradient function of the run's loss for `model` (one per process: logical workers share it)."""
-    return make_grad_fn(model, make_loss(run.loss, model), fed=sparse.fed if sparse is not None else ())
+    return make_grad_fn(model, make_loss(run.loss, model), fed=sparse.fed if sparse is not None else (),
+                        clip=Clip(run.clipnorm, run.global_clipnorm, run.clipvalue))
 
 
 def build_trainer(run: RunConfig, link: ChiefLink, reg: cpb.RegisterResponse, client: ModelClient, *,

@@ -400,14 +400,16 @@ def _labels(y: Any, what: str) -> np.ndarray:
 _SHARD_OPTIMIZERS = {"SGD": ("sgd", ()), "Adam": ("adam", ("beta_1", "beta_2", "epsilon")),
                      "Adagrad": ("adagrad", ("initial_accumulator_value", "epsilon"))}
 #: Keras optimizer settings the shards do not apply: a compiled optimizer with one of them set is refused
-_NOT_ON_SHARDS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema", "amsgrad",
-                  "gradient_accumulation_steps", "loss_scale_factor")
+_NOT_ON_SHARDS = ("weight_decay", "use_ema", "amsgrad", "gradient_accumulation_steps", "loss_scale_factor")
+#: Keras optimizer settings the workers apply before a push (run settings of the same names)
+_CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
 
 
 def compiled_optimizer(model: Any, keep_rate: bool = False) -> dict[str, Any]:
-    """The run settings (optimizer, learning_rate, optimizer_params) of a compiled model's optimizer, when the
-    shards implement it ({} for an uncompiled model); ValueError naming what they do not (another optimizer,
-    clipping, weight decay, a learning-rate schedule). `keep_rate`: the caller gives learning_rate itself."""
+    """The run settings (optimizer, learning_rate, optimizer_params; clipnorm, global_clipnorm, clipvalue, which
+    the workers apply) of a compiled model's optimizer, when the shards implement it ({} for an uncompiled
+    model); ValueError naming what they do not (another optimizer, weight decay, a learning-rate schedule).
+    `keep_rate`: the caller gives learning_rate itself."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or not getattr(model, "compiled", False):
         return {}
@@ -430,6 +432,7 @@ def compiled_optimizer(model: Any, keep_rate: bool = False) -> dict[str, Any]:
         name = "nesterov" if config.get("nesterov") else "momentum"
         params = {"momentum": float(f"{float(config['momentum']):.7g}")}
     out: dict[str, Any] = {"optimizer": name, "optimizer_params": params}
+    out.update({key: float(config[key]) for key in _CLIPPING if config.get(key)})
     if not keep_rate:
         out["learning_rate"] = float(f"{float(rate):.7g}")  # Keras keeps it as float32: 0.05 -> 0.0500000007
     return out
