@@ -124,3 +124,15 @@ def test_clipping_bounds_the_gradients_as_keras_options_do(spec: str, clip: str)
         for before, after in zip(dense, got, strict=True):
             np.testing.assert_allclose(after, np.clip(before, -bound, bound), rtol=1e-6)
             assert float(np.max(np.abs(after))) <= bound * (1 + 1e-6)
+
+
+def test_the_runs_clipping_reaches_the_workers_gradient_function() -> None:
+    from asyncps.config import RunConfig
+    from asyncps.worker.build import run_grad_fn
+
+    model = build_model("mlp:16", 12, 3, seed=1)
+    values = [v.numpy() * 50.0 for v in model.trainable_variables]  # large weights: large gradients
+    x = np.random.default_rng(0).normal(size=(8, 12)).astype(np.float32)
+    y = np.arange(8) % 3
+    _, grads = run_grad_fn(RunConfig(model="mlp:16", clipvalue=1e-3), model)(values, x, y)
+    assert max(float(np.max(np.abs(g))) for g in grads) == pytest.approx(1e-3)
