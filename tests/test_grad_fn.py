@@ -127,8 +127,9 @@ def test_clipping_bounds_the_gradients_as_keras_options_do(spec: str, clip: str)
 
 
 def test_the_runs_clipping_reaches_the_workers_gradient_function() -> None:
-    from asyncps.config import RunConfig
     from asyncps.worker.build import run_grad_fn
+
+    from asyncps.config import RunConfig
 
     model = build_model("mlp:16", 12, 3, seed=1)
     values = [v.numpy() * 50.0 for v in model.trainable_variables]  # large weights: large gradients
