@@ -423,7 +423,7 @@ class ShardStore:
         self._require_initialized()
         assert self._rule is not None
         ballot = ballot.naming(step)
-        lr = self._rule.optimizer.learning_rate
+        lr = self._rule.optimizer.rate_at(self._version)
         with self._unpaused(sorted(self._vars)):  # a cut holds commits too
             assert self._mode is not None
             try:
@@ -525,7 +525,7 @@ class ShardStore:
                 self._mode.accumulate(worker_id, grads, ballot)
                 self._maybe_complete_step()
                 self._version_cond.notify_all()
-                return answer(PushOutcome(True, staleness, self._version, self._rule.optimizer.learning_rate,
+                return answer(PushOutcome(True, staleness, self._version, self._rule.optimizer.rate_at(self._version),
                                           rows=rows))
             decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness, worker_index))
             if admission.verdict is Verdict.DROP or not decision.accept:
@@ -545,7 +545,7 @@ class ShardStore:
                 detail = f"every row and part of the push is staler than {self._policy.spec} keeps"
                 return self._remember(worker_id, step, answer(PushOutcome(False, staleness, version_now, 0.0,
                                                                           DropReason.STALE, detail, rows=rows)))
-            lr = self._rule.optimizer.learning_rate * decision.lr_scale
+            lr = self._rule.optimizer.rate_at(self._version) * decision.lr_scale
             read = self._reads.get(worker_id, base_version) if self._policy.needs_read_values else None
             for name, part in sorted(parts.items()):
                 self._apply(self._vars[name], self._adjusted(name, part.grad, read), lr * part.lr_scale,
@@ -643,7 +643,7 @@ class ShardStore:
     def _apply_step(self, step: Mapping[str, Gradient]) -> None:
         """Apply one averaged step at the rule's learning rate: the next version (all locks held)."""
         assert self._rule is not None
-        lr = self._rule.optimizer.learning_rate
+        lr = self._rule.optimizer.rate_at(self._version)
         for name, grad in sorted(step.items()):
             self._apply(self._vars[name], grad, lr)
         self._version += 1

@@ -354,3 +354,25 @@ def test_an_update_from_a_source_equals_copy_then_update(name: str, shape: tuple
         np.testing.assert_array_equal(source, source_before)
     with pytest.raises(ValueError, match="source"):
         opt.apply_dense(np.empty_like(source), grad, slots_b, 0.1, 3, source=source[:1])
+
+
+def test_an_exponential_decay_schedule_rides_beside_the_hyperparameters() -> None:
+    """Keras' ExponentialDecay: lr * rate ** (t / steps), floored with staircase; its keys parse from a spec or
+    arrive among the hyperparameters, leave them, and round-trip through the spec."""
+    config = OptimizerConfig.parse("adam:lr=0.1,beta_1=0.8,decay_steps=100,decay_rate=0.5")
+    assert config.params == {"beta_1": 0.8} and (config.decay_steps, config.decay_rate) == (100.0, 0.5)
+    assert config.rate_at(0) == 0.1 and config.rate_at(100) == pytest.approx(0.05)
+    assert config.rate_at(50) == pytest.approx(0.1 * 0.5 ** 0.5)
+    assert OptimizerConfig.parse(config.spec) == config
+    stairs = OptimizerConfig("sgd", 0.1, {"decay_steps": 10, "decay_rate": 0.5, "staircase": 1})
+    assert stairs.params == {} and stairs.staircase
+    assert [stairs.rate_at(t) for t in (0, 9, 10, 25)] == pytest.approx([0.1, 0.1, 0.05, 0.025])
+    assert OptimizerConfig.parse(stairs.spec) == stairs
+    assert OptimizerConfig("sgd", 0.1).rate_at(10**9) == 0.1  # no schedule: a constant rate
+
+
+@pytest.mark.parametrize("params", [{"decay_steps": 10}, {"decay_rate": 0.5}, {"decay_steps": 10, "decay_rate": 1.5},
+                                    {"decay_steps": -1, "decay_rate": 0.5}])
+def test_a_half_given_or_growing_schedule_is_refused(params: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="decay_steps > 0 and decay_rate in"):
+        OptimizerConfig("sgd", 0.1, params)

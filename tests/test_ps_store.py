@@ -652,3 +652,16 @@ def test_stop_releases_a_push_held_by_a_cut() -> None:
     store.stop()
     thread.join(JOIN_TIMEOUT_S)
     assert not thread.is_alive() and len(refused) == 1 and store.version == 0
+
+
+def test_a_scheduled_rate_is_applied_at_the_shards_version() -> None:
+    """sgd with decay_steps=1, decay_rate=0.5: the k-th push (at version k) moves b by 0.5**k, and its outcome
+    reports that rate (pushes.csv's lr)."""
+    store = ShardStore()
+    schedule = OptimizerConfig("sgd", 1.0, {"decay_steps": 1, "decay_rate": 0.5})
+    store.initialize(UpdateRuleConfig(schedule), initial_values())
+    rates = [store.push("w0", k, {"b": np.ones(3, np.float32)}).effective_lr for k in range(3)]
+    assert rates == [1.0, 0.5, 0.25]
+    _, values = pulled(store)
+    assert values is not None
+    np.testing.assert_allclose(values["b"], initial_values()["b"] - 1.75)

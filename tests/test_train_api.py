@@ -107,6 +107,9 @@ def test_bad_inputs_are_refused(tmp_path: Path, kwargs: dict[str, Any], message:
                                                        {"beta_1": 0.9, "beta_2": 0.99, "epsilon": 1e-7}}),
     (lambda k: k.optimizers.Adagrad(0.05), {"optimizer": "adagrad", "learning_rate": 0.05, "optimizer_params":
                                             {"initial_accumulator_value": 0.1, "epsilon": 1e-7}}),
+    (lambda k: k.optimizers.SGD(k.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9, staircase=True)),
+     {"optimizer": "sgd", "learning_rate": 0.1,
+      "optimizer_params": {"decay_steps": 100.0, "decay_rate": 0.9, "staircase": 1.0}}),
     (lambda k: k.optimizers.SGD(0.1, clipnorm=1.5),
      {"optimizer": "sgd", "learning_rate": 0.1, "optimizer_params": {}, "clipnorm": 1.5}),
     (lambda k: k.optimizers.Adagrad(0.1, clipvalue=0.5),
@@ -130,7 +133,8 @@ def test_a_compiled_optimizer_the_shards_implement_is_the_runs(make: Any, settin
     (lambda k: "rmsprop", "compiled with RMSprop, which the shards do not implement"),
     (lambda k: k.optimizers.Adam(0.1, amsgrad=True), "Adam with amsgrad=True"),
     (lambda k: k.optimizers.AdamW(0.001), "AdamW with weight_decay=0.004"),
-    (lambda k: k.optimizers.SGD(k.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9)), "a learning-rate schedule"),
+    (lambda k: k.optimizers.SGD(k.optimizers.schedules.PiecewiseConstantDecay([10], [0.1, 0.01])),
+     "a PiecewiseConstantDecay schedule"),
 ])
 def test_a_compiled_optimizer_the_shards_do_not_implement_is_refused(tmp_path: Path, make: Any, message: str) -> None:
     import keras

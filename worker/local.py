@@ -26,7 +26,6 @@ class LocalModel:
         self.rule = rule
         self._names = list(names)
         self._optimizer: Optimizer = make_optimizer(rule.optimizer)
-        self._lr = rule.optimizer.learning_rate
         self._elastic = rule.outer.elastic_pull()
         self.values: list[Array] = []  # the local model, in `names` order (empty until `start`)
         self._slots: list[Slots] = []
@@ -47,12 +46,13 @@ class LocalModel:
 
     def step(self, grads: Sequence[Gradient]) -> None:
         """One local step of the worker's optimizer on the local model."""
+        lr = self.rule.optimizer.rate_at(self._steps)
         self._steps += 1
         for value, grad, slots in zip(self.values, grads, self._slots, strict=True):
             if isinstance(grad, SparseRows):
-                self._optimizer.apply_sparse(value, grad.indices, grad.values, slots, self._lr, self._steps)
+                self._optimizer.apply_sparse(value, grad.indices, grad.values, slots, lr, self._steps)
             else:
-                self._optimizer.apply_dense(value, grad, slots, self._lr, self._steps)
+                self._optimizer.apply_dense(value, grad, slots, lr, self._steps)
 
     def delta(self, center: Mapping[str, Array]) -> list[Gradient]:
         """What the round pushes: w_pulled - w_local per variable (a new array each)."""

@@ -41,12 +41,18 @@ class OptimizerConfig:
     """Which update rule a shard applies, its base learning rate and hyperparameters.
 
     As a spec: `NAME:lr=LR[,KEY=VALUE...]` (`spec`, `parse`), the hyperparameters those of the
-    optimizer registered as NAME in OPTIMIZERS.
+    optimizer registered as NAME in OPTIMIZERS. A learning-rate schedule, Keras' ExponentialDecay, rides
+    beside them with the keys of SCHEDULE_KEYS (`decay_steps=N,decay_rate=R[,staircase=1]`, given as
+    hyperparameters too): the rate at update t is `lr * R ** (t / N)` (t / N floored with staircase), t the
+    shard's version (the updates it has applied), or a local optimizer's own step count.
     """
 
     name: str
     learning_rate: float
     params: Mapping[str, float] = field(default_factory=dict)
+    decay_steps: float = 0.0  # 0: a constant rate
+    decay_rate: float = 1.0
+    staircase: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -57,6 +63,7 @@ class OptimizerConfig:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
         if not isinstance(self.params, Mapping):
             raise ValueError(f"params must be a mapping, got {type(self.params).__name__}")
+        self._take_schedule()
         accepted = frozenset(p.key for p in OPTIMIZERS.entry(self.name).params)
         unknown = sorted(set(self.params) - accepted)
         if unknown:
@@ -72,26 +79,53 @@ class OptimizerConfig:
             {key: _check_hyperparameter(key, value) for key, value in self.params.items()},
         )
 
+    def _take_schedule(self) -> None:
+        """Move the schedule's keys given among the hyperparameters to their fields, and check them."""
+        given = {key: self.params[key] for key in SCHEDULE_KEYS if key in self.params}
+        if given:
+            object.__setattr__(self, "params", {k: v for k, v in self.params.items() if k not in SCHEDULE_KEYS})
+            object.__setattr__(self, "decay_steps", float(given.get("decay_steps", self.decay_steps)))
+            object.__setattr__(self, "decay_rate", float(given.get("decay_rate", self.decay_rate)))
+            object.__setattr__(self, "staircase", bool(given.get("staircase", self.staircase)))
+        steps, rate = _as_real("decay_steps", self.decay_steps), _as_real("decay_rate", self.decay_rate)
+        if steps < 0 or not 0 < rate <= 1 or (rate != 1 and steps == 0) or (steps and rate == 1):
+            raise ValueError(f"a learning-rate schedule needs decay_steps > 0 and decay_rate in (0, 1) together, "
+                             f"got decay_steps={self.decay_steps!r}, decay_rate={self.decay_rate!r}")
+
+    def rate_at(self, step: int) -> float:
+        """The learning rate at update `step` (0-based: the updates applied before this one)."""
+        if not self.decay_steps:
+            return self.learning_rate
+        exponent = step / self.decay_steps
+        return self.learning_rate * self.decay_rate ** (math.floor(exponent) if self.staircase else exponent)
+
     @property
     def spec(self) -> str:
-        """`name:lr=LR` and the given hyperparameters in key order; parse(spec) == self."""
+        """`name:lr=LR` and the given hyperparameters in key order (a schedule's keys last); parse(spec) == self."""
         items = [f"lr={format_value(self.learning_rate)}"]
         items += [f"{key}={format_value(value)}" for key, value in sorted(self.params.items())]
+        if self.decay_steps:
+            items += [f"decay_steps={format_value(self.decay_steps)}", f"decay_rate={format_value(self.decay_rate)}"]
+            items += ["staircase=1"] if self.staircase else []
         return f"{self.name}:{','.join(items)}"
 
     @classmethod
     def parse(cls, spec: str) -> OptimizerConfig:
         """The config a spec names (ValueError naming the kind, the spec and the valid forms)."""
-        name, texts = OPTIMIZERS.split(spec, extra=("lr",))
+        name, texts = OPTIMIZERS.split(spec, extra=("lr", *SCHEDULE_KEYS))
         usage = f"{name}:lr=FLOAT" + "".join(f"[,{p.usage()}]" for p in OPTIMIZERS.entry(name).params)
         try:
             if "lr" not in texts:
                 raise ValueError("the learning rate lr=FLOAT is required")
             numbers = {key: _spec_number(key, text) for key, text in texts.items()}
             lr = numbers.pop("lr")
-            return cls(name, lr, numbers)
+            return cls(name, lr, numbers)  # the schedule's keys leave the hyperparameters in __post_init__
         except ValueError as error:
             raise ValueError(f"optimizer {spec!r}: {error}; valid: {usage}") from None
+
+
+#: The keys of a learning-rate schedule (OptimizerConfig), accepted beside any optimizer's hyperparameters
+SCHEDULE_KEYS = ("decay_steps", "decay_rate", "staircase")
 
 
 def _spec_number(key: str, text: str) -> float:

@@ -408,7 +408,8 @@ _CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
 def compiled_optimizer(model: Any, keep_rate: bool = False) -> dict[str, Any]:
     """The run settings (optimizer, learning_rate, optimizer_params; clipnorm, global_clipnorm, clipvalue, which
     the workers apply) of a compiled model's optimizer, when the shards implement it ({} for an uncompiled
-    model); ValueError naming what they do not (another optimizer, weight decay, a learning-rate schedule).
+    model; an ExponentialDecay learning rate as the optimizer's schedule, asyncps.rules.optimizers); ValueError
+    naming what they do not (another optimizer, weight decay, another learning-rate schedule).
     `keep_rate`: the caller gives learning_rate itself."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or not getattr(model, "compiled", False):
@@ -418,8 +419,16 @@ def compiled_optimizer(model: Any, keep_rate: bool = False) -> dict[str, Any]:
     known = _SHARD_OPTIMIZERS.get(kind)
     problems = [f"{key}={config[key]}" for key in _NOT_ON_SHARDS if config.get(key)]
     rate = config.get("learning_rate")
-    if not isinstance(rate, (int, float)) and not keep_rate:
-        problems.append("a learning-rate schedule")
+    schedule: dict[str, float] = {}
+    if isinstance(rate, dict):  # a schedule: Keras' ExponentialDecay runs on the shards, by their version
+        if rate.get("class_name") == "ExponentialDecay" and not keep_rate:
+            decay = rate["config"]
+            rate = decay["initial_learning_rate"]
+            schedule = {"decay_steps": float(decay["decay_steps"]), "decay_rate": float(decay["decay_rate"]),
+                        **({"staircase": 1.0} if decay.get("staircase") else {})}
+        elif not keep_rate:
+            problems.append(f"a {rate.get('class_name', 'learning-rate')} schedule (ExponentialDecay runs on the "
+                            "shards)")
     if known is None or problems:
         what = f"{kind}" + (f" with {', '.join(problems)}" if problems else "")
         raise ValueError(f"asyncps.train: the model is compiled with {what}, which the shards do not implement "
@@ -431,7 +440,7 @@ def compiled_optimizer(model: Any, keep_rate: bool = False) -> dict[str, Any]:
     if kind == "SGD" and config.get("momentum"):
         name = "nesterov" if config.get("nesterov") else "momentum"
         params = {"momentum": float(f"{float(config['momentum']):.7g}")}
-    out: dict[str, Any] = {"optimizer": name, "optimizer_params": params}
+    out: dict[str, Any] = {"optimizer": name, "optimizer_params": {**params, **schedule}}
     out.update({key: float(config[key]) for key in _CLIPPING if config.get(key)})
     if not keep_rate:
         out["learning_rate"] = float(f"{float(rate):.7g}")  # Keras keeps it as float32: 0.05 -> 0.0500000007
