@@ -3,6 +3,8 @@ at values it is given (not the variables'), with embeddings' IndexedSlices as Sp
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from asyncps.worker.trainer import make_grad_fn
@@ -11,15 +13,20 @@ from asyncps.ml.models import build_model, loss_fn
 from asyncps.wire.codec import SparseRows
 
 
-@pytest.mark.parametrize("spec", ["mlp:16", "embedding"])
-def test_gradients_at_given_values_match_a_tape_over_assigned_variables(spec: str) -> None:
-    import tensorflow as tf
-
+def perturbed(spec: str) -> tuple[Any, list[np.ndarray], np.ndarray, np.ndarray]:
+    """A seeded model of `spec` over 12 ids and 3 classes, values away from its own, and a batch of 8."""
     model = build_model(spec, 12, 3, seed=1)
     rng = np.random.default_rng(0)
     values = [(v.numpy() + rng.standard_normal(v.shape).astype(np.float32)) for v in model.trainable_variables]
     x = rng.integers(0, 12, (8, 12)).astype(np.float32)
-    y = rng.integers(0, 3, 8)
+    return model, values, x, rng.integers(0, 3, 8)
+
+
+@pytest.mark.parametrize("spec", ["mlp:16", "embedding"])
+def test_gradients_at_given_values_match_a_tape_over_assigned_variables(spec: str) -> None:
+    import tensorflow as tf
+
+    model, values, x, y = perturbed(spec)
     loss, grads = make_grad_fn(model, loss_fn)(values, x, y)
 
     reference = build_model(spec, 12, 3, seed=1)
@@ -100,11 +107,7 @@ def test_clipping_bounds_the_gradients_as_keras_options_do(spec: str, clip: str)
     of them jointly; Clip(value=c): every element in [-c, c]. An embedding's gradient stays rows (SparseRows)."""
     from asyncps.worker.trainer import Clip
 
-    model = build_model(spec, 12, 3, seed=1)
-    rng = np.random.default_rng(0)
-    values = [(v.numpy() + rng.standard_normal(v.shape).astype(np.float32)) for v in model.trainable_variables]
-    x = rng.integers(0, 12, (8, 12)).astype(np.float32)
-    y = rng.integers(0, 3, 8)
+    model, values, x, y = perturbed(spec)
     _, plain = make_grad_fn(model, loss_fn)(values, x, y)
     dense = [g.values if isinstance(g, SparseRows) else g for g in plain]
     bound = 0.1 * min(float(np.linalg.norm(g)) for g in dense)  # below every norm: each one is clipped
