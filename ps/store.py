@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from asyncps.ps.keyed import KEYS, TOUCHED, KeyedRows
 from asyncps.ps.policy_state import ReadValues, RowState
 
 from asyncps.errors import (
@@ -58,6 +59,8 @@ from asyncps.wire.shard import DropReason, PushOutcome, RowStaleness, ShardValue
 
 #: The most rows one request may read of one part (a reply of 2^20 rows of 64 float32 is 256 MiB).
 MAX_ROWS_PER_READ = 1 << 20
+#: The consistency modes a keyed part trains in (a push applied as it arrives: see _check_keyed_rule).
+KEYED_MODES = ("async", "ssp")
 #: A row is hot (RowStaleness.hot_rows) when it took part in at least this share of its table's updates
 #: since its clock was made (before 1 / HOT_SHARE updates: in at least one): popularity as the shard sees it,
 #: whatever the ids' numbering
@@ -102,6 +105,7 @@ class _Variable:
     clock: npt.NDArray[np.int64] | None = None
     clock_base: int = 0  # `updates` when the clock was made
     generated: TableSpec | None = None  # made by the shard from a row initializer (initialize)
+    keyed: KeyedRows | None = None  # a keyed part's key -> row (asyncps.ps.keyed): its rows are places
 
     def count_update(self, grad: Gradient) -> None:
         """Advance the row clocks of the rows an update touches (every row for a dense one)."""
@@ -113,6 +117,14 @@ class _Variable:
             self.clock += 1
 
 
+
+
+def _row_state(var: _Variable) -> dict[str, Array]:
+    """A variable's per-row state in a snapshot: its policy's, and a keyed part's keys (asyncps.ps.keyed)."""
+    state = var.policy_state.export()
+    if var.keyed is not None:
+        state.update(var.keyed.export())
+    return state
 
 
 def _state_shape(value: Array) -> tuple[int, ...]:
@@ -134,6 +146,30 @@ def _rows_read(seen: Gradient, rows: IndexArray, now: Array) -> Array:
     out: Array = np.where(found.reshape(-1, *([1] * (now.ndim - 1))), seen.values[at] if seen.indices.size else now,
                           now)
     return out
+
+
+def _check_keyed_rule(rule: UpdateRuleConfig, generated: Mapping[str, TableSpec]) -> None:
+    """InvalidArgumentError when a keyed part meets a rule it cannot serve: a push applies to a keyed part
+    at once (keys become places as it enters), so a mode that accumulates or decides steps (sync, the
+    K-variants) or a policy that corrects with the values read (they are kept by place) is refused."""
+    keyed = sorted(name for name, spec in generated.items() if spec.keyed)
+    if not keyed:
+        return
+    mode = rule.mode.partition(":")[0]
+    if mode not in KEYED_MODES:
+        raise InvalidArgumentError(f"{keyed}: keyed tables train in the modes {', '.join(KEYED_MODES)}, "
+                                   f"not {rule.mode!r}")
+    if rule.policy().needs_read_values:
+        raise InvalidArgumentError(f"{keyed}: keyed tables cannot use the staleness policy "
+                                   f"{rule.staleness_policy!r} (it corrects with the values read)")
+
+
+def _make_keyed(var: _Variable, spec: TableSpec, rows: KeyedRows | None = None) -> None:
+    """Make `var` a keyed part of `spec` (its rows: `rows`, or none yet), with its row clocks."""
+    var.generated = spec
+    var.keyed = rows if rows is not None else KeyedRows(spec.shape[0])
+    var.clock = np.zeros(spec.shape[0], dtype=np.int64)
+    var.clock_base = 0
 
 
 def _generate(name: str, spec: TableSpec) -> Array:
@@ -267,12 +303,15 @@ class ShardStore:
                                              f"not {run_id!r}")
                 self._check_same_init(rule, values, generated)
                 return False
+            _check_keyed_rule(rule, generated)
             optimizer = make_optimizer(rule.optimizer)
             made = {name: _generate(name, spec) for name, spec in generated.items()}
             variables = {name: _Variable(value=np.array(value, copy=True), slots=optimizer.init_slots(value))
                          for name, value in values.items()}
             for name, value in made.items():
                 variables[name] = _Variable(value=value, slots=optimizer.init_slots(value), generated=generated[name])
+                if generated[name].keyed:
+                    _make_keyed(variables[name], generated[name])
             self._vars = dict(sorted(variables.items()))
             self._optimizer = optimizer
             self._policy = rule.policy()
@@ -353,7 +392,7 @@ class ShardStore:
             if self._version > if_newer_than:
                 values = {}
                 for name, var in self._vars.items():
-                    if name in rows:
+                    if name in rows or var.keyed is not None:  # a keyed part is only ever read by keys
                         continue
                     if not var.shared:
                         var.value.flags.writeable = False
@@ -378,11 +417,21 @@ class ShardStore:
                 raise NotFoundError(f"rows asked of unknown variable {name!r} on shard {self.shard_index}")
             if var.value.ndim == 0:
                 raise InvalidArgumentError(f"{name}: a scalar has no rows to read")
-            check_row_ids(name, ids, var.value.shape[0], MAX_ROWS_PER_READ)
+            check_row_ids(name, ids, None if var.keyed is not None else var.value.shape[0], MAX_ROWS_PER_READ)
 
     @staticmethod
     def _read_rows(var: _Variable, ids: IndexArray) -> SparseRows:
-        """Rows `ids` of a variable with their clocks (copies; the variable's locks held)."""
+        """Rows `ids` of a variable with their clocks (copies; the variable's locks held); of a keyed part,
+        the rows of keys `ids`, those of keys it holds no row for made from its initializer (clock 0)."""
+        if var.keyed is not None:
+            assert var.generated is not None and var.clock is not None
+            places = var.keyed.find(ids)
+            held = places >= 0
+            values = np.empty((ids.size, *var.value.shape[1:]), dtype=var.value.dtype)
+            values[held] = var.value[places[held]]
+            values[~held] = var.generated.init.rows_at(ids[~held], var.value.shape[1:], var.value.dtype)
+            clocks = np.where(held, var.clock[np.maximum(places, 0)], 0)
+            return SparseRows(np.array(ids, copy=True), values, clocks)
         if var.clock is None:
             var.clock = np.zeros(var.value.shape[0], dtype=np.int64)
             var.clock_base = var.updates
@@ -517,6 +566,7 @@ class ShardStore:
             if repeated is not None:
                 return repeated
             staleness = version_now - base_version
+            grads = self._keys_to_places(grads)
             ages = self._row_ages(grads)
             rows = self._row_summary(ages, grads)
             admission = self._mode.admit(worker_id, base_version, version_now, ballot)
@@ -555,6 +605,32 @@ class ShardStore:
             self._version_cond.notify_all()
             return self._remember(worker_id, step, answer(PushOutcome(True, staleness, self._version,
                                                                       lr * part_scale, rows=rows)))
+
+    def _keys_to_places(self, grads: Mapping[str, Gradient]) -> Mapping[str, Gradient]:
+        """A push's gradients with the keys of keyed parts as their places, a place made for each new key
+        (its row the initializer's, its slots fresh, its clock 0: asyncps.ps.keyed); the locks held, the
+        push validated."""
+        if not any(self._vars[name].keyed is not None for name in grads):
+            return grads
+        assert self._optimizer is not None
+        out = dict(grads)
+        for name, grad in grads.items():
+            var = self._vars[name]
+            if var.keyed is None:
+                continue
+            assert isinstance(grad, SparseRows) and var.generated is not None and var.clock is not None
+            places, made, keys = var.keyed.places_for_push(grad.indices)
+            if made.size:
+                if var.shared:
+                    var.value = var.value.copy()
+                    var.shared = False
+                var.value[made] = var.generated.init.rows_at(keys, var.value.shape[1:], var.value.dtype)
+                fresh = self._optimizer.init_slots(var.value[:1])
+                for slot, array in var.slots.items():
+                    array[made] = fresh[slot][0]
+                var.clock[made] = 0
+            out[name] = SparseRows(places, grad.values, grad.clocks)
+        return out
 
     def _row_ages(self, grads: Mapping[str, Gradient]) -> dict[str, npt.NDArray[np.int64]]:
         """Per-row staleness of a push's parts (the locks of its variables held): for the rows of each sparse
@@ -690,7 +766,11 @@ class ShardStore:
                     f"{name}: sparse rows of shape {list(values.shape)} do not fit a variable "
                     f"of shape {list(shape)}"
                 )
-            if grad.indices.size and (grad.indices.min() < 0 or grad.indices.max() >= shape[0]):
+            if var.keyed is not None:  # keys of any value; no more distinct ones than the part keeps
+                if indices.dtype != np.int64:
+                    raise InvalidArgumentError(f"{name}: a keyed table's keys must be int64, got {indices.dtype}")
+                var.keyed.check_push(name, indices)
+            elif grad.indices.size and (grad.indices.min() < 0 or grad.indices.max() >= shape[0]):
                 raise InvalidArgumentError(f"{name}: sparse row index outside [0, {shape[0]})")
             clocks = grad.clocks
             if clocks is not None and (clocks.dtype != np.int64 or clocks.shape != indices.shape):
@@ -700,6 +780,9 @@ class ShardStore:
                 raise InvalidArgumentError(f"{name}: row clocks must be >= 0")
         else:
             values = grad
+            if var.keyed is not None:
+                raise InvalidArgumentError(f"{name}: a keyed table takes rows by key (a sparse gradient), not a "
+                                           "whole one")
             if values.shape != shape:
                 raise InvalidArgumentError(
                     f"{name}: gradient shape {list(values.shape)} != variable shape {list(shape)}"
@@ -791,7 +874,8 @@ class ShardStore:
                 values={n: v.value.copy() for n, v in self._vars.items()},
                 slots={n: {k: a.copy() for k, a in v.slots.items()} for n, v in self._vars.items()},
                 updates={n: v.updates for n, v in self._vars.items()}, run_id=self._run_id,
-                policy_state={n: state for n, v in self._vars.items() if (state := v.policy_state.export())},
+                policy_state={n: state for n, v in self._vars.items() if (state := _row_state(v))},
+                keyed={n: v.generated for n, v in self._vars.items() if v.keyed is not None and v.generated},
                 answers=self._answers.total, answers_by_worker=self._answers.by_worker(),
             )
 
@@ -815,11 +899,24 @@ class ShardStore:
             if set(slots) != set(expected) or any(a.shape != expected[k].shape for k, a in slots.items()):
                 raise InvalidArgumentError(
                     f"{name}: restored slots {sorted(slots)} do not fit {snap.rule.optimizer.name}")
-        unknown = sorted(set(snap.policy_state) - set(snap.values))
+        unknown = sorted((set(snap.policy_state) | set(snap.keyed)) - set(snap.values))
         if unknown:
-            raise InvalidArgumentError(f"policy state for unknown variables {unknown}")
-        policy_states = {name: RowState.load(name, _state_shape(value), snap.policy_state.get(name, {}))
-                         for name, value in snap.values.items()}
+            raise InvalidArgumentError(f"policy state or keys for unknown variables {unknown}")
+        _check_keyed_rule(snap.rule, snap.keyed)
+        keyed: dict[str, KeyedRows] = {}
+        policy_states: dict[str, RowState] = {}
+        for name, value in snap.values.items():
+            state = dict(snap.policy_state.get(name, {}))
+            own = {key: state.pop(key) for key in (KEYS, TOUCHED) if key in state}
+            spec = snap.keyed.get(name)
+            if spec is not None:
+                if not spec.keyed or value.shape != spec.shape or value.dtype != np.dtype(spec.dtype):
+                    raise InvalidArgumentError(f"{name}: restored values {value.dtype}{list(value.shape)} are not "
+                                               f"the keyed part {spec}")
+                keyed[name] = KeyedRows.load(name, spec.shape[0], own)
+            elif own:
+                raise InvalidArgumentError(f"{name}: restored keys for a part that is not keyed")
+            policy_states[name] = RowState.load(name, _state_shape(value), state)
         with self._init_lock, self._all_locks(), self._version_cond:
             self._vars = {
                 name: _Variable(value=np.array(value, copy=True),
@@ -829,6 +926,8 @@ class ShardStore:
             }
             for name, var in self._vars.items():
                 var.policy_state = policy_states[name]
+                if name in keyed:
+                    _make_keyed(var, snap.keyed[name], keyed[name])
             self._optimizer = optimizer
             self._policy = snap.rule.policy()
             self._mode = self._start_mode(snap.rule)

@@ -138,6 +138,7 @@ class GeneratedTable(google.protobuf.message.Message):
     SHAPE_FIELD_NUMBER: builtins.int
     ROW_START_FIELD_NUMBER: builtins.int
     INIT_FIELD_NUMBER: builtins.int
+    KEYED_FIELD_NUMBER: builtins.int
     name: builtins.str
     """the part"""
     dtype: asyncps.pb.tensor_pb2.DType.ValueType
@@ -145,6 +146,10 @@ class GeneratedTable(google.protobuf.message.Message):
     """the row of the whole table that is the part's first"""
     init: builtins.str
     """a row initializer spec, e.g. uniform:min=-0.05,max=0.05,seed=7"""
+    keyed: builtins.bool
+    """Rows kept by int64 key instead of by position (ps/keyed.py): shape[0] is the most rows the part
+    keeps, a row is made by the first push naming its key, the least recently pushed gives way
+    """
     @property
     def shape(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """the part's shape"""
@@ -157,8 +162,9 @@ class GeneratedTable(google.protobuf.message.Message):
         shape: collections.abc.Iterable[builtins.int] | None = ...,
         row_start: builtins.int = ...,
         init: builtins.str = ...,
+        keyed: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["dtype", b"dtype", "init", b"init", "name", b"name", "row_start", b"row_start", "shape", b"shape"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["dtype", b"dtype", "init", b"init", "keyed", b"keyed", "name", b"name", "row_start", b"row_start", "shape", b"shape"]) -> None: ...
 
 global___GeneratedTable = GeneratedTable
 
@@ -885,6 +891,7 @@ class SnapshotHeader(google.protobuf.message.Message):
     RUN_ID_FIELD_NUMBER: builtins.int
     ANSWERS_FIELD_NUMBER: builtins.int
     ANSWERS_BY_WORKER_FIELD_NUMBER: builtins.int
+    KEYED_FIELD_NUMBER: builtins.int
     version: builtins.int
     pushes_accepted: builtins.int
     pushes_dropped: builtins.int
@@ -901,6 +908,12 @@ class SnapshotHeader(google.protobuf.message.Message):
 
     @property
     def answers_by_worker(self) -> google.protobuf.internal.containers.ScalarMap[builtins.int, builtins.int]: ...
+    @property
+    def keyed(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___GeneratedTable]:
+        """The keyed parts with their specs (their keys and last pushes ride as the per-row tensors
+        policy/keyed.keys/NAME and policy/keyed.touched/NAME)
+        """
+
     def __init__(
         self,
         *,
@@ -913,9 +926,10 @@ class SnapshotHeader(google.protobuf.message.Message):
         run_id: builtins.str = ...,
         answers: builtins.int = ...,
         answers_by_worker: collections.abc.Mapping[builtins.int, builtins.int] | None = ...,
+        keyed: collections.abc.Iterable[global___GeneratedTable] | None = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["rule", b"rule"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["answers", b"answers", "answers_by_worker", b"answers_by_worker", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "updates", b"updates", "version", b"version"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["answers", b"answers", "answers_by_worker", b"answers_by_worker", "keyed", b"keyed", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "updates", b"updates", "version", b"version"]) -> None: ...
 
 global___SnapshotHeader = SnapshotHeader
 

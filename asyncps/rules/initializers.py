@@ -91,18 +91,30 @@ class RowInit:
         block = max(1, BLOCK_ELEMENTS // max(1, width))
         for first in range(start, stop, block):
             last = min(stop, first + block)
-            flat[first - start:last - start] = self._block(first, last, width)
+            flat[first - start:last - start] = self._block(np.arange(first, last, dtype=_U64), width)
         return out
 
-    def _block(self, first: int, last: int, width: int) -> npt.NDArray[np.float64]:
+    def rows_at(self, ids: npt.NDArray[np.int64], row_shape: tuple[int, ...], dtype: npt.DTypeLike) -> npt.NDArray[Any]:
+        """The rows of ids `ids` (any int64: a keyed table's keys), each of `row_shape`, in `dtype`: row k is
+        the same as `rows`' row k for k >= 0 (a negative id counts as its two's complement)."""
+        width = int(np.prod(row_shape, dtype=np.int64))
+        out = np.empty((ids.size, *row_shape), dtype=dtype)
+        flat = out.reshape(ids.size, width)
+        block = max(1, BLOCK_ELEMENTS // max(1, width))
+        counters = np.asarray(ids, dtype=np.int64).view(_U64)
+        for first in range(0, ids.size, block):
+            flat[first:first + block] = self._block(counters[first:first + block], width)
+        return out
+
+    def _block(self, rows: npt.NDArray[np.uint64], width: int) -> npt.NDArray[np.float64]:
         p = dict(self.params)
-        shape = (last - first, width)
+        shape = (rows.size, width)
         if self.kind == "zeros":
             return np.zeros(shape)
         if self.kind == "constant":
             return np.full(shape, p["value"])
-        counters = (np.arange(first, last, dtype=_U64)[:, None] * _U64(max(1, width))
-                    + np.arange(width, dtype=_U64)[None, :])
+        with np.errstate(over="ignore"):
+            counters = rows[:, None] * _U64(max(1, width)) + np.arange(width, dtype=_U64)[None, :]
         seed = int(p["seed"])
         if self.kind == "uniform":
             return p["min"] + (p["max"] - p["min"]) * _uniform(seed, counters, 0)
@@ -120,12 +132,17 @@ class RowInit:
 @dataclass(frozen=True)
 class TableSpec:
     """One part of a table a shard makes itself: its shape and dtype, the row of the whole table its
-    first row is, and the initializer."""
+    first row is, and the initializer.
+
+    A keyed part (`keyed`) holds rows by int64 key instead of by position: `shape[0]` is the most rows it
+    keeps (its bound), a row is made from the initializer (at its key) when a push first names it, and
+    the least recently pushed row gives up its place when the part is full (ps/store.py)."""
 
     shape: tuple[int, ...]
     dtype: str
     row_start: int
     init: RowInit
+    keyed: bool = False
 
     def make(self) -> npt.NDArray[Any]:
         """The part's values."""
@@ -136,6 +153,8 @@ class TableSpec:
                              "must be >= 0")
         if not np.issubdtype(np.dtype(self.dtype), np.floating):
             raise ValueError(f"a generated table is floating point, not {self.dtype}")
+        if self.keyed:  # no row yet: each is made at its key when a push first names it (zeros: pages unmade)
+            return np.zeros(self.shape, dtype=self.dtype)
         return self.init.rows(self.row_start, self.row_start + self.shape[0], self.shape[1:], self.dtype)
 
 

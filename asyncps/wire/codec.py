@@ -117,16 +117,17 @@ def rows_nbytes(rows: Mapping[str, SparseRows]) -> int:
                for r in rows.values())
 
 
-def check_row_ids(name: str, ids: Array, part_rows: int, max_rows: int) -> None:
+def check_row_ids(name: str, ids: Array, part_rows: int | None, max_rows: int) -> None:
     """The contract of a row read's ids for a part of `part_rows` rows: int64 [k], k <= max_rows,
-    strictly increasing (sorted, no duplicates), in [0, part_rows); else InvalidArgumentError."""
+    strictly increasing (sorted, no duplicates), in [0, part_rows) (any int64 for a keyed part's keys:
+    `part_rows` None); else InvalidArgumentError."""
     if ids.ndim != 1 or ids.dtype != np.int64:
         raise InvalidArgumentError(f"{name}: row ids must be int64 [k], got {ids.dtype} {list(ids.shape)}")
     if ids.size > max_rows:
         raise InvalidArgumentError(f"{name}: {ids.size} rows asked at once, at most {max_rows}")
     if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
         raise InvalidArgumentError(f"{name}: row ids must be strictly increasing (sorted, no duplicates)")
-    if ids.size and (ids[0] < 0 or ids[-1] >= part_rows):
+    if part_rows is not None and ids.size and (ids[0] < 0 or ids[-1] >= part_rows):
         raise InvalidArgumentError(f"{name}: row ids must lie in [0, {part_rows})")
 
 

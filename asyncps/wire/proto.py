@@ -234,7 +234,8 @@ def snapshot_header(snap: Snapshot, shard_index: int) -> ps_pb2.SnapshotHeader:
     return ps_pb2.SnapshotHeader(rule=rule_to_proto(snap.rule), version=snap.version,
                                  pushes_accepted=snap.accepted, pushes_dropped=snap.dropped,
                                  updates=snap.updates, shard_index=shard_index, run_id=snap.run_id,
-                                 answers=snap.answers, answers_by_worker=snap.answers_by_worker)
+                                 answers=snap.answers, answers_by_worker=snap.answers_by_worker,
+                                 keyed=generated_to_proto(snap.keyed))
 
 
 def snapshot_frames(
@@ -274,7 +275,7 @@ def snapshot_from_wire(header: ps_pb2.SnapshotHeader, tensors: dict[str, Gradien
     return Snapshot(rule=rule_from_proto(header.rule), version=header.version, accepted=header.pushes_accepted,
                     dropped=header.pushes_dropped, values=values, slots=slots, updates=dict(header.updates),
                     policy_state=policy_state, run_id=header.run_id, answers=header.answers,
-                    answers_by_worker=dict(header.answers_by_worker))
+                    answers_by_worker=dict(header.answers_by_worker), keyed=generated_from_proto(header.keyed))
 
 
 # -- the shard service's streams ---------------------------------------------------------------
@@ -334,7 +335,7 @@ def rows_of_request(assembler: TensorAssembler, kind: str) -> dict[str, IndexArr
 def generated_to_proto(generated: Mapping[str, TableSpec] | None) -> list[ps_pb2.GeneratedTable]:
     """The parts a shard makes itself, as InitializeHeader.generated."""
     return [ps_pb2.GeneratedTable(name=name, dtype=dtype_to_proto(np.dtype(spec.dtype)), shape=spec.shape,
-                                  row_start=spec.row_start, init=spec.init.spec)
+                                  row_start=spec.row_start, init=spec.init.spec, keyed=spec.keyed)
             for name, spec in (generated or {}).items()]
 
 
@@ -354,7 +355,10 @@ def generated_from_proto(tables: Iterable[ps_pb2.GeneratedTable]) -> dict[str, T
             init = RowInit.parse(table.init)
         except ValueError as exc:
             raise InvalidArgumentError(f"generated table {table.name}: {exc}") from None
-        out[table.name] = TableSpec(shape, dtype_from_proto(table.dtype).name, table.row_start, init)
+        if table.keyed and (len(shape) < 2 or shape[0] < 1):
+            raise InvalidArgumentError(f"generated table {table.name}: a keyed table keeps [bound >= 1, ...] rows, "
+                                       f"got shape {list(shape)}")
+        out[table.name] = TableSpec(shape, dtype_from_proto(table.dtype).name, table.row_start, init, table.keyed)
     return out
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from asyncps.rules import UpdateRuleConfig
 from asyncps.rules.drops import DropReason
+from asyncps.rules.initializers import TableSpec
 from asyncps.rules.sync.types import Ballot, Decisions
 from asyncps.wire.codec import Array, Gradient, SparseRows
 
@@ -124,6 +125,8 @@ class Snapshot:
     policy_state: dict[str, dict[str, Array]] = field(default_factory=dict)
     answers: int = 0  # the answers to pushes the state had given, in all and by worker index
     answers_by_worker: dict[int, int] = field(default_factory=dict)
+    # the keyed parts (asyncps.ps.keyed) with their specs: their keys ride in policy_state, by row
+    keyed: dict[str, TableSpec] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
