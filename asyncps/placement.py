@@ -2,7 +2,9 @@
 
 Variables are spread over shards by size (largest first onto the least-loaded shard); a variable
 larger than the slice threshold is cut along axis 0 into one slice per shard so that no single
-large matrix makes one shard the bottleneck.
+large matrix makes one shard the bottleneck. A keyed table (rows by int64 key: ps/keyed.py) is cut into
+one part per shard whatever its size, each keeping its share of the table's rows, and a key's row lives
+in part `mix64(key) % parts` (`Placement.row_parts`): the same keys go to the same shard in every process.
 """
 
 from __future__ import annotations
@@ -12,8 +14,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 DEFAULT_SLICE_THRESHOLD_BYTES = 256 * 1024
+_U64 = np.uint64
+
+
+def mix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """splitmix64's finalizer: a bijection of uint64 whose outputs pass as independent uniform bits."""
+    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
+    return x ^ (x >> _U64(31))
+
+
+def key_parts(keys: npt.NDArray[np.int64], parts: int) -> npt.NDArray[np.int64]:
+    """The part (0 .. parts-1) of a keyed table that holds each key's row."""
+    with np.errstate(over="ignore"):
+        out: npt.NDArray[np.int64] = (mix64(np.asarray(keys, dtype=np.int64).view(_U64)) % _U64(parts)).astype(np.int64)
+    return out
 
 
 @dataclass(frozen=True)
@@ -23,6 +41,7 @@ class VariableSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    keyed: bool = False  # rows by int64 key, shape[0] the most the table keeps (ps/keyed.py)
 
     @property
     def nbytes(self) -> int:
@@ -40,10 +59,15 @@ class Part:
     row_start: int
     row_stop: int
     sliced: bool
+    keyed: bool = False  # holds the rows of the keys routed to it (key_parts), not rows [row_start, row_stop)
 
     def rows(self) -> slice:
-        """The axis-0 slice of the full variable this part holds."""
+        """The axis-0 slice of the full variable this part holds (of a keyed part: the rows it keeps)."""
         return slice(self.row_start, self.row_stop)
+
+    def ids_of(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Ids of the whole table as this part's: a keyed part takes keys as they are."""
+        return ids if self.keyed else ids - self.row_start
 
 
 @dataclass(frozen=True)
@@ -61,6 +85,19 @@ class Placement:
     def parts_of(self, variable: str) -> tuple[Part, ...]:
         """The parts a variable is split into, in row order."""
         return tuple(p for p in self.parts if p.variable == variable)
+
+    def row_parts(self, variable: str, ids: npt.NDArray[np.int64]) -> list[tuple[Part, npt.NDArray[np.int64]]]:
+        """Each part of `variable` with the positions in `ids` (sorted, distinct ids of the whole table) of the
+        rows it holds: by row range, or for a keyed table by key_parts."""
+        parts = self.parts_of(variable)
+        if parts and parts[0].keyed:
+            which = key_parts(ids, len(parts))
+            return [(part, np.flatnonzero(which == i)) for i, part in enumerate(parts)]
+        out = []
+        for part in parts:
+            lo, hi = np.searchsorted(ids, [part.row_start, part.row_stop])
+            out.append((part, np.arange(lo, hi, dtype=np.int64)))
+        return out
 
     def without(self, variables: Iterable[str]) -> Placement:
         """The same placement with some variables left out (tables a worker reads by rows: no buffer)."""
@@ -101,15 +138,18 @@ def place(
     whole: list[VariableSpec] = []
     for spec in specs:
         rows = spec.shape[0] if spec.shape else 0
-        if num_shards > 1 and spec.nbytes > slice_threshold_bytes and rows >= num_shards:
+        if spec.keyed and rows < num_shards:
+            raise ValueError(f"{spec.name}: a keyed table keeps at least one row per shard, not {rows} over "
+                             f"{num_shards}")
+        if spec.keyed or (num_shards > 1 and spec.nbytes > slice_threshold_bytes and rows >= num_shards):
             bounds = np.linspace(0, rows, num_shards + 1).round().astype(int)
             first = _stable_hash(spec.name) % num_shards
             row_bytes = spec.nbytes // rows
             for i in range(num_shards):
                 shard = (first + i) % num_shards
                 start, stop = int(bounds[i]), int(bounds[i + 1])
-                parts.append(Part(spec.name, f"{spec.name}/part{i}of{num_shards}", shard,
-                                  start, stop, True))
+                name = f"{spec.name}/part{i}of{num_shards}" if num_shards > 1 else spec.name
+                parts.append(Part(spec.name, name, shard, start, stop, True, spec.keyed))
                 load[shard] += row_bytes * (stop - start)
         else:
             whole.append(spec)

@@ -34,6 +34,9 @@ def build_worker_model(run: RunConfig) -> tuple[Dataset, Any, SparseModel | None
     which compute before the rows are known) the model as build_run_model builds it and None."""
     if run.row_pull == "off" or run.pipeline or run.local_steps > 1:
         data, model = build_run_model(run)
+        why = ("--row-pull off" if run.row_pull == "off" else "--pipeline" if run.pipeline
+               else f"--local-steps {run.local_steps}")
+        _refuse_keyed(model, f"with {why}, which reads every table whole")
         return data, model, None
     from asyncps.ml.datasets import load_dataset
     from asyncps.ml.models import build_model
@@ -61,6 +64,8 @@ def build_chief_model(run: RunConfig, eval_batch: int) -> tuple[Dataset, Any, Sp
 
     if run.row_pull == "off" or run.model.startswith(KERAS_PREFIX):
         data, model = build_run_model(run)
+        _refuse_keyed(model, "with --row-pull off, which reads every table whole" if run.row_pull == "off" else
+                      "from a saved model (asyncps.train): give a model:function that builds it")
         return data, model, None, {}
     from asyncps.ml.datasets import load_dataset
     from asyncps.ml.models import build_model
@@ -74,6 +79,15 @@ def build_chief_model(run: RunConfig, eval_batch: int) -> tuple[Dataset, Any, Sp
         initialize(model)
         return data, model, None, {}
     return data, sparse.model, sparse, _unknown_tables(model, sparse)
+
+
+def _refuse_keyed(model: Any, why: str) -> None:
+    """ValueError when a model built whole has a HashEmbedding (its table lives on the shards by key only)."""
+    from asyncps.ml.sparse import has_keyed_table
+
+    if has_keyed_table(model):
+        raise ValueError(f"a model with a HashEmbedding cannot train {why}: its table lives on the shards by key "
+                         "and is read by rows only")
 
 
 def _unknown_tables(model: Any, sparse: SparseModel) -> dict[str, Any]:

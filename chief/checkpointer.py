@@ -61,7 +61,7 @@ def generated_parts(placement: Placement, shard: int, tables: Mapping[str, RowIn
         if init is not None:
             spec = specs[part.variable]
             shape = (part.row_stop - part.row_start, *spec.shape[1:]) if part.sliced else tuple(spec.shape)
-            out[part.name] = TableSpec(shape, spec.dtype, part.row_start if part.sliced else 0, init)
+            out[part.name] = TableSpec(shape, spec.dtype, part.row_start if part.sliced else 0, init, part.keyed)
     return out
 
 
@@ -179,10 +179,18 @@ class Checkpointer:
 
         client = self._client.shards[shard]
         rule = self._run.update_rule()
+        # keyed tables' parts (their keys ride as per-row state): a key's shard depends on the shard count
+        keyed = {name: spec for name, spec in self._generated(shard).items() if spec.keyed}
+        taken_over = len(ckpt.manifest["shard_versions"])
+        if keyed and taken_over != self._placement.num_shards:
+            tables = sorted({p.variable for p in self._placement.parts if p.keyed})
+            raise ShardStateError(f"{ckpt.path.name} was taken over {taken_over} shards: its keyed tables {tables} "
+                                  "restore onto as many shards only (a key's shard depends on the count)")
         if not ckpt.files:
-            snap = dataclasses.replace(split(self._placement, ckpt, rule)[shard], run_id=self.run_id)
+            snap = dataclasses.replace(split(self._placement, ckpt, rule)[shard], run_id=self.run_id, keyed=keyed)
             return client.restore(snap, shard), snap
-        snap = dataclasses.replace(split_counters(self._placement, ckpt, rule)[shard], run_id=self.run_id)
+        snap = dataclasses.replace(split_counters(self._placement, ckpt, rule)[shard], run_id=self.run_id,
+                                   keyed=keyed)
         chunk = self._run.chunk_bytes
         return client.restore_stream(snap, shard, lambda: part_slices(self._placement, ckpt, shard, chunk)), snap
 

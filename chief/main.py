@@ -421,6 +421,11 @@ class Chief:
         if sparse is None:
             export_model(self.model.keras, self.config)
             return
+        keyed = [t.layer for t in sparse.tables if t.keyed]
+        if keyed:
+            log.warning("no model.keras: the HashEmbedding tables %s live on the shards by key (their rows are in the "
+                        "checkpoints, a Keras table cannot hold them)", keyed)
+            return
         table_bytes = sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in sparse.tables)
         if table_bytes > EXPORT_TABLE_BYTES:
             log.warning("no model.keras: the tables (%.0f MB) only the shards hold are larger than the %d MB the "

@@ -4,7 +4,9 @@ checkpoint streamed part by part; the run finishes and its accounting closes as 
 `asyncps local` (real chief, shards, workers) with the recommendation model over 300,000 rows on two
 shards: the chief makes no table (the shards make theirs from its row initializer), evaluates by rows,
 checkpoints every 2 s into one file per whole tensor; ps-0 is SIGKILLed after the first checkpoint,
-restarted by the launcher and restored by the chief (its part streamed from the files).
+restarted by the launcher and restored by the chief (its part streamed from the files). The same with the
+table keyed (a HashEmbedding over hashed ids: rows by key, fewer kept than there are ids, so the least
+recently pushed give way), whose keys are restored with their rows.
 """
 
 from __future__ import annotations
@@ -23,14 +25,21 @@ from tests.test_cut_survives import wait_for
 pytestmark = pytest.mark.slow
 
 ROWS = 300_000
-ARGS = ("--dataset", f"recsys:rows={ROWS}", "--model", f"recsys:rows={ROWS}", "--num-workers", "2", "--num-ps", "2",
-        "--optimizer", "adagrad", "--learning-rate", "0.05", "--batch-size", "64", "--max-updates", "3000",
-        "--epochs", "50", "--checkpoint-every-s", "2", "--eval-every-s", "5", "--seed", "3")
+COMMON = ("--num-workers", "2", "--num-ps", "2", "--optimizer", "adagrad", "--learning-rate", "0.05", "--batch-size",
+          "64", "--epochs", "50", "--checkpoint-every-s", "2", "--eval-every-s", "5", "--seed", "3")
+RUNS = {
+    "positional": (3000, ("--dataset", f"recsys:rows={ROWS}", "--model", f"recsys:rows={ROWS}")),
+    # 300,000 hashed ids into a keyed table keeping 200,000 rows
+    "keyed": (1500, ("--dataset", f"recsys:rows={ROWS},hashed=1", "--model", "recsys:rows=200000,keyed=1")),
+}
 
 
-def test_a_killed_shard_holding_part_of_a_big_table_is_restored_and_the_run_finishes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("table", sorted(RUNS))
+def test_a_killed_shard_holding_part_of_a_big_table_is_restored_and_the_run_finishes(tmp_path: Path,
+                                                                                     table: str) -> None:
     run_dir = tmp_path / "run"
-    proc = start_local(run_dir, *ARGS)
+    updates, args = RUNS[table]
+    proc = start_local(run_dir, *args, *COMMON, "--max-updates", str(updates))
     try:
         checkpoints = CheckpointDir(RunDir(run_dir).checkpoints)
         wait_for("a checkpoint", checkpoints.complete, proc, timeout_s=180)
@@ -49,8 +58,10 @@ def test_a_killed_shard_holding_part_of_a_big_table_is_restored_and_the_run_fini
     assert "abandoned" not in log and "Traceback" not in log, log[-4000:]
     latest = checkpoints.complete()[-1]
     assert CheckpointNames.tensors(latest).is_dir() and not CheckpointNames.arrays(latest).exists()
+    keys = [p.name for p in CheckpointNames.tensors(latest).iterdir() if "keyed.keys" in p.name]
+    assert len(keys) == (table == "keyed"), keys
     summary = RunSummary.load(run_dir)
-    assert summary.updates_applied >= 3000, out[-3000:]
+    assert summary.updates_applied >= updates, out[-3000:]
     assert summary.data["tasks_done"] == summary.data["tasks_planned"] or summary.stop_reason, summary.data
     assert sum(c.rows_taken_back for c in summary.shards) >= 0
     for counts in summary.shards:  # as tests/test_chaos.py: every push row against the shard's own answers

@@ -222,3 +222,28 @@ def test_split_for_shards_reassembles_exactly(num_shards: int) -> None:
         rebuilt[spec.name] = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
         assert rebuilt[spec.name].tobytes() == values[spec.name].tobytes(), spec.name
         assert rebuilt[spec.name].shape == values[spec.name].shape
+
+
+def test_a_keyed_table_has_one_part_per_shard_and_each_key_one_part() -> None:
+    from asyncps.placement import key_parts
+
+    spec = VariableSpec("t", (1000, 4), keyed=True)
+    placement = place([spec, VariableSpec("b", (3,))], 3)
+    parts = placement.parts_of("t")
+    assert [p.keyed for p in parts] == [True] * 3 and sorted(p.shard for p in parts) == [0, 1, 2]
+    assert sum(p.row_stop - p.row_start for p in parts) == 1000  # each keeps its share of the table's rows
+    keys = np.unique(np.random.default_rng(0).integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, 5000))
+    routed = placement.row_parts("t", keys)
+    positions = np.concatenate([at for _, at in routed])
+    assert sorted(positions.tolist()) == list(range(keys.size))  # every key once
+    assert min(at.size for _, at in routed) > 1500  # the hash spreads them
+    for i, (part, at) in enumerate(routed):
+        assert part is parts[i] and (key_parts(keys[at], 3) == i).all()
+        np.testing.assert_array_equal(part.ids_of(keys[at]), keys[at])  # keys go as they are
+    single = place([spec], 1).parts_of("t")
+    assert len(single) == 1 and single[0].keyed and single[0].name == "t"
+
+
+def test_a_keyed_table_with_fewer_rows_than_shards_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one row per shard"):
+        place([VariableSpec("t", (2, 4), keyed=True)], 3)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from asyncps.ps.store import MAX_ROWS_PER_READ
 
-from asyncps.errors import AsyncpsError, InvalidArgumentError, NotFoundError
+from asyncps.errors import AsyncpsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from asyncps.pb import ps_pb2, tensor_pb2
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rules.initializers import RowInit, TableSpec
@@ -490,3 +490,62 @@ def test_a_pull_reply_frame_carries_rows_after_the_values(shard: ShardProcess) -
     assert [(c.name, c.role) for c in chunks if c.name == "embed"] == [
         ("embed", tensor_pb2.SPARSE_VALUES), ("embed", tensor_pb2.ROW_CLOCKS)]
     assert {c.name for c in chunks if c.role == tensor_pb2.DENSE} == {"w", "b"}
+
+
+# ------------------------------------------------------------------------------ keyed tables
+
+
+@pytest.fixture(scope="module")
+def keyed_shard(module_shard_factory: ShardLauncher) -> ShardProcess:
+    """A shard holding a keyed table of 4 rows (asyncps.ps.keyed) beside a dense bias."""
+    process = module_shard_factory(1)[0]
+    control = GrpcShardTransport(process.address, deadline_s=CALL_TIMEOUT_S)
+    spec = TableSpec((4, 2), "float32", 0, RowInit.parse("uniform:min=-1,max=1,seed=9"), keyed=True)
+    assert control.initialize("chief", 0, 1, RULE, {"b": np.zeros(3, np.float32)}, generated={"keys": spec}).created
+    control.close()
+    return process
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_keyed_table_takes_keys_of_any_value_and_refuses_a_push_past_its_bound(
+        keyed_shard: ShardProcess, transport: str) -> None:
+    """Over each path: a read serves a key's initializer row, a push makes and trains rows by key; a push of more
+    distinct keys than the part keeps is RESOURCE_EXHAUSTED, one of int32 keys or a whole gradient
+    INVALID_ARGUMENT, each changing nothing, and the honest worker is served after."""
+    big = np.iinfo(np.int64)
+    keys = np.array([big.min, -7, 1 << 40, big.max], np.int64)
+    client = connect_shard(keyed_shard.address, deadline_s=CALL_TIMEOUT_S, transport=transport)
+    probe = GrpcShardTransport(keyed_shard.address, deadline_s=CALL_TIMEOUT_S)
+    buffers = {"b": np.zeros(3, np.float32)}
+    try:
+        read = client.pull("w", -1, buffers, rows={"keys": keys}).rows
+        assert read is not None
+        on_its_path(client, transport)
+        made = RowInit.parse("uniform:min=-1,max=1,seed=9").rows_at(keys, (2,), np.float32)
+        before = probe.pull("probe", -1, rows={"keys": keys})
+        assert before.rows is not None
+        if transport == "grpc":  # the first path: the rows are still the initializer's
+            np.testing.assert_array_equal(before.rows["keys"].values, made)
+        version = before.version
+        hostile: list[tuple[dict[str, Any], type[AsyncpsError], str]] = [
+            ({"keys": SparseRows(np.arange(5, dtype=np.int64), np.ones((5, 2), np.float32))},
+             ResourceExhaustedError, "5 distinct keys, more than the 4 rows"),
+            ({"keys": SparseRows(np.array([1], np.int32), np.ones((1, 2), np.float32))},
+             InvalidArgumentError, "must be int64"),
+            ({"keys": np.ones((4, 2), np.float32)}, InvalidArgumentError, "takes rows by key"),
+        ]
+        for grads, error, message in hostile:
+            with pytest.raises(error, match=message):
+                client.push(PushRequest("evil", version, grads))
+            after = probe.pull("probe", -1, rows={"keys": keys})
+            assert after.version == version and after.rows is not None
+            np.testing.assert_array_equal(after.rows["keys"].values, before.rows["keys"].values)
+        outcome = client.push(PushRequest("w", version, {"keys": SparseRows(keys, np.ones((4, 2), np.float32),
+                                                                            read["keys"].clocks)}))
+        assert outcome.accepted
+        trained = probe.pull("probe", -1, rows={"keys": keys}).rows
+        assert trained is not None
+        np.testing.assert_allclose(trained["keys"].values, before.rows["keys"].values - 1.0)
+    finally:
+        probe.close()
+        client.close()

@@ -190,3 +190,59 @@ def test_a_model_that_cannot_be_built_without_its_tables_is_built_with_them(tmp_
     model.save(path)
     sparse = plan(build_deferred(lambda: build_model(f"keras:{path}", 4, 2)), batch_size=8)
     assert sparse is not None and sparse.tables[0].shape == (100, 8)
+
+
+def hash_model(rows: int) -> Any:
+    """ids_model with its table a HashEmbedding (keyed on the shards) of at most `rows` rows."""
+    from asyncps.ml.sparse import HashEmbedding
+
+    inputs = keras.Input((4,), dtype="int64", name="ids")
+    x = HashEmbedding(rows, 8, embeddings_initializer=keras.initializers.RandomUniform(-0.1, 0.1, seed=3),
+                      name="table")(inputs)
+    x = keras.layers.Flatten(name="flat")(x)
+    x = keras.layers.Dense(16, activation="relu", kernel_initializer=keras.initializers.GlorotUniform(seed=4),
+                           name="hidden")(x)
+    logits = keras.layers.Dense(2, kernel_initializer=keras.initializers.GlorotUniform(seed=5), name="logits")(x)
+    return keras.Model(inputs, logits, name="hash_model")
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adagrad", "adam"])
+def test_a_keyed_table_trains_exactly_what_a_whole_table_of_the_same_rows_trains(shards: int, optimizer: str) -> None:
+    """Keys 0..299 into a HashEmbedding with room for every key: rows made at their keys by the shards, trained by
+    key, end where a positional table starting from the same rows ends."""
+    from asyncps.chief.checkpointer import generated_parts
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 300, size=(64, 4)).astype(np.int64)
+    y = rng.integers(0, 2, size=64).astype(np.int64)
+    sparse = plan(build_deferred(lambda: hash_model(300 * shards)), batch_size=16)
+    assert sparse is not None and sparse.tables[0].keyed and sparse.tables[0].init is not None
+    init = sparse.tables[0].init
+    whole_model = ids_model(300)
+    start = {v.path: np.array(v.numpy()) for v in whole_model.trainable_variables}
+    start["table/embeddings"] = init.rows(0, 300, (8,), np.float32)  # what the shards make at keys 0..299
+    whole, _ = train(whole_model, None, start, shards, optimizer, x, y)
+
+    placement = place(sparse.specs(), shards, slice_threshold_bytes=1024)
+    assert all(p.keyed for p in placement.parts_of("table/embeddings"))
+    rule = UpdateRuleConfig(OptimizerConfig(optimizer, 0.05))
+    paths = []
+    for index, part in enumerate(split_for_shards(placement, start)):
+        store = ShardStore(index)
+        store.initialize(rule, {k: np.ascontiguousarray(v) for k, v in part.items() if not k.startswith("table/")},
+                         generated=generated_parts(placement, index, {"table/embeddings": init}))
+        paths.append(StorePath(store))
+    client = ModelClient("w", paths, placement, row_variables=["table/embeddings"])  # type: ignore[arg-type]
+    names = [v.path for v in sparse.model.trainable_variables]
+    trainer = Trainer(client, names, make_grad_fn(sparse.model, loss_fn, fed=sparse.fed), BatchStream(x, y, 16, seed=1),
+                      StepDelay(NoDelay()), Telemetry(), sparse=sparse)
+    trainer.run(threading.Event(), max_steps=12)
+    assert not any("table/" in n for p in paths for n in p.whole_reads), "a keyed table was sent whole"
+    client.pull(rows={"table/embeddings": np.arange(300, dtype=np.int64)})
+    np.testing.assert_allclose(client.rows["table/embeddings"].values, whole["table/embeddings"], rtol=1e-5,
+                               atol=1e-6)
+    for name in whole:
+        if name != "table/embeddings":
+            np.testing.assert_allclose(client.values[name], whole[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert not np.array_equal(whole["table/embeddings"], start["table/embeddings"])

@@ -21,6 +21,7 @@ import numpy as np
 from asyncps.ml.specs import DATASET_NAMES as DATASET_NAMES  # re-exported: the names load_dataset takes
 from asyncps.ml.specs import DATASET_PREFIXES, NPZ_PREFIX, RECSYS, SYNTHETIC_PREFIX, parse_recsys_data, valid_datasets
 from asyncps.ml.userfns import call_with_accepted, is_function_spec, load_function
+from asyncps.placement import mix64
 
 # the dataset specs accepted by load_dataset are checked in asyncps.ml.specs (no TensorFlow)
 #: the digits table in asyncps/ml/data: 64 pixel columns (0..16) and the label, one row per image
@@ -49,6 +50,7 @@ class Dataset:
     image_shape: tuple[int, ...] | None  # (h, w, c) for images, None otherwise
     optimal_loss: float | None = None  # synthetic-logreg only: min mean training cross-entropy
     num_ids: int | None = None  # int64 x: the id space [0, num_ids) (None: one past the largest id present)
+    keyed_ids: bool = False  # int64 x are keys of any value (hashed ids; num_ids: how many distinct there are)
     w_train: np.ndarray | None = None  # float32 [n] loss weights of the training examples (None: all 1)
 
     def __post_init__(self) -> None:
@@ -81,8 +83,10 @@ class Dataset:
     def _check_ids(self) -> None:
         """Integer features are ids: none negative, all inside num_ids when it is given."""
         if self.x_train.dtype != np.int64:
-            if self.num_ids is not None:
-                raise ValueError("num_ids is for int64 ids; x is float32")
+            if self.num_ids is not None or self.keyed_ids:
+                raise ValueError("num_ids and keyed_ids are for int64 ids; x is float32")
+            return
+        if self.keyed_ids:  # keys: any int64
             return
         low = min(int(self.x_train.min(initial=0)), int(self.x_test.min(initial=0)))
         if low < 0:
@@ -96,6 +100,8 @@ class Dataset:
         """Rows an id table needs for int64 x: num_ids, else one past the largest id present (0 for float x)."""
         if self.x_train.dtype != np.int64:
             return 0
+        if self.keyed_ids:  # keys have no id space: the distinct ids there are (0: unknown)
+            return self.num_ids or 0
         return self.num_ids if self.num_ids is not None else 1 + _largest_id(self.x_train, self.x_test)
 
     @property
@@ -433,6 +439,8 @@ def _make_synthetic_classification(spec: str, seed: int) -> Dataset:
 #: standard deviation near 2.4, so labels follow the ids clearly (Bayes accuracy ~0.8) and stay noisy.
 RECSYS_WEIGHT_SCALE = 1.5
 _MASK64 = (1 << 64) - 1
+#: recsys with hashed=1: the salt of the ids' hash (any constant: the keys only need to look like hashes)
+HASHED_SALT = 0x5DEECE66D
 
 
 def make_recsys(spec: str, seed: int) -> Dataset:
@@ -449,8 +457,11 @@ def make_recsys(spec: str, seed: int) -> Dataset:
     ids = scatter_ranks(ranks, cfg.rows)
     logits = RECSYS_WEIGHT_SCALE * hidden_id_weights(ids, seed).sum(axis=1)
     y = (rng.random(n) < _sigmoid(logits)).astype(np.int64)
+    if cfg.hashed:  # each id as a 64-bit hash of it (a bijection: as many distinct keys as ids)
+        ids = mix64(ids.astype(np.uint64) ^ np.uint64(HASHED_SALT)).view(np.int64)
     return Dataset(name=spec, x_train=ids[:cfg.train], y_train=y[:cfg.train], x_test=ids[cfg.train:],
-                   y_test=y[cfg.train:], num_classes=2, image_shape=None, num_ids=cfg.rows)
+                   y_test=y[cfg.train:], num_classes=2, image_shape=None, num_ids=cfg.rows,
+                   keyed_ids=bool(cfg.hashed))
 
 
 def zipf_ranks(rng: np.random.Generator, shape: tuple[int, ...], rows: int, exponent: float) -> np.ndarray:

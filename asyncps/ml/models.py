@@ -420,10 +420,16 @@ def _recsys(spec: str, num_features: int, num_classes: int, id_rows: int, init: 
     if rows < 1:
         raise ValueError(f"model {spec!r} needs rows=R, or a dataset of int64 ids (e.g. recsys:rows=R) to "
                          "take them from")
-    if rows < id_rows:
-        raise ValueError(f"model {spec!r} has {rows} rows but the data's ids need {id_rows}")
     inputs = keras.Input(shape=(num_features,), dtype="int64", name="ids")
-    x = keras.layers.Embedding(rows, cfg.dim, embeddings_initializer=init.uniform(0.05), name="id_embedding")(inputs)
+    if cfg.keyed:  # rows by key on the shards, at most `rows` kept (fewer than the ids: the least recent give way)
+        from asyncps.ml.sparse import HashEmbedding
+
+        table = HashEmbedding(rows, cfg.dim, embeddings_initializer=init.uniform(0.05), name="id_embedding")
+    elif rows < id_rows:
+        raise ValueError(f"model {spec!r} has {rows} rows but the data's ids need {id_rows}")
+    else:
+        table = keras.layers.Embedding(rows, cfg.dim, embeddings_initializer=init.uniform(0.05), name="id_embedding")
+    x = table(inputs)
     x = keras.layers.Flatten(name="flatten")(x)
     x = _dense(RECSYS_HIDDEN, "hidden", init, activation="relu")(x)
     return keras.Model(inputs=inputs, outputs=_dense(num_classes, "logits", init)(x), name=RECSYS)

@@ -13,6 +13,10 @@ is pushed as rows of the whole table, with the clocks the rows were read at (per
 The variables keep their paths, so placement, checkpoints and the chief see the whole tables: a
 table's spec is its full shape (`SparseModel.specs`), its rows partitioned over the shards like any
 large variable. Models this cannot clone (subclassed ones) train with their tables pulled whole.
+
+A `HashEmbedding` is the same with ids of any int64 value (hashed user or item ids): its table is keyed
+on the shards (ps/keyed.py: a row made by the first push naming its key, the least recently pushed
+evicted past `rows`), so it is only ever read by rows; a model that cannot be read by rows is refused.
 """
 
 from __future__ import annotations
@@ -74,6 +78,49 @@ class LocalRows(keras.layers.Layer):  # type: ignore[misc]  # keras is untyped
         return {**super().get_config(), "capacity": self.capacity, "output_dim": self.output_dim}
 
 
+@keras.saving.register_keras_serializable(package="asyncps")
+class HashEmbedding(keras.layers.Embedding):  # type: ignore[misc]  # keras is untyped
+    """An Embedding looked up by int64 ids of any value (hashed user or item ids, no vocabulary), whose table
+    asyncps keeps on the shards by key: `rows` is the most rows it keeps over all shards (each shard its
+    share; past it the least recently trained row gives way), `output_dim` a row's width. A key's row is
+    made from `embeddings_initializer` (one the shards can make: uniform, normal, truncated normal,
+    constant or zeros) when a push first names it.
+
+    Outside asyncps (a plain Keras fit or predict) it is the hashing trick: key mod `rows` picks a row of a
+    table of `rows` rows."""
+
+    def __init__(self, rows: int, output_dim: int, **kwargs: Any) -> None:
+        kwargs.pop("input_dim", None)  # from_config: rows is the table's input_dim
+        if kwargs.get("mask_zero"):
+            raise ValueError("HashEmbedding has no padding id (mask_zero): every key is a row")
+        super().__init__(input_dim=rows, output_dim=output_dim, **kwargs)
+
+    @property
+    def rows(self) -> int:
+        """The most rows the table keeps."""
+        return int(self.input_dim)
+
+    def call(self, inputs: Any) -> Any:
+        """The rows of keys mod `rows` (plain Keras; asyncps replaces the layer by LocalRows of the keys)."""
+        return super().call(tf.math.floormod(tf.cast(inputs, tf.int64), self.input_dim))
+
+    def get_config(self) -> dict[str, Any]:
+        """The Embedding's config with `rows` for input_dim."""
+        config: dict[str, Any] = super().get_config()
+        config["rows"] = config.pop("input_dim")
+        return config
+
+
+def is_table(layer: Any) -> bool:
+    """Whether a layer's table is read by rows: a Keras Embedding or a HashEmbedding."""
+    return type(layer) in (keras.layers.Embedding, HashEmbedding)
+
+
+def has_keyed_table(model: Any) -> bool:
+    """Whether a model has a HashEmbedding (a table that is only ever read by rows)."""
+    return any(isinstance(layer, HashEmbedding) for layer in _layers(model))
+
+
 @dataclass(frozen=True)
 class RowTable:
     """One table read by rows: its variable's path, whole shape and dtype, the local table's capacity,
@@ -85,6 +132,7 @@ class RowTable:
     capacity: int
     init: RowInit | None
     layer: str
+    keyed: bool = False  # a HashEmbedding's: rows by key (any int64), at most shape[0] kept
 
 
 class SparseModel:
@@ -101,17 +149,17 @@ class SparseModel:
     def specs(self) -> list[VariableSpec]:
         """Every trainable variable as placement must see it: tables at their whole shape."""
         whole = {t.variable: t for t in self.tables}
-        return [VariableSpec(v.path, whole[v.path].shape if v.path in whole else tuple(v.shape),
-                             whole[v.path].dtype if v.path in whole else str(v.dtype))
+        return [VariableSpec(v.path, whole[v.path].shape, whole[v.path].dtype, whole[v.path].keyed)
+                if v.path in whole else VariableSpec(v.path, tuple(v.shape), str(v.dtype))
                 for v in self.model.trainable_variables]
 
     def batch_ids(self, x: Array) -> dict[str, IndexArray]:
         """The distinct ids (sorted) each table's rows a batch looks up; ValueError for an id outside a table
-        or more distinct ids than its capacity."""
+        (a keyed table takes any int64) or more distinct ids than its capacity."""
         out: dict[str, IndexArray] = {}
         for table, ids in zip(self.tables, self._ids_fn(x), strict=True):
             unique = np.unique(np.asarray(ids, dtype=np.int64))
-            if unique.size and (unique[0] < 0 or unique[-1] >= table.shape[0]):
+            if not table.keyed and unique.size and (unique[0] < 0 or unique[-1] >= table.shape[0]):
                 raise ValueError(f"{table.variable}: ids must lie in [0, {table.shape[0]}), got "
                                  f"{int(unique[0])}..{int(unique[-1])}")
             if unique.size > table.capacity:
@@ -187,11 +235,12 @@ def _row_init(layer: Any, seed: int) -> RowInit | None:
 
 def _capacity(layer: Any, batch_size: int) -> int:
     """The most distinct ids one batch can look up in a layer: its ids per example times the batch size,
-    at most the table's rows."""
+    at most the table's rows (a keyed table's ids are any int64)."""
     shape = tuple(layer.input.shape[1:])
     if any(d is None for d in shape):
         raise _Unsupported(f"{layer.name} looks up a variable number of ids per example {shape}")
-    return int(min(layer.input_dim, batch_size * math.prod(shape)))
+    per_batch = batch_size * math.prod(shape)
+    return int(per_batch if isinstance(layer, HashEmbedding) else min(layer.input_dim, per_batch))
 
 
 class _Unsupported(Exception):
@@ -200,13 +249,17 @@ class _Unsupported(Exception):
 
 def plan(model: Any, batch_size: int, seed: int = 0) -> SparseModel | None:
     """The model with its Embedding tables read by rows, or None when it has no Embedding; a model it
-    cannot clone (subclassed, an Embedding with mask_zero, several inputs) is logged and None too."""
-    embeddings = [layer for layer in _layers(model) if type(layer) is keras.layers.Embedding]
+    cannot clone (subclassed, an Embedding with mask_zero, several inputs) is logged and None too, unless
+    it has a HashEmbedding (read by rows only): then ValueError saying why."""
+    embeddings = [layer for layer in _layers(model) if is_table(layer)]
     if not embeddings:
         return None
     try:
         return _clone(model, embeddings, batch_size, seed)
     except _Unsupported as why:
+        if has_keyed_table(model):
+            raise ValueError(f"the model's HashEmbedding tables live on the shards by key and are read by rows "
+                             f"only, which this model does not allow: {why}") from None
         log.info("tables pulled whole: %s", why)
         return None
 
@@ -216,7 +269,12 @@ def _clone(model: Any, embeddings: list[Any], batch_size: int, seed: int) -> Spa
         raise _Unsupported("asyncps reads tables by rows for one-input models without mask_zero Embeddings")
     capacity = {layer.name: _capacity(layer, batch_size) for layer in embeddings}
     tables = [RowTable(layer.embeddings.path, (layer.input_dim, layer.output_dim), str(layer.embeddings.dtype),
-                       capacity[layer.name], _row_init(layer, seed), layer.name) for layer in embeddings]
+                       capacity[layer.name], _row_init(layer, seed), layer.name, isinstance(layer, HashEmbedding))
+              for layer in embeddings]
+    unmade = [t.layer for t in tables if t.keyed and t.init is None]
+    if unmade:
+        raise _Unsupported(f"HashEmbedding {unmade}: the shards make a key's row from its initializer, which "
+                           "must be uniform, normal, truncated normal, constant or zeros")
 
     def replace(layer: Any) -> Any:
         if layer.name in capacity:
@@ -292,4 +350,5 @@ def initialize(model: Any) -> None:
             variable._deferred_initialize()
 
 
-__all__ = ["PAD_ID", "LocalRows", "RowStep", "RowTable", "SparseModel", "build_deferred", "initialize", "plan"]
+__all__ = ["PAD_ID", "HashEmbedding", "LocalRows", "RowStep", "RowTable", "SparseModel", "build_deferred",
+           "has_keyed_table", "initialize", "is_table", "plan"]

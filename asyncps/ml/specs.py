@@ -41,21 +41,25 @@ def parse_hidden(arg: str, spec: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class RecsysData:
-    """`recsys:rows=R,features=F,zipf=A,train=N,test=M`: categorical ids, Zipf-distributed over [0, rows)."""
+    """`recsys:rows=R,features=F,zipf=A,train=N,test=M,hashed=0|1`: categorical ids, Zipf-distributed over
+    [0, rows); with hashed=1 each id is sent as a 64-bit hash of it (any int64: a hashed user or item id)."""
 
     rows: int = 100_000
     features: int = 8
     zipf: float = 1.1
     train: int = 20_000
     test: int = 2_000
+    hashed: int = 0
 
 
 @dataclass(frozen=True)
 class RecsysModel:
-    """`recsys:rows=R,dim=D`: one id table of `rows` rows (0: the data's id space) of width `dim`."""
+    """`recsys:rows=R,dim=D,keyed=0|1`: one id table of `rows` rows (0: the data's id space) of width `dim`;
+    keyed=1: a HashEmbedding (rows by key on the shards, at most `rows` kept)."""
 
     rows: int = 0
     dim: int = 32
+    keyed: int = 0
 
 
 def _recsys_fields(spec: str, allowed: dict[str, type]) -> dict[str, int | float]:
@@ -78,19 +82,22 @@ def _recsys_fields(spec: str, allowed: dict[str, type]) -> dict[str, int | float
 
 
 def parse_recsys_data(spec: str) -> RecsysData:
-    """The settings of a `recsys[:rows=R,features=F,zipf=A,train=N,test=M]` dataset spec (defaults for the rest)."""
+    """The settings of a `recsys[:rows=R,features=F,zipf=A,train=N,test=M,hashed=0|1]` dataset spec (defaults for
+    the rest)."""
     data = RecsysData(**_recsys_fields(spec, {"rows": int, "features": int, "zipf": float, "train": int,
-                                              "test": int}))  # type: ignore[arg-type]
-    if data.rows < 2 or data.features < 1 or data.train < 1 or data.test < 1 or not 1.0 < data.zipf <= 5.0:
-        raise ValueError(f"bad dataset spec {spec!r}: needs rows >= 2, features, train, test >= 1 and zipf in (1, 5]")
+                                              "test": int, "hashed": int}))  # type: ignore[arg-type]
+    if data.rows < 2 or data.features < 1 or data.train < 1 or data.test < 1 or not 1.0 < data.zipf <= 5.0 \
+            or data.hashed not in (0, 1):
+        raise ValueError(f"bad dataset spec {spec!r}: needs rows >= 2, features, train, test >= 1, zipf in (1, 5] "
+                         "and hashed 0 or 1")
     return data
 
 
 def parse_recsys_model(spec: str) -> RecsysModel:
-    """The settings of a `recsys[:rows=R,dim=D]` model spec (rows 0: the data's id space)."""
-    model = RecsysModel(**_recsys_fields(spec, {"rows": int, "dim": int}))  # type: ignore[arg-type]
-    if model.rows < 0 or model.dim < 1:
-        raise ValueError(f"bad model spec {spec!r}: needs rows >= 1 (or none: the data's) and dim >= 1")
+    """The settings of a `recsys[:rows=R,dim=D,keyed=0|1]` model spec (rows 0: the data's id space)."""
+    model = RecsysModel(**_recsys_fields(spec, {"rows": int, "dim": int, "keyed": int}))  # type: ignore[arg-type]
+    if model.rows < 0 or model.dim < 1 or model.keyed not in (0, 1):
+        raise ValueError(f"bad model spec {spec!r}: needs rows >= 1 (or none: the data's), dim >= 1 and keyed 0 or 1")
     return model
 
 

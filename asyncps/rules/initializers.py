@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from asyncps.placement import mix64 as _mix
+
 #: What each kind of initializer takes, with its defaults (Keras' defaults for the same names).
 KINDS: dict[str, dict[str, float]] = {
     "uniform": {"min": -0.05, "max": 0.05, "seed": 0},
@@ -160,13 +162,6 @@ class TableSpec:
 
 def _number(value: float) -> str:
     return str(int(value)) if value == int(value) else repr(value)
-
-
-def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """splitmix64's finalizer: a bijection of uint64 whose outputs pass as independent uniform bits."""
-    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
-    return x ^ (x >> _U64(31))
 
 
 def _uniform(seed: int, counters: npt.NDArray[np.uint64], stream: int) -> npt.NDArray[np.float64]:

@@ -13,7 +13,7 @@ from typing import TypeVar
 import numpy as np
 
 from asyncps.errors import InvalidArgumentError, NonFiniteGradientError
-from asyncps.placement import Part, Placement
+from asyncps.placement import Part, Placement, key_parts
 from asyncps.rules.drops import DropReason
 from asyncps.rules.sync.client import WorkerStep, coordinated_step
 from asyncps.transport.base import ModelBuffers, ShardTransport
@@ -84,6 +84,8 @@ class ModelClient:
         unknown = sorted(self.row_variables - {v.name for v in placement.variables})
         if unknown:
             raise ValueError(f"tables {unknown} are not variables of the placement")
+        # each part's place among its variable's parts (a keyed table's key_parts)
+        self._part_index = {p.name: i for v in placement.variables for i, p in enumerate(placement.parts_of(v.name))}
         self._row_parts: list[list[Part]] = [[p for p in placement.parts_on(s) if p.variable in self.row_variables]
                                              for s in range(len(shards))]
         self.shards: list[ShardTransport] = [
@@ -201,15 +203,12 @@ class ModelClient:
             if not parts:
                 out.append(None)
                 continue
-            mine: dict[str, IndexArray] = {}
-            for part in parts:
-                ids = (rows or {}).get(part.variable)
-                if ids is None:
-                    mine[part.name] = np.zeros(0, dtype=np.int64)
-                    continue
-                lo, hi = np.searchsorted(ids, [part.row_start, part.row_stop])
-                mine[part.name] = ids[lo:hi] - part.row_start
-            out.append(mine)
+            out.append({part.name: np.zeros(0, dtype=np.int64) for part in parts})
+        for variable, ids in (rows or {}).items():
+            for part, at in self.placement.row_parts(variable, ids):
+                asked = out[part.shard]
+                if asked is not None:
+                    asked[part.name] = part.ids_of(ids[at])
         return out
 
     def _take_rows(self, rows: Mapping[str, IndexArray] | None, replies: Sequence[ShardValues]) -> None:
@@ -217,14 +216,21 @@ class ModelClient:
         if rows is None:
             return
         for variable, ids in rows.items():
-            pieces = [(part, replies[part.shard].rows) for part in self.placement.parts_of(variable)]
-            got = [(part, served[part.name]) for part, served in pieces if served is not None and part.name in served]
-            if sum(r.indices.size for _, r in got) != ids.size:
+            got = [(at, reply[part.name]) for part, at in self.placement.row_parts(variable, ids)
+                   if (reply := replies[part.shard].rows) is not None and part.name in reply]
+            if sum(r.indices.size for _, r in got) != ids.size or any(r.indices.size != at.size for at, r in got):
                 raise InvalidArgumentError(f"{variable}: the shards served {sum(r.indices.size for _, r in got)} "
                                            f"rows for {ids.size} asked")
-            values = np.concatenate([r.values for _, r in got]) if got else np.zeros((0,))
-            clocks = np.concatenate([r.clocks if r.clocks is not None else np.zeros(r.indices.size, np.int64)
-                                     for _, r in got]) if got else np.zeros(0, np.int64)
+            if not got:
+                self.rows[variable] = SparseRows(np.asarray(ids, dtype=np.int64), np.zeros((0,)), np.zeros(0, np.int64))
+                continue
+            first = got[0][1].values
+            values = np.empty((ids.size, *first.shape[1:]), dtype=first.dtype)
+            clocks = np.zeros(ids.size, dtype=np.int64)
+            for at, served in got:
+                values[at] = served.values
+                if served.clocks is not None:
+                    clocks[at] = served.clocks
             self.rows[variable] = SparseRows(np.asarray(ids, dtype=np.int64), values, clocks)
 
     def split(self, grads: Mapping[str, Gradient]) -> list[dict[str, Gradient]]:
@@ -237,10 +243,13 @@ class ModelClient:
             if not part.sliced:
                 per_shard[part.shard][part.name] = grad
             elif isinstance(grad, SparseRows):
-                mask = (grad.indices >= part.row_start) & (grad.indices < part.row_stop)
+                if part.keyed:
+                    mask = key_parts(grad.indices, self.placement.num_shards) == self._part_index[part.name]
+                else:
+                    mask = (grad.indices >= part.row_start) & (grad.indices < part.row_stop)
                 if mask.any():
                     per_shard[part.shard][part.name] = SparseRows(
-                        grad.indices[mask] - part.row_start, grad.values[mask],
+                        part.ids_of(grad.indices[mask]), grad.values[mask],
                         None if grad.clocks is None else grad.clocks[mask])
             else:
                 per_shard[part.shard][part.name] = grad[part.rows()]

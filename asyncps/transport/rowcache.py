@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asyncps.placement import Part
+from asyncps.placement import Part, key_parts
 from asyncps.wire.codec import Array, IndexArray, SparseRows
 
 #: Bytes a row served from the cache keeps off the wire besides its values: its id asked, its clock served.
@@ -52,6 +52,7 @@ class _TableRows:
 
     def __init__(self, parts: Sequence[Part], row_shape: tuple[int, ...], dtype: np.dtype, max_rows: int) -> None:
         ordered = sorted(parts, key=lambda p: p.row_start)
+        self._keyed = bool(ordered) and ordered[0].keyed  # a keyed table: a key's part is key_parts'
         self._starts = np.array([p.row_start for p in ordered], dtype=np.int64)
         self._shards = np.array([p.shard for p in ordered], dtype=np.int64)
         self.values = np.zeros((max_rows, *row_shape), dtype=dtype)
@@ -65,6 +66,8 @@ class _TableRows:
 
     def shards_of(self, ids: IndexArray) -> Array:
         """The shard holding each id's row."""
+        if self._keyed:
+            return self._shards[key_parts(ids, self._shards.size)]
         return self._shards[np.searchsorted(self._starts, ids, side="right") - 1]
 
     def fresh(self, ids: IndexArray, staleness: int, versions: Array, incarnations: Array) -> Array:
