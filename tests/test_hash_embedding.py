@@ -56,7 +56,7 @@ def test_a_worker_reads_it_by_key_with_room_for_a_batchs_keys_whatever_its_rows(
 
 
 def test_a_keyed_table_whose_initializer_the_shards_cannot_make_is_refused() -> None:
-    with pytest.raises(ValueError, match="HashEmbedding tables live on the shards by key.*initializer"):
+    with pytest.raises(ValueError, match=r"HashEmbedding tables live on the shards by key.*initializer"):
         plan(build_deferred(lambda: keyed_model("glorot_uniform")), batch_size=32)
 
 
@@ -83,8 +83,8 @@ def test_hashed_recsys_ids_are_int64_keys_of_any_value_with_the_same_labels() ->
 
 
 def test_the_recsys_model_is_keyed_on_request_and_bad_options_are_refused() -> None:
-    data, model, sparse = build_worker_model(RunConfig(model="recsys:keyed=1,rows=300,dim=4",
-                                                       dataset="recsys:rows=500,hashed=1,train=64,test=16"))
+    _, _, sparse = build_worker_model(RunConfig(model="recsys:keyed=1,rows=300,dim=4",
+                                                dataset="recsys:rows=500,hashed=1,train=64,test=16"))
     assert sparse is not None and sparse.tables[0].keyed and sparse.tables[0].shape == (300, 4)
     with pytest.raises(ValueError, match="keyed 0 or 1"):
         build_worker_model(RunConfig(model="recsys:keyed=2", dataset="recsys:rows=500"))
