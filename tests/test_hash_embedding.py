@@ -90,3 +90,11 @@ def test_the_recsys_model_is_keyed_on_request_and_bad_options_are_refused() -> N
         build_worker_model(RunConfig(model="recsys:keyed=2", dataset="recsys:rows=500"))
     with pytest.raises(ValueError, match="hashed 0 or 1"):
         load_dataset("recsys:rows=500,hashed=3")
+
+
+def test_asyncps_train_refuses_a_keyed_model_and_says_what_runs_it(tmp_path: Path) -> None:
+    x = np.arange(30, dtype=np.int64).reshape(10, 3)
+    with pytest.raises(ValueError, match=r"HashEmbedding.*asyncps local --model package\.module:function"):
+        asyncps.train(model=keyed_model(), x=x, y=np.zeros(10, np.int64), validation_split=0.2,
+                      run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -175,6 +175,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
                              "unweighted (give (x, y) batches)")
         validation_data = (x_val, y_val)
     weights = _weights(sample_weight, class_weight, y, dataset)
+    if _is_keras_model(model):
+        _refuse_keyed(model)
     arrays = _split_arrays(dataset, x, y, validation_data, validation_split)
     if arrays is not None and loss is None:
         _check_default_loss(arrays[1], model)
@@ -280,6 +282,16 @@ class EvaluationCallbacks:
 def _watched() -> bool:
     """Whether a person watches this process's output: a terminal, or a notebook's kernel."""
     return sys.stdout.isatty() or "ipykernel" in sys.modules
+
+
+def _refuse_keyed(model: Any) -> None:
+    """ValueError for a model with a HashEmbedding: its rows cannot come back into the caller's model."""
+    from asyncps.ml.sparse import has_keyed_table
+
+    if has_keyed_table(model):
+        raise ValueError("asyncps.train: the model has a HashEmbedding, whose rows live on the shards by key and "
+                         "cannot come back into a Keras model; train it with `asyncps local --model "
+                         "package.module:function` (its rows stay in the run's checkpoints)")
 
 
 def _is_keras_model(model: Any) -> bool:
@@ -483,6 +495,7 @@ def _saveable_model(model: ModelArg, arrays: Arrays | None, dataset_spec: str, s
     if not isinstance(model, keras.Model):
         raise ValueError(f"asyncps.train: model must be a keras.Model, a builder function or a spec, "
                          f"got {type(model).__name__}")
+    _refuse_keyed(model)
     try:
         inputs = model.inputs
     except (AttributeError, ValueError):
