@@ -65,6 +65,7 @@ from benchmarks.baselines import (
 from benchmarks.scaling import ScalingPoint, scaling_point
 from benchmarks.sparse import (
     CACHED_TCP,
+    KEYED_TCP,
     SPARSE_WARMUP_S,
     SparseResult,
     asyncps_recsys,
@@ -284,7 +285,7 @@ def _run_scaling(cfg: BenchConfig, results: dict[str, Any]) -> None:
 
 def sparse_contenders(cfg: BenchConfig) -> list[tuple[str, Callable[[int], SparseResult]]]:
     """The sparse section's contenders by name, each measuring one table size: the baselines, then asyncps over
-    tcp and shm, and over tcp with the workers' row cache."""
+    tcp and shm, over tcp with the workers' row cache, and over tcp with the table keyed."""
     seconds = SPARSE_WARMUP_S + cfg.repeats * cfg.seconds + 0.5
     return [
         ("keras-local", lambda rows: keras_recsys(rows, cfg.repeats, cfg.seconds)),
@@ -292,6 +293,8 @@ def sparse_contenders(cfg: BenchConfig) -> list[tuple[str, Callable[[int], Spars
         *((f"asyncps-{t}", functools.partial(lambda via, rows: asyncps_recsys(
             rows, transport(via), seconds, cfg.seconds, cfg.num_ps, cfg.num_workers), t)) for t in SPARSE_TRANSPORTS),
         ("asyncps-tcp-cache", lambda rows: asyncps_recsys(rows, CACHED_TCP, seconds, cfg.seconds, cfg.num_ps,
+                                                          cfg.num_workers)),
+        ("asyncps-tcp-keyed", lambda rows: asyncps_recsys(rows, KEYED_TCP, seconds, cfg.seconds, cfg.num_ps,
                                                           cfg.num_workers)),
     ]
 

@@ -3,8 +3,10 @@
 Contenders, each on asyncps' `recsys:rows=R` data and model (batch 256, Adagrad): the plain Keras loop in one
 process (the table in that process), TF's ParameterServerStrategy with the table partitioned over the shards
 (plain TF: benchmarks/_tf_sparse_child.py says why), and asyncps over each transport (2 shards x 2 workers,
-through the cluster runner of the other asyncps contenders), and asyncps over tcp with the workers' row cache
-(`--row-cache-staleness 4`). Each gives steps/s (all workers together, over windows after a warm-up: the chief's
+through the cluster runner of the other asyncps contenders), asyncps over tcp with the workers' row cache
+(`--row-cache-staleness 4`), and asyncps over tcp with the table keyed (`recsys:...,hashed=1` data, whose ids
+are 64-bit hashes, into `recsys:keyed=1`: an asyncps.HashEmbedding keeping the same number of rows). Each
+gives steps/s (all workers together, over windows after a warm-up: the chief's
 set-up of a big table is left out), bytes moved per worker step (asyncps: the shards' pulled + pushed bytes of
 every transport over the run's steps; TF: not measured, None) and peak RSS per role (worker, shard, chief; the
 local loop is one worker); asyncps over tcp also the bytes its workers pulled per step (the chief's reads of
@@ -36,6 +38,8 @@ from benchmarks.baselines import (
 CACHE_STALENESS = 4
 #: asyncps over tcp with the workers' row cache: a contender of its own.
 CACHED_TCP = Transport("tcp-cache", {"transport": "tcp", "row_cache_staleness": CACHE_STALENESS})
+#: asyncps over tcp with the table keyed (hashed ids into a HashEmbedding): a contender of its own.
+KEYED_TCP = Transport("tcp-keyed", {"transport": "tcp"})
 _SPARSE_CHILD = Path(__file__).resolve().parent / "_tf_sparse_child.py"
 BATCH = 256
 LEARNING_RATE = 0.05
@@ -103,10 +107,13 @@ def tf_ps_recsys(rows: int, repeats: int, seconds: float, num_ps: int = 2, num_w
 def recsys_run_config(rows: int, via: Transport, seconds: float, num_ps: int = 2, num_workers: int = 2) -> RunConfig:
     """The asyncps run of the sparse section: recsys data and model of `rows` rows, Adagrad, stop after `seconds`;
     no periodic checkpoint (the chief reads the whole model for one: 1.28 GB at 10M rows, tens of seconds on
-    this machine, which the baselines never do; the final one comes after the measured steps)."""
-    run = RunConfig(model="recsys", dataset=f"recsys:rows={rows}", batch_size=BATCH, optimizer="adagrad",
-                    learning_rate=LEARNING_RATE, num_workers=num_workers, num_ps=num_ps, epochs=0.0,
-                    max_training_s=seconds, eval_every_s=3600.0, tf_threads=compute_threads(num_workers),
+    this machine, which the baselines never do; the final one comes after the measured steps). KEYED_TCP: the
+    ids hashed and the table keyed, of as many rows."""
+    keyed = via is KEYED_TCP
+    run = RunConfig(model=f"recsys:rows={rows},keyed=1" if keyed else "recsys",
+                    dataset=f"recsys:rows={rows}" + (",hashed=1" if keyed else ""), batch_size=BATCH,
+                    optimizer="adagrad", learning_rate=LEARNING_RATE, num_workers=num_workers, num_ps=num_ps,
+                    epochs=0.0, max_training_s=seconds, eval_every_s=3600.0, tf_threads=compute_threads(num_workers),
                     checkpoint_every_s=0.0)
     return dataclasses.replace(run, **dict(via.run_overrides))
 
@@ -144,6 +151,8 @@ RATIOS: tuple[tuple[str, str, int | None], ...] = (
     ("asyncps-shm", "asyncps-shm", None),
     ("asyncps-tcp-cache", "asyncps-tcp", 1_000_000),
     ("asyncps-tcp-cache", "asyncps-tcp", 10_000_000),
+    ("asyncps-tcp-keyed", "asyncps-tcp", 1_000_000),
+    ("asyncps-tcp-keyed", "asyncps-tcp", 10_000_000),
 )
 
 

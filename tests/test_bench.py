@@ -190,7 +190,8 @@ def test_sparse_section_plumbing() -> None:
     with pytest.raises(SystemExit):
         bench.parse_args(["--only", "sparse", "--sparse-rows", ""])
     assert [name for name, _ in bench.sparse_contenders(quick)] == ["keras-local", "tf-ps-strategy", "asyncps-tcp",
-                                                                     "asyncps-shm", "asyncps-tcp-cache"]
+                                                                     "asyncps-shm", "asyncps-tcp-cache",
+                                                                     "asyncps-tcp-keyed"]
     section = _synthetic()["sparse"]
     assert section["ratios"] == {"asyncps-tcp / tf-ps-strategy at 1000000 rows": pytest.approx(35.0 / 20.0),
                                  "asyncps-tcp 1000000 / 10000 rows": pytest.approx(0.1)}
