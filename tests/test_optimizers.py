@@ -71,6 +71,23 @@ KERAS_CASES: dict[str, tuple[OptimizerConfig, Callable[[], keras.optimizers.Opti
             learning_rate=0.2, initial_accumulator_value=0.5, epsilon=1e-4
         ),
     ),
+    # Keras' decoupled weight decay, applied before each update at its rate (AdamW is Adam with it)
+    "sgd-weight-decay": (
+        OptimizerConfig("sgd", 0.05, {"weight_decay": 0.1}),
+        lambda: keras.optimizers.SGD(learning_rate=0.05, weight_decay=0.1),
+    ),
+    "momentum-weight-decay": (
+        OptimizerConfig("momentum", 0.05, {"weight_decay": 0.2}),
+        lambda: keras.optimizers.SGD(learning_rate=0.05, momentum=0.9, weight_decay=0.2),
+    ),
+    "adamw": (
+        OptimizerConfig("adam", 0.01, {"weight_decay": 0.004}),
+        lambda: keras.optimizers.AdamW(learning_rate=0.01),
+    ),
+    "adagrad-weight-decay": (
+        OptimizerConfig("adagrad", 0.1, {"weight_decay": 0.05}),
+        lambda: keras.optimizers.Adagrad(learning_rate=0.1, weight_decay=0.05),
+    ),
     # Zero initial accumulator plus a large epsilon: epsilon inside vs outside sqrt differs.
     "adagrad-epsilon-inside-sqrt": (
         OptimizerConfig("adagrad", 0.1, {"initial_accumulator_value": 0.0, "epsilon": 0.25}),
@@ -376,3 +393,15 @@ def test_an_exponential_decay_schedule_rides_beside_the_hyperparameters() -> Non
 def test_a_half_given_or_growing_schedule_is_refused(params: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="decay_steps > 0 and decay_rate in"):
         OptimizerConfig("sgd", 0.1, params)
+
+
+def test_weight_decay_rides_beside_the_hyperparameters_and_decays_only_touched_rows() -> None:
+    config = OptimizerConfig.parse("adam:lr=0.01,beta_1=0.8,weight_decay=0.004")
+    assert config.weight_decay == 0.004 and "weight_decay" not in config.params
+    assert OptimizerConfig.parse(config.spec) == config and "weight_decay=0.004" in config.spec
+    with pytest.raises(ValueError, match="weight_decay must be >= 0"):
+        OptimizerConfig("sgd", 0.1, {"weight_decay": -1.0})
+    sgd = make_optimizer(OptimizerConfig("sgd", 0.5, {"weight_decay": 0.1}))
+    value = np.ones((3, 2), np.float32)
+    sgd.apply_sparse(value, np.array([1], np.int64), np.zeros((1, 2), np.float32), sgd.init_slots(value), 0.5, 1)
+    np.testing.assert_array_equal(value, np.array([[1, 1], [0.95, 0.95], [1, 1]], np.float32))  # lazy, as the update

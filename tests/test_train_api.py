@@ -112,6 +112,10 @@ def test_bad_inputs_are_refused(tmp_path: Path, kwargs: dict[str, Any], message:
       "optimizer_params": {"decay_steps": 100.0, "decay_rate": 0.9, "staircase": 1.0}}),
     (lambda k: k.optimizers.SGD(0.1, clipnorm=1.5),
      {"optimizer": "sgd", "learning_rate": 0.1, "optimizer_params": {}, "clipnorm": 1.5}),
+    (lambda k: k.optimizers.AdamW(0.001), {"optimizer": "adam", "learning_rate": 0.001, "optimizer_params":
+                                           {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "weight_decay": 0.004}}),
+    (lambda k: k.optimizers.SGD(0.1, momentum=0.9, weight_decay=0.01),
+     {"optimizer": "momentum", "learning_rate": 0.1, "optimizer_params": {"momentum": 0.9, "weight_decay": 0.01}}),
     (lambda k: k.optimizers.Adagrad(0.1, clipvalue=0.5),
      {"optimizer": "adagrad", "learning_rate": 0.1, "clipvalue": 0.5,
       "optimizer_params": {"initial_accumulator_value": 0.1, "epsilon": 1e-7}}),
@@ -129,10 +133,15 @@ def test_a_compiled_optimizer_the_shards_implement_is_the_runs(make: Any, settin
     assert compiled_optimizer(functional_model(compiled=False)) == {}
 
 
+def _excluding_bias(optimizer: Any) -> Any:
+    optimizer.exclude_from_weight_decay(var_names=["bias"])
+    return optimizer
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda k: "rmsprop", "compiled with RMSprop, which the shards do not implement"),
     (lambda k: k.optimizers.Adam(0.1, amsgrad=True), "Adam with amsgrad=True"),
-    (lambda k: k.optimizers.AdamW(0.001), "AdamW with weight_decay=0.004"),
+    (lambda k: _excluding_bias(k.optimizers.AdamW(0.001)), "AdamW with variables excluded from weight decay"),
     (lambda k: k.optimizers.SGD(k.optimizers.schedules.PiecewiseConstantDecay([10], [0.1, 0.01])),
      "a PiecewiseConstantDecay schedule"),
 ])

@@ -44,7 +44,9 @@ class OptimizerConfig:
     optimizer registered as NAME in OPTIMIZERS. A learning-rate schedule, Keras' ExponentialDecay, rides
     beside them with the keys of SCHEDULE_KEYS (`decay_steps=N,decay_rate=R[,staircase=1]`, given as
     hyperparameters too): the rate at update t is `lr * R ** (t / N)` (t / N floored with staircase), t the
-    shard's version (the updates it has applied), or a local optimizer's own step count.
+    shard's version (the updates it has applied), or a local optimizer's own step count. Keras' decoupled weight
+    decay rides beside them too (`weight_decay=W`): before each update, `value -= value * W * rate`, as every
+    Keras 3 optimizer applies it (AdamW is Adam with it); a sparse update decays the rows it touches only.
     """
 
     name: str
@@ -53,6 +55,7 @@ class OptimizerConfig:
     decay_steps: float = 0.0  # 0: a constant rate
     decay_rate: float = 1.0
     staircase: bool = False
+    weight_decay: float = 0.0  # 0: none
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -80,13 +83,18 @@ class OptimizerConfig:
         )
 
     def _take_schedule(self) -> None:
-        """Move the schedule's keys given among the hyperparameters to their fields, and check them."""
-        given = {key: self.params[key] for key in SCHEDULE_KEYS if key in self.params}
+        """Move the schedule's and weight decay's keys given among the hyperparameters to their fields, and check
+        them."""
+        given = {key: self.params[key] for key in (*SCHEDULE_KEYS, WEIGHT_DECAY) if key in self.params}
         if given:
-            object.__setattr__(self, "params", {k: v for k, v in self.params.items() if k not in SCHEDULE_KEYS})
+            object.__setattr__(self, "params", {k: v for k, v in self.params.items() if k not in given})
             object.__setattr__(self, "decay_steps", float(given.get("decay_steps", self.decay_steps)))
             object.__setattr__(self, "decay_rate", float(given.get("decay_rate", self.decay_rate)))
             object.__setattr__(self, "staircase", bool(given.get("staircase", self.staircase)))
+            object.__setattr__(self, "weight_decay", float(given.get(WEIGHT_DECAY, self.weight_decay)))
+        decay = _as_real(WEIGHT_DECAY, self.weight_decay)
+        if not 0 <= decay < math.inf:
+            raise ValueError(f"weight_decay must be >= 0 and finite, got {self.weight_decay!r}")
         steps, rate = _as_real("decay_steps", self.decay_steps), _as_real("decay_rate", self.decay_rate)
         if steps < 0 or not 0 < rate <= 1 or (rate != 1 and steps == 0) or (steps and rate == 1):
             raise ValueError(f"a learning-rate schedule needs decay_steps > 0 and decay_rate in (0, 1) together, "
@@ -107,12 +115,14 @@ class OptimizerConfig:
         if self.decay_steps:
             items += [f"decay_steps={format_value(self.decay_steps)}", f"decay_rate={format_value(self.decay_rate)}"]
             items += ["staircase=1"] if self.staircase else []
+        if self.weight_decay:
+            items += [f"{WEIGHT_DECAY}={format_value(self.weight_decay)}"]
         return f"{self.name}:{','.join(items)}"
 
     @classmethod
     def parse(cls, spec: str) -> OptimizerConfig:
         """The config a spec names (ValueError naming the kind, the spec and the valid forms)."""
-        name, texts = OPTIMIZERS.split(spec, extra=("lr", *SCHEDULE_KEYS))
+        name, texts = OPTIMIZERS.split(spec, extra=("lr", *SCHEDULE_KEYS, WEIGHT_DECAY))
         usage = f"{name}:lr=FLOAT" + "".join(f"[,{p.usage()}]" for p in OPTIMIZERS.entry(name).params)
         try:
             if "lr" not in texts:
@@ -126,6 +136,8 @@ class OptimizerConfig:
 
 #: The keys of a learning-rate schedule (OptimizerConfig), accepted beside any optimizer's hyperparameters
 SCHEDULE_KEYS = ("decay_steps", "decay_rate", "staircase")
+#: The key of decoupled weight decay (OptimizerConfig), accepted beside any optimizer's hyperparameters
+WEIGHT_DECAY = "weight_decay"
 
 
 def _spec_number(key: str, text: str) -> float:
@@ -436,9 +448,28 @@ class Adagrad(Optimizer):
 
 
 def make_optimizer(config: OptimizerConfig) -> Optimizer:
-    """Build the optimizer `config` names, with its params overriding keras' defaults."""
+    """Build the optimizer `config` names, with its params overriding keras' defaults (and its weight decay)."""
     optimizer: Optimizer = OPTIMIZERS.entry(config.name).cls(**config.params)
-    return optimizer
+    return WeightDecayed(optimizer, config.weight_decay) if config.weight_decay else optimizer
+
+
+class WeightDecayed(Optimizer):
+    """An optimizer with Keras' decoupled weight decay before each update: `value -= value * decay * lr` (the
+    rate of this update), then the optimizer's own step; on a sparse update, on the touched rows only."""
+
+    def __init__(self, inner: Optimizer, decay: float) -> None:
+        self.inner = inner
+        self.decay = decay
+        self.name = inner.name  # type: ignore[misc]  # the inner rule's, per instance
+        self.slot_names = inner.slot_names  # type: ignore[misc]
+
+    def init_slots(self, value: FloatArray) -> Slots:
+        """The inner optimizer's slots."""
+        return self.inner.init_slots(value)
+
+    def _apply(self, value: FloatArray, grad: FloatArray, slots: Slots, lr: Rate, step: int) -> None:
+        value -= (value * value.dtype.type(self.decay)) * lr
+        self.inner._apply(value, grad, slots, lr, step)
 
 
 # Allowed range of every hyperparameter: (low, high, low inclusive, high inclusive).

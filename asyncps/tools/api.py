@@ -410,9 +410,10 @@ def _labels(y: Any, what: str) -> np.ndarray:
 
 #: Keras optimizers the shards implement: class name -> the asyncps optimizer and the hyperparameters it takes
 _SHARD_OPTIMIZERS = {"SGD": ("sgd", ()), "Adam": ("adam", ("beta_1", "beta_2", "epsilon")),
+                     "AdamW": ("adam", ("beta_1", "beta_2", "epsilon")),
                      "Adagrad": ("adagrad", ("initial_accumulator_value", "epsilon"))}
 #: Keras optimizer settings the shards do not apply: a compiled optimizer with one of them set is refused
-_NOT_ON_SHARDS = ("weight_decay", "use_ema", "amsgrad", "gradient_accumulation_steps", "loss_scale_factor")
+_NOT_ON_SHARDS = ("use_ema", "amsgrad", "gradient_accumulation_steps", "loss_scale_factor")
 #: Keras optimizer settings the workers apply before a push (run settings of the same names)
 _CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
 
@@ -421,7 +422,7 @@ def compiled_optimizer(model: Any, keep_rate: bool = False) -> dict[str, Any]:
     """The run settings (optimizer, learning_rate, optimizer_params; clipnorm, global_clipnorm, clipvalue, which
     the workers apply) of a compiled model's optimizer, when the shards implement it ({} for an uncompiled
     model; an ExponentialDecay learning rate as the optimizer's schedule, asyncps.rules.optimizers); ValueError
-    naming what they do not (another optimizer, weight decay, another learning-rate schedule).
+    naming what they do not (another optimizer, weight decay with exclusions, another learning-rate schedule).
     `keep_rate`: the caller gives learning_rate itself."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or not getattr(model, "compiled", False):
@@ -430,6 +431,9 @@ def compiled_optimizer(model: Any, keep_rate: bool = False) -> dict[str, Any]:
     config = optimizer.get_config()
     known = _SHARD_OPTIMIZERS.get(kind)
     problems = [f"{key}={config[key]}" for key in _NOT_ON_SHARDS if config.get(key)]
+    if getattr(optimizer, "_exclude_from_weight_decay", None) or getattr(
+            optimizer, "_exclude_from_weight_decay_pattern", None):
+        problems.append("variables excluded from weight decay (the shards decay every variable)")
     rate = config.get("learning_rate")
     schedule: dict[str, float] = {}
     if isinstance(rate, dict):  # a schedule: Keras' ExponentialDecay runs on the shards, by their version
@@ -452,6 +456,8 @@ def compiled_optimizer(model: Any, keep_rate: bool = False) -> dict[str, Any]:
     if kind == "SGD" and config.get("momentum"):
         name = "nesterov" if config.get("nesterov") else "momentum"
         params = {"momentum": float(f"{float(config['momentum']):.7g}")}
+    if config.get("weight_decay"):  # decoupled, before each update, as Keras (asyncps.rules.optimizers)
+        params["weight_decay"] = float(f"{float(config['weight_decay']):.7g}")
     out: dict[str, Any] = {"optimizer": name, "optimizer_params": {**params, **schedule}}
     out.update({key: float(config[key]) for key in _CLIPPING if config.get(key)})
     if not keep_rate:
