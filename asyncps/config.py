@@ -141,6 +141,9 @@ class RunConfig:
         "also stop once P evaluations in a row did not improve METRIC (Keras' EarlyStopping): "
         "METRIC:patience=P[,min_delta=D][,mode=min|max], e.g. val_loss:patience=3"))
     eval_every_s: float = setting(2.0, help="seconds between evaluations")
+    eval_weights: bool = setting(False, help=(
+        "the chief writes the values each scheduled evaluation measured into RUN/eval-weights/ (what "
+        "asyncps.train loads into the caller's model for a ModelCheckpoint callback; tables read by rows left out)"))
     seed: int = setting(0, help="seed of model init, data order and injected delays")
     compute_delay: str = setting("none", help="injected delay per step: none | const:S | uniform:A,B | exp:MEAN")
     stragglers: str = setting("", word=OFF, help="permanent slow workers, e.g. 0:4x,3:2x (seeded experiments)")

@@ -19,9 +19,12 @@ from asyncps.chief.cut import CutLapsed, pull_at_cut
 from asyncps.chief.progress import Progress, TrainClock
 from asyncps.chief.recorder import EvalLog
 
+from asyncps.rundir import write_npz
 from asyncps.wire.codec import Array, IndexArray, SparseRows
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from asyncps.ml.datasets import Dataset
     from asyncps.ml.sparse import SparseModel
     from asyncps.ml.task import Task
@@ -193,7 +196,11 @@ class Evaluation:
     the result to Progress (GetStatus) and to the EvalLog; every `every_s` seconds of training."""
 
     def __init__(self, evaluator: Evaluator, client: ModelClient, data: Dataset, every_s: float,
-                 progress: Progress, clock: TrainClock, record: EvalLog) -> None:
+                 progress: Progress, clock: TrainClock, record: EvalLog,
+                 weights_to: Callable[[int], Path] | None = None) -> None:
+        """`weights_to`: where the values each evaluation measured are written, by its update count (before its
+        eval.csv row, so a reader of the row finds them; tables read by rows left out), or nowhere."""
+        self._weights_to = weights_to
         self._evaluator = evaluator
         self._client = client
         self._data = data
@@ -238,6 +245,8 @@ class Evaluation:
         finally:  # later evaluations (the final training loss) pull their rows per batch
             evaluator.rows = lambda ids: pull_rows(self._client, ids)
         updates = round(sum(versions) / len(versions))
+        if self._weights_to is not None:
+            write_npz(self._weights_to(updates), evaluator.values())
         elapsed = self._clock.elapsed()
         with self._progress.lock:
             self._progress.eval_loss, self._progress.eval_accuracy = loss, accuracy

@@ -189,7 +189,8 @@ class Chief:
         self.poller = ShardPoller(model.client.shards, config.ps, self.run.rpc_deadline_s, progress,
                                   self._recover_shard)
         self.evaluation = Evaluation(model.evaluator, model.client, model.data, self.run.eval_every_s, progress,
-                                     self.clock, eval_log)
+                                     self.clock, eval_log,
+                                     RunDir(config.run_dir).eval_weights if self.run.eval_weights else None)
         self.lifecycle = Lifecycle(config, interrupt, progress, self.clock, ledger, model.client)
         # a restarted chief's workers started long ago (they never wait again): its gate is open
         self.gate = StartGate(self.run.num_workers, self.run.start_barrier and self.manifest.chief_starts <= 1,

@@ -18,7 +18,7 @@ import pytest
 import asyncps
 from asyncps.ml.datasets import load_digits
 from asyncps.ml.specs import model_problem, spec_problems
-from asyncps.rundir import RunConfigRecord, RunDir
+from asyncps.rundir import EvalRow, RunConfigRecord, RunDir, read_rows
 
 
 def digit_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -224,21 +224,37 @@ def test_early_stopping_ends_the_run_and_callbacks_see_each_evaluation(tmp_path:
     x, y, x_val, y_val = digit_arrays()
     seen = Seen()
     stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, min_delta=0.5)
+    best = tmp_path / "best.keras"
+    checkpoint = keras.callbacks.ModelCheckpoint(str(best), monitor="val_loss", save_best_only=True)
     result = asyncps.train(model=functional_model(False), x=x, y=y, validation_data=(x_val, y_val), num_workers=2,
                            num_ps=1, epochs=200, optimizer="adam", learning_rate=0.01, eval_every_s=0.5,
-                           callbacks=[stop, seen], run_dir=tmp_path / "run")
+                           callbacks=[stop, seen, checkpoint], run_dir=tmp_path / "run")
     log = RunDir(tmp_path / "run").log("chief").read_text()
     assert "early stopping: loss did not improve by more than 0.5 for 2 evaluations" in log
     assert result.summary.epochs < 200 and result.summary.data["tasks_done"] < result.summary.data["tasks_planned"]
     assert len(seen.logs) == len(result.history) >= 3 and all("val_loss" in logs for logs in seen.logs)
     assert seen.model is not None
+    # the ModelCheckpoint saved the weights of the evaluation with the lowest val_loss, and they load in Keras
+    rows = read_rows(RunDir(tmp_path / "run").evals, EvalRow)
+    judged = min(rows, key=lambda row: row.loss)
+    saved = keras.models.load_model(best)
+    assert accuracy(saved, x_val, y_val) == pytest.approx(judged.accuracy, abs=1e-6), (judged, rows)
+    assert not list((tmp_path / "run" / "eval-weights").glob("*.npz"))  # each read once, then removed
 
 
-def test_a_model_checkpoint_callback_is_refused_with_what_to_do_instead() -> None:
+def test_a_model_checkpoint_without_a_model_object_or_with_tables_read_by_rows_is_refused(tmp_path: Path) -> None:
     import keras
 
-    with pytest.raises(ValueError, match=r"save result\.model afterwards"):
-        asyncps.train(model="mlp", callbacks=[keras.callbacks.ModelCheckpoint("w.keras")])
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "w.keras"))
+    with pytest.raises(ValueError, match="ModelCheckpoint saves the model object it is given"):
+        asyncps.train(model="mlp", callbacks=[checkpoint], run_dir=tmp_path / "run")
+    inputs = keras.Input((4,), dtype="int64")
+    x = keras.layers.Flatten()(keras.layers.Embedding(50, 3, name="ids")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    with pytest.raises(ValueError, match=r"tables of \['ids'\] are read by rows.*row_pull='off'"):
+        asyncps.train(model=model, x=np.zeros((10, 4), np.int64), y=np.zeros(10, np.int64), validation_split=0.2,
+                      callbacks=[checkpoint], run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow

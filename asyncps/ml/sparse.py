@@ -116,6 +116,11 @@ def is_table(layer: Any) -> bool:
     return type(layer) in (keras.layers.Embedding, HashEmbedding)
 
 
+def table_layers(model: Any) -> list[str]:
+    """The names of a model's layers whose tables are read by rows (nested models' included)."""
+    return [layer.name for layer in _layers(model) if is_table(layer)]
+
+
 def has_keyed_table(model: Any) -> bool:
     """Whether a model has a HashEmbedding (a table that is only ever read by rows)."""
     return any(isinstance(layer, HashEmbedding) for layer in _layers(model))
@@ -351,4 +356,4 @@ def initialize(model: Any) -> None:
 
 
 __all__ = ["PAD_ID", "HashEmbedding", "LocalRows", "RowStep", "RowTable", "SparseModel", "build_deferred",
-           "has_keyed_table", "initialize", "is_table", "plan"]
+           "has_keyed_table", "initialize", "is_table", "plan", "table_layers"]

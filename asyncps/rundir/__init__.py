@@ -13,6 +13,7 @@
 | `memory.json` | PeakMemory | the local launcher, at the end |
 | `chief.lock` | ChiefLock (flock, released when the chief ends) | the chief, for its life |
 | `tb/` | TensorBoard events | the chief, every evaluation |
+| `eval-weights/at-N.npz` | an evaluation's values by variable path | the chief, with `eval_weights` |
 | `ckpt/ckpt-NNNNNNNN/` | asyncps.chief.checkpoint (`manifest.json`, `tensors/`) | the chief, at a cut |
 | `logs/` | role logs and port files | the local launcher |
 | `model.keras`, `saved_model/` | the final model | the chief, at the end (`exported_model(dir)`) |
@@ -25,7 +26,7 @@ Also the atomic writes and port files every role uses. Nothing outside this pack
 files by key or column name.
 """
 
-from asyncps.rundir.atomic import atomic_write, wait_port_file, write_json, write_port_file
+from asyncps.rundir.atomic import atomic_write, wait_port_file, write_json, write_npz, write_port_file
 from asyncps.rundir.lock import ChiefLock, RunDirLocked
 from asyncps.rundir.manifest import RunManifest
 from asyncps.rundir.memory import PeakMemory
@@ -104,6 +105,7 @@ __all__ = [
     "summary_from_tables",
     "wait_port_file",
     "write_json",
+    "write_npz",
     "write_port_file",
     "write_rows",
 ]

@@ -20,6 +20,7 @@ REPORTS_JSONL = "reports.jsonl"  # the worker reports recorded: none is recorded
 MEMORY_JSON = "memory.json"  # the local launcher's peak memory per process
 CHIEF_LOCK = "chief.lock"  # held (flock) by the chief running the run: a second chief is refused
 TENSORBOARD_DIR = "tb"  # the chief's TensorBoard event files
+EVAL_WEIGHTS_DIR = "eval-weights"  # the values each evaluation measured (eval_weights: asyncps.train's callbacks)
 CHECKPOINTS_DIR = "ckpt"  # the checkpoints, unless the chief was given another directory
 LOGS_DIR = "logs"  # the local launcher's per-role logs and port files
 LAUNCHER_LOG = "launcher.log"  # a sweep's point: the launcher's own lines
@@ -158,6 +159,10 @@ class RunDir:
     def tensorboard(self) -> Path:
         """The TensorBoard event files' directory."""
         return self.root / TENSORBOARD_DIR
+
+    def eval_weights(self, updates: int) -> Path:
+        """The values the evaluation at `updates` updates measured (an npz by variable path), with eval_weights."""
+        return self.root / EVAL_WEIGHTS_DIR / f"at-{updates:012d}.npz"
 
     @property
     def checkpoints(self) -> Path:

@@ -152,8 +152,10 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     `callbacks`: Keras callbacks. `keras.callbacks.EarlyStopping` becomes the chief's `early_stop` rule (its
     monitor, patience, min_delta and mode: the run ends there, and the summary says why); the others run
     here, on each evaluation as an epoch's end (`on_epoch_end(i, logs)` with `val_loss`, `val_accuracy`,
-    `updates`), with the caller's model set (its weights are the start's until the run ends: a callback that
-    saves weights, such as ModelCheckpoint, is refused).
+    `updates`), with the caller's model set: with a ModelCheckpoint among them, the model holds the weights each
+    evaluation measured when the callbacks see it (the chief writes them: `eval_weights`), so the checkpoint
+    saves what its `monitor` judged (a model object's only; not for Embedding tables read by rows, which only
+    the shards hold: give `row_pull="off"`); otherwise the start's until the run ends.
     `user_path`: directories every process (this one too) imports user code from. `progress`: a live
     progress display (default: where a person watches, a terminal or a notebook). Raises ValueError
     for bad inputs (before any process starts), RunDiverged (a TrainingFailed) when the run ended as
@@ -177,6 +179,7 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     weights = _weights(sample_weight, class_weight, y, dataset)
     if _is_keras_model(model):
         _refuse_keyed(model)
+    others, derived = _split_callbacks(callbacks, model, settings)
     arrays = _split_arrays(dataset, x, y, validation_data, validation_split)
     if arrays is not None and loss is None:
         _check_default_loss(arrays[1], model)
@@ -204,13 +207,12 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     loss_spec = spec_of(loss, "loss") if loss is not None else _compiled_loss(saved)
     if saved is not None:
         _warn_logits_mismatch(saved, loss_spec)
-    others, early = _split_callbacks(callbacks)
-    fields = {"model": model_spec, "dataset": dataset_spec, "loss": loss_spec, **early, **settings}
+    fields = {"model": model_spec, "dataset": dataset_spec, "loss": loss_spec, **derived, **settings}
     run = RunConfig.from_layers(coerce_settings(fields, "asyncps.train"))
     env = {USER_PATH_ENV: os.pathsep.join(dict.fromkeys(dirs))} if dirs else None
     shown = progress if progress is not None else _watched()
     sink = EvaluationCallbacks(others, files, model if _is_keras_model(model) else None,
-                               display_for(sys.stdout) if shown else None) if others else None
+                               display_for(sys.stdout) if shown else None, run.eval_weights) if others else None
     code = run_local(run, where, progress=shown, env=env, secure=secure, sink=sink)
     if code != 0 and files.summary.exists() and (summary := RunSummary.load(where)).diverged:
         raise RunDiverged(f"asyncps.train: {summary.verdict}; logs in {files.logs}", summary)
@@ -223,33 +225,54 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
                        history=history, run_dir=where)
 
 
-def _split_callbacks(callbacks: Iterable[Any]) -> tuple[list[Any], dict[str, str]]:
-    """The callbacks to run here, and the early_stop setting an EarlyStopping among them becomes."""
+def _split_callbacks(callbacks: Iterable[Any], model: Any, settings: Mapping[str, Any]) -> tuple[list[Any],
+                                                                                              dict[str, Any]]:
+    """The callbacks to run here, and the settings they become: EarlyStopping the early_stop rule, a
+    ModelCheckpoint eval_weights (refused without a model object, or with Embedding tables read by rows)."""
     import keras
 
-    others, early = [], {}
+    others: list[Any] = []
+    derived: dict[str, Any] = {}
     for callback in callbacks:
         if isinstance(callback, keras.callbacks.EarlyStopping):
             mode = "auto" if callback.mode == "auto" else callback.mode
-            early["early_stop"] = (f"{callback.monitor}:patience={max(1, callback.patience)},"
-                                   f"min_delta={abs(callback.min_delta):g},mode={mode}")
-        elif isinstance(callback, keras.callbacks.ModelCheckpoint):
-            raise ValueError("asyncps.train: ModelCheckpoint saves the caller's weights, which the shards hold until "
-                             "the run ends: save result.model afterwards, or use the run's checkpoints "
-                             "(--checkpoint-every-s, asyncps export)")
+            derived["early_stop"] = (f"{callback.monitor}:patience={max(1, callback.patience)},"
+                                     f"min_delta={abs(callback.min_delta):g},mode={mode}")
         elif isinstance(callback, keras.callbacks.Callback):
+            if isinstance(callback, keras.callbacks.ModelCheckpoint):
+                _check_model_checkpoint(model, settings)
+                derived["eval_weights"] = True
             others.append(callback)
         else:
             raise ValueError(f"asyncps.train: callbacks are keras.callbacks.Callback objects, not {callback!r}")
-    return others, early
+    return others, derived
+
+
+def _check_model_checkpoint(model: Any, settings: Mapping[str, Any]) -> None:
+    """ValueError when a ModelCheckpoint cannot save the weights each evaluation measured."""
+    if not _is_keras_model(model):
+        raise ValueError("asyncps.train: ModelCheckpoint saves the model object it is given: pass model= a "
+                         "keras.Model (a spec or a builder has none here), or use the run's checkpoints "
+                         "(checkpoint_every_s, asyncps export)")
+    from asyncps.ml.sparse import table_layers
+
+    tables = table_layers(model)
+    if tables and settings.get("row_pull", "auto") != "off":
+        raise ValueError(f"asyncps.train: ModelCheckpoint saves every weight, but the tables of {tables} are read by "
+                         "rows (only the shards hold them): give row_pull='off' to hold them in the chief, or use "
+                         "the run's checkpoints (checkpoint_every_s, asyncps export)")
 
 
 class EvaluationCallbacks:
     """A run's status sink that runs Keras callbacks on each new evaluation (eval.csv's rows) as the end of an
     epoch, and shows the status on `inner` (a progress display) if any."""
 
-    def __init__(self, callbacks: list[Any], files: RunDir, model: Any, inner: StatusSink | None) -> None:
+    def __init__(self, callbacks: list[Any], files: RunDir, model: Any, inner: StatusSink | None,
+                 load_weights: bool = False) -> None:
+        """`load_weights`: before the callbacks see an evaluation, `model` is given the values it measured (the
+        chief's eval-weights/ file of it, removed once read: eval_weights)."""
         self._callbacks, self._files, self._inner = callbacks, files, inner
+        self._model = model if load_weights else None
         self._seen = 0
         for callback in callbacks:
             if model is not None:
@@ -266,6 +289,13 @@ class EvaluationCallbacks:
         rows = read_rows(self._files.evals, EvalRow)
         for epoch, row in enumerate(rows[self._seen:], start=self._seen):
             logs = {"val_loss": row.loss, "val_accuracy": row.accuracy, "updates": float(row.updates)}
+            weights = self._files.eval_weights(row.updates)
+            if self._model is not None and weights.exists():
+                with np.load(weights) as values:
+                    for variable in self._model.variables:
+                        if variable.path in values:
+                            variable.assign(values[variable.path])
+                weights.unlink()
             for callback in self._callbacks:
                 callback.on_epoch_end(epoch, logs)
         self._seen = len(rows)
