@@ -308,3 +308,37 @@ def test_class_weight_zero_leaves_a_class_unlearned(tmp_path: Path) -> None:
     assert recall_zero < 0.3 and others > 0.8, (recall_zero, others)
     with np.load(RunDir(tmp_path / "run").input_data) as sent:
         np.testing.assert_array_equal(sent["w_train"], np.where(y == 0, 0.0, 1.0).astype(np.float32))
+
+
+def test_csvlogger_tensorboard_and_a_callback_of_ones_own_see_each_evaluation(tmp_path: Path) -> None:
+    """The callbacks asyncps.train runs here, driven by eval.csv's rows as the chief appends them (no cluster:
+    the rows are written by hand, as the chief writes them)."""
+    import time
+
+    import keras
+
+    from asyncps.rundir.tables import RowWriter
+    from asyncps.tools.api import EvaluationCallbacks
+
+    files = RunDir(tmp_path / "run")
+    files.root.mkdir()
+    model = functional_model(compiled=True)
+    ends: list[int] = []
+    own = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: ends.append(epoch),
+                                         on_train_end=lambda logs: ends.append(-1))
+    callbacks = [keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
+                 keras.callbacks.TensorBoard(str(tmp_path / "tb")), own]
+    sink = EvaluationCallbacks(callbacks, files, model, None)
+    with RowWriter(files.evals, EvalRow) as rows:
+        rows.write(EvalRow(time.time(), 1.0, 10, (10,), 0.5, 0.8))
+        rows.flush()
+        sink.show(None)
+        rows.write(EvalRow(time.time(), 2.0, 20, (20,), 0.25, 0.9))
+    sink.close()
+    assert (tmp_path / "log.csv").read_text().splitlines() == [
+        "epoch,updates,val_accuracy,val_loss", "0,10.0,0.8,0.5", "1,20.0,0.9,0.25"]
+    assert list((tmp_path / "tb" / "validation").glob("events.out.tfevents.*"))
+    assert ends == [0, 1, -1]
+    with pytest.raises(ValueError, match="TensorBoard logs the compiled optimizer's rate"):
+        asyncps.train(model=functional_model(compiled=False), callbacks=[keras.callbacks.TensorBoard(str(tmp_path))],
+                      run_dir=tmp_path / "other")

@@ -242,6 +242,10 @@ def _split_callbacks(callbacks: Iterable[Any], model: Any, settings: Mapping[str
             if isinstance(callback, keras.callbacks.ModelCheckpoint):
                 _check_model_checkpoint(model, settings)
                 derived["eval_weights"] = True
+            if isinstance(callback, keras.callbacks.TensorBoard) and getattr(model, "optimizer", None) is None:
+                raise ValueError("asyncps.train: keras.callbacks.TensorBoard logs the compiled optimizer's rate: "
+                                 "compile the model object, or read the run's own TensorBoard events "
+                                 "(tensorboard --logdir RUN_DIR/tb)")
             others.append(callback)
         else:
             raise ValueError(f"asyncps.train: callbacks are keras.callbacks.Callback objects, not {callback!r}")
