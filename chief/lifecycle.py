@@ -119,6 +119,9 @@ class Lifecycle:
         run, p = self._run, self._progress
         if self._interrupt.is_set():
             return INTERRUPTED
+        requested = self._stop_requested()
+        if requested is not None:
+            return requested
         if run.max_updates and p.updates >= run.max_updates:
             return f"reached {run.max_updates} updates"
         if run.epochs and self._ledger.finished():
@@ -126,6 +129,16 @@ class Lifecycle:
         if run.max_training_s and self._clock.elapsed() >= run.max_training_s:
             return f"reached {run.max_training_s:g} s"
         return self._level_reached()
+
+    def _stop_requested(self) -> str | None:
+        """The run directory's stop request (asyncps.train: a callback set stop_training), consumed: its reason."""
+        path = RunDir(self._config.run_dir).stop_request
+        try:
+            why = path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        path.unlink(missing_ok=True)
+        return f"stop requested: {why or 'no reason given'}"
 
     def _level_reached(self) -> str | None:
         """--stop-at: why the last evaluation ends the run, or None (the chief refused at start a metric its

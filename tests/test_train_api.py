@@ -342,3 +342,23 @@ def test_csvlogger_tensorboard_and_a_callback_of_ones_own_see_each_evaluation(tm
     with pytest.raises(ValueError, match="TensorBoard logs the compiled optimizer's rate"):
         asyncps.train(model=functional_model(compiled=False), callbacks=[keras.callbacks.TensorBoard(str(tmp_path))],
                       run_dir=tmp_path / "other")
+
+
+@pytest.mark.slow
+def test_a_callback_that_sets_stop_training_ends_the_run(tmp_path: Path) -> None:
+    """As in model.fit: a callback's `self.model.stop_training = True` ends a run planned for 200 epochs (the
+    caller writes the run directory's stop request, the chief honours it), and the summary says why."""
+    import keras
+
+    class StopAtSecond(keras.callbacks.Callback):  # type: ignore[misc]  # keras is untyped
+        def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+            if epoch == 1:
+                self.model.stop_training = True
+
+    x, y, x_val, y_val = digit_arrays()
+    result = asyncps.train(model=functional_model(False), x=x, y=y, validation_data=(x_val, y_val), num_workers=2,
+                           num_ps=1, epochs=200, optimizer="adam", learning_rate=0.01, eval_every_s=0.5,
+                           callbacks=[StopAtSecond()], run_dir=tmp_path / "run")
+    assert result.summary.stop_reason == "stop requested: a callback set model.stop_training at evaluation 1"
+    assert result.summary.epochs < 200
+    assert not RunDir(tmp_path / "run").stop_request.exists()  # consumed

@@ -13,6 +13,7 @@
 | `memory.json` | PeakMemory | the local launcher, at the end |
 | `chief.lock` | ChiefLock (flock, released when the chief ends) | the chief, for its life |
 | `tb/` | TensorBoard events | the chief, every evaluation |
+| `stop-request` | why the caller asks the run to end | asyncps.train (a callback's stop_training) |
 | `eval-weights/at-N.npz` | an evaluation's values by variable path | the chief, with `eval_weights` |
 | `ckpt/ckpt-NNNNNNNN/` | asyncps.chief.checkpoint (`manifest.json`, `tensors/`) | the chief, at a cut |
 | `logs/` | role logs and port files | the local launcher |

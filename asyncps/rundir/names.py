@@ -20,6 +20,7 @@ REPORTS_JSONL = "reports.jsonl"  # the worker reports recorded: none is recorded
 MEMORY_JSON = "memory.json"  # the local launcher's peak memory per process
 CHIEF_LOCK = "chief.lock"  # held (flock) by the chief running the run: a second chief is refused
 TENSORBOARD_DIR = "tb"  # the chief's TensorBoard event files
+STOP_REQUEST = "stop-request"  # a reason to end the run, asked by the run's caller (a Keras callback's stop_training)
 EVAL_WEIGHTS_DIR = "eval-weights"  # the values each evaluation measured (eval_weights: asyncps.train's callbacks)
 CHECKPOINTS_DIR = "ckpt"  # the checkpoints, unless the chief was given another directory
 LOGS_DIR = "logs"  # the local launcher's per-role logs and port files
@@ -159,6 +160,11 @@ class RunDir:
     def tensorboard(self) -> Path:
         """The TensorBoard event files' directory."""
         return self.root / TENSORBOARD_DIR
+
+    @property
+    def stop_request(self) -> Path:
+        """A request to end the run (its text: why), written by asyncps.train, honoured and removed by the chief."""
+        return self.root / STOP_REQUEST
 
     def eval_weights(self, updates: int) -> Path:
         """The values the evaluation at `updates` updates measured (an npz by variable path), with eval_weights."""

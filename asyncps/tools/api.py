@@ -33,7 +33,7 @@ from asyncps.config import RunConfig, coerce_settings
 from asyncps.ml.specs import KERAS_PREFIX, NPZ_PREFIX
 from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, call_with_accepted, is_function_spec, user_path_from_env
 from asyncps.ps.main import PsConfig, run_ps
-from asyncps.rundir import EvalRow, PushRow, RunDir, RunSummary, iter_rows, read_rows
+from asyncps.rundir import EvalRow, PushRow, RunDir, RunSummary, atomic_write, iter_rows, read_rows
 from asyncps.tools import kerasdata
 from asyncps.tools.local import LocalCluster, default_run_dir, run_local
 from asyncps.tools.progress import StatusSink, display_for
@@ -276,8 +276,10 @@ class EvaluationCallbacks:
         """`load_weights`: before the callbacks see an evaluation, `model` is given the values it measured (the
         chief's eval-weights/ file of it, removed once read: eval_weights)."""
         self._callbacks, self._files, self._inner = callbacks, files, inner
-        self._model = model if load_weights else None
+        self._model = model
+        self._load_weights = load_weights
         self._seen = 0
+        self._stop_asked = False
         for callback in callbacks:
             if model is not None:
                 callback.set_model(model)
@@ -294,7 +296,7 @@ class EvaluationCallbacks:
         for epoch, row in enumerate(rows[self._seen:], start=self._seen):
             logs = {"val_loss": row.loss, "val_accuracy": row.accuracy, "updates": float(row.updates)}
             weights = self._files.eval_weights(row.updates)
-            if self._model is not None and weights.exists():
+            if self._load_weights and self._model is not None and weights.exists():
                 with np.load(weights) as values:
                     for variable in self._model.variables:
                         if variable.path in values:
@@ -302,6 +304,10 @@ class EvaluationCallbacks:
                 weights.unlink()
             for callback in self._callbacks:
                 callback.on_epoch_end(epoch, logs)
+            if getattr(self._model, "stop_training", False) and not self._stop_asked:
+                # as in model.fit: a callback ends the run (the chief reads the request: RunDir.stop_request)
+                atomic_write(self._files.stop_request, f"a callback set model.stop_training at evaluation {epoch}")
+                self._stop_asked = True
         self._seen = len(rows)
 
     def close(self) -> None:
