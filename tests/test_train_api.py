@@ -327,7 +327,7 @@ def test_csvlogger_tensorboard_and_a_callback_of_ones_own_see_each_evaluation(tm
     own = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: ends.append(epoch),
                                          on_train_end=lambda logs: ends.append(-1))
     callbacks = [keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
-                 keras.callbacks.TensorBoard(str(tmp_path / "tb")), own]
+                 keras.callbacks.TensorBoard(str(tmp_path / "board")), own]
     sink = EvaluationCallbacks(callbacks, files, model, None)
     with RowWriter(files.evals, EvalRow) as rows:
         rows.write(EvalRow(time.time(), 1.0, 10, (10,), 0.5, 0.8))
@@ -337,7 +337,7 @@ def test_csvlogger_tensorboard_and_a_callback_of_ones_own_see_each_evaluation(tm
     sink.close()
     assert (tmp_path / "log.csv").read_text().splitlines() == [
         "epoch,updates,val_accuracy,val_loss", "0,10.0,0.8,0.5", "1,20.0,0.9,0.25"]
-    assert list((tmp_path / "tb" / "validation").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "board" / "validation").glob("events.out.tfevents.*"))
     assert ends == [0, 1, -1]
     with pytest.raises(ValueError, match="TensorBoard logs the compiled optimizer's rate"):
         asyncps.train(model=functional_model(compiled=False), callbacks=[keras.callbacks.TensorBoard(str(tmp_path))],
