@@ -85,6 +85,8 @@ def test_in_memory_model_and_arrays(tmp_path: Path, num_ps: int, compiled: bool)
     ({"dataset": "digits", "x": np.zeros((10, 4)), "y": np.zeros(10, dtype=int)}, "either dataset= or arrays"),
     ({"x": np.zeros((10, 4))}, "both x= and y="),
     ({"x": np.zeros((10, 4)), "y": np.zeros(10, dtype=int)}, "validation_data="),
+    ({"verbose": 3}, "verbose is 0, 1, 2 or 'auto', not 3"),
+    ({"verbose": 1, "progress": False}, "give verbose= or progress=, not both"),
     # float targets are fine, but the built-in model's default loss (crossentropy over class ids) is not for them
     ({"x": np.zeros((10, 4)), "y": np.zeros(10), "validation_split": 0.2}, "are not class ids"),
     ({"x": np.zeros((10, 4)), "y": np.zeros(10, dtype=int), "validation_data": (np.zeros((3, 5)),
@@ -362,3 +364,19 @@ def test_a_callback_that_sets_stop_training_ends_the_run(tmp_path: Path) -> None
     assert result.summary.stop_reason == "stop requested: a callback set model.stop_training at evaluation 1"
     assert result.summary.epochs < 200
     assert not RunDir(tmp_path / "run").stop_request.exists()  # consumed
+
+
+def test_verbose_2_prints_one_line_per_evaluation() -> None:
+    """Keras' verbose=2 (a line per epoch): a line for each new evaluation the chief's status carries."""
+    import io
+
+    from asyncps.pb import coordinator_pb2 as cpb
+    from asyncps.tools.progress import EvalLineDisplay
+
+    out = io.StringIO()
+    display = EvalLineDisplay(out)
+    for updates, version in [(5, 0), (10, 8), (12, 8), (20, 19), (25, 19)]:
+        display.show(cpb.ClusterStatus(updates=updates, eval_version=version, eval_accuracy=0.5))
+    display.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "updates     10" in lines[0] and "@ 19" in lines[1], lines

@@ -36,7 +36,7 @@ from asyncps.ps.main import PsConfig, run_ps
 from asyncps.rundir import EvalRow, PushRow, RunDir, RunSummary, atomic_write, iter_rows, read_rows
 from asyncps.tools import kerasdata
 from asyncps.tools.local import LocalCluster, default_run_dir, run_local
-from asyncps.tools.progress import StatusSink, display_for
+from asyncps.tools.progress import EvalLineDisplay, StatusSink, display_for
 from asyncps.worker.config import WorkerConfig
 from asyncps.worker.main import run_worker
 
@@ -122,7 +122,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
           validation_split: float = 0.0, loss: str | Callable[..., Any] | None = None,
           run_dir: str | Path | None = None, user_path: Iterable[str] = (), progress: bool | None = None,
           secure: bool = False, callbacks: Iterable[Any] = (), sample_weight: Any = None,
-          class_weight: Mapping[int, float] | None = None, **settings: Any) -> TrainResult:
+          class_weight: Mapping[int, float] | None = None, verbose: int | str = "auto",
+          **settings: Any) -> TrainResult:
     """Train on a local cluster to completion; return the trained model, the summary and the history.
 
     `model`: a keras.Model (compiled or not; its weights are the start, and it is trained in place, as
@@ -156,8 +157,10 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     evaluation measured when the callbacks see it (the chief writes them: `eval_weights`), so the checkpoint
     saves what its `monitor` judged (a model object's only; not for Embedding tables read by rows, which only
     the shards hold: give `row_pull="off"`); otherwise the start's until the run ends.
-    `user_path`: directories every process (this one too) imports user code from. `progress`: a live
-    progress display (default: where a person watches, a terminal or a notebook). Raises ValueError
+    `user_path`: directories every process (this one too) imports user code from. `verbose` as Keras': 0
+    silent, 1 a live progress display (a bar on a terminal, status lines elsewhere), 2 one line per evaluation;
+    "auto" (the default) 1 where a person watches (a terminal or a notebook), else 0. `progress` (True/False)
+    is the older spelling of 1/0. Raises ValueError
     for bad inputs (before any process starts), RunDiverged (a TrainingFailed) when the run ended as
     diverged (its summary's `verdict` says why), TrainingFailed when the run ends without a summary or
     with a failed chief.
@@ -177,6 +180,7 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
                              "unweighted (give (x, y) batches)")
         validation_data = (x_val, y_val)
     weights = _weights(sample_weight, class_weight, y, dataset)
+    level = _verbosity(verbose, progress)
     if _is_keras_model(model):
         _refuse_keyed(model)
     others, derived = _split_callbacks(callbacks, model, settings)
@@ -210,10 +214,10 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     fields = {"model": model_spec, "dataset": dataset_spec, "loss": loss_spec, **derived, **settings}
     run = RunConfig.from_layers(coerce_settings(fields, "asyncps.train"))
     env = {USER_PATH_ENV: os.pathsep.join(dict.fromkeys(dirs))} if dirs else None
-    shown = progress if progress is not None else _watched()
-    sink = EvaluationCallbacks(others, files, model if _is_keras_model(model) else None,
-                               display_for(sys.stdout) if shown else None, run.eval_weights) if others else None
-    code = run_local(run, where, progress=shown, env=env, secure=secure, sink=sink)
+    display = None if level == 0 else display_for(sys.stdout) if level == 1 else EvalLineDisplay(sys.stdout)
+    sink = EvaluationCallbacks(others, files, model if _is_keras_model(model) else None, display,
+                               run.eval_weights) if others else display
+    code = run_local(run, where, progress=display is not None, env=env, secure=secure, sink=sink)
     if code != 0 and files.summary.exists() and (summary := RunSummary.load(where)).diverged:
         raise RunDiverged(f"asyncps.train: {summary.verdict}; logs in {files.logs}", summary)
     if code != 0 or not files.summary.exists():
@@ -317,6 +321,19 @@ class EvaluationCallbacks:
         self._catch_up()
         for callback in self._callbacks:
             callback.on_train_end({})
+
+
+def _verbosity(verbose: int | str, progress: bool | None) -> int:
+    """Keras' `verbose` (or the older `progress`) as 0, 1 or 2; ValueError for anything else."""
+    if progress is not None:
+        if verbose != "auto":
+            raise ValueError("asyncps.train: give verbose= or progress=, not both")
+        return 1 if progress else 0
+    if verbose == "auto":
+        return 1 if _watched() else 0
+    if isinstance(verbose, bool) or verbose not in (0, 1, 2):
+        raise ValueError(f"asyncps.train: verbose is 0, 1, 2 or 'auto', not {verbose!r}")
+    return int(verbose)
 
 
 def _watched() -> bool:

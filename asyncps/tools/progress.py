@@ -104,6 +104,24 @@ class LineDisplay:
         """Nothing to end: every line is complete."""
 
 
+class EvalLineDisplay:
+    """One status line per new evaluation (Keras' verbose=2: a line per epoch); the run's end says the rest."""
+
+    def __init__(self, stream: IO[str] = sys.stdout) -> None:
+        self._stream = stream
+        self._seen = -1  # the eval_version last printed
+
+    def show(self, status: cpb.ClusterStatus) -> None:
+        """Print the status when it carries an evaluation not printed yet."""
+        if status.eval_version != self._seen and status.eval_version > 0:
+            self._seen = status.eval_version
+            self._stream.write(status_line(status) + "\n")
+            self._stream.flush()
+
+    def close(self) -> None:
+        """Nothing to end: every line is complete."""
+
+
 def _bar(stream: IO[str]) -> Progress:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
