@@ -422,11 +422,6 @@ class Chief:
         if sparse is None:
             export_model(self.model.keras, self.config)
             return
-        keyed = [t.layer for t in sparse.tables if t.keyed]
-        if keyed:
-            log.warning("no model.keras: the HashEmbedding tables %s live on the shards by key (their rows are in the "
-                        "checkpoints, a Keras table cannot hold them)", keyed)
-            return
         table_bytes = sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in sparse.tables)
         if table_bytes > EXPORT_TABLE_BYTES:
             log.warning("no model.keras: the tables (%.0f MB) only the shards hold are larger than the %d MB the "
@@ -435,6 +430,20 @@ class Chief:
             return
         from asyncps.runmodel import build_run_model
         from asyncps.transport import connect_model
+
+        keyed = [t.layer for t in sparse.tables if t.keyed]
+        if keyed:  # the rows a keyed table kept, by key, are in the run's last checkpoint (taken at its end)
+            ckpt = self.checkpointer.checkpoints.latest()
+            if ckpt is None:
+                log.warning("no model.keras: the HashEmbedding tables %s live on the shards by key, and with "
+                            "checkpoints off there is none to export them from", keyed)
+                return
+            from asyncps.ml.sparse import with_kept_rows
+
+            _, whole = build_run_model(self.run)
+            log.info("export: the HashEmbedding tables %s as the rows they kept, from %s", keyed, ckpt.path.name)
+            export_model(with_kept_rows(whole, ckpt.values, ckpt.policy_state), self.config)
+            return
 
         log.info("export: the tables (%.1f MB) are pulled whole into the chief", table_bytes / 1e6)
         _, whole = build_run_model(self.run)

@@ -69,3 +69,16 @@ def test_a_killed_shard_holding_part_of_a_big_table_is_restored_and_the_run_fini
         assert all(n > 0 for n in counts.unreported.values()), f"rows the shard never answered: {counts}"
         assert counts.answers == counts.rows - counts.rows_taken_back + sum(counts.unreported.values()), counts
     assert summary.final_eval.accuracy > 0.55, summary.final_eval
+    if table == "keyed":  # exported from the final checkpoint: the rows the table kept, by key
+        import keras
+        import numpy as np
+
+        from asyncps.ml.datasets import load_dataset
+        from asyncps.ml.sparse import KeyedTable
+
+        exported = keras.models.load_model(RunDir(run_dir).exported_model)
+        kept = exported.get_layer("id_embedding")
+        assert isinstance(kept, KeyedTable) and 10_000 < kept.size <= 200_000, kept.size  # the keys trained
+        data = load_dataset(f"recsys:rows={ROWS},hashed=1", 3)
+        accuracy = float(np.mean(np.argmax(exported.predict(data.x_test, verbose=0), axis=1) == data.y_test))
+        assert abs(accuracy - summary.final_eval.accuracy) < 0.02, (accuracy, summary.final_eval)

@@ -98,3 +98,29 @@ def test_asyncps_train_refuses_a_keyed_model_and_says_what_runs_it(tmp_path: Pat
         asyncps.train(model=keyed_model(), x=x, y=np.zeros(10, np.int64), validation_split=0.2,
                       run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_exported_keyed_table_looks_up_the_rows_kept_and_zeros_for_other_keys(tmp_path: Path) -> None:
+    from asyncps.ml.sparse import KeyedTable, with_kept_rows
+
+    model = keyed_model()
+    table = model.get_layer("ids").embeddings.path
+    values = {v.path: np.asarray(v) for v in model.trainable_variables}
+    values[table] = np.arange(1000 * 4, dtype=np.float32).reshape(1000, 4)
+    keys = np.zeros(1000, np.int64)
+    touched = np.full(1000, -1, np.int64)
+    keys[[7, 3, 500]] = [BIG, -(1 << 40), 12]  # three places kept, in no order; the rest free
+    touched[[7, 3, 500]] = [1, 2, 3]
+    exported = with_kept_rows(model, values, {table: {"keyed.keys": keys, "keyed.touched": touched}})
+    kept = exported.get_layer("ids")
+    assert isinstance(kept, KeyedTable) and kept.size == 3
+    np.testing.assert_array_equal(np.asarray(kept.keys), [-(1 << 40), 12, BIG])
+    out = np.asarray(kept(np.array([[12, BIG, 99]], np.int64)))
+    np.testing.assert_array_equal(out[0], [values[table][500], values[table][7], np.zeros(4)])
+    np.testing.assert_array_equal(np.asarray(exported.get_layer("logits").kernel), values["logits/kernel"])
+    exported.save(tmp_path / "m.keras")
+    again = keras.models.load_model(tmp_path / "m.keras")
+    x = np.array([[-(1 << 40), 12, 5]], np.int64)
+    np.testing.assert_array_equal(np.asarray(again(x)), np.asarray(exported(x)))
+    with pytest.raises(ValueError, match="no keys for this HashEmbedding"):
+        with_kept_rows(model, values, {})

@@ -111,6 +111,82 @@ class HashEmbedding(keras.layers.Embedding):  # type: ignore[misc]  # keras is u
         return config
 
 
+@keras.saving.register_keras_serializable(package="asyncps")
+class KeyedTable(keras.layers.Layer):  # type: ignore[misc]  # keras is untyped
+    """A trained HashEmbedding as the exported model holds it: the keys its table kept (sorted) and their rows;
+    a key it did not keep looks up a row of zeros (a serving default: it was never trained, or was evicted)."""
+
+    def __init__(self, size: int, output_dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.size = max(1, size)
+        self.output_dim = output_dim
+
+    def build(self, input_shape: Any) -> None:
+        """The kept keys (int64, sorted; padded with PAD_ID when none) and their rows."""
+        self.keys = self.add_weight(shape=(self.size,), initializer="zeros", dtype="int64", trainable=False,
+                                    name="keys")
+        self.embeddings = self.add_weight(shape=(self.size, self.output_dim), initializer="zeros",
+                                          name="embeddings")
+
+    def call(self, inputs: Any) -> Any:
+        """Each key's row if the table kept it, else zeros."""
+        ids = tf.cast(inputs, tf.int64)
+        flat = tf.reshape(ids, [-1])
+        at = tf.minimum(tf.searchsorted(tf.reshape(self.keys, [1, -1]), tf.reshape(flat, [1, -1]))[0],
+                        self.size - 1)
+        found = tf.cast(tf.equal(tf.gather(self.keys, at), flat), self.embeddings.dtype)
+        rows = tf.gather(self.embeddings, at) * found[:, None]
+        return tf.reshape(rows, tf.concat([tf.shape(ids), [self.output_dim]], axis=0))
+
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        """The input's shape and one more axis of output_dim."""
+        return (*tuple(input_shape), self.output_dim)
+
+    def get_config(self) -> dict[str, Any]:
+        """size and output_dim beside the base config."""
+        config: dict[str, Any] = {**super().get_config(), "size": self.size, "output_dim": self.output_dim}
+        return config
+
+
+def with_kept_rows(model: Any, values: Mapping[str, Array], row_state: Mapping[str, Mapping[str, Array]]) -> Any:
+    """The model to export: its HashEmbeddings replaced by KeyedTables of the rows the shards kept (`row_state`:
+    a checkpoint's per-row state by variable, with the keys and last pushes: ps/keyed.py), every variable set from
+    `values` (a checkpoint's whole variables by path). ValueError naming a variable the values lack."""
+    kept: dict[str, tuple[Array, Array]] = {}
+    for layer in _layers(model):
+        if isinstance(layer, HashEmbedding):
+            path = layer.embeddings.path
+            state = row_state.get(path, {})
+            if "keyed.keys" not in state or "keyed.touched" not in state or path not in values:
+                raise ValueError(f"{path}: the checkpoint has no keys for this HashEmbedding")
+            used = np.flatnonzero(state["keyed.touched"] >= 0)
+            order = used[np.argsort(state["keyed.keys"][used], kind="stable")]
+            kept[layer.name] = (np.asarray(state["keyed.keys"])[order], np.asarray(values[path])[order])
+
+    def replace(layer: Any) -> Any:
+        if layer.name in kept:
+            return KeyedTable(kept[layer.name][0].size, layer.output_dim, name=layer.name, dtype=layer.dtype_policy)
+        return layer.__class__.from_config(layer.get_config())
+
+    out = keras.models.clone_model(model, clone_function=replace, recursive=True) if kept else model
+    by_layer = {layer.name: layer for layer in _layers(out)}
+    for name, (keys, rows) in kept.items():
+        table = by_layer[name]
+        if keys.size:
+            table.keys.assign(keys)
+            table.embeddings.assign(rows)
+        else:
+            table.keys.assign(np.full(1, PAD_ID, dtype=np.int64))
+    tables = {by_layer[name].embeddings.path for name in kept}
+    for variable in out.trainable_variables:
+        if variable.path in tables:
+            continue
+        if variable.path not in values:
+            raise ValueError(f"the checkpoint has no values for {variable.path}")
+        variable.assign(values[variable.path])
+    return out
+
+
 def is_table(layer: Any) -> bool:
     """Whether a layer's table is read by rows: a Keras Embedding or a HashEmbedding."""
     return type(layer) in (keras.layers.Embedding, HashEmbedding)
@@ -355,5 +431,5 @@ def initialize(model: Any) -> None:
             variable._deferred_initialize()
 
 
-__all__ = ["PAD_ID", "HashEmbedding", "LocalRows", "RowStep", "RowTable", "SparseModel", "build_deferred",
-           "has_keyed_table", "initialize", "is_table", "plan", "table_layers"]
+__all__ = ["PAD_ID", "HashEmbedding", "KeyedTable", "LocalRows", "RowStep", "RowTable", "SparseModel",
+           "build_deferred", "has_keyed_table", "initialize", "is_table", "plan", "table_layers", "with_kept_rows"]

@@ -58,11 +58,10 @@ def model_from_checkpoint(ckpt: Checkpoint, run: RunConfig) -> Any:
     quiet_tensorflow()
     use_recorded_user_path(ckpt)
     _, model = build_run_model(run)
-    from asyncps.ml.sparse import has_keyed_table
+    from asyncps.ml.sparse import has_keyed_table, with_kept_rows
 
-    if has_keyed_table(model):
-        raise ValueError(f"model {run.model!r} has a HashEmbedding: its rows live by key in the checkpoint's tensors "
-                         "(keyed.keys beside the values), which a Keras table cannot hold; no model.keras is written")
+    if has_keyed_table(model):  # each HashEmbedding as a KeyedTable of the rows the shards kept, by key
+        return with_kept_rows(model, ckpt.values, ckpt.policy_state)
     names = {v.path for v in model.trainable_variables}
     missing = sorted(names - set(ckpt.values))
     if missing:
