@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,15 +45,21 @@ def format_value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _slug(text: str) -> str:
+def slug_of(text: str) -> str:
     """A directory-name-safe version of a label (other letters by their Unicode names: λ -> lamda)."""
     ascii_text = "".join(ch if ch.isascii() or not ch.isalnum() else unicodedata.name(ch, "_").split()[-1].lower()
                          for ch in text)
     return re.sub(r"[^A-Za-z0-9.=+-]+", "_", ascii_text).strip("_")[:80]
 
 
-def expand_grid(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]]) -> list[Point]:
-    """The Cartesian product of the grid's axes (first axis slowest) over the base settings."""
+#: changes a point's fields (the fields, the point's axes) before its RunConfig is made: the tuned value
+Adjust = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+
+
+def expand_grid(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]],
+                adjust: Adjust | None = None) -> list[Point]:
+    """The Cartesian product of the grid's axes (first axis slowest) over the base settings (each point's
+    fields through `adjust`, if given)."""
     axes = list(grid.items())
     points = []
     for index, combo in enumerate(itertools.product(*(values for _, values in axes))):
@@ -72,9 +78,11 @@ def expand_grid(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]]) -> l
                 chosen[axis] = value
                 parts.append(f"{axis}={format_value(value)}")
         label = ", ".join(parts) or "base"
+        if adjust is not None:
+            fields = adjust(fields, chosen)
         try:
             config = make_run_config(fields)
         except ValueError as exc:
             raise ExperimentError(f"point {index} ({label}): {exc}") from None
-        points.append(Point(index, label, f"{index:02d}-{_slug(label)}", chosen, config))
+        points.append(Point(index, label, f"{index:02d}-{slug_of(label)}", chosen, config))
     return points
