@@ -181,7 +181,7 @@ def test_the_shipped_tuned_specs_tune_each_variant_and_keep_the_untuned_ones() -
         assert 2 <= len(reduced.tune.values) <= 3 < len(spec.tune.values) + 1
         seeds = set(spec.grid["seed"])
         assert not {s + spec.tune.seed_offset for s in seeds} & seeds
-        kept = load_spec(ROOT / "experiments" / f"{untuned}.yaml")  # the untuned spec stays, same checks
-        assert [c.name for c in spec.checks] == [c.name for c in kept.checks]
+        kept = load_spec(ROOT / "experiments" / f"{untuned}.yaml")  # the untuned spec stays; its checks are all here
+        assert [c.name for c in spec.checks][:len(kept.checks)] == [c.name for c in kept.checks]
         for run in spec.tune_points():
             assert run.config.dataset.startswith("validation:") and run.config.seed >= spec.tune.seed_offset
