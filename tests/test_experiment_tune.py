@@ -76,6 +76,8 @@ def test_a_tune_section_parses_with_its_defaults_and_the_reduced_one_replaces_ke
     reduced = parse_spec({**SPEC, "reduced": {"grid": {"seed": [0]}, "tune": {"values": [0.1, 1.0],
                                                                              "per": ["variant"]}}}, reduced=True)
     assert reduced.tune is not None and reduced.tune.values == (0.1, 1.0) and reduced.tune.per == ("variant",)
+    steps = parse_spec(spec_with(parameter="local_steps", values=[1, 4]))  # an integer field keeps integers
+    assert sorted({p.config.local_steps for p in steps.tune_points()}) == [1, 4]
     with pytest.raises(ExperimentError, match="the spec has none"):
         parse_spec({**{k: v for k, v in SPEC.items() if k != "tune"}, "reduced": {"tune": {"values": [1, 2]}}})
     with pytest.raises(ExperimentError, match="tune must be a mapping"):

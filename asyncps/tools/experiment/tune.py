@@ -116,7 +116,8 @@ def parse_tune(data: Any, grid: Mapping[str, Sequence[Any]]) -> Tune:
     fixed = sorted(set(base) & {*_DERIVED, name})
     if fixed:
         raise ExperimentError(f"tune.base may not set {fixed}: the tuning runs set them")
-    return Tune(parameter, tuple(float(v) for v in values), metric, goal, tuple(per or grid), offset, dict(base))
+    # the numbers as written: an integer field (local_steps) takes integers
+    return Tune(parameter, tuple(values), metric, goal, tuple(per or grid), offset, dict(base))
 
 
 def set_parameter(fields: Mapping[str, Any], parameter: str, value: float) -> dict[str, Any]:
