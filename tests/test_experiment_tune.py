@@ -61,7 +61,7 @@ def spec_with(**tune: Any) -> dict[str, Any]:
     ({"steps": 3}, r"tune: unknown keys \['steps'\]"),
     # a parameter the runs refuse: the error names the tuning and the point
     ({"parameter": "optimizer.lr"},
-     r"tune \(optimizer.lr\): point 0 \(seed=0, plain\): unknown optimizer 'sgd:lr=0.01'"),
+     r"tune \(optimizer.lr\): point 0 \(seed=0, plain, optimizer.lr=0.01\): unknown optimizer 'sgd:lr=0.01'"),
 ])
 def test_a_bad_tune_section_is_a_clear_error(tune: dict[str, Any], message: str) -> None:
     with pytest.raises(ExperimentError, match=message):

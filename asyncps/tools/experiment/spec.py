@@ -12,7 +12,7 @@ from asyncps.tools.experiment.checks import Check, parse_check
 from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.grid import RUN_FIELDS, Point, expand_grid
 from asyncps.tools.experiment.metrics import Target
-from asyncps.tools.experiment.tune import Tune, TuneChoice, parse_tune, tune_runs, tuned_points
+from asyncps.tools.experiment.tune import Tune, TuneChoice, check_candidates, parse_tune, tune_runs, tuned_points
 
 SPEC_KEYS = ("name", "description", "base", "grid", "target", "check", "reduced", "tune")
 
@@ -145,9 +145,7 @@ def parse_spec(data: Any, default_name: str = "experiment", reduced: bool = Fals
     spec.points()  # every point must be a valid RunConfig before anything runs
     if tune is not None:  # and every tuning run, and every measured point at each candidate
         try:
-            spec.tune_points()
-            for value in tune.values:
-                spec.tuned_points([TuneChoice(k, 0, (), value) for k in {r.key for r in tune_runs(tune, base, grid)}])
+            check_candidates(tune, base, grid)
         except ExperimentError as exc:
             raise ExperimentError(f"tune ({tune.parameter}): {exc}") from None
     return spec

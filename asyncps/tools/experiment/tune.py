@@ -25,7 +25,6 @@ choice.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from typing import Any
 from asyncps.config import RunConfig
 from asyncps.ml.specs import VALIDATION_PREFIX
 from asyncps.tools.experiment.errors import ExperimentError
-from asyncps.tools.experiment.grid import RUN_FIELDS, Point, expand_grid, format_value, slug_of
+from asyncps.tools.experiment.grid import RUN_FIELDS, GridEntry, Point, expand_grid, format_value, grid_entries
 from asyncps.tools.experiment.metrics import METRICS
 
 TUNE_KEYS = ("parameter", "values", "select", "per", "seed_offset", "base")
@@ -178,28 +177,34 @@ def tuning_fields(tune: Tune, fields: Mapping[str, Any], value: float) -> dict[s
     return out
 
 
+def _representatives(tune: Tune, base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]]) -> list[GridEntry]:
+    """The first grid entry of each combination of the `per` axes' values (the other axes at their first value)."""
+    first: dict[Key, GridEntry] = {}
+    for entry in grid_entries(base, grid):
+        first.setdefault(key_of(tune, entry.axes), entry)
+    return list(first.values())
+
+
 def tune_runs(tune: Tune, base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]]) -> list[TuneRun]:
     """Every tuning run, by choice then candidate: one per combination of the `per` axes (the first point of
     the grid with those values: the other axes at their first value) and candidate."""
     runs: list[TuneRun] = []
-    for value in tune.values:
-        seen: set[Key] = set()
+    for entry in _representatives(tune, base, grid):
+        for value in tune.values:
+            label = f"{entry.label}, {tune.parameter}={format_value(value)}"
+            point = entry.point(tuning_fields(tune, entry.fields, value), label, len(runs))
+            runs.append(TuneRun(key_of(tune, entry.axes), value, point))
+    return runs
 
-        def adjust(fields: dict[str, Any], axes: dict[str, Any], value: float = value) -> dict[str, Any]:
-            return tuning_fields(tune, fields, value)
 
-        for p in expand_grid(base, grid, adjust=adjust):
-            key = key_of(tune, p.axes)
-            if key not in seen:
-                seen.add(key)
-                runs.append(TuneRun(key, value, p))
-    runs.sort(key=lambda r: (r.point.index, tune.values.index(r.value)))
-    out = []
-    for n, r in enumerate(runs):
-        label = f"{r.point.label}, {tune.parameter}={format_value(r.value)}"
-        out.append(dataclasses.replace(r, point=dataclasses.replace(
-            r.point, index=n, label=label, slug=f"{n:02d}-{slug_of(label)}")))
-    return out
+def check_candidates(tune: Tune, base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]]) -> None:
+    """An ExperimentError unless every tuning run, and the measured run of each choice's first point at every
+    candidate, is a valid RunConfig (the other points differ from those in axes the grid itself validates)."""
+    tune_runs(tune, base, grid)
+    for entry in _representatives(tune, base, grid):
+        for value in tune.values:
+            entry.point(set_parameter(entry.fields, tune.parameter, value),
+                        f"{entry.label} at {tune.parameter}={format_value(value)}")
 
 
 @dataclass(frozen=True)
@@ -252,5 +257,6 @@ def tune_markdown(tune: Tune, choices: Sequence[TuneChoice]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["DEFAULT_SEED_OFFSET", "TUNE_KEYS", "Key", "Tune", "TuneChoice", "TuneRun", "choose", "key_label",
+__all__ = ["DEFAULT_SEED_OFFSET", "TUNE_KEYS", "Key", "Tune", "TuneChoice", "TuneRun", "check_candidates", "choose",
+           "key_label",
            "key_of", "parse_tune", "set_parameter", "tune_markdown", "tune_runs", "tuned_points", "tuning_fields"]
