@@ -17,7 +17,7 @@ import pytest
 from asyncps.config import RunConfig
 from asyncps.ml.datasets import load_dataset
 from asyncps.ml.specs import dataset_problem
-from asyncps.tools.experiment import ExperimentError, load_spec, parse_spec, run_sweep
+from asyncps.tools.experiment import ExperimentError, load_spec, parse_spec, read_results, run_sweep
 from asyncps.tools.experiment.tune import Tune, TuneRun, choose, set_parameter
 from tests.test_experiment_report import fake_run
 
@@ -163,6 +163,8 @@ def test_a_tuned_sweep_runs_the_tuning_first_and_records_each_choice(tmp_path: P
         rows = list(csv.DictReader(f))
     assert [(r["seed"], r["variant"], r["tuned:learning_rate"]) for r in rows] == [
         ("0", "plain", "0.1"), ("0", "heavy", "1"), ("1", "plain", "0.1"), ("1", "heavy", "1")]
+    records = read_results(out)  # read back: `asyncps report` labels each run with its choice
+    assert [r.tuned for r in records.values()] == ["learning_rate=0.1", "learning_rate=1"] * 2
     with open(out / "tune.csv", newline="") as f:
         tuned = list(csv.DictReader(f))
     assert len(tuned) == 12 and sum(r["chosen"] == "1" for r in tuned) == 4
