@@ -171,7 +171,9 @@ def test_a_tuned_sweep_runs_the_tuning_first_and_records_each_choice(tmp_path: P
     assert {(r["seed"], r["variant"], r["learning_rate"]) for r in tuned if r["chosen"] == "1"} == {
         ("1000", "plain", "0.1"), ("1000", "heavy", "1"), ("1001", "plain", "0.1"), ("1001", "heavy", "1")}
     md = (out / "results.md").read_text()
-    assert "## Tuning" in md and "| seed=0, heavy | 1000 | 0.7 | 0.8 | 0.9 | 1 |" in md
+    assert "## Tuning" in md and "| seed=0, plain | 1000 | 0.8 | 0.9 | 0.8 | 0.1 |" in md
+    assert "| seed=0, heavy | 1000 | 0.7 | 0.8 | 0.9 | 1 * |" in md  # the largest candidate: the grid's edge
+    assert "2 of 4 choices are the grid's smallest or largest learning_rate (marked *)" in md
     again = ScoredRunner()  # resumed: nothing runs again, the same choices
     assert run_sweep(spec, out, again, io.StringIO()).tuned == sweep.tuned and again.runs == []
 

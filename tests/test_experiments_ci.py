@@ -26,7 +26,8 @@ SPECS = [*sorted((ROOT / "experiments").glob("e[1-5789]_*.yaml")), ROOT / "exper
 # the tuned specs (a `tune` section: each variant searches its parameter first) are not run in CI: E10's tuned
 # reduced run took 240 s here (6 tuning runs, 9 points; over the ~200 s a reduced check may take) and FAILED its
 # first claim (naive async's accuracy 0.979x sync's at its own outer lr 0.1, bar <= 0.9); E7's tuned reduced run
-# was never timed. tests/test_experiment_tune.py checks their tune sections without training.
+# (4 tuning runs, 12 points) took 367 s here and passed. tests/test_experiment_tune.py checks their tune sections
+# without training.
 TUNED = {p for p in SPECS if p.stem.endswith("_tuned")}
 # the reduced checks CI runs: all of them. E7's (sgd, λ 1 and 8, three seeds, 12 points; every run stops at
 # its target) passed 10 consecutive runs here in 154-173 s beside its full sweep: the 3-hidden network's

@@ -10,7 +10,7 @@ from asyncps.tools.experiment.grid import format_value
 from asyncps.tools.experiment.spec import load_spec
 from asyncps.tools.experiment.sweep import TUNE_DIR, SweepInterrupted, finished, run_sweep
 from asyncps.tools.experiment.tables import RESULTS_CSV, RESULTS_MD
-from asyncps.tools.experiment.tune import key_label
+from asyncps.tools.experiment.tune import at_edge, edge_note, key_label
 
 
 def cmd_experiment(args: Any) -> int:
@@ -38,7 +38,11 @@ def cmd_experiment(args: Any) -> int:
     print(f"results: {out / RESULTS_CSV}, {out / RESULTS_MD} ({sweep.sweep_s:.0f}s)")
     if spec.tune is not None:
         for choice in sweep.choices:
-            print(f"tuned {key_label(choice.key)}: {spec.tune.parameter}={format_value(choice.value)}")
+            edge = " (the grid's edge)" if at_edge(spec.tune, choice) else ""
+            print(f"tuned {key_label(choice.key)}: {spec.tune.parameter}={format_value(choice.value)}{edge}")
+        note = edge_note(spec.tune, sweep.choices)
+        if note:
+            print(f"note: {note}")
     for outcome in sweep.outcomes:
         print(outcome.describe())
     failed = [r.point.label for r in sweep.results if r.status == "failed"]

@@ -246,17 +246,34 @@ def tuned_points(tune: Tune, base: Mapping[str, Any], grid: Mapping[str, Sequenc
     return points, {p.slug: chosen[key_of(tune, p.axes)] for p in points}
 
 
+def at_edge(tune: Tune, choice: TuneChoice) -> bool:
+    """True when the choice is the smallest or the largest candidate: the best value may lie outside the grid."""
+    return choice.value in (min(tune.values), max(tune.values))
+
+
+def edge_note(tune: Tune, choices: Sequence[TuneChoice]) -> str:
+    """A warning when choices fell on the grid's edge ("" when none did)."""
+    edge = [c for c in choices if at_edge(tune, c)]
+    if not edge:
+        return ""
+    return (f"{len(edge)} of {len(choices)} choices are the grid's smallest or largest {tune.parameter} "
+            f"(marked *): the best value may lie outside the grid; widen it to know")
+
+
 def tune_markdown(tune: Tune, choices: Sequence[TuneChoice]) -> str:
-    """results.md's tuning section: the rule, then one row per choice with every candidate's score."""
+    """results.md's tuning section: the rule, then one row per choice with every candidate's score (a choice at
+    the grid's edge marked *, with a note)."""
     header = ["tuned for", "tuning seed", *(f"{tune.parameter}={format_value(v)}" for v in tune.values), "chosen"]
     lines = [f"## Tuning\n\n{tune.describe()}; `tune.csv` has every tuning run.\n",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in choices:
         cells = ["—" if math.isnan(s) else f"{s:.4g}" for _, s in c.scores]
-        lines.append("| " + " | ".join([key_label(c.key), str(c.seed), *cells, format_value(c.value)]) + " |")
-    return "\n".join(lines) + "\n"
+        chosen = format_value(c.value) + (" *" if at_edge(tune, c) else "")
+        lines.append("| " + " | ".join([key_label(c.key), str(c.seed), *cells, chosen]) + " |")
+    note = edge_note(tune, choices)
+    return "\n".join(lines) + "\n" + (f"\n{note}.\n" if note else "")
 
 
-__all__ = ["DEFAULT_SEED_OFFSET", "TUNE_KEYS", "Key", "Tune", "TuneChoice", "TuneRun", "check_candidates", "choose",
-           "key_label",
-           "key_of", "parse_tune", "set_parameter", "tune_markdown", "tune_runs", "tuned_points", "tuning_fields"]
+__all__ = ["DEFAULT_SEED_OFFSET", "TUNE_KEYS", "Key", "Tune", "TuneChoice", "TuneRun", "at_edge", "check_candidates",
+           "choose", "edge_note", "key_label", "key_of", "parse_tune", "set_parameter", "tune_markdown", "tune_runs",
+           "tuned_points", "tuning_fields"]
