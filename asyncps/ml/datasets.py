@@ -19,7 +19,17 @@ from pathlib import Path
 import numpy as np
 
 from asyncps.ml.specs import DATASET_NAMES as DATASET_NAMES  # re-exported: the names load_dataset takes
-from asyncps.ml.specs import DATASET_PREFIXES, NPZ_PREFIX, RECSYS, SYNTHETIC_PREFIX, parse_recsys_data, valid_datasets
+from asyncps.ml.specs import (
+    DATASET_PREFIXES,
+    NPZ_PREFIX,
+    RECSYS,
+    SYNTHETIC_PREFIX,
+    VALIDATION_FRACTION,
+    VALIDATION_PREFIX,
+    parse_recsys_data,
+    parse_validation,
+    valid_datasets,
+)
 from asyncps.ml.userfns import call_with_accepted, is_function_spec, load_function
 from asyncps.placement import mix64
 
@@ -141,6 +151,8 @@ def _load_cached(spec: str, seed: int) -> Dataset:
 
 
 def _load_uncached(spec: str, seed: int) -> Dataset:
+    if spec.startswith(VALIDATION_PREFIX):
+        return validation_split(spec)
     if spec == "digits":
         return _load_digits(seed)
     if spec in ("mnist", "fashion_mnist"):
@@ -156,6 +168,29 @@ def _load_uncached(spec: str, seed: int) -> Dataset:
     if is_function_spec(spec, DATASET_PREFIXES):
         return _load_user_dataset(spec, seed)
     raise ValueError(f"unknown dataset spec {spec!r}; valid: {valid_datasets()}")
+
+
+def validation_split(spec: str) -> Dataset:
+    """`validation:SEED:DATASET`: DATASET as seed SEED loads it (the split a run of that seed trains and tests
+    on), its training examples split again, VALIDATION_FRACTION held out (stratified by class for class ids,
+    seeded by SEED) as the evaluation split; the rest is the training split. The test split is dropped: a
+    tuning run of any seed evaluates on data the measured run of seed SEED trains on, never on its test set."""
+    split_seed, inner = parse_validation(spec)
+    data = load_dataset(inner, split_seed)
+    rng = np.random.default_rng([split_seed, 0x7A1])  # not the inner split's stream
+    if data.has_class_ids:
+        train, held = _stratified_split(data.y_train, VALIDATION_FRACTION, rng)
+    else:
+        order = rng.permutation(len(data.y_train))
+        n_held = round(len(order) * VALIDATION_FRACTION)
+        train, held = order[n_held:], order[:n_held]
+    if not len(train) or not len(held):
+        raise ValueError(f"dataset {spec!r}: {len(data.y_train)} training examples are too few to hold some out")
+    return dataclasses.replace(
+        data, name=spec, x_train=data.x_train[train], y_train=data.y_train[train], x_test=data.x_train[held],
+        y_test=data.y_train[held], optimal_loss=None,
+        num_ids=data.num_ids if data.num_ids is not None or data.x_train.dtype != np.int64 else data.id_rows,
+        w_train=None if data.w_train is None else data.w_train[train])
 
 
 def worker_shard(n: int, index: int, num_workers: int) -> np.ndarray:

@@ -19,8 +19,12 @@ NPZ_PREFIX = "npz:"
 SYNTHETIC_PREFIX = "synthetic:"
 #: `recsys[:rows=R,...]`: the synthetic recommendation data (int64 ids) and the model with one id table over it.
 RECSYS = "recsys"
+#: `validation:SEED:DATASET`: DATASET's training split as seed SEED splits it, a stratified share of it
+#: (VALIDATION_FRACTION) held out as the evaluation split; its test split is never loaded (tuning runs).
+VALIDATION_PREFIX = "validation:"
+VALIDATION_FRACTION = 0.2
 #: the dataset names that take `name:args` (not a `package.module:function`)
-DATASET_PREFIXES: tuple[str, ...] = ("npz", "synthetic", RECSYS)
+DATASET_PREFIXES: tuple[str, ...] = ("npz", "synthetic", RECSYS, VALIDATION_PREFIX[:-1])
 #: `keras:PATH`: a model saved by Keras (`model.save("m.keras")`), weights and all (what asyncps.train sends).
 KERAS_PREFIX = "keras:"
 DEFAULT_MLP_HIDDEN: tuple[int, ...] = (128, 128)
@@ -121,8 +125,24 @@ def model_problem(spec: str) -> str | None:
             f"{KERAS_PREFIX}PATH.keras, package.module:function")
 
 
+def parse_validation(spec: str) -> tuple[int, str]:
+    """(split seed, inner dataset spec) of a `validation:SEED:DATASET` spec; ValueError when it is not one."""
+    seed, sep, inner = spec[len(VALIDATION_PREFIX):].partition(":")
+    if not spec.startswith(VALIDATION_PREFIX) or not sep or not seed.isdigit() or not inner:
+        raise ValueError(f"bad dataset spec {spec!r}: expected {VALIDATION_PREFIX}SEED:DATASET, e.g. "
+                         f"{VALIDATION_PREFIX}0:digits")
+    if inner.startswith(VALIDATION_PREFIX):
+        raise ValueError(f"bad dataset spec {spec!r}: a validation split of a validation split")
+    return int(seed), inner
+
+
 def dataset_problem(spec: str) -> str | None:
     """Why `spec` names no dataset (None: it does, as far as its syntax tells)."""
+    if spec.startswith(VALIDATION_PREFIX):
+        try:
+            return dataset_problem(parse_validation(spec)[1])
+        except ValueError as exc:
+            return str(exc)
     if spec in DATASET_NAMES or is_function_spec(spec, DATASET_PREFIXES):
         return None
     if spec.partition(":")[0] == RECSYS:
@@ -144,7 +164,8 @@ def dataset_problem(spec: str) -> str | None:
 def valid_datasets() -> str:
     """Every kind of dataset spec, for error messages."""
     return ", ".join((*DATASET_NAMES, f"{NPZ_PREFIX}PATH", f"{SYNTHETIC_PREFIX}FEATURESxCLASSES",
-                      f"{RECSYS}:rows=R,features=F,zipf=A,train=N,test=M", "package.module:function"))
+                      f"{RECSYS}:rows=R,features=F,zipf=A,train=N,test=M", f"{VALIDATION_PREFIX}SEED:DATASET",
+                      "package.module:function"))
 
 
 def spec_problems(model: str, dataset: str) -> list[str]:
@@ -156,6 +177,8 @@ def load_problems(model: str, dataset: str, loss: str, metrics: str = "") -> lis
     """spec_problems, then what only loading tells: user functions that do not import, npz files that
     are not there. Call it with the user's path in place (asyncps.ml.userfns.add_user_path)."""
     problems = spec_problems(model, dataset)
+    if dataset.startswith(VALIDATION_PREFIX) and not problems:
+        dataset = parse_validation(dataset)[1]  # the inner dataset is what loads
     named = [("model", model, (*MODEL_NAMES, KERAS_PREFIX[:-1])), ("dataset", dataset, DATASET_PREFIXES),
              ("loss", loss, ())]
     named += [("metric", m.strip(), ()) for m in metrics.split(",") if m.strip()]
@@ -172,7 +195,26 @@ def load_problems(model: str, dataset: str, loss: str, metrics: str = "") -> lis
     return problems
 
 
-__all__ = ["DATASET_NAMES", "DATASET_PREFIXES", "DEFAULT_MLP_HIDDEN", "KERAS_PREFIX", "MODEL_NAMES", "NPZ_PREFIX",
-           "RECSYS", "SYNTHETIC_PREFIX", "RecsysData", "RecsysModel", "dataset_problem", "load_problems",
-           "model_problem", "parse_hidden", "parse_recsys_data", "parse_recsys_model", "spec_problems",
-           "valid_datasets"]
+__all__ = [
+    "DATASET_NAMES",
+    "DATASET_PREFIXES",
+    "DEFAULT_MLP_HIDDEN",
+    "KERAS_PREFIX",
+    "MODEL_NAMES",
+    "NPZ_PREFIX",
+    "RECSYS",
+    "SYNTHETIC_PREFIX",
+    "VALIDATION_FRACTION",
+    "VALIDATION_PREFIX",
+    "RecsysData",
+    "RecsysModel",
+    "dataset_problem",
+    "load_problems",
+    "model_problem",
+    "parse_hidden",
+    "parse_recsys_data",
+    "parse_recsys_model",
+    "parse_validation",
+    "spec_problems",
+    "valid_datasets",
+]

@@ -40,6 +40,7 @@ from asyncps.rundir import (
     read_rows,
 )
 from asyncps.tools.experiment import RESULTS_MD, ExperimentError, markdown_table, read_results, run_metrics
+from asyncps.tools.experiment.tables import TUNE_CSV
 
 #: Colours of the timeline's segment kinds (and their legend names).
 SEGMENTS: dict[str, tuple[str, str]] = {
@@ -126,7 +127,9 @@ def discover_runs(path: Path) -> list[RunData]:
 
     def label(point: str) -> str:
         record = results.get(point)
-        return record.label if record is not None else ""
+        if record is None:
+            return ""
+        return f"{record.label} ({record.tuned})" if record.tuned else record.label
 
     def target(point: str) -> dict[str, float]:
         record = results.get(point)
@@ -601,6 +604,9 @@ def make_report(path: Path, figures_dir: Path | None = None, prefix: str = "", w
                      f"numbers from the CSVs so far): {', '.join(f'`{n}`' for n in unfinished)}.\n")
     if (path / RESULTS_MD).exists():
         lines.append("The sweep's table with its target and its check: [results.md](results.md).\n")
+    if (path / TUNE_CSV).exists():
+        lines.append("A tuned sweep: each run's label names the value it chose on a validation split (results.md's "
+                     "Tuning table has every candidate's score; every tuning run: [tune.csv](tune.csv)).\n")
     for name in FIGURES:
         figure = made.get(name)
         if figure is None:

@@ -6,9 +6,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from asyncps.tools.experiment.grid import format_value
 from asyncps.tools.experiment.spec import load_spec
-from asyncps.tools.experiment.sweep import SweepInterrupted, finished, run_sweep
+from asyncps.tools.experiment.sweep import TUNE_DIR, SweepInterrupted, finished, run_sweep
 from asyncps.tools.experiment.tables import RESULTS_CSV, RESULTS_MD
+from asyncps.tools.experiment.tune import at_edge, edge_note, key_label
 
 
 def cmd_experiment(args: Any) -> int:
@@ -18,11 +20,15 @@ def cmd_experiment(args: Any) -> int:
     out = Path(args.out) if args.out else Path("runs") / spec.name
     points = spec.points()
     if args.dry_run:
+        for p in spec.tune_points():
+            state = "done" if finished(out / TUNE_DIR / p.slug) else "to run"
+            print(f"{TUNE_DIR}/{p.slug}: {p.label} ({state})")
         for p in points:
             state = "done" if finished(out / p.slug) else "to run"
             print(f"{p.slug}: {p.label} ({state})")
         return 0
-    print(f"asyncps experiment {spec.name}: {len(points)} points -> {out}", flush=True)
+    tuning = f" after {len(spec.tune_points())} tuning runs ({spec.tune.describe()})" if spec.tune else ""
+    print(f"asyncps experiment {spec.name}: {len(points)} points{tuning} -> {out}", flush=True)
     try:
         sweep = run_sweep(spec, out)
     except (SweepInterrupted, KeyboardInterrupt) as exc:
@@ -30,6 +36,13 @@ def cmd_experiment(args: Any) -> int:
         print(f"interrupted{where}; run the same command again to resume", file=sys.stderr)
         return 130
     print(f"results: {out / RESULTS_CSV}, {out / RESULTS_MD} ({sweep.sweep_s:.0f}s)")
+    if spec.tune is not None:
+        for choice in sweep.choices:
+            edge = " (the grid's edge)" if at_edge(spec.tune, choice) else ""
+            print(f"tuned {key_label(choice.key)}: {spec.tune.parameter}={format_value(choice.value)}{edge}")
+        note = edge_note(spec.tune, sweep.choices)
+        if note:
+            print(f"note: {note}")
     for outcome in sweep.outcomes:
         print(outcome.describe())
     failed = [r.point.label for r in sweep.results if r.status == "failed"]

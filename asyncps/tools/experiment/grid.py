@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,17 +45,42 @@ def format_value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _slug(text: str) -> str:
+def slug_of(text: str) -> str:
     """A directory-name-safe version of a label (other letters by their Unicode names: λ -> lamda)."""
     ascii_text = "".join(ch if ch.isascii() or not ch.isalnum() else unicodedata.name(ch, "_").split()[-1].lower()
                          for ch in text)
     return re.sub(r"[^A-Za-z0-9.=+-]+", "_", ascii_text).strip("_")[:80]
 
 
-def expand_grid(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]]) -> list[Point]:
-    """The Cartesian product of the grid's axes (first axis slowest) over the base settings."""
+#: changes a point's fields (the fields, the point's axes) before its RunConfig is made: the tuned value
+Adjust = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class GridEntry:
+    """A point of the grid before its RunConfig: its index, label, axes and fields."""
+
+    index: int
+    label: str
+    axes: dict[str, Any]
+    fields: dict[str, Any]
+
+    def point(self, fields: Mapping[str, Any] | None = None, label: str = "", index: int = -1,
+              axes: dict[str, Any] | None = None) -> Point:
+        """The Point of these (or the given) fields; a bad configuration is an ExperimentError naming it."""
+        index = self.index if index < 0 else index
+        label = label or self.label
+        try:
+            config = make_run_config(self.fields if fields is None else fields)
+        except ValueError as exc:
+            raise ExperimentError(f"point {index} ({label}): {exc}") from None
+        return Point(index, label, f"{index:02d}-{slug_of(label)}", self.axes if axes is None else axes, config)
+
+
+def grid_entries(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]]) -> list[GridEntry]:
+    """The Cartesian product of the grid's axes (first axis slowest) over the base settings, as fields."""
     axes = list(grid.items())
-    points = []
+    entries = []
     for index, combo in enumerate(itertools.product(*(values for _, values in axes))):
         fields = dict(base)
         parts: list[str] = []
@@ -71,10 +96,12 @@ def expand_grid(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]]) -> l
                 fields[axis] = value
                 chosen[axis] = value
                 parts.append(f"{axis}={format_value(value)}")
-        label = ", ".join(parts) or "base"
-        try:
-            config = make_run_config(fields)
-        except ValueError as exc:
-            raise ExperimentError(f"point {index} ({label}): {exc}") from None
-        points.append(Point(index, label, f"{index:02d}-{_slug(label)}", chosen, config))
-    return points
+        entries.append(GridEntry(index, ", ".join(parts) or "base", chosen, fields))
+    return entries
+
+
+def expand_grid(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]],
+                adjust: Adjust | None = None) -> list[Point]:
+    """Every point of the grid (grid_entries) with its RunConfig (each point's fields through `adjust`, if
+    given)."""
+    return [e.point(None if adjust is None else adjust(e.fields, e.axes)) for e in grid_entries(base, grid)]

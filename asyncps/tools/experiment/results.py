@@ -3,11 +3,12 @@ produced by sweep.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncps.tools.experiment.checks import CheckOutcome, Row
 from asyncps.tools.experiment.grid import Point
 from asyncps.tools.experiment.spec import ExperimentSpec
+from asyncps.tools.experiment.tune import TuneChoice
 
 
 @dataclass
@@ -31,6 +32,8 @@ class SweepResult:
     results: list[PointResult]
     outcomes: list[CheckOutcome]
     sweep_s: float
+    choices: list[TuneChoice] = field(default_factory=list)  # the tuning's choices (a spec with `tune`)
+    tuned: dict[str, float] = field(default_factory=dict)  # the chosen value by measured point slug
 
     @property
     def passed(self) -> bool:

@@ -12,8 +12,9 @@ from asyncps.tools.experiment.checks import Check, parse_check
 from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.grid import RUN_FIELDS, Point, expand_grid
 from asyncps.tools.experiment.metrics import Target
+from asyncps.tools.experiment.tune import Tune, TuneChoice, check_candidates, parse_tune, tune_runs, tuned_points
 
-SPEC_KEYS = ("name", "description", "base", "grid", "target", "check", "reduced")
+SPEC_KEYS = ("name", "description", "base", "grid", "target", "check", "reduced", "tune")
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,22 @@ class ExperimentSpec:
     grid: dict[str, list[Any]]
     target: Target | None = None
     checks: tuple[Check, ...] = ()
+    tune: Tune | None = None
 
     def points(self) -> list[Point]:
-        """Every point of the grid, validated (see expand_grid)."""
+        """Every point of the grid, validated (see expand_grid); with a `tune` section, at the spec's own
+        value of the tuned parameter (the measured runs take the chosen ones: tuned_points)."""
         return expand_grid(self.base, self.grid)
+
+    def tune_points(self) -> list[Point]:
+        """The tuning runs' points (none without a `tune` section), in the order they run."""
+        return [] if self.tune is None else [r.point for r in tune_runs(self.tune, self.base, self.grid)]
+
+    def tuned_points(self, choices: list[TuneChoice]) -> tuple[list[Point], dict[str, float]]:
+        """The measured points at the chosen values, and the chosen value by point slug."""
+        if self.tune is None:
+            return self.points(), {}
+        return tuned_points(self.tune, self.base, self.grid, choices)
 
 
 def load_spec(path: Path, reduced: bool = False) -> ExperimentSpec:
@@ -59,14 +72,18 @@ def reduce_spec(data: dict[str, Any]) -> dict[str, Any]:
     `full_only` (with the reason: a claim too noisy for the reduced run's few seeds is checked by the
     full sweep only)."""
     reduced = data.get("reduced") or {}
-    if not isinstance(reduced, dict) or set(reduced) - {"base", "grid"}:
-        raise ExperimentError("reduced must be a mapping with base and/or grid")
-    for key in ("base", "grid"):
+    if not isinstance(reduced, dict) or set(reduced) - {"base", "grid", "tune"}:
+        raise ExperimentError("reduced must be a mapping with base, grid and/or tune")
+    for key in ("base", "grid", "tune"):
         if not isinstance(reduced.get(key) or {}, dict):
             raise ExperimentError(f"reduced.{key} must be a mapping")
     out = {k: v for k, v in data.items() if k != "reduced"}
     out["base"] = {**(data.get("base") or {}), **(reduced.get("base") or {})}
     out["grid"] = {**(data.get("grid") or {}), **(reduced.get("grid") or {})}
+    if reduced.get("tune"):
+        if not isinstance(data.get("tune"), dict):
+            raise ExperimentError("reduced.tune changes a tune section: the spec has none")
+        out["tune"] = {**data["tune"], **reduced["tune"]}
     if data.get("name"):
         out["name"] = f"{data['name']}_reduced"
     checks = data.get("check") or []
@@ -122,9 +139,15 @@ def parse_spec(data: Any, default_name: str = "experiment", reduced: bool = Fals
         raise ExperimentError("check must be a mapping or a list of mappings")
     names = set(RUN_FIELDS) | set(grid) | {"label"}
     checks = tuple(parse_check(c, names, i) for i, c in enumerate(check_data))
+    tune = None if data.get("tune") is None else parse_tune(data["tune"], grid)
     spec = ExperimentSpec(name=str(data.get("name") or default_name), description=str(data.get("description") or ""),
-                          base=dict(base), grid=grid, target=target, checks=checks)
+                          base=dict(base), grid=grid, target=target, checks=checks, tune=tune)
     spec.points()  # every point must be a valid RunConfig before anything runs
+    if tune is not None:  # and every tuning run, and every measured point at each candidate
+        try:
+            check_candidates(tune, base, grid)
+        except ExperimentError as exc:
+            raise ExperimentError(f"tune ({tune.parameter}): {exc}") from None
     return spec
 
 

@@ -21,7 +21,8 @@ from asyncps.tools.experiment.grid import Point
 from asyncps.tools.experiment.metrics import METRICS, Target, run_metrics
 from asyncps.tools.experiment.results import PointResult, SweepResult
 from asyncps.tools.experiment.spec import ExperimentSpec
-from asyncps.tools.experiment.tables import read_results, write_results
+from asyncps.tools.experiment.tables import read_results, write_results, write_tune_results
+from asyncps.tools.experiment.tune import TuneChoice, choose, tune_runs
 from asyncps.tools.progress import SweepProgress
 
 if TYPE_CHECKING:
@@ -109,13 +110,45 @@ def progress_line(n: int, total: int, result: PointResult) -> str:
     return head + text + (" (resumed)" if result.status == "resumed" else f" [{m['run_s']:.0f}s]")
 
 
+#: the tuning runs' directory inside a sweep's
+TUNE_DIR = "tune"
+
+
+def run_tuning(spec: ExperimentSpec, out: Path, runner: Runner | None = None,
+               stream: IO[str] = sys.stdout) -> list[TuneChoice]:
+    """Run (or resume) the tuning runs of a spec with a `tune` section under OUT/tune/, write OUT/tune.csv
+    and return the choices (see asyncps.tools.experiment.tune); none without a tune section."""
+    if spec.tune is None:
+        return []
+    runs = tune_runs(spec.tune, spec.base, spec.grid)
+    tune_dir = out / TUNE_DIR
+    tune_dir.mkdir(parents=True, exist_ok=True)
+    display = SweepProgress(sum(not finished(tune_dir / r.point.slug) for r in runs), len(runs), stream)
+    results: list[PointResult] = []
+    try:
+        for n, run in enumerate(runs, 1):
+            sink = display.point(n, "tune: " + run.point.label)
+            point_runner = runner or functools.partial(run_local_quietly, sink=sink)
+            result, ran = run_point(run.point, tune_dir, spec.target, point_runner)
+            results.append(result)
+            display.point_done(n, "tune " + progress_line(n, len(runs), result), ran)
+            write_tune_results(spec, runs, results, [], out)  # partial, if stopped
+    finally:
+        display.close()
+    choices = choose(spec.tune, runs, {r.point.slug: r.metrics[spec.tune.metric] for r in results})
+    write_tune_results(spec, runs, results, choices, out)
+    return choices
+
+
 def run_sweep(spec: ExperimentSpec, out: Path, runner: Runner | None = None,
               stream: IO[str] = sys.stdout) -> SweepResult:
     """Run (or resume) every point, write results.csv and results.md, evaluate the checks. Without a
-    `runner`, each point is a local cluster whose progress is shown with the sweep's."""
-    points = spec.points()
+    `runner`, each point is a local cluster whose progress is shown with the sweep's. A spec with a `tune`
+    section runs its tuning runs first (run_tuning), then every point at its chosen value."""
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    choices = run_tuning(spec, out, runner, stream)
+    points, tuned = spec.tuned_points(choices)
     results = []
     to_run = sum(not finished(out / p.slug) for p in points)
     display = SweepProgress(to_run, len(points), stream)
@@ -127,10 +160,11 @@ def run_sweep(spec: ExperimentSpec, out: Path, runner: Runner | None = None,
             result, ran = run_point(point, out, spec.target, point_runner, recorded.get(point.slug, math.nan))
             results.append(result)
             display.point_done(n, progress_line(n, len(points), result), ran)
-            write_results(SweepResult(spec, results, [], time.monotonic() - started), out)  # partial, if stopped
+            partial = SweepResult(spec, results, [], time.monotonic() - started, choices, tuned)
+            write_results(partial, out)  # partial, if stopped
     finally:
         display.close()
     outcomes = evaluate_checks(spec.checks, [r.row() for r in results if r.status != "failed"])
-    sweep = SweepResult(spec, results, outcomes, time.monotonic() - started)
+    sweep = SweepResult(spec, results, outcomes, time.monotonic() - started, choices, tuned)
     write_results(sweep, out)
     return sweep

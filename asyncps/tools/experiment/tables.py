@@ -12,18 +12,29 @@ from typing import TYPE_CHECKING, Any
 from asyncps.tools.experiment.errors import ExperimentError
 from asyncps.tools.experiment.grid import format_value
 from asyncps.tools.experiment.metrics import METRICS, Target
+from asyncps.tools.experiment.tune import tune_markdown
 
 if TYPE_CHECKING:
-    from asyncps.tools.experiment.results import SweepResult
+    from asyncps.tools.experiment.results import PointResult, SweepResult
     from asyncps.tools.experiment.spec import ExperimentSpec
+    from asyncps.tools.experiment.tune import TuneChoice, TuneRun
 
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 
 
+TUNE_CSV = "tune.csv"
+
+
+def tuned_column(spec: ExperimentSpec) -> list[str]:
+    """results.csv's column of the chosen value, `tuned:PARAMETER` (none without a tune section)."""
+    return [] if spec.tune is None else [f"tuned:{spec.tune.parameter}"]
+
+
 def results_columns(spec: ExperimentSpec) -> list[str]:
-    """results.csv's header: point, label, one column per grid axis, status, then METRICS."""
-    return ["point", "label", *spec.grid, "status", *METRICS]
+    """results.csv's header: point, label, one column per grid axis, the tuned value (a spec with `tune`),
+    status, then METRICS."""
+    return ["point", "label", *spec.grid, *tuned_column(spec), "status", *METRICS]
 
 
 def write_results(sweep: SweepResult, out: Path) -> None:
@@ -35,8 +46,28 @@ def write_results(sweep: SweepResult, out: Path) -> None:
         for r in sweep.results:
             metrics = ["" if math.isnan(r.metrics[k]) else f"{r.metrics[k]:.6g}" for k in METRICS]
             axes = [format_value(r.point.axes[a]) for a in spec.grid]
-            writer.writerow([r.point.slug, r.point.label, *axes, r.status, *metrics])
+            tuned = [format_value(sweep.tuned[r.point.slug])] if spec.tune is not None else []
+            writer.writerow([r.point.slug, r.point.label, *axes, *tuned, r.status, *metrics])
     (out / RESULTS_MD).write_text(results_markdown(sweep))
+
+
+def write_tune_results(spec: ExperimentSpec, runs: Sequence[TuneRun], results: Sequence[PointResult],
+                       choices: Sequence[TuneChoice], out: Path) -> None:
+    """tune.csv: every tuning run (under tune/) so far: the choice it informs (the `per` axes), its candidate
+    and seed, whether it was chosen (empty before the choice) and its metrics (evaluated on the validation
+    split)."""
+    if spec.tune is None:
+        return
+    tune = spec.tune
+    chosen = {c.key: c.value for c in choices}
+    with open(out / TUNE_CSV, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["point", "label", *tune.per, tune.parameter, "seed", "status", "chosen", *METRICS])
+        for run, r in zip(runs, results, strict=False):
+            metrics = ["" if math.isnan(r.metrics[k]) else f"{r.metrics[k]:.6g}" for k in METRICS]
+            picked = "" if run.key not in chosen else str(int(chosen[run.key] == run.value))
+            writer.writerow([r.point.slug, r.point.label, *(format_value(v) for _, v in run.key),
+                             format_value(run.value), r.point.config.seed, r.status, picked, *metrics])
 
 
 @dataclass(frozen=True)
@@ -48,6 +79,7 @@ class ResultRecord:
     label: str
     status: str
     metrics: dict[str, float]
+    tuned: str = ""  # a tuned sweep's chosen value, `PARAMETER=VALUE` (its `tuned:PARAMETER` column)
 
 
 def read_results(out: Path) -> dict[str, ResultRecord]:
@@ -66,7 +98,8 @@ def read_results(out: Path) -> dict[str, ResultRecord]:
                 metrics = {k: float(row.get(k) or "nan") for k in METRICS}
             except ValueError as exc:
                 raise ExperimentError(f"{path}:{reader.line_num}: {exc}") from None
-            records[row["point"]] = ResultRecord(row["point"], row["label"], row["status"], metrics)
+            tuned = ", ".join(f"{k[len('tuned:'):]}={v}" for k, v in row.items() if k and k.startswith("tuned:") and v)
+            records[row["point"]] = ResultRecord(row["point"], row["label"], row["status"], metrics, tuned)
     return records
 
 
@@ -107,6 +140,8 @@ def results_markdown(sweep: SweepResult) -> str:
     base = ", ".join(f"{k}={format_value(v)}" for k, v in spec.base.items())
     parts.append(f"Base: {base or 'defaults'}. Points: {len(sweep.results)}; this invocation took "
                  f"{sweep.sweep_s:.0f}s ({len(ran)} run, {len(sweep.results) - len(ran)} resumed).\n")
+    if spec.tune is not None and sweep.choices:
+        parts.append(tune_markdown(spec.tune, sweep.choices))
     parts.append(markdown_table([(r.point.label, r.metrics, r.status == "failed") for r in sweep.results],
                                 spec.target))
     if "seed" in spec.grid:
