@@ -194,16 +194,18 @@ def test_a_model_with_dropout_trains_as_model_fit_trains_it(tmp_path: Path) -> N
         hidden = keras.layers.Dropout(0.2)(hidden)
         return keras.Model(inputs, keras.layers.Dense(10)(hidden))
 
+    # Adam at 0.003: at 0.01 the last steps' noise alone moved the async run's held-out accuracy by 1-4 points from
+    # run to run (0.942-0.975 against fit's 0.981); at 0.003 six runs gave 0.975-0.983 against fit's 0.969
     keras.utils.set_random_seed(0)
     plain = net()
-    plain.compile(optimizer=keras.optimizers.Adam(0.01),
+    plain.compile(optimizer=keras.optimizers.Adam(0.003),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     plain.fit(x, y, batch_size=32, epochs=10, verbose=0)
     fit_accuracy = accuracy(plain, x_val, y_val)
     keras.utils.set_random_seed(0)
     model = net()
     result = asyncps.train(model=model, x=x, y=y, validation_data=(x_val, y_val), num_workers=2, num_ps=1,
-                           epochs=10, optimizer="adam", learning_rate=0.01, run_dir=tmp_path / "run")
+                           epochs=10, optimizer="adam", learning_rate=0.003, run_dir=tmp_path / "run")
     assert result.model is model
     ours = accuracy(model, x_val, y_val)
     assert ours >= fit_accuracy - 0.015, (ours, fit_accuracy)
