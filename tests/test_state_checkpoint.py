@@ -1,6 +1,7 @@
 """Checkpoints round-trip non-trainable state parts (UpdateRuleConfig.state): real shard processes hold a
 state variable sliced over two shards beside a trained kernel; its snapshot streams into a checkpoint with
-no optimizer slots, restores onto three shards and onto one, and the restored shards still add deltas."""
+no optimizer slots, restores onto three shards and onto one, and the restored shards still add deltas. A
+misshapen, mistyped or non-finite delta over gRPC is INVALID_ARGUMENT and changes nothing."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 from asyncps.chief.checkpoint import CheckpointDir, TensorWriter, assemble, part_slices, split_counters
 
+from asyncps.errors import InvalidArgumentError
 from asyncps.placement import Placement, VariableSpec, place
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.rundir import RunDir
@@ -102,3 +105,24 @@ def test_state_parts_round_trip_a_checkpoint_onto_any_shard_count(
             np.testing.assert_array_equal(slots["dense/kernel"][slot], array)
         push_delta(shards, 2.0)  # still state after the restore: the delta is added as is
         np.testing.assert_allclose(whole(shards)[0]["bn/moving_mean"], expected["bn/moving_mean"] + 2.0, rtol=1e-6)
+
+
+def test_a_bad_state_delta_over_grpc_is_invalid_argument_and_changes_nothing(
+        start_shards: Callable[[int], list[str]]) -> None:
+    addresses = start_shards(1)
+    placement, rule = placed(1)
+    values = {"dense/kernel": np.zeros((8, 2), np.float32), "bn/moving_mean": np.ones(600, np.float32)}
+    client = connect_model("w", addresses, placement)
+    try:
+        client.shards[0].initialize("chief", 0, 1, rule, {p.name: values[p.variable] for p in placement.parts_on(0)})
+        (name,) = rule.state
+        for bad in (np.ones(599, np.float32), np.ones(600, np.float64), np.full(600, np.nan, np.float32)):
+            with pytest.raises(InvalidArgumentError):
+                client.shards[0].push(PushRequest("w", 0, {"dense/kernel": np.ones((8, 2), np.float32), name: bad},
+                                                  0, 0.0))
+        before, _ = whole(addresses)
+        assert client.shards[0].stats().version == 0
+        np.testing.assert_array_equal(before["bn/moving_mean"], values["bn/moving_mean"])
+        np.testing.assert_array_equal(before["dense/kernel"], values["dense/kernel"])
+    finally:
+        client.close()
