@@ -127,3 +127,14 @@ def test_a_batchnorm_cnn_trains_on_two_shards_as_model_fit_trains_it(tmp_path: P
     assert ours == pytest.approx(result.summary.final_eval.accuracy, abs=0.005)
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     assert model.evaluate(x_val, y_val, verbose=0)[1] == pytest.approx(ours, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_local_sgd_with_state_on_the_shards_is_refused_with_why(tmp_path: Path) -> None:
+    x, y, x_val, y_val = digit_arrays()
+    inputs = keras.Input(shape=(8, 8))
+    hidden = keras.layers.BatchNormalization()(keras.layers.Flatten()(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(10)(hidden))
+    with pytest.raises(asyncps.TrainingFailed, match="local_steps"):
+        asyncps.train(model=model, x=x, y=y, validation_data=(x_val, y_val), num_workers=1, num_ps=1, epochs=1,
+                      local_steps=2, run_dir=tmp_path / "run")
