@@ -19,7 +19,7 @@ FLOORS_FUZZ ?= 0.25
 # the tests that need only the shard's dependencies (no TensorFlow): they run again at the floors
 FLOOR_TESTS := $(addprefix tests/test_,$(addsuffix .py,codec frames ps_store ps_server hostile_input \
 	policies ps_policies sync_shards stream_guard authz checkpoint_cut security rules_registry \
-	policy_store consistency load clocklead rows_wire))
+	policy_store consistency load clocklead rows_wire state_store))
 BENCH_ARGS ?=
 # TensorFlow build: cpu (tensorflow-cpu, the default here) or tf (tensorflow); or empty to keep your own
 TF_EXTRA ?= cpu

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,7 @@ from asyncps.chief.progress import Progress
 from asyncps.chief.tasks import TaskLedger
 
 from asyncps.ml.userfns import user_path_from_env
+from asyncps.rules import UpdateRuleConfig
 from asyncps.rundir import RestoreRow, RowWriter, RunDir
 from asyncps.wire.codec import Array
 
@@ -71,10 +72,12 @@ class Checkpointer:
     def __init__(self, config: ChiefConfig, client: ModelClient, placement: Placement,
                  initial_values: dict[str, Array], ledger: TaskLedger, membership: Membership,
                  progress: Progress, since: float, run_id: str = "",
-                 tables: Mapping[str, RowInit] | None = None) -> None:
+                 tables: Mapping[str, RowInit] | None = None, state: Sequence[str] = ()) -> None:
         """`since`: the monotonic time the checkpoint schedule counts from (the chief's start);
         `run_id`: the run's id, given to the shards with their state; `tables`: the row initializer of
-        each table the shards make themselves (no initial values for those)."""
+        each table the shards make themselves (no initial values for those); `state`: the parts that are
+        non-trainable state (the shards add their deltas: UpdateRuleConfig.state)."""
+        self._state = tuple(state)
         self._config = config
         self._run = config.run
         self._client = client
@@ -91,6 +94,10 @@ class Checkpointer:
         self.run_id = run_id
         self.failed = 0  # checkpoints the storage refused (disk full, read-only): summary.json
         self._restores_lock = threading.Lock()  # restores.csv: shards start in parallel
+
+    def rule(self) -> UpdateRuleConfig:
+        """The run's update rule, naming the model's state parts."""
+        return dataclasses.replace(self._run.update_rule(), state=self._state)
 
     def initialize_shards(self) -> None:
         """A new run: initialize every shard from the initial values (refused on another run's shards)."""
@@ -159,7 +166,7 @@ class Checkpointer:
             values = self._initial_values
             part = {p.name: values[p.variable][p.rows()] if p.sliced else values[p.variable]
                     for p in self._placement.parts_on(shard) if p.variable not in self._tables}
-            reply = client.initialize("chief", shard, len(self._config.ps), self._run.update_rule(), part,
+            reply = client.initialize("chief", shard, len(self._config.ps), self.rule(), part,
                                       self.run_id, self._generated(shard))
             log.info("shard %d at %s: %s at version %d", shard, self._config.ps[shard],
                      "initialized" if reply.created else "already initialized", reply.version)
@@ -178,7 +185,7 @@ class Checkpointer:
         from asyncps.chief.checkpoint import part_slices, split, split_counters
 
         client = self._client.shards[shard]
-        rule = self._run.update_rule()
+        rule = self.rule()
         # keyed tables' parts (their keys ride as per-row state): a key's shard depends on the shard count
         keyed = {name: spec for name, spec in self._generated(shard).items() if spec.keyed}
         taken_over = len(ckpt.manifest["shard_versions"])

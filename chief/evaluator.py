@@ -92,8 +92,11 @@ class Evaluator:
         self._model = model
         self.sparse = sparse
         tables = {t.variable for t in sparse.tables} if sparse is not None else set()
-        self._tables = {v.path: v for v in model.trainable_variables if v.path in tables}
-        self._variables = {v.path: v for v in model.trainable_variables if v.path not in tables}
+        from asyncps.ml.models import state_variables
+
+        held = [*model.trainable_variables, *state_variables(model, sparse.fed if sparse is not None else ())]
+        self._tables = {v.path: v for v in held if v.path in tables}
+        self._variables = {v.path: v for v in held if v.path not in tables}
         self.rows: RowSource | None = rows
         self._batch = batch_size
         self._task = task

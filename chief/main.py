@@ -93,6 +93,7 @@ class ModelParts:
     placement: Placement
     client: ModelClient
     tables: dict[str, RowInit] = dataclasses.field(default_factory=dict)
+    state: tuple[str, ...] = ()  # the parts that are non-trainable state (UpdateRuleConfig.state)
 
 
 def build_model_parts(config: ChiefConfig) -> ModelParts:
@@ -112,15 +113,23 @@ def build_model_parts(config: ChiefConfig) -> ModelParts:
     started = time.monotonic()
     evaluator.warm_up(data.x_test, data.y_test)
     log.info("evaluation traced in %.2fs", time.monotonic() - started)
+    from asyncps.ml.models import shard_variables, state_variables
+
     specs = sparse.specs() if sparse is not None else [
-        VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
+        VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in shard_variables(model)]
     placement = place(specs, len(config.ps), run.slice_threshold_bytes)
+    held = {v.path for v in state_variables(model, sparse.fed if sparse is not None else ())}
+    if held and (sparse is not None or run.local_steps > 1):
+        raise ValueError("a model with non-trainable state on the shards (BatchNormalization's statistics) trains "
+                         "with neither local_steps > 1 nor tables read by rows")
+    state = tuple(sorted(p.name for shard in range(len(config.ps)) for p in placement.parts_on(shard)
+                         if p.variable in held))
     # the chief restores a shard that restarted empty: its reads fail at once there instead of waiting
     client = connect_model("chief", list(config.ps), placement, run.rpc_deadline_s, run.chunk_bytes, config.security,
                            ride_restarts=False, row_variables=[t.variable for t in sparse.tables] if sparse else ())
     log.info("model %s: %d variables, %d parameters; bytes per shard %s; %d table(s) made by the shards", run.model,
              len(specs), sum(math.prod(s.shape) for s in specs), placement.shard_bytes(), len(tables))
-    return ModelParts(data, model, evaluator, initial_values, placement, client, tables)
+    return ModelParts(data, model, evaluator, initial_values, placement, client, tables, state)
 
 
 def resolve_run_task(run: RunConfig, data: Dataset, model: Any) -> Task:
@@ -451,7 +460,9 @@ class Chief:
                                self.run.chunk_bytes, self.config.security, ride_restarts=False)
         try:
             client.pull()
-            for variable in whole.trainable_variables:
+            from asyncps.ml.models import shard_variables
+
+            for variable in shard_variables(whole):
                 variable.assign(client.values[variable.path])
         finally:
             client.close()
@@ -492,7 +503,8 @@ def _run_locked(config: ChiefConfig, interrupt: threading.Event | None,
     membership = Membership(run.num_workers, run.heartbeat_timeout_s)
     ledger = TaskLedger(len(model.data.x_train), run.task_size or 4 * run.batch_size, run.epochs)
     checkpointer = Checkpointer(config, model.client, model.placement, model.initial_values, ledger, membership,
-                                progress, since=started, run_id=manifest.run_id, tables=model.tables)
+                                progress, since=started, run_id=manifest.run_id, tables=model.tables,
+                                state=model.state)
     try:
         how = checkpointer.start_shards(resuming, reshard)
     except Unreachable as exc:

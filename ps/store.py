@@ -106,6 +106,8 @@ class _Variable:
     clock_base: int = 0  # `updates` when the clock was made
     generated: TableSpec | None = None  # made by the shard from a row initializer (initialize)
     keyed: KeyedRows | None = None  # a keyed part's key -> row (asyncps.ps.keyed): its rows are places
+    # non-trainable state (UpdateRuleConfig.state): a push carries its delta, added as is (no optimizer, no slots)
+    state: bool = False
 
     def count_update(self, grad: Gradient) -> None:
         """Advance the row clocks of the rows an update touches (every row for a dense one)."""
@@ -306,7 +308,12 @@ class ShardStore:
             _check_keyed_rule(rule, generated)
             optimizer = make_optimizer(rule.optimizer)
             made = {name: _generate(name, spec) for name, spec in generated.items()}
-            variables = {name: _Variable(value=np.array(value, copy=True), slots=optimizer.init_slots(value))
+            state = set(rule.state)
+            if state & set(made):
+                raise InvalidArgumentError(f"{sorted(state & set(made))}: a generated table cannot be state")
+            variables = {name: _Variable(value=np.array(value, copy=True),
+                                         slots={} if name in state else optimizer.init_slots(value),
+                                         state=name in state)
                          for name, value in values.items()}
             for name, value in made.items():
                 variables[name] = _Variable(value=value, slots=optimizer.init_slots(value), generated=generated[name])
@@ -598,8 +605,9 @@ class ShardStore:
             lr = self._rule.optimizer.rate_at(self._version) * decision.lr_scale
             read = self._reads.get(worker_id, base_version) if self._policy.needs_read_values else None
             for name, part in sorted(parts.items()):
-                self._apply(self._vars[name], self._adjusted(name, part.grad, read), lr * part.lr_scale,
-                            part.row_scale)
+                var = self._vars[name]
+                self._apply(var, part.grad if var.state else self._adjusted(name, part.grad, read),
+                            lr * part.lr_scale, part.row_scale)
             self._version += 1
             self._accepted += 1
             self._version_cond.notify_all()
@@ -730,10 +738,19 @@ class ShardStore:
         self._dropped_by_reason[reason.value] = self._dropped_by_reason.get(reason.value, 0) + 1
 
     def _apply(self, var: _Variable, grad: Gradient, lr: float, row_scale: Array | None = None) -> None:
-        """Apply one update to a variable (`row_scale`: a sparse update's per-row learning rate scales)."""
+        """Apply one update to a variable (`row_scale`: a sparse update's per-row learning rate scales); a
+        state part's update is a delta, added as is: v += delta (no optimizer, no learning rate)."""
         assert self._optimizer is not None
         var.updates += 1
         var.count_update(grad)
+        if var.state:
+            assert not isinstance(grad, SparseRows)  # _validate_gradient refuses sparse deltas
+            if var.shared:  # a reader holds the current array: the sum is a new one
+                var.value = var.value + grad
+                var.shared = False
+            else:
+                var.value += grad
+            return
         if isinstance(grad, SparseRows):
             if var.shared:  # a reader holds the current array: update a private copy
                 var.value = var.value.copy()
@@ -753,6 +770,8 @@ class ShardStore:
         if var is None:
             raise NotFoundError(f"unknown variable {name!r} on shard {self.shard_index}")
         shape, dtype = var.value.shape, var.value.dtype
+        if var.state and isinstance(grad, SparseRows):
+            raise InvalidArgumentError(f"{name}: a state part takes a dense delta, not sparse rows")
         if isinstance(grad, SparseRows):
             values = grad.values
             indices = grad.indices
@@ -891,10 +910,11 @@ class ShardStore:
         if unknown:
             raise InvalidArgumentError(f"update counts for unknown variables {unknown}")
         optimizer = make_optimizer(snap.rule.optimizer)
+        state_parts = set(snap.rule.state)
         for name, value in snap.values.items():
             if not _is_float(value.dtype) or not all_finite(value):
                 raise InvalidArgumentError(f"{name}: restored values must be finite floating point")
-            expected = optimizer.init_slots(value)
+            expected = {} if name in state_parts else optimizer.init_slots(value)
             slots = snap.slots.get(name, {})
             if set(slots) != set(expected) or any(a.shape != expected[k].shape for k, a in slots.items()):
                 raise InvalidArgumentError(
@@ -906,8 +926,8 @@ class ShardStore:
         keyed: dict[str, KeyedRows] = {}
         policy_states: dict[str, RowState] = {}
         for name, value in snap.values.items():
-            state = dict(snap.policy_state.get(name, {}))
-            own = {key: state.pop(key) for key in (KEYS, TOUCHED) if key in state}
+            row_state = dict(snap.policy_state.get(name, {}))
+            own = {key: row_state.pop(key) for key in (KEYS, TOUCHED) if key in row_state}
             spec = snap.keyed.get(name)
             if spec is not None:
                 if not spec.keyed or value.shape != spec.shape or value.dtype != np.dtype(spec.dtype):
@@ -916,12 +936,12 @@ class ShardStore:
                 keyed[name] = KeyedRows.load(name, spec.shape[0], own)
             elif own:
                 raise InvalidArgumentError(f"{name}: restored keys for a part that is not keyed")
-            policy_states[name] = RowState.load(name, _state_shape(value), state)
+            policy_states[name] = RowState.load(name, _state_shape(value), row_state)
         with self._init_lock, self._all_locks(), self._version_cond:
             self._vars = {
                 name: _Variable(value=np.array(value, copy=True),
                                 slots={k: np.array(a, copy=True) for k, a in snap.slots.get(name, {}).items()},
-                                updates=snap.updates.get(name, 0))
+                                updates=snap.updates.get(name, 0), state=name in state_parts)
                 for name, value in sorted(snap.values.items())
             }
             for name, var in self._vars.items():

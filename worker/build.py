@@ -38,8 +38,10 @@ def connect_worker(worker_id: str, reg: cpb.RegisterResponse, model: Any, run: R
     sync run over several shards shard 0 deciding each step (every worker of a process or a logical one).
     Once `stop` is set (the chief said stop, or is gone) a failing shard call is not retried: shards
     that lost the chief exit too, and the worker must not wait out rpc_deadline_s for them."""
+    from asyncps.ml.models import shard_variables
+
     specs = sparse.specs() if sparse is not None else [
-        VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in model.trainable_variables]
+        VariableSpec(v.path, tuple(v.shape), str(v.dtype)) for v in shard_variables(model)]
     placement = place(specs, len(reg.ps_addresses), run.slice_threshold_bytes)
     client = connect_model(worker_id, list(reg.ps_addresses), placement, run.rpc_deadline_s, run.chunk_bytes,
                            security, transport=run.transport, worker_index=reg.index,
@@ -73,7 +75,13 @@ def build_trainer(run: RunConfig, link: ChiefLink, reg: cpb.RegisterResponse, cl
     """The Trainer of one worker, as the run says: its data tasks from the chief, its injected delays
     (by its index), read wait, pipelining and local SGD; each step it takes is written to steps_done[0]
     (for its heartbeats)."""
-    names = [v.path for v in model.trainable_variables]
+    from asyncps.ml.models import shard_variables, state_variables
+
+    if state_variables(model, sparse.fed if sparse is not None else ()) and (
+            sparse is not None or run.local_rule() is not None):
+        raise ValueError("a model with non-trainable state on the shards (BatchNormalization's statistics) trains "
+                         "with neither local_steps > 1 nor tables read by rows")
+    names = [v.path for v in shard_variables(model)]
     batches = TaskBatches(link.get_task, data.x_train, data.y_train, run.batch_size, run.seed, w=data.w_train)
     return Trainer(client, names, grad_fn, batches, run.step_delay(reg.index), telemetry,
                    read_wait_s=run.read_wait_s, on_step=lambda step: steps_done.__setitem__(0, step),

@@ -28,7 +28,9 @@ START_POLL_S = 5.0
 def warm_up(grad_fn: GradFn, model: Any, x: np.ndarray[Any, Any], y: np.ndarray[Any, Any], batch_size: int) -> float:
     """One gradient at the model's initial values on the first batch of the data; its seconds."""
     started = time.monotonic()
-    values = [np.asarray(v.numpy()) for v in model.trainable_variables]
+    from asyncps.ml.models import shard_variables
+
+    values = [np.asarray(v.numpy()) for v in shard_variables(model)]
     grad_fn(values, x[:batch_size], y[:batch_size])
     return time.monotonic() - started
 

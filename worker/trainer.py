@@ -233,26 +233,41 @@ def make_grad_fn(model: Any, loss_fn: Callable[..., Any], fed: Sequence[Any] = (
     `fed`: non-trainable variables whose values each call passes (`run(..., fed=[...])`; their current
     values when it passes none) and that are never assigned: the row ids of a local table
     (asyncps.ml.sparse), so that threads sharing the model (logical workers) each compute from their own.
+
+    State the shards hold (asyncps.ml.models.state_variables: BatchNormalization's moving statistics)
+    comes after the trainable values in `values` (the order of shard_variables), and its "gradient" is
+    its delta: the value the training-mode call leaves minus the value read, which the shard adds. It is
+    never clipped, and never assigned here (the next pull brings it). Random generators' state stays in
+    the model's variables, advanced each call.
     """
     import tensorflow as tf
+
+    from asyncps.ml.models import state_variables
 
     non_trainable = list(model.non_trainable_variables)
     fed_vars = list(fed)
     fed_paths = [v.path for v in fed_vars]
     position = {path: i for i, path in enumerate(fed_paths)}
+    trainable = len(model.trainable_variables)
+    held = {v.path: i for i, v in enumerate(state_variables(model, fed_vars))}
 
     @tf.function(reduce_retracing=True)  # type: ignore[untyped-decorator]
     def step(values: list[Any], fed_values: list[Any], x: Any, y: Any, w: Any) -> tuple[Any, list[Any]]:
-        state = [fed_values[position[v.path]] if v.path in position else v.value for v in non_trainable]
+        weights, read = values[:trainable], values[trainable:]
+        state = [fed_values[position[v.path]] if v.path in position else read[held[v.path]] if v.path in held
+                 else v.value for v in non_trainable]
         with tf.GradientTape() as tape:
-            tape.watch(values)
-            logits, new_state = model.stateless_call(values, state, x, training=True)
+            tape.watch(weights)
+            logits, new_state = model.stateless_call(weights, state, x, training=True)
             loss = loss_fn(logits, y) if w is None else loss_fn(logits, y, w)
+        deltas: list[Any] = [None] * len(held)
         for var, value in zip(non_trainable, new_state, strict=True):
-            if var.path not in position:
+            if var.path in held:
+                deltas[held[var.path]] = tf.cast(value, read[held[var.path]].dtype) - read[held[var.path]]
+            elif var.path not in position:
                 var.assign(value)
-        grads = tape.gradient(loss, values)
-        return loss, clip.apply(grads) if clip != Clip() else grads
+        grads = tape.gradient(loss, weights)
+        return loss, [*(clip.apply(grads) if clip != Clip() else grads), *deltas]
 
     # One concrete function per kind of batch (dtypes and trailing shapes; any batch size): calling it
     # skips the polymorphic function's per-call signature matching (measured: 0.38 -> 0.16 ms a call).

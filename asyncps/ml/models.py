@@ -2,8 +2,9 @@
 
 Every layer has a fixed name and a seeded initializer so that every process builds a model
 whose ``trainable_variables`` have identical paths, order, shapes and (for equal seeds) values;
-the parameter server keys variables by path. No model keeps non-trainable state (no BatchNorm),
-so the trainable variables are the whole model state.
+the parameter server keys variables by path. No zoo model keeps non-trainable state; a user's model may
+(BatchNormalization's moving statistics): the shards hold it beside the trainable variables
+(state_variables, shard_variables).
 """
 
 from __future__ import annotations
@@ -85,9 +86,8 @@ def build_user_model(
     `output_shape` (`(num_classes,)`, or one example's label shape) and `seed` it accepts. The model is
     wrapped so that it reads the flat features every role feeds (reshaped to `input_shape`; its Input's dtype),
     compiled with the loss and metrics the builder compiled it with (asyncps.ml.task: the run's loss
-    `auto`). Its whole state must be trainable: the shards hold only what workers push gradients for,
-    so non-trainable state such as BatchNormalization's moving statistics would silently differ
-    between processes.
+    `auto`). Its non-trainable state but random generators' (BatchNormalization's moving statistics) lives
+    on the shards beside its trainable variables: each push carries its delta (state_variables).
     """
     input_shape = tuple(image_shape) if image_shape is not None else (num_features,)
     output_shape = (num_classes,) if targets is None else (targets or (1,))
@@ -208,6 +208,20 @@ def is_random_state(variable: Any) -> bool:
     return bool(variable.path.split("/")[-1] == RANDOM_STATE_NAME)
 
 
+def state_variables(model: Any, fed: Any = ()) -> list[Any]:
+    """The model's non-trainable state the shards hold beside its trainable variables (BatchNormalization's
+    moving statistics): every non-trainable variable but random generators' state and the `fed` ones (a
+    local table's row ids, asyncps.ml.sparse). A worker's step reads them with its pull and pushes each
+    one's delta, new value minus the value read, which the shard adds (UpdateRuleConfig.state)."""
+    skip = {v.path for v in fed}
+    return [v for v in model.non_trainable_variables if not is_random_state(v) and v.path not in skip]
+
+
+def shard_variables(model: Any) -> list[Any]:
+    """The variables the shards hold, in order: the trainable ones, then the state (state_variables)."""
+    return [*model.trainable_variables, *state_variables(model)]
+
+
 def seed_random_state(model: Any, seed: int, worker: int) -> int:
     """Seed every random generator of `model` from the run's seed and the worker's index, so each worker
     draws its own dropout masks and a run is reproducible; the number of generators seeded."""
@@ -222,10 +236,10 @@ def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_sha
     """`user` behind an input of flat features of its own input dtype (float32, or integer ids kept exact),
     reshaped to `input_shape`; checks its state.
 
-    Its whole state must be trainable, but for random generators' state (Dropout's, noise layers'), which
-    is each worker's own (seeded per worker: seed_random_state): the shards hold only what workers push
-    gradients for, so other non-trainable state such as BatchNormalization's moving statistics would
-    silently differ between processes. Variable paths must be unique: the shards key variables by path.
+    Random generators' state (Dropout's, noise layers') is each worker's own (seeded per worker:
+    seed_random_state); other non-trainable state (BatchNormalization's moving statistics) lives on the
+    shards beside the trainable variables (state_variables). Variable paths must be unique: the shards key
+    variables by path.
     """
     inputs = keras.Input(shape=(num_features,), dtype=_input_dtype(user), name="features")
     x = inputs if input_shape == (num_features,) else keras.layers.Reshape(input_shape, name="to_input")(inputs)
@@ -237,13 +251,12 @@ def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_sha
     if len(model.outputs) != 1:
         raise ValueError(f"model {spec!r} has {len(model.outputs)} outputs; asyncps trains models with one output "
                          "(join the heads with keras.layers.Concatenate, and their labels into one array)")
-    state = [v.path for v in model.non_trainable_variables if not is_random_state(v)]
-    if state:
-        raise ValueError(
-            f"model {spec!r} has non-trainable state {state[:4]}{' ...' if len(state) > 4 else ''}: asyncps keeps "
-            "only trainable variables on the shards, so such state (e.g. BatchNormalization statistics) would "
-            "differ between processes; use a stateless layer (e.g. LayerNormalization) instead")
-    paths = [v.path for v in model.trainable_variables]
+    state = state_variables(model)
+    bad = [f"{v.path} ({v.dtype})" for v in state if "float" not in str(v.dtype)]
+    if bad:
+        raise ValueError(f"model {spec!r} has non-trainable state that is not floating point {bad[:4]}: the "
+                         "shards add deltas to it; keep such state out of the model")
+    paths = [v.path for v in shard_variables(model)]
     if len(set(paths)) != len(paths):
         raise ValueError(f"model {spec!r}: variable paths are not unique ({paths}); give the layers distinct names")
     return model

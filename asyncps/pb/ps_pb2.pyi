@@ -69,6 +69,7 @@ class UpdateRule(google.protobuf.message.Message):
     STALENESS_POLICY_FIELD_NUMBER: builtins.int
     NUM_WORKERS_FIELD_NUMBER: builtins.int
     OPTIMIZER_FIELD_NUMBER: builtins.int
+    STATE_FIELD_NUMBER: builtins.int
     mode: builtins.str
     """async | sync[:backup=B] | ssp[:bound=S]; empty: async"""
     staleness_policy: builtins.str
@@ -77,6 +78,12 @@ class UpdateRule(google.protobuf.message.Message):
     """the planned workers (sync quorum before the chief's live set)"""
     optimizer: builtins.str
     """NAME:lr=LR[,KEY=VALUE...], e.g. adam:lr=0.001,beta_1=0.8"""
+    @property
+    def state(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """Parts that are non-trainable state (BatchNormalization's moving statistics): a push carries each
+        one's delta (new value - value read), which the shard adds once per applied push (no optimizer)
+        """
+
     def __init__(
         self,
         *,
@@ -84,8 +91,9 @@ class UpdateRule(google.protobuf.message.Message):
         staleness_policy: builtins.str = ...,
         num_workers: builtins.int = ...,
         optimizer: builtins.str = ...,
+        state: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["mode", b"mode", "num_workers", b"num_workers", "optimizer", b"optimizer", "staleness_policy", b"staleness_policy"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["mode", b"mode", "num_workers", b"num_workers", "optimizer", b"optimizer", "staleness_policy", b"staleness_policy", "state", b"state"]) -> None: ...
 
 global___UpdateRule = UpdateRule
 

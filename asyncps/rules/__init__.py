@@ -34,15 +34,21 @@ class UpdateRuleConfig:
     `mode` and `staleness_policy` are specs (`sync:backup=1`, `drop:bound=4`), kept in their
     canonical form, so two rules are equal exactly when they configure the same thing.
     `num_workers` is the number of workers the run plans (the sync quorum before the chief's
-    first live set).
+    first live set). `state` names the parts that are non-trainable state (BatchNormalization's moving
+    statistics): a push carries each one's delta, new value minus the value read, which the shard adds
+    (v += delta, once per applied push or sync step; no optimizer, no slots, no learning rate).
     """
 
     optimizer: OptimizerConfig
     mode: str = "async"
     staleness_policy: str = "none"
     num_workers: int = 1
+    state: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "state", tuple(sorted(set(self.state))))
+        if not all(isinstance(name, str) and name for name in self.state):
+            raise ValueError(f"state parts must be named, got {self.state!r}")
         object.__setattr__(self, "mode", MODES.normalize(self.mode))
         object.__setattr__(self, "staleness_policy", POLICIES.normalize(self.staleness_policy))
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 1:

@@ -641,11 +641,14 @@ def _trained_model(files: RunDir, from_object: bool, into: Any = None) -> Any:
     if not from_object:
         return exported
     model = into if into is not None else keras.saving.load_model(files.input_model)
-    trained = exported.trainable_variables
-    # the export wraps the caller's model behind a flat input, which adds no variables: same order
-    if [tuple(v.shape) for v in trained] != [tuple(v.shape) for v in model.trainable_variables]:
+    from asyncps.ml.models import shard_variables
+
+    trained = shard_variables(exported)
+    # the export wraps the caller's model behind a flat input, which adds no variables: same order (the
+    # trainable ones, then the state the shards held: BatchNormalization's moving statistics)
+    if [tuple(v.shape) for v in trained] != [tuple(v.shape) for v in shard_variables(model)]:
         raise TrainingFailed("asyncps.train: the exported model's variables do not match the model handed in")
-    for target, source in zip(model.trainable_variables, trained, strict=True):
+    for target, source in zip(shard_variables(model), trained, strict=True):
         target.assign(source)
     return model
 

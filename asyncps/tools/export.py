@@ -58,15 +58,16 @@ def model_from_checkpoint(ckpt: Checkpoint, run: RunConfig) -> Any:
     quiet_tensorflow()
     use_recorded_user_path(ckpt)
     _, model = build_run_model(run)
+    from asyncps.ml.models import shard_variables
     from asyncps.ml.sparse import has_keyed_table, with_kept_rows
 
     if has_keyed_table(model):  # each HashEmbedding as a KeyedTable of the rows the shards kept, by key
         return with_kept_rows(model, ckpt.values, ckpt.policy_state)
-    names = {v.path for v in model.trainable_variables}
+    names = {v.path for v in shard_variables(model)}
     missing = sorted(names - set(ckpt.values))
     if missing:
         raise ValueError(f"{ckpt.path} has no values for {missing[:5]} of model {run.model!r}")
-    for variable in model.trainable_variables:
+    for variable in shard_variables(model):
         value = ckpt.values[variable.path]
         if tuple(value.shape) != tuple(variable.shape):
             raise ValueError(f"{ckpt.path}: {variable.path} has shape {value.shape}, the model wants "

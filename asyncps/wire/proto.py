@@ -44,7 +44,8 @@ from asyncps.wire.shard import (
 def rule_to_proto(rule: UpdateRuleConfig) -> ps_pb2.UpdateRule:
     """Encode an update rule for the wire: the canonical spec of each kind."""
     return ps_pb2.UpdateRule(optimizer=rule.optimizer.spec, mode=rule.mode,
-                             staleness_policy=rule.staleness_policy, num_workers=rule.num_workers)
+                             staleness_policy=rule.staleness_policy, num_workers=rule.num_workers,
+                             state=list(rule.state))
 
 
 def rule_from_proto(msg: ps_pb2.UpdateRule) -> UpdateRuleConfig:
@@ -56,6 +57,7 @@ def rule_from_proto(msg: ps_pb2.UpdateRule) -> UpdateRuleConfig:
             mode=msg.mode or "async",
             staleness_policy=msg.staleness_policy or "none",
             num_workers=msg.num_workers or 1,
+            state=tuple(msg.state),
         )
     except PluginNotAllowed as exc:
         raise PermissionDeniedError(f"update rule refused: {exc}") from None

@@ -27,7 +27,7 @@ def build(input_shape: tuple[int, ...], num_classes: int, seed: int = 0) -> kera
 
 
 def build_with_batchnorm(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
-    """The same idea with BatchNormalization: asyncps refuses it (non-trainable moving statistics)."""
+    """The same idea with BatchNormalization: its moving statistics live on the shards beside the weights."""
     return keras.Sequential([
         keras.Input(shape=input_shape),
         keras.layers.Flatten(),
