@@ -1,0 +1,32 @@
+"""examples/lessons/*.ipynb in a real Jupyter kernel (nbclient runs every cell; an error fails the test),
+then the numbers each lesson's last cell prints are checked against what the lesson teaches."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+LESSONS = Path(__file__).resolve().parent.parent / "examples" / "lessons"
+
+
+def run_lesson(name: str, where: Path) -> str:
+    """Execute the lesson `name` in a kernel whose working directory is `where`; its last cell's printed text."""
+    nbclient = pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("ipykernel")
+    pytest.importorskip("matplotlib")
+    notebook: Any = nbformat.read(LESSONS / name, as_version=4)
+    nbclient.NotebookClient(notebook, kernel_name="python3", timeout=400,
+                            resources={"metadata": {"path": str(where)}}).execute()
+    return "".join(output.get("text", "") for output in notebook.cells[-1].outputs)
+
+
+@pytest.mark.slow
+def test_lesson_01_async_reaches_the_target_sooner_than_sync_with_a_straggler(tmp_path: Path) -> None:
+    printed = run_lesson("01_async_vs_sync.ipynb", tmp_path)
+    seconds = dict(re.findall(r"(async|sync) reached accuracy [\d.]+ after ([\d.]+) s", printed))
+    assert set(seconds) == {"async", "sync"}, printed  # both reached it ("None" does not match)
+    assert float(seconds["async"]) < float(seconds["sync"]), printed
