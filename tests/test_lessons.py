@@ -30,3 +30,15 @@ def test_lesson_01_async_reaches_the_target_sooner_than_sync_with_a_straggler(tm
     seconds = dict(re.findall(r"(async|sync) reached accuracy [\d.]+ after ([\d.]+) s", printed))
     assert set(seconds) == {"async", "sync"}, printed  # both reached it ("None" does not match)
     assert float(seconds["async"]) < float(seconds["sync"]), printed
+
+
+@pytest.mark.slow
+def test_lesson_02_mean_staleness_grows_with_the_number_of_workers(tmp_path: Path) -> None:
+    printed = run_lesson("02_staleness.ipynb", tmp_path)
+    means = {int(workers): float(mean) for workers, mean in re.findall(r"workers (\d+): mean staleness ([\d.]+)",
+                                                                       printed)}
+    assert sorted(means) == [1, 2, 4, 8], printed
+    assert means[1] == 0.0, printed  # one worker: nobody else updates between its pull and its push
+    assert means[1] < means[2] < means[4] < means[8], printed
+    for workers, mean in means.items():  # about λ - 1 (workers of equal speed)
+        assert abs(mean - (workers - 1)) <= 0.5 * (workers - 1) + 0.5, printed
