@@ -42,3 +42,16 @@ def test_lesson_02_mean_staleness_grows_with_the_number_of_workers(tmp_path: Pat
     assert means[1] < means[2] < means[4] < means[8], printed
     for workers, mean in means.items():  # about λ - 1 (workers of equal speed)
         assert abs(mean - (workers - 1)) <= 0.5 * (workers - 1) + 0.5, printed
+
+
+@pytest.mark.slow
+def test_lesson_03_a_backup_worker_removes_the_straggler(tmp_path: Path) -> None:
+    printed = run_lesson("03_stragglers_backup_workers.ipynb", tmp_path)
+    found = {name: (float(rate), float(idle), int(dropped)) for name, rate, idle, dropped in re.findall(
+        r"^(sync|sync \+ 1 backup): updates/s ([\d.]+), fast workers idle ([\d.]+) %, dropped (\d+)$", printed, re.M)}
+    assert set(found) == {"sync", "sync + 1 backup"}, printed
+    (sync_rate, sync_idle, sync_dropped), (backup_rate, backup_idle, backup_dropped) = (
+        found["sync"], found["sync + 1 backup"])
+    assert backup_rate >= 2 * sync_rate, printed  # the straggler no longer sets the pace
+    assert backup_idle * 3 <= sync_idle, printed  # the fast workers no longer wait for it
+    assert sync_dropped == 0 < backup_dropped, printed  # the price: the late gradients are dropped
