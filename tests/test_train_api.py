@@ -349,9 +349,10 @@ def test_csvlogger_tensorboard_and_a_callback_of_ones_own_see_each_evaluation(tm
 
 
 @pytest.mark.slow
-def test_a_callback_that_sets_stop_training_ends_the_run(tmp_path: Path) -> None:
+def test_a_callback_that_sets_stop_training_ends_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """As in model.fit: a callback's `self.model.stop_training = True` ends a run planned for 200 epochs (the
-    caller writes the run directory's stop request, the chief honours it), and the summary says why."""
+    caller writes the run directory's stop request, the chief honours it), and the summary says why; with
+    verbose=0 nothing is printed."""
     import keras
 
     class StopAtSecond(keras.callbacks.Callback):  # type: ignore[misc]  # keras is untyped
@@ -362,7 +363,8 @@ def test_a_callback_that_sets_stop_training_ends_the_run(tmp_path: Path) -> None
     x, y, x_val, y_val = digit_arrays()
     result = asyncps.train(model=functional_model(False), x=x, y=y, validation_data=(x_val, y_val), num_workers=2,
                            num_ps=1, epochs=200, optimizer="adam", learning_rate=0.01, eval_every_s=0.5,
-                           callbacks=[StopAtSecond()], run_dir=tmp_path / "run")
+                           callbacks=[StopAtSecond()], run_dir=tmp_path / "run", verbose=0)
+    assert capsys.readouterr().out == ""
     assert result.summary.stop_reason == "stop requested: a callback set model.stop_training at evaluation 1"
     assert result.summary.epochs < 200
     assert not RunDir(tmp_path / "run").stop_request.exists()  # consumed

@@ -217,7 +217,7 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     display = None if level == 0 else display_for(sys.stdout) if level == 1 else EvalLineDisplay(sys.stdout)
     sink = EvaluationCallbacks(others, files, model if _is_keras_model(model) else None, display,
                                run.eval_weights) if others else display
-    code = run_local(run, where, progress=display is not None, env=env, secure=secure, sink=sink)
+    code = run_local(run, where, progress=display is not None, env=env, secure=secure, sink=sink, quiet=level == 0)
     if code != 0 and files.summary.exists() and (summary := RunSummary.load(where)).diverged:
         raise RunDiverged(f"asyncps.train: {summary.verdict}; logs in {files.logs}", summary)
     if code != 0 or not files.summary.exists():

@@ -322,11 +322,14 @@ class LocalCluster:
 def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
               env: dict[str, str] | None = None, resume: bool = False, secure: bool = False,
               client_auth: bool = True, sink: StatusSink | None = None, prometheus_port: int = -1,
-              max_restarts: int = 5) -> int:
+              max_restarts: int = 5, quiet: bool = False) -> int:
     """Run a whole local cluster to completion; return the chief's exit code. The run's status goes
     to `sink`, else (with `progress`) to a progress bar or status lines on stdout. ValueError, before
     any process starts, for a spec that does not load (a user function that does not import, a
-    missing npz file), instead of a process that exits before publishing its port."""
+    missing npz file), instead of a process that exits before publishing its port. `quiet`: none of its own
+    lines on stdout (the run's start, end, memory and directory: asyncps.train's verbose=0); errors still go to
+    stderr."""
+    say = (lambda *_args, **_kwargs: None) if quiet else print
     problems = load_problems(run.model, run.dataset, run.loss, run.eval_metrics)
     if problems:
         raise ValueError("; ".join(problems))
@@ -350,8 +353,8 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     shown = False  # a dead process's last lines were shown already
     try:
         where = f" in {run.worker_processes} processes" if 0 < run.worker_processes < run.num_workers else ""
-        print(f"asyncps local: {run.num_ps} shards, {run.num_workers} workers{where}, {run.model} on "
-              f"{run.dataset}, mode {run.mode}; run directory {run_dir}", flush=True)
+        say(f"asyncps local: {run.num_ps} shards, {run.num_workers} workers{where}, {run.model} on "
+            f"{run.dataset}, mode {run.mode}; run directory {run_dir}", flush=True)
         cluster.start()
         if sink is None and progress:
             sink = display_for(sys.stdout)
@@ -408,13 +411,13 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
         s = RunSummary.load(run_dir)
         skipped = (f", {s.nonfinite_steps} non-finite steps skipped" if s.nonfinite_steps else "") + (
             f", {s.checkpoints_failed} checkpoint(s) not written (see logs/chief.log)" if s.checkpoints_failed else "")
-        print(f"done: {s.updates_applied} updates in {s.wall_s:.1f}s ({s.throughput_updates_per_s:.1f}/s), "
+        say(f"done: {s.updates_applied} updates in {s.wall_s:.1f}s ({s.throughput_updates_per_s:.1f}/s), "
               f"{final_eval_text(s)}, mean staleness {s.staleness.mean:.2f}{skipped}")
         if s.verdict:
             print(f"asyncps local: ERROR: the run did not train: {s.verdict}", file=sys.stderr)
-    print(f"peak memory: workers {mem.workers_total_mb:.0f} MB ({mem.per_worker_mb:.1f} MB per worker), "
-          f"all processes {mem.total_mb:.0f} MB")
-    print(f"run directory: {run_dir}")
+    say(f"peak memory: workers {mem.workers_total_mb:.0f} MB ({mem.per_worker_mb:.1f} MB per worker), "
+        f"all processes {mem.total_mb:.0f} MB")
+    say(f"run directory: {run_dir}")
     chief_code = codes.get("chief")
     return 1 if chief_code is None else chief_code
 
