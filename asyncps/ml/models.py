@@ -213,7 +213,9 @@ def state_variables(model: Any, fed: Any = ()) -> list[Any]:
     moving statistics): every non-trainable variable but random generators' state and the `fed` ones (a
     local table's row ids, asyncps.ml.sparse). A worker's step reads them with its pull and pushes each
     one's delta, new value minus the value read, which the shard adds (UpdateRuleConfig.state)."""
-    skip = {v.path for v in fed}
+    from asyncps.ml.sparse import row_id_variables
+
+    skip = {v.path for v in [*fed, *row_id_variables(model)]}  # a local table's row ids are the worker's own
     return [v for v in model.non_trainable_variables if not is_random_state(v) and v.path not in skip]
 
 

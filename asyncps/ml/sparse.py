@@ -192,6 +192,11 @@ def is_table(layer: Any) -> bool:
     return type(layer) in (keras.layers.Embedding, HashEmbedding)
 
 
+def row_id_variables(model: Any) -> list[Any]:
+    """The row ids of every local table of a model (LocalRows: state each step feeds, never the shards')."""
+    return [layer.row_ids for layer in _layers(model) if isinstance(layer, LocalRows)]
+
+
 def table_layers(model: Any) -> list[str]:
     """The names of a model's layers whose tables are read by rows (nested models' included)."""
     return [layer.name for layer in _layers(model) if is_table(layer)]
@@ -432,4 +437,5 @@ def initialize(model: Any) -> None:
 
 
 __all__ = ["PAD_ID", "HashEmbedding", "KeyedTable", "LocalRows", "RowStep", "RowTable", "SparseModel",
-           "build_deferred", "has_keyed_table", "initialize", "is_table", "plan", "table_layers", "with_kept_rows"]
+           "build_deferred", "has_keyed_table", "initialize", "is_table", "plan", "row_id_variables", "table_layers",
+           "with_kept_rows"]
