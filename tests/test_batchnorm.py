@@ -104,9 +104,11 @@ def test_a_batchnorm_cnn_trains_on_two_shards_as_model_fit_trains_it(tmp_path: P
         hidden = keras.layers.Activation("relu")(hidden)
         return keras.Model(inputs, keras.layers.Dense(10)(hidden))
 
+    # Adam at 0.003, as tests/test_train_api.py's Dropout test (at 0.01 an async run's last steps move its held-out
+    # accuracy by points from run to run)
     keras.utils.set_random_seed(0)
     plain = net()
-    plain.compile(optimizer=keras.optimizers.Adam(0.01),
+    plain.compile(optimizer=keras.optimizers.Adam(0.003),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     plain.fit(x, y, batch_size=32, epochs=epochs, verbose=0)
     fit_accuracy = accuracy(plain, x_val, y_val)
@@ -115,7 +117,7 @@ def test_a_batchnorm_cnn_trains_on_two_shards_as_model_fit_trains_it(tmp_path: P
     before = [np.array(v.numpy()) for v in state_variables(model)]
     started = time.monotonic()
     result = asyncps.train(model=model, x=x, y=y, validation_data=(x_val, y_val), num_workers=2, num_ps=2,
-                           epochs=epochs, optimizer="adam", learning_rate=0.01, run_dir=tmp_path / "run")
+                           epochs=epochs, optimizer="adam", learning_rate=0.003, run_dir=tmp_path / "run")
     ours = accuracy(model, x_val, y_val)
     print(f"model.fit held-out accuracy {fit_accuracy:.4f}; asyncps.train (2 shards, 2 workers) {ours:.4f} "
           f"in {time.monotonic() - started:.0f}s")
