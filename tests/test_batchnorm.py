@@ -17,7 +17,6 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
-import tensorflow as tf
 from asyncps.worker.trainer import BatchStream, Telemetry, Trainer, make_grad_fn
 
 import asyncps
@@ -28,6 +27,7 @@ from asyncps.placement import VariableSpec, place, split_for_shards
 from asyncps.rules import OptimizerConfig, UpdateRuleConfig
 from asyncps.transport import connect_model
 from tests.test_train_api import accuracy, digit_arrays
+from tests.test_worker_equivalence import keras_sgd_steps
 
 STEPS = 20
 LR = 0.1
@@ -69,14 +69,7 @@ def test_one_worker_moves_the_statistics_as_local_keras_training(start_shards: C
         np.testing.assert_array_equal(v.numpy(), initial[v.path])
 
     reference = bn_mlp(data.num_features, data.num_classes)
-    optimizer = keras.optimizers.SGD(LR)
-    batches = BatchStream(x, y, 32, seed=5)
-    for _ in range(STEPS):
-        bx, by = batches.next()
-        with tf.GradientTape() as tape:
-            loss = loss_fn(reference(bx, training=True), by)
-        optimizer.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables),
-                                      reference.trainable_variables, strict=True))
+    keras_sgd_steps(reference, x, y, STEPS, LR)
     moved = 0.0
     for v in shard_variables(reference):
         np.testing.assert_allclose(client.values[v.path], v.numpy(), rtol=1e-4, atol=1e-5, err_msg=v.path)

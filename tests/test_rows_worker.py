@@ -64,11 +64,12 @@ class StorePath:
         pass
 
 
-def ids_model(rows: int) -> Any:
-    """Ids straight into a table (the recommendation shape), and a small head."""
+def ids_model(rows: int, table: Any = keras.layers.Embedding) -> Any:
+    """Ids straight into a table (the recommendation shape; `table` the layer: an Embedding, or a HashEmbedding
+    keyed on the shards), and a small head."""
     inputs = keras.Input((4,), dtype="int64", name="ids")
-    x = keras.layers.Embedding(rows, 8, embeddings_initializer=keras.initializers.RandomUniform(-0.1, 0.1, seed=3),
-                               name="table")(inputs)
+    x = table(rows, 8, embeddings_initializer=keras.initializers.RandomUniform(-0.1, 0.1, seed=3),
+              name="table")(inputs)
     x = keras.layers.Flatten(name="flat")(x)
     x = keras.layers.Dense(16, activation="relu", kernel_initializer=keras.initializers.GlorotUniform(seed=4),
                            name="hidden")(x)
@@ -192,20 +193,6 @@ def test_a_model_that_cannot_be_built_without_its_tables_is_built_with_them(tmp_
     assert sparse is not None and sparse.tables[0].shape == (100, 8)
 
 
-def hash_model(rows: int) -> Any:
-    """ids_model with its table a HashEmbedding (keyed on the shards) of at most `rows` rows."""
-    from asyncps.ml.sparse import HashEmbedding
-
-    inputs = keras.Input((4,), dtype="int64", name="ids")
-    x = HashEmbedding(rows, 8, embeddings_initializer=keras.initializers.RandomUniform(-0.1, 0.1, seed=3),
-                      name="table")(inputs)
-    x = keras.layers.Flatten(name="flat")(x)
-    x = keras.layers.Dense(16, activation="relu", kernel_initializer=keras.initializers.GlorotUniform(seed=4),
-                           name="hidden")(x)
-    logits = keras.layers.Dense(2, kernel_initializer=keras.initializers.GlorotUniform(seed=5), name="logits")(x)
-    return keras.Model(inputs, logits, name="hash_model")
-
-
 @pytest.mark.parametrize("shards", [1, 2])
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adagrad", "adam"])
 def test_a_keyed_table_trains_exactly_what_a_whole_table_of_the_same_rows_trains(shards: int, optimizer: str) -> None:
@@ -216,7 +203,9 @@ def test_a_keyed_table_trains_exactly_what_a_whole_table_of_the_same_rows_trains
     rng = np.random.default_rng(0)
     x = rng.integers(0, 300, size=(64, 4)).astype(np.int64)
     y = rng.integers(0, 2, size=64).astype(np.int64)
-    sparse = plan(build_deferred(lambda: hash_model(300 * shards)), batch_size=16)
+    from asyncps.ml.sparse import HashEmbedding
+
+    sparse = plan(build_deferred(lambda: ids_model(300 * shards, HashEmbedding)), batch_size=16)
     assert sparse is not None and sparse.tables[0].keyed and sparse.tables[0].init is not None
     init = sparse.tables[0].init
     whole_model = ids_model(300)

@@ -41,6 +41,19 @@ class Setup:
     trainer: Trainer
 
 
+def keras_sgd_steps(model: keras.Model, x: np.ndarray, y: np.ndarray, steps: int, lr: float) -> None:
+    """`steps` of plain Keras SGD at `lr` in this process, training mode, on the same seeded batches a worker's
+    BatchStream(x, y, 32, seed=5) gives: the reference a worker's run through the shards is held to."""
+    optimizer = keras.optimizers.SGD(lr)
+    batches = BatchStream(x, y, 32, seed=5)
+    for _ in range(steps):
+        bx, by = batches.next()
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model(bx, training=True), by)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
+                                      strict=True))
+
+
 def one_worker(start_shards: Callable[[int], list[str]], pipeline: bool = False, policy: str = "none") -> Setup:
     addresses = start_shards(2)
     data = load_dataset("digits", 0)
@@ -73,14 +86,7 @@ def test_one_worker_equals_sequential_sgd(start_shards: Callable[[int], list[str
     assert client.versions == [STEPS, STEPS]
 
     reference = build_model("mlp", data.num_features, data.num_classes, seed=3)
-    optimizer = keras.optimizers.SGD(LR)
-    batches = BatchStream(x, y, 32, seed=5)
-    for _ in range(STEPS):
-        bx, by = batches.next()
-        with tf.GradientTape() as tape:
-            loss = loss_fn(reference(bx, training=True), by)
-        grads = tape.gradient(loss, reference.trainable_variables)
-        optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
+    keras_sgd_steps(reference, x, y, STEPS, LR)
 
     client.pull()
     for var in reference.trainable_variables:
