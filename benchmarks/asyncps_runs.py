@@ -143,7 +143,8 @@ def run_watched(run: RunConfig, run_dir: Path, sample: Callable[[LocalCluster], 
 
     The one loop the benchmarks watch a cluster with (peak RSS, CPU per role); returns the stopped cluster.
     """
-    cluster = LocalCluster(run, run_dir)
+    # every process exec'd (no fork server), as the baselines' are: peak RSS and CPU per process compare like for like
+    cluster = LocalCluster(run, run_dir, fork=False)
     done = threading.Event()
 
     def watch() -> None:

@@ -50,7 +50,7 @@ def killed_shard_run(run: RunConfig) -> tuple[dict[str, float], list[str]]:
     with tempfile.TemporaryDirectory(prefix="asyncps-bigtable-") as tmp:
         run_dir = Path(tmp) / "run"
         run_dir.mkdir()
-        cluster = LocalCluster(run, run_dir)
+        cluster = LocalCluster(run, run_dir, fork=False)  # exec'd, as benchmarks/asyncps_runs.py says why
         watch = MemoryWatch()
         killed = False
         try:

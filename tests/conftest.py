@@ -50,6 +50,23 @@ class ShardProcess:
             return "(no log)"
 
 
+def asyncps_processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, CLI arguments) of every live asyncps process of this machine: an exec'd one runs
+    `python -c BOOTSTRAP ARGS` (asyncps.procenv.cli_command, the fork server's own start), one the fork server
+    forked is titled `asyncps ARGS` (asyncps.tools.forkserver.set_title)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().rstrip(b"\0").decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if len(argv) >= 3 and argv[1] == "-c" and "from asyncps.tools." in argv[2]:
+            yield int(proc.name), argv[3:]
+        elif argv[0].startswith("asyncps "):
+            yield int(proc.name), argv[0].split()[1:]
+
+
 def child_env() -> dict[str, str]:
     """Environment of every process a test starts: the allocator and thread settings of
     asyncps.procenv (as in production), and no ASYNCPS_* or TF_CONFIG: flags must come from the

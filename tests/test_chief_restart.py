@@ -21,7 +21,7 @@ from asyncps.config import RunConfig
 from asyncps.rundir import PUSHES_CSV, PushRow, RunConfigRecord, RunDir, RunSummary, iter_rows
 from asyncps.tools.local import LocalCluster
 from asyncps.transport.coordinator import CoordinatorClient
-from tests.conftest import REPO_ROOT, child_env
+from tests.conftest import REPO_ROOT, asyncps_processes, child_env
 from tests.test_local_cluster import run_cli
 
 pytestmark = pytest.mark.slow
@@ -38,25 +38,18 @@ def start_local(run_dir: Path, *args: str, env: dict[str, str] | None = None) ->
 
 def role_pid(run_dir: Path, role: str, index: str | None = None) -> int:
     """The pid of a live cluster process of this run: `chief`, or `ps` with its index."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().decode().split("\0")
-        except OSError:
-            continue
-        # a child of `asyncps local` runs the CLI through asyncps.procenv.CLI_BOOTSTRAP (`python -c ...`)
-        if not any("asyncps.tools.cli" in arg for arg in argv) or role not in argv:
+    for pid, argv in asyncps_processes():
+        if not argv or argv[0] != role:
             continue
         if role == "chief" and str(run_dir) in argv:
-            return int(proc.name)
+            return pid
         # `--port` given, as `asyncps local` gives it: another test's shard may run beside this one (the
         # long suites run two at a time) with its port in the environment (tests/test_k8s_manifests.py)
         if role == "ps" and index is not None and "--port" in argv:
             first = str(RunDir(run_dir).port_file(f"ps-{index}")) in argv  # started on port 0
             restarted = argv[argv.index("--port") + 1] == _ps_addresses(run_dir)[int(index)].rsplit(":", 1)[-1]
             if first or restarted:
-                return int(proc.name)
+                return pid
     raise AssertionError(f"no live {role} {index or ''} of {run_dir}")
 
 

@@ -17,6 +17,7 @@ from asyncps.chief.cut import CUT_GATE_ENV
 
 from asyncps.rundir import RunDir, RunSummary
 from asyncps.transport.shmseg import SHM_DIR
+from tests.conftest import asyncps_processes
 from tests.test_chief_restart import finish, role_pid, start_local
 
 pytestmark = pytest.mark.slow
@@ -58,15 +59,9 @@ def kill_during_cut(run_dir: Path, gate: Path, proc: object, what: str, shard: s
 def worker_pid(run_dir: Path, index: str) -> int:
     """The pid of the live worker process of this run with `--index index`."""
     chief = str(RunDir(run_dir).port_file("chief"))  # asyncps local's workers find the chief through its port file
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode().split("\0")
-        except OSError:
-            continue
-        if "worker" in argv and chief in argv and argv[argv.index("--index") + 1] == index:
-            return int(entry.name)
+    for pid, argv in asyncps_processes():
+        if argv[:1] == ["worker"] and chief in argv and argv[argv.index("--index") + 1] == index:
+            return pid
     raise AssertionError(f"no live worker {index} of {run_dir}")
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from asyncps.rundir import RunDir
+from tests.conftest import asyncps_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = {"updates_applied", "updates_dropped", "staleness", "throughput_updates_per_s",
@@ -29,14 +30,9 @@ def cluster_processes(run_dir: Path) -> list[str]:
     chief_port = RunDir(run_dir).port_file("chief").read_text().strip()
     marks = (str(run_dir), f"127.0.0.1:{chief_port}")
     found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "asyncps.tools.cli" in cmdline and any(m in cmdline for m in marks):
+    for _pid, args in asyncps_processes():
+        cmdline = " ".join(args)
+        if any(m in cmdline for m in marks):
             found.append(cmdline)
     return found
 
@@ -57,7 +53,7 @@ def test_default_cluster_trains_and_leaves_a_complete_run_dir(tmp_path: Path) ->
         assert path.stat().st_size > 0, path.name
     assert any(RunDir(run_dir).tensorboard.iterdir()), "no TensorBoard event files"
     assert {p.name for p in RunDir(run_dir).logs.glob("*.log")} == {
-        "ps-0.log", "ps-1.log", "chief.log", "worker-0.log", "worker-1.log"}
+        "ps-0.log", "ps-1.log", "chief.log", "worker-0.log", "worker-1.log", "forkserver.log"}
     pushes = RunDir(run_dir).pushes.read_text().splitlines()
     assert pushes[0].split(",")[:3] == ["wall_time", "worker", "shard"]
     # one row per (step, shard): every applied update is recorded on both shards

@@ -384,7 +384,7 @@ def cmd_local(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
     return run_local(run, run_dir, progress=not args.quiet, resume=bool(args.resume), secure=bool(args.secure),
                      client_auth=not args.tls_no_client_auth, prometheus_port=int(args.prometheus_port),
-                     max_restarts=int(args.max_restarts))
+                     max_restarts=int(args.max_restarts), fork=not args.exec_roles)
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -522,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --secure: servers do not require client certificates (TLS instead of mTLS)")
     _add(p, "--max-restarts", 5, "restarts of each process (a shard, a worker, the chief) after a crash; one more "
          "crash and the launcher gives up on it (a dead chief or shard ends the run)", type=int)
+    p.add_argument("--exec-roles", action="store_true",
+                   help="start the chief and each worker process as a fresh interpreter that loads TensorFlow "
+                        "itself, instead of forking them from one process that loaded it once (the default)")
     _add_prometheus_port(p)
     add_run_flags(p)
     # --ps lists shard addresses (asyncps chief); before 0.2 `local --ps N` was the count

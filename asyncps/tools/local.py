@@ -21,6 +21,7 @@ from asyncps.net.security import SecurityConfig
 from asyncps.procenv import cli_command, process_env
 from asyncps.rundir import RunDir, RunSummary, wait_port_file
 from asyncps.signals import SignalRoute
+from asyncps.tools.forkserver import ForkServer, Process
 from asyncps.tools.memwatch import MemoryWatch
 from asyncps.tools.progress import StatusPoller, display_for
 from asyncps.transport import shmseg
@@ -88,7 +89,7 @@ class Child:
     """One process of the local cluster."""
 
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: Process  # a subprocess.Popen (a shard, or any process without the fork server) or a ForkedProcess
     log: IO[bytes]
 
     def alive(self) -> bool:
@@ -101,8 +102,12 @@ class LocalCluster:
 
     def __init__(self, run: RunConfig, run_dir: Path, env: dict[str, str] | None = None,
                  resume: bool = False, max_restarts: int = 5, secure: bool = False,
-                 client_auth: bool = True, prometheus_port: int = -1) -> None:
+                 client_auth: bool = True, prometheus_port: int = -1, fork: bool = True) -> None:
         self.run = run
+        # `fork`: the chief and the workers are forked from a server that loaded TensorFlow once
+        # (asyncps.tools.forkserver); without it each is a fresh interpreter that loads its own
+        self.fork = fork
+        self._forkserver: ForkServer | None = None
         self.prometheus_port = prometheus_port  # the chief's Prometheus endpoint (-1: off, 0: any free port)
         self.secure = secure
         self.client_auth = client_auth
@@ -133,11 +138,15 @@ class LocalCluster:
 
     def _spawn(self, name: str, args: list[str]) -> Child:
         log = open(self.files.log(name), "ab")  # noqa: SIM115 - closed in stop(); appended on restarts
-        proc = subprocess.Popen(
-            cli_command(*args, *self._security_args.get(args[0], [])),
-            stdout=log, stderr=subprocess.STDOUT,
-            env=self.env, start_new_session=True,  # Ctrl-C reaches the launcher, which stops them in order
-        )
+        full_args = [*args, *self._security_args.get(args[0], [])]
+        proc: Process | None = None
+        if self._forkserver is not None and args[0] != "ps":  # a shard needs no TensorFlow: exec'd
+            proc = self._forkserver.spawn(full_args, self.env, self.files.log(name))
+        if proc is None:
+            proc = subprocess.Popen(
+                cli_command(*full_args), stdout=log, stderr=subprocess.STDOUT,
+                env=self.env, start_new_session=True,  # Ctrl-C reaches the launcher, which stops them in order
+            )
         child = Child(name, proc, log)
         self.children.append(child)
         return child
@@ -149,6 +158,8 @@ class LocalCluster:
             self._make_secrets()
         config_file = self.files.launch_config
         config_file.write_text(self.run.to_json())
+        if self.fork and self._forkserver is None:  # it loads TensorFlow while the shards start
+            self._forkserver = ForkServer(self.env, self.files.log("forkserver"), str(self.run_dir))
         shards = []
         for i in range(self.run.num_ps):
             port_file = self.files.port_file(f"ps-{i}")
@@ -312,7 +323,17 @@ class LocalCluster:
                 child.proc.kill()
                 child.proc.wait()
             child.log.close()
+        if self._forkserver is not None:
+            self._forkserver.close()
+            self._forkserver = None
         shmseg.sweep(self.shm_tag)
+
+    def live_processes(self) -> list[tuple[str, int]]:
+        """(name, pid) of every live process of the cluster: the children, and the fork server (`fork-server`), which
+        holds the TensorFlow its children share."""
+        live = [(c.name, c.proc.pid) for c in self.children if c.alive()]
+        server = self._forkserver.pid if self._forkserver is not None else None
+        return live + ([("fork-server", server)] if server is not None else [])
 
     def exit_codes(self) -> dict[str, int | None]:
         """Exit code of every process (None while running)."""
@@ -322,13 +343,14 @@ class LocalCluster:
 def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
               env: dict[str, str] | None = None, resume: bool = False, secure: bool = False,
               client_auth: bool = True, sink: StatusSink | None = None, prometheus_port: int = -1,
-              max_restarts: int = 5, quiet: bool = False) -> int:
+              max_restarts: int = 5, quiet: bool = False, fork: bool = True) -> int:
     """Run a whole local cluster to completion; return the chief's exit code. The run's status goes
     to `sink`, else (with `progress`) to a progress bar or status lines on stdout. ValueError, before
     any process starts, for a spec that does not load (a user function that does not import, a
     missing npz file), instead of a process that exits before publishing its port. `quiet`: none of its own
     lines on stdout (the run's start, end, memory and directory: asyncps.train's verbose=0); errors still go to
-    stderr."""
+    stderr. `fork`: the chief and the workers forked from one process that loaded TensorFlow once
+    (asyncps.tools.forkserver), else each a fresh interpreter."""
     say = (lambda *_args, **_kwargs: None) if quiet else print
     problems = load_problems(run.model, run.dataset, run.loss, run.eval_metrics)
     if problems:
@@ -337,7 +359,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     if max_restarts < 0:
         raise ValueError(f"--max-restarts must be 0 or more, got {max_restarts}")
     cluster = LocalCluster(run, run_dir, env, resume=resume, secure=secure, client_auth=client_auth,
-                           prometheus_port=prometheus_port, max_restarts=max_restarts)
+                           prometheus_port=prometheus_port, max_restarts=max_restarts, fork=fork)
     interrupted = threading.Event()
 
     def on_signal(signum: int) -> None:  # run by the route's thread, not in the signal handler
@@ -363,7 +385,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
             status = poller.try_poll() if poller else None
             if sink and status is not None:
                 sink.show(status)
-            memory.sample((c.name, c.proc.pid) for c in cluster.children if c.alive())
+            memory.sample(cluster.live_processes())
             time.sleep(0.5)
             if interrupted.is_set():
                 if not cluster.chief.alive():
