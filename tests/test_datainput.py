@@ -7,6 +7,7 @@ dataset_fn's batches leave their class unlearned (the workers' loss is weighted)
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,26 @@ def test_a_dataset_fn_of_no_argument_is_called_per_worker_too() -> None:
 
     x, _, _ = datainput.from_dataset_fn(whole, 2, None)
     assert len(calls) == 2 and len(x) == 2 * len(X)
+
+
+def test_a_dataset_fn_spec_is_imported_from_the_user_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`package.module:function`, as the other specs, imported here with `user_path=` in place."""
+    monkeypatch.setattr(sys, "path", [*sys.path])  # train puts user_path on it: undone after the test
+    (tmp_path / "mydata_fn.py").write_text(
+        "import tensorflow as tf\n"
+        "def shards(context):\n"
+        "    x = tf.range(10, dtype=tf.float32)[:, None]\n"
+        "    data = tf.data.Dataset.from_tensor_slices((x, tf.range(10) % 2))\n"
+        "    return data.shard(context.num_workers, context.worker_index).batch(2)\n")
+    with pytest.raises(ValueError, match="cannot import 'mydata_fn'"):
+        datainput.from_dataset_fn("mydata_fn:shards", 2, None)
+    with pytest.raises(ValueError, match="either dataset= or arrays"):
+        # the spec imports (user_path=), its examples are read: a dataset= beside them is what is refused
+        asyncps.train(model="mlp", dataset="digits", dataset_fn="mydata_fn:shards", validation_split=0.2,
+                      user_path=[str(tmp_path)], run_dir=tmp_path / "run")
+    x, _, _ = datainput.from_dataset_fn("mydata_fn:shards", 2, None)
+    np.testing.assert_array_equal(x[:, 0], [0, 2, 4, 6, 8, 1, 3, 5, 7, 9])
+    sys.modules.pop("mydata_fn", None)
 
 
 def test_steps_per_epoch_is_the_batches_read_in_all_shared_by_the_workers() -> None:

@@ -142,8 +142,9 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     also be what `model.fit` reads batches of (x, y) from: a `tf.data.Dataset`, a `keras.utils.PyDataset`,
     a generator or a function returning one; finite ones, read here to their end into arrays
     (asyncps.tools.kerasdata), so each example is trained once per epoch. `dataset_fn` (instead of x, y):
-    TF's parameter-server habit, a function of a worker's context (`worker_index`, `num_workers`) returning its
-    tf.data.Dataset of batches; called here once per worker and read into arrays (asyncps.tools.datainput).
+    TF's parameter-server habit, a function (or `package.module:function` spec) of a worker's context
+    (`worker_index`, `num_workers`) returning its tf.data.Dataset of batches; called here once per worker and read
+    into arrays (asyncps.tools.datainput).
     `steps_per_epoch`: the batches read from `x`'s source or (in total) the workers' datasets; needed for endless
     ones, whose first `steps_per_epoch` batches are then trained once every epoch.
     `sample_weight` (one weight >= 0 per example of `x`) and `class_weight` ({class id: weight}, class ids
@@ -170,6 +171,7 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     diverged (its summary's `verdict` says why), TrainingFailed when the run ends without a summary or
     with a failed chief.
     """
+    dirs = add_user_path([*user_path_from_env(), *user_path])  # first: a dataset_fn spec may import from it
     workers = int(settings.get("num_workers", RunConfig.__dataclass_fields__["num_workers"].default))
     x, y, sample_weight = datainput.read_inputs(x, y, sample_weight, dataset_fn, steps_per_epoch, workers)
     if kerasdata.kind(x) is not None:
@@ -194,7 +196,6 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     arrays = _split_arrays(dataset, x, y, validation_data, validation_split)
     if arrays is not None and loss is None:
         _check_default_loss(arrays[1], model)
-    dirs = add_user_path([*user_path_from_env(), *user_path])
     where = (Path(run_dir) if run_dir is not None else default_run_dir()).resolve()
     files = RunDir(where)
     dataset_spec = spec_of(dataset if dataset is not None else "digits", "dataset")

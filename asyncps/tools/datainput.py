@@ -5,10 +5,11 @@ Both are read in the caller's process into the arrays `asyncps.train` sends (asy
 batches). Why here and not on each worker: the chief hands out data tasks over one indexed training set and counts
 every example exactly once per epoch (its accounting, summary.json's `data`); a pipeline each worker drained on its
 own would be consumed outside that accounting (a worker that dies mid-pipeline would lose or repeat its examples).
-So `dataset_fn` is called here once per worker, with the `InputContext` it would get on that worker (its
-`worker_index` of `num_workers`), each dataset is read to its end (or to its share of `steps_per_epoch` batches),
-and the workers' examples are joined in worker order. Nothing of the function travels, only the arrays: a lambda
-or a function defined in a notebook works as an importable one does.
+So `dataset_fn` (a function, or a `package.module:function` spec imported here) is called here once per worker,
+with the `InputContext` it would get on that worker (its `worker_index` of `num_workers`), each dataset is read to
+its end (or to its share of `steps_per_epoch` batches), and the workers' examples are joined in worker order.
+Nothing of the function travels, only the arrays: a lambda or a function defined in a notebook works as an
+importable one does. The examples must fit in the caller's memory (and the run directory, as an .npz).
 
 `steps_per_epoch` (as `model.fit` takes it) is the number of batches read: from `x=`'s source, or in total from the
 workers' datasets (worker i reads `steps // num_workers` batches, one more for the first `steps % num_workers`).
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from asyncps.ml.userfns import load_function
 from asyncps.tools import kerasdata
 
 Examples = tuple[np.ndarray, np.ndarray, np.ndarray | None]
@@ -65,7 +67,7 @@ class InputContext:
         return global_batch_size // self.num_workers
 
 
-def read_inputs(x: Any, y: Any, sample_weight: Any, dataset_fn: Callable[..., Any] | None,
+def read_inputs(x: Any, y: Any, sample_weight: Any, dataset_fn: Callable[..., Any] | str | None,
                 steps_per_epoch: int | None, num_workers: int) -> tuple[Any, Any, Any]:
     """(x, y, sample_weight) with a `dataset_fn`'s datasets, or a source cut to `steps_per_epoch` batches, read into
     arrays (batches' own weights as sample_weight); anything else unchanged, an endless source refused."""
@@ -93,9 +95,12 @@ def read_inputs(x: Any, y: Any, sample_weight: Any, dataset_fn: Callable[..., An
     return xs, ys, weights if weights is not None else sample_weight
 
 
-def from_dataset_fn(dataset_fn: Callable[..., Any], num_workers: int, steps: int | None) -> Examples:
-    """Every worker's examples, in worker order: `dataset_fn` called with each worker's InputContext, each dataset
-    read to its end (or to the worker's share of `steps` batches)."""
+def from_dataset_fn(dataset_fn: Callable[..., Any] | str, num_workers: int, steps: int | None) -> Examples:
+    """Every worker's examples, in worker order: `dataset_fn` (a function or a `package.module:function` spec)
+    called with each worker's InputContext, each dataset read to its end (or to the worker's share of `steps`
+    batches)."""
+    if isinstance(dataset_fn, str):
+        dataset_fn = load_function(dataset_fn, "dataset_fn")
     if not callable(dataset_fn) or kerasdata.kind(dataset_fn) not in ("function", None):
         raise ValueError(f"asyncps.train: dataset_fn must be a function of the worker's context returning a "
                          f"tf.data.Dataset, got {type(dataset_fn).__name__}")
