@@ -154,13 +154,16 @@ def endless_fn(context: InputContext) -> Any:
     ({"x": X, "y": Y, "steps_per_epoch": 3}, "arrays are trained whole every epoch"),
     ({"x": endless_generator(), "y": Y, "steps_per_epoch": 3}, "do not give y= as well"),
     ({"dataset_fn": sharded, "steps_per_epoch": 0}, "steps_per_epoch must be a positive integer"),
+    ({"dataset_fn": sharded, "num_workers": 0}, "num_workers must be a positive integer"),
+    ({"dataset_fn": sharded, "num_workers": "two"}, "num_workers must be a positive integer"),
     ({"dataset_fn": sharded, "steps_per_epoch": 2.5}, "steps_per_epoch must be a positive integer"),
     ({"dataset_fn": lambda c: tf.data.Dataset.from_tensor_slices((X[:, :1 + c.worker_index], Y)).batch(4)},
      r"worker 1's examples are \(2,\)"),
 ])
 def test_a_bad_input_is_refused_before_any_process(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        asyncps.train(model="mlp", validation_data=(X, Y), num_workers=2, run_dir=tmp_path / "run", **kwargs)
+        asyncps.train(model="mlp", **{"validation_data": (X, Y), "num_workers": 2, "run_dir": tmp_path / "run",
+                                      **kwargs})
     assert not (tmp_path / "run").exists()
 
 

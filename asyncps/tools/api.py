@@ -172,7 +172,7 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     with a failed chief.
     """
     dirs = add_user_path([*user_path_from_env(), *user_path])  # first: a dataset_fn spec may import from it
-    workers = int(settings.get("num_workers", RunConfig.__dataclass_fields__["num_workers"].default))
+    workers = settings.get("num_workers", RunConfig.__dataclass_fields__["num_workers"].default)
     x, y, sample_weight = datainput.read_inputs(x, y, sample_weight, dataset_fn, steps_per_epoch, workers)
     if kerasdata.kind(x) is not None:
         if y is not None:

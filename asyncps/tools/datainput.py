@@ -68,7 +68,7 @@ class InputContext:
 
 
 def read_inputs(x: Any, y: Any, sample_weight: Any, dataset_fn: Callable[..., Any] | str | None,
-                steps_per_epoch: int | None, num_workers: int) -> tuple[Any, Any, Any]:
+                steps_per_epoch: int | None, num_workers: Any) -> tuple[Any, Any, Any]:
     """(x, y, sample_weight) with a `dataset_fn`'s datasets, or a source cut to `steps_per_epoch` batches, read into
     arrays (batches' own weights as sample_weight); anything else unchanged, an endless source refused."""
     if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int)
@@ -87,7 +87,7 @@ def read_inputs(x: Any, y: Any, sample_weight: Any, dataset_fn: Callable[..., An
         if y is not None:
             raise ValueError("asyncps.train: x= is a dataset of (x, y) batches; do not give y= as well")
     if dataset_fn is not None:
-        xs, ys, weights = from_dataset_fn(dataset_fn, num_workers, steps_per_epoch)
+        xs, ys, weights = from_dataset_fn(dataset_fn, _count(num_workers), steps_per_epoch)
     else:
         xs, ys, weights = kerasdata.read(bounded(x, steps_per_epoch, "x"), "x")
     if weights is not None and sample_weight is not None:
@@ -152,6 +152,17 @@ def refuse_endless(source: Any, what: str) -> None:
         name = "an infinite tf.data.Dataset (repeat())" if how == "tf.data" else "a PyDataset without a length"
         raise ValueError(f"asyncps.train: {what} is {name}: an epoch needs its end; give steps_per_epoch= (the "
                          "batches read, trained once every epoch) or a finite one (dataset.take(batches))")
+
+
+def _count(num_workers: Any) -> int:
+    """The num_workers setting as a count (as given to train: an int or its text), ValueError for anything else."""
+    try:
+        count = int(num_workers)
+    except (TypeError, ValueError):
+        count = 0
+    if count < 1 or isinstance(num_workers, bool) or str(count) != str(num_workers).strip():
+        raise ValueError(f"asyncps.train: num_workers must be a positive integer, got {num_workers!r}")
+    return count
 
 
 def _call(dataset_fn: Callable[..., Any], context: InputContext) -> Any:
