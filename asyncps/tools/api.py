@@ -34,7 +34,7 @@ from asyncps.ml.specs import KERAS_PREFIX, NPZ_PREFIX
 from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, call_with_accepted, is_function_spec, user_path_from_env
 from asyncps.ps.main import PsConfig, run_ps
 from asyncps.rundir import EvalRow, PushRow, RunDir, RunSummary, atomic_write, iter_rows, read_rows
-from asyncps.tools import kerasdata
+from asyncps.tools import datainput, kerasdata
 from asyncps.tools.local import LocalCluster, default_run_dir, run_local
 from asyncps.tools.progress import EvalLineDisplay, StatusSink, display_for
 from asyncps.worker.config import WorkerConfig
@@ -123,6 +123,7 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
           run_dir: str | Path | None = None, user_path: Iterable[str] = (), progress: bool | None = None,
           secure: bool = False, callbacks: Iterable[Any] = (), sample_weight: Any = None,
           class_weight: Mapping[int, float] | None = None, verbose: int | str = "auto",
+          dataset_fn: Callable[..., Any] | None = None, steps_per_epoch: int | None = None,
           **settings: Any) -> TrainResult:
     """Train on a local cluster to completion; return the trained model, the summary and the history.
 
@@ -140,7 +141,12 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     regression targets, 0/1 multi-label matrices), whatever the loss takes. `x` (and `validation_data`) may
     also be what `model.fit` reads batches of (x, y) from: a `tf.data.Dataset`, a `keras.utils.PyDataset`,
     a generator or a function returning one; finite ones, read here to their end into arrays
-    (asyncps.tools.kerasdata), so each example is trained once per epoch.
+    (asyncps.tools.kerasdata), so each example is trained once per epoch. `dataset_fn` (instead of x, y):
+    TF's parameter-server habit, a function (or `package.module:function` spec) of a worker's context
+    (`worker_index`, `num_workers`) returning its tf.data.Dataset of batches; called here once per worker and read
+    into arrays (asyncps.tools.datainput).
+    `steps_per_epoch`: the batches read from `x`'s source or (in total) the workers' datasets; needed for endless
+    ones, whose first `steps_per_epoch` batches are then trained once every epoch.
     `sample_weight` (one weight >= 0 per example of `x`) and `class_weight` ({class id: weight}, class ids
     only) weight each example's loss on the workers as `model.fit` weights it (the weighted sum over the batch
     size; both given: multiplied); a `validation_split` leaves the validation examples' weights out.
@@ -165,6 +171,9 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     diverged (its summary's `verdict` says why), TrainingFailed when the run ends without a summary or
     with a failed chief.
     """
+    dirs = add_user_path([*user_path_from_env(), *user_path])  # first: a dataset_fn spec may import from it
+    workers = settings.get("num_workers", RunConfig.__dataclass_fields__["num_workers"].default)
+    x, y, sample_weight = datainput.read_inputs(x, y, sample_weight, dataset_fn, steps_per_epoch, workers)
     if kerasdata.kind(x) is not None:
         if y is not None:
             raise ValueError("asyncps.train: x= is a dataset of (x, y) batches; do not give y= as well")
@@ -187,7 +196,6 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     arrays = _split_arrays(dataset, x, y, validation_data, validation_split)
     if arrays is not None and loss is None:
         _check_default_loss(arrays[1], model)
-    dirs = add_user_path([*user_path_from_env(), *user_path])
     where = (Path(run_dir) if run_dir is not None else default_run_dir()).resolve()
     files = RunDir(where)
     dataset_spec = spec_of(dataset if dataset is not None else "digits", "dataset")

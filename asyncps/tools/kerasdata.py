@@ -9,8 +9,8 @@ or `PyDataset` is refused with what to do (`take(n)`), and an iterator that has 
 MAX_EXAMPLES examples is refused instead of read forever. Batches of `(x, y, sample_weight)` bring their
 weights (the workers weight each example's loss by them).
 
-Not built here: a `dataset_fn` that each worker calls to build its own pipeline (TF's parameter-server
-habit).
+A `dataset_fn` per worker (TF's parameter-server habit) and `steps_per_epoch` for endless sources: see
+asyncps.tools.datainput, which reads them through `read`.
 """
 
 from __future__ import annotations
