@@ -53,7 +53,7 @@ def test_default_cluster_trains_and_leaves_a_complete_run_dir(tmp_path: Path) ->
         assert path.stat().st_size > 0, path.name
     assert any(RunDir(run_dir).tensorboard.iterdir()), "no TensorBoard event files"
     assert {p.name for p in RunDir(run_dir).logs.glob("*.log")} == {
-        "ps-0.log", "ps-1.log", "chief.log", "worker-0.log", "worker-1.log", "forkserver.log"}
+        "ps-0.log", "ps-1.log", "chief.log", "worker-0.log", "worker-1.log"}
     pushes = RunDir(run_dir).pushes.read_text().splitlines()
     assert pushes[0].split(",")[:3] == ["wall_time", "worker", "shard"]
     # one row per (step, shard): every applied update is recorded on both shards

@@ -21,7 +21,9 @@ Protocol, one JSON object per line: launcher -> server on the server's stdin `{"
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import importlib
 import json
 import logging
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -134,11 +137,12 @@ def _exists(pid: int) -> bool:
 class ForkServer:
     """The launcher's side: starts the server, asks it for children, and tracks their ends."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, name: str) -> None:
-        """`name` (e.g. the run directory) is in the server's command line, for `ps`."""
-        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed in close()
+    def __init__(self, env: dict[str, str], log_path: Path | None = None) -> None:
+        """A server started with `env`; its own output (TensorFlow's start-up lines) to `log_path`, else nowhere: a
+        server that cannot start makes the launcher exec the child, whose log then says what failed."""
+        self._log: IO[bytes] = open(log_path or os.devnull, "ab")  # noqa: SIM115 - closed in close()
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER_BOOTSTRAP, "fork-server", name], stdin=subprocess.PIPE,
+            [sys.executable, "-c", SERVER_BOOTSTRAP, "fork-server", f"of-{os.getpid()}"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
         self._lock = threading.Lock()  # one request in flight
         self._answer: list[dict[str, Any]] = []
@@ -178,7 +182,7 @@ class ForkServer:
     def spawn(self, args: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess | None:
         """A child running `asyncps ARGS` with `env`, its output appended to `log_path`; None when the server
         cannot fork (it died, or said why on its log): the caller then execs the child itself."""
-        request = json.dumps({"args": args, "env": env, "log": str(log_path)}).encode() + b"\n"
+        request = json.dumps({"args": args, "env": env, "log": str(log_path), "cwd": os.getcwd()}).encode() + b"\n"
         with self._lock:
             if not self.reporting or self._proc.stdin is None:
                 return None
@@ -212,6 +216,33 @@ class ForkServer:
 _REPLIES = [-1]  # the server's reply fd: its stdout as started; fd 1 itself goes to its log, so no print reaches it
 
 
+_SERVERS: dict[str, ForkServer] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def shared_server(env: dict[str, str], per_request: Iterable[str] = ()) -> ForkServer:
+    """The fork server of this process for `env`, started on first use and kept until the process exits: a sweep,
+    a notebook or a test session pays for TensorFlow's import once, not once per cluster. Each request carries its
+    child's whole environment, so only what a process reads as it starts (the allocator's tunables, a module's
+    constant) needs the same server: servers are told apart by `env` without the `per_request` variables."""
+    key = json.dumps(sorted((k, v) for k, v in env.items() if k not in set(per_request)))
+    with _SERVERS_LOCK:
+        server = _SERVERS.get(key)
+        if server is None or not server.reporting:
+            server = _SERVERS[key] = ForkServer(env)
+        return server
+
+
+@atexit.register
+def close_shared_servers() -> None:
+    """Stop every shared server (each would stop by itself once this process is gone and its pipe closes)."""
+    with _SERVERS_LOCK:
+        servers = list(_SERVERS.values())
+        _SERVERS.clear()
+    for server in servers:
+        server.close()
+
+
 def _send(message: dict[str, Any]) -> None:
     os.write(_REPLIES[0], json.dumps(message).encode() + b"\n")
 
@@ -240,6 +271,7 @@ def _become(request: dict[str, Any]) -> list[str]:
     os.close(null)
     os.environ.clear()
     os.environ.update(request["env"])
+    os.chdir(request.get("cwd", "."))
     args = [str(a) for a in request["args"]]
     sys.argv = ["-c", *args]
     set_title(" ".join(["asyncps", *args]))
@@ -275,6 +307,8 @@ def serve(preload: tuple[str, ...] = PRELOAD) -> list[str] | None:
     for logger, handlers in _log_handlers().items():  # e.g. TensorFlow's own stderr handler: a child configures
         for handler in handlers - before.get(logger, set()):  # its logging as an exec'd process would, from none
             logger.removeHandler(handler)
+    gc.collect()
+    gc.freeze()  # no child's collection walks (and so copies on write) the pages of what the server imported
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

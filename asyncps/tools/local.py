@@ -21,7 +21,7 @@ from asyncps.net.security import SecurityConfig
 from asyncps.procenv import cli_command, process_env
 from asyncps.rundir import RunDir, RunSummary, wait_port_file
 from asyncps.signals import SignalRoute
-from asyncps.tools.forkserver import ForkServer, Process
+from asyncps.tools.forkserver import ForkServer, Process, shared_server
 from asyncps.tools.memwatch import MemoryWatch
 from asyncps.tools.progress import StatusPoller, display_for
 from asyncps.transport import shmseg
@@ -158,8 +158,8 @@ class LocalCluster:
             self._make_secrets()
         config_file = self.files.launch_config
         config_file.write_text(self.run.to_json())
-        if self.fork and self._forkserver is None:  # it loads TensorFlow while the shards start
-            self._forkserver = ForkServer(self.env, self.files.log("forkserver"), str(self.run_dir))
+        if self.fork and self._forkserver is None:  # a new one loads TensorFlow while the shards start
+            self._forkserver = shared_server(self.env, per_request=(shmseg.TAG_ENV,))
         shards = []
         for i in range(self.run.num_ps):
             port_file = self.files.port_file(f"ps-{i}")
@@ -323,14 +323,12 @@ class LocalCluster:
                 child.proc.kill()
                 child.proc.wait()
             child.log.close()
-        if self._forkserver is not None:
-            self._forkserver.close()
-            self._forkserver = None
+        self._forkserver = None  # shared: it stays for this process's next cluster
         shmseg.sweep(self.shm_tag)
 
     def live_processes(self) -> list[tuple[str, int]]:
-        """(name, pid) of every live process of the cluster: the children, and the fork server (`fork-server`), which
-        holds the TensorFlow its children share."""
+        """(name, pid) of every live process of the cluster: the children, and the fork server (`fork-server`, shared
+        with this process's other clusters), which holds the TensorFlow its children share."""
         live = [(c.name, c.proc.pid) for c in self.children if c.alive()]
         server = self._forkserver.pid if self._forkserver is not None else None
         return live + ([("fork-server", server)] if server is not None else [])
