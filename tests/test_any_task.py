@@ -180,7 +180,7 @@ def test_asyncps_train_refuses_what_it_cannot_train_before_any_process_starts(tm
     assert not (tmp_path / "a").exists()
     two = keras.Model(inputs, [keras.layers.Dense(1)(inputs), keras.layers.Dense(1)(inputs)])
     two.compile(loss="mse")
-    with pytest.raises(ValueError, match="2 outputs; asyncps trains models with one input and one output"):
+    with pytest.raises(ValueError, match="2 outputs; asyncps trains models with one output"):
         asyncps.train(model=two, x=x, y=y, validation_split=0.2, run_dir=tmp_path / "b")
 
 

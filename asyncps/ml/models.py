@@ -137,11 +137,11 @@ def build_saved_model(spec: str, num_features: int, num_classes: int,
     except (OSError, ValueError, TypeError, KeyError, zipfile.BadZipFile) as error:  # not a .keras, unregistered object
         raise ValueError(f"model {spec!r} cannot be loaded: {error} (register custom objects with "
                          "keras.saving.register_keras_serializable in a module on --user-path)") from None
-    if len(user.inputs) != 1 or len(user.outputs) != 1:
-        raise ValueError(f"model {spec!r} has {len(user.inputs)} inputs and {len(user.outputs)} outputs; "
-                         "asyncps trains models with one input and one output")
+    if len(user.outputs) != 1:
+        raise ValueError(f"model {spec!r} has {len(user.outputs)} outputs; asyncps trains models with one output "
+                         "(join the heads with keras.layers.Concatenate, and their labels into one array)")
     input_shape = tuple(user.inputs[0].shape[1:])
-    if any(d is None for d in input_shape) or math.prod(input_shape) != num_features:
+    if len(user.inputs) == 1 and (any(d is None for d in input_shape) or math.prod(input_shape) != num_features):
         raise ValueError(f"model {spec!r} takes inputs of shape {input_shape}, which do not hold the data's "
                          f"{num_features} features per example")
     model = _flat_input_model(user, spec, num_features, input_shape)
@@ -243,8 +243,11 @@ def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_sha
     shards beside the trainable variables (state_variables). Variable paths must be unique: the shards key
     variables by path.
     """
-    inputs = keras.Input(shape=(num_features,), dtype=_input_dtype(user), name="features")
-    x = inputs if input_shape == (num_features,) else keras.layers.Reshape(input_shape, name="to_input")(inputs)
+    if len(_inputs_of(user)) > 1:
+        inputs, x = _packed_inputs(user, spec, num_features)
+    else:
+        inputs = keras.Input(shape=(num_features,), dtype=_input_dtype(user), name="features")
+        x = inputs if input_shape == (num_features,) else keras.layers.Reshape(input_shape, name="to_input")(inputs)
     try:
         outputs = user(x)
     except Exception as error:  # the user's model cannot take this input: say which one it got
@@ -262,6 +265,60 @@ def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_sha
     if len(set(paths)) != len(paths):
         raise ValueError(f"model {spec!r}: variable paths are not unique ({paths}); give the layers distinct names")
     return model
+
+
+def _inputs_of(user: keras.Model) -> list[Any]:
+    """The user's model's Inputs ([] for a Sequential not built on an Input)."""
+    try:
+        return list(user.inputs or [])
+    except (AttributeError, ValueError):
+        return []
+
+
+def _packed_inputs(user: keras.Model, spec: str, num_features: int) -> tuple[Any, list[Any]]:
+    """An input of packed features for a model of several inputs, and its slices, one per input in order
+    (asyncps.ml.multiio); ValueError when the data's features are not as many as the inputs take together."""
+    from asyncps.ml.multiio import input_specs, packed_dtype
+
+    specs = input_specs(user)
+    width = sum(s.width for s in specs)
+    if width != num_features:
+        raise ValueError(f"model {spec!r} has inputs {[(s.name, s.shape) for s in specs]}, {width} values per "
+                         f"example packed, but the data has {num_features} features (pack them with "
+                         "asyncps.ml.multiio.pack)")
+    inputs = keras.Input(shape=(num_features,), dtype=np.dtype(packed_dtype(specs)).name, name="features")
+    slices, start = [], 0
+    for i, s in enumerate(specs):
+        slices.append(InputSlice(start, s.shape, s.dtype, name=f"input_{i}")(inputs))
+        start += s.width
+    return inputs, slices
+
+
+@keras.saving.register_keras_serializable(package="asyncps")
+class InputSlice(keras.layers.Layer):  # type: ignore[misc]  # keras is untyped
+    """One input of a model of several inputs, out of the packed features: the values from `start` on, as many
+    as `shape` holds, reshaped to it and cast to `dtype` (asyncps.ml.multiio: ids packed as float32 are exact)."""
+
+    def __init__(self, start: int, shape: tuple[int, ...], dtype_out: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start, self.slice_shape, self.dtype_out = int(start), tuple(int(d) for d in shape), str(dtype_out)
+
+    def call(self, inputs: Any) -> Any:
+        """[batch, packed] -> [batch, *shape] in dtype_out."""
+        values = inputs[:, self.start:self.start + math.prod(self.slice_shape)]
+        if "int" in self.dtype_out and "float" in str(values.dtype):
+            values = keras.ops.round(values)
+        return keras.ops.cast(keras.ops.reshape(values, (-1, *self.slice_shape)), self.dtype_out)
+
+    def compute_output_spec(self, inputs: Any) -> keras.KerasTensor:
+        """Symbolic [batch, *shape] output in dtype_out."""
+        return keras.KerasTensor((inputs.shape[0], *self.slice_shape), dtype=self.dtype_out)
+
+    def get_config(self) -> dict[str, Any]:
+        """Serializable config."""
+        config: dict[str, Any] = super().get_config()
+        config.update(start=self.start, shape=list(self.slice_shape), dtype_out=self.dtype_out)
+        return config
 
 
 def _input_dtype(user: keras.Model) -> str:

@@ -136,6 +136,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     Data: `dataset` (a spec or importable function; default `digits`), or arrays `x`, `y` with
     `validation_data=(x, y)` or a `validation_split` (the last fraction, like Keras); evaluations run on
     the validation arrays. `x` of any shape per example, sent as float32 (integer arrays as int64 ids, exact);
+    for a model object of several inputs, a list of arrays in its input order or a dict keyed by its input names
+    (validation x too), packed into one array (asyncps.ml.multiio);
     `y`: integer class ids [n] or [n, 1] (classification), or targets of any shape per example (float
     regression targets, 0/1 multi-label matrices), whatever the loss takes. `x` (and `validation_data`) may
     also be what `model.fit` reads batches of (x, y) from: a `tf.data.Dataset`, a `keras.utils.PyDataset`,
@@ -179,6 +181,7 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
             raise ValueError("asyncps.train: validation_data yields sample weights; the chief's evaluation is "
                              "unweighted (give (x, y) batches)")
         validation_data = (x_val, y_val)
+    x, y, validation_data = _pack_several(model, x, y, validation_data)
     weights = _weights(sample_weight, class_weight, y, dataset)
     level = _verbosity(verbose, progress)
     if _is_keras_model(model):
@@ -566,11 +569,58 @@ def _saveable_model(model: ModelArg, arrays: Arrays | None, dataset_spec: str, s
     if not inputs:
         raise ValueError("asyncps.train: the model has no inputs yet; build it with an Input "
                          "(keras.Input(shape=...) first, or model.build(input_shape))")
-    if len(inputs) != 1 or len(model.outputs) != 1:
-        raise ValueError(f"asyncps.train: the model has {len(inputs)} inputs and {len(model.outputs)} outputs; "
-                         "asyncps trains models with one input and one output (join the heads with "
-                         "keras.layers.Concatenate, and their labels into one array)")
+    if len(model.outputs) != 1:
+        raise ValueError(f"asyncps.train: the model has {len(model.outputs)} outputs; asyncps trains models with "
+                         "one output (join the heads with keras.layers.Concatenate, and their labels into one array)")
     return model
+
+
+def _pack_several(model: ModelArg, x: Any, y: Any, validation_data: Any) -> tuple[Any, Any, Any]:
+    """x (and validation x) given as several arrays (a list, or a dict keyed by input name, as `model.fit`
+    takes them) packed into one array of features (asyncps.ml.multiio), for a keras.Model object; a list or dict of
+    one array for a one-input model, that array. ValueError for names or lengths that do not fit the model's."""
+    from asyncps.ml.multiio import is_several
+
+    val_x = validation_data[0] if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2 else None
+    if is_several(y) or (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2
+                         and is_several(validation_data[1])):
+        raise ValueError("asyncps.train: y is several arrays; asyncps trains models with one output (join the "
+                         "heads with keras.layers.Concatenate, and their labels into one array)")
+    several_inputs = _is_keras_model(model) and len(_inputs_or_none(model) or []) > 1
+    if not is_several(x) and not is_several(val_x) and not several_inputs:
+        return x, y, validation_data
+    if not _is_keras_model(model):
+        raise ValueError("asyncps.train: x of several arrays (a list or dict) needs model= a keras.Model object, "
+                         "whose inputs say their order, names and shapes (for a package.module:function model, "
+                         "pack them with asyncps.ml.multiio.pack into one array)")
+    packed_x = _packed(model, x, "x") if x is not None else x
+    if val_x is not None:
+        validation_data = (_packed(model, val_x, "validation x"), validation_data[1])
+    return packed_x, y, validation_data
+
+
+def _inputs_or_none(model: Any) -> list[Any] | None:
+    """The model's Inputs, None while it has none (a Sequential not built yet)."""
+    try:
+        return list(model.inputs)
+    except (AttributeError, ValueError):
+        return None
+
+
+def _packed(model: Any, x: Any, what: str) -> Any:
+    """One input's array or the packed arrays of several (asyncps.ml.multiio), with the caller's name in errors."""
+    from asyncps.ml.multiio import arrange, input_specs, is_several, pack
+
+    if not is_several(x):
+        if len(model.inputs) > 1:
+            raise ValueError(f"asyncps.train: the model has {len(model.inputs)} inputs: give {what} as a list of "
+                             f"arrays in their order or a dict keyed by their names ({[t.name for t in model.inputs]})")
+        return x
+    try:
+        specs = input_specs(model)
+        return arrange(x, [s.name for s in specs], what)[0] if len(specs) == 1 else pack(x, specs, what)
+    except ValueError as error:
+        raise ValueError(f"asyncps.train: {error}") from None
 
 
 def _build_here(builder: Callable[..., Any], arrays: Arrays | None, dataset_spec: str, seed: int) -> Any:
