@@ -63,7 +63,7 @@ def test_pack_orders_a_dict_by_the_inputs_and_a_list_as_given() -> None:
     ({"user_id": np.zeros(2), "features": np.zeros((2, 2)), "age": np.zeros(2)}, r"unknown \['age'\]"),
     ([np.zeros(2)], r"has 1 arrays, but the model has 2"),
     ([np.zeros(2), np.zeros((3, 2))], r"different numbers of examples \{'user_id': 2, 'features': 3\}"),
-    ([np.zeros(2), np.zeros((2, 3))], r"x\['features'\] has examples of shape \(3,\), but the model's input takes"),
+    ([np.zeros(2), np.zeros((2, 3))], r"x\['features'\] has examples of shape \(3,\), but the model takes"),
     ([np.array([2**25, 0]), np.zeros((2, 2))], r"integers beyond 2\*\*24"),
 ])
 def test_pack_says_what_does_not_fit_the_model(x: Any, message: str) -> None:
@@ -98,7 +98,7 @@ def test_asyncps_train_refuses_inputs_that_do_not_fit_before_any_process_starts(
         asyncps.train(model=model, x=x, y=y, validation_data=([x["features"]], y), run_dir=tmp_path / "b")
     with pytest.raises(ValueError, match=r"the model has 2 inputs: give x as a list of arrays"):
         asyncps.train(model=model, x=x["features"], y=y, validation_split=0.2, run_dir=tmp_path / "c")
-    with pytest.raises(ValueError, match=r"x of several arrays \(a list or dict\) needs model= a keras.Model"):
+    with pytest.raises(ValueError, match=r"x or y of several arrays \(a list or dict\) needs model= a keras.Model"):
         asyncps.train(model="mlp", x=x, y=y, validation_split=0.2, run_dir=tmp_path / "d")
     assert not any((tmp_path / name).exists() for name in "abcd")
 

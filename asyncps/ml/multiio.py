@@ -1,4 +1,4 @@
-"""Models with several inputs, trained through one array of features per example.
+"""Models with several inputs or outputs, trained through one array of features and one of labels per example.
 
 Every role moves one array of features [n, k] (the data tasks, the wire, the chief's evaluation), so a model
 with several inputs reads them packed: each input's values flattened and set side by side, in the model's
@@ -6,6 +6,10 @@ input order (`pack`); a wrapper around the model slices them back (asyncps.ml.mo
 array is int64 when every input of the model is integer (ids stay exact), else float32: integer inputs then
 must lie within +-2**24, which float32 holds exactly. `x` is given as `keras.Model.fit` takes it: a list in
 the model's input order, or a dict keyed by its input names.
+
+Several outputs' labels are packed the same way, as float32 (class ids exact below 2**24), in the model's output
+order (`pack_labels`): class ids (one value per example) for an output whose loss is sparse, else values of the
+output's shape (asyncps.ml.heads, which also holds the loss and metrics that read them).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import numpy as np
 
 #: The largest integer magnitude float32 holds exactly (every integer up to it).
 FLOAT32_EXACT = 2**24
+#: The name of the loss of a model of several outputs (asyncps.ml.heads.PerOutputLoss).
+PER_OUTPUT_LOSS = "per_output_loss"
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,15 @@ class InputSpec:
     def width(self) -> int:
         """How many packed values one example of this input takes."""
         return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One output of a model: its name, its shape per example and the shape of its labels per example."""
+
+    name: str
+    shape: tuple[int, ...]
+    label_shape: tuple[int, ...]
 
 
 def input_specs(model: Any) -> list[InputSpec]:
@@ -91,8 +106,8 @@ def _column(array: np.ndarray, spec: InputSpec, dtype: type[np.generic], what: s
     if array.ndim == len(spec.shape) and spec.shape[-1:] == (1,):
         array = array[..., None]  # ids [n] for an input of shape (1,), as Keras takes them
     if tuple(array.shape[1:]) != spec.shape:
-        raise ValueError(f"{what}[{spec.name!r}] has examples of shape {tuple(array.shape[1:])}, but the model's "
-                         f"input takes {spec.shape}")
+        raise ValueError(f"{what}[{spec.name!r}] has examples of shape {tuple(array.shape[1:])}, but the model "
+                         f"takes {spec.shape}")
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
         raise ValueError(f"{what}[{spec.name!r}] is not numeric ({array.dtype})")
     if dtype is np.float32 and np.issubdtype(array.dtype, np.integer) and array.size and (
@@ -104,4 +119,17 @@ def _column(array: np.ndarray, spec: InputSpec, dtype: type[np.generic], what: s
     return array.reshape(len(array), -1).astype(dtype)
 
 
-__all__ = ["FLOAT32_EXACT", "InputSpec", "arrange", "input_specs", "is_several", "pack", "packed_dtype"]
+def pack_labels(y: Any, specs: Sequence[OutputSpec], what: str = "y") -> np.ndarray:
+    """The label arrays of `y` (a list in output order or a dict keyed by output name) packed into one float32
+    [n, sum of label widths] array (module doc)."""
+    arrays = [np.asarray(a) for a in arrange(y, [s.name for s in specs], what)]
+    as_inputs = [InputSpec(s.name, s.label_shape, "float32") for s in specs]
+    counts = {len(a) if a.ndim else 0 for a in arrays}
+    if len(counts) != 1:
+        lengths = {s.name: (len(a) if a.ndim else 0) for s, a in zip(specs, arrays, strict=True)}
+        raise ValueError(f"{what}: its arrays have different numbers of examples {lengths}")
+    return np.concatenate([_column(a, s, np.float32, what) for a, s in zip(arrays, as_inputs, strict=True)], axis=1)
+
+
+__all__ = ["FLOAT32_EXACT", "PER_OUTPUT_LOSS", "InputSpec", "OutputSpec", "arrange", "input_specs", "is_several",
+           "pack", "pack_labels", "packed_dtype"]

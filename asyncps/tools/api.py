@@ -137,7 +137,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     `validation_data=(x, y)` or a `validation_split` (the last fraction, like Keras); evaluations run on
     the validation arrays. `x` of any shape per example, sent as float32 (integer arrays as int64 ids, exact);
     for a model object of several inputs, a list of arrays in its input order or a dict keyed by its input names
-    (validation x too), packed into one array (asyncps.ml.multiio);
+    (validation x too), packed into one array (asyncps.ml.multiio); of several outputs, `y` likewise, the model
+    compiled with a loss per output (its loss_weights and metrics per output come with it: asyncps.ml.heads);
     `y`: integer class ids [n] or [n, 1] (classification), or targets of any shape per example (float
     regression targets, 0/1 multi-label matrices), whatever the loss takes. `x` (and `validation_data`) may
     also be what `model.fit` reads batches of (x, y) from: a `tf.data.Dataset`, a `keras.utils.PyDataset`,
@@ -182,6 +183,10 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
                              "unweighted (give (x, y) batches)")
         validation_data = (x_val, y_val)
     x, y, validation_data = _pack_several(model, x, y, validation_data)
+    if _is_keras_model(model) and len(model.outputs) > 1 and (loss is not None or class_weight is not None):
+        raise ValueError("asyncps.train: the model has several outputs: compile it with a loss per output "
+                         "(model.compile(loss={name: loss}, loss_weights=...)) instead of loss=; class_weight= "
+                         "weighs class ids of one output")
     weights = _weights(sample_weight, class_weight, y, dataset)
     level = _verbosity(verbose, progress)
     if _is_keras_model(model):
@@ -212,7 +217,7 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     else:
         model_spec = spec_of(model, "model")
     loss_spec = spec_of(loss, "loss") if loss is not None else _compiled_loss(saved)
-    if saved is not None:
+    if saved is not None and len(saved.outputs) == 1:
         _warn_logits_mismatch(saved, loss_spec)
     fields = {"model": model_spec, "dataset": dataset_spec, "loss": loss_spec, **derived, **settings}
     run = RunConfig.from_layers(coerce_settings(fields, "asyncps.train"))
@@ -562,6 +567,13 @@ def _saveable_model(model: ModelArg, arrays: Arrays | None, dataset_spec: str, s
         raise ValueError(f"asyncps.train: model must be a keras.Model, a builder function or a spec, "
                          f"got {type(model).__name__}")
     _refuse_keyed(model)
+    if len(model.outputs) > 1:
+        from asyncps.ml.heads import output_specs
+
+        try:
+            output_specs(model, model.get_compile_config() if model.compiled else None)
+        except ValueError as error:
+            raise ValueError(f"asyncps.train: {error}") from None
     try:
         inputs = model.inputs
     except (AttributeError, ValueError):
@@ -569,9 +581,6 @@ def _saveable_model(model: ModelArg, arrays: Arrays | None, dataset_spec: str, s
     if not inputs:
         raise ValueError("asyncps.train: the model has no inputs yet; build it with an Input "
                          "(keras.Input(shape=...) first, or model.build(input_shape))")
-    if len(model.outputs) != 1:
-        raise ValueError(f"asyncps.train: the model has {len(model.outputs)} outputs; asyncps trains models with "
-                         "one output (join the heads with keras.layers.Concatenate, and their labels into one array)")
     return model
 
 
@@ -581,22 +590,38 @@ def _pack_several(model: ModelArg, x: Any, y: Any, validation_data: Any) -> tupl
     one array for a one-input model, that array. ValueError for names or lengths that do not fit the model's."""
     from asyncps.ml.multiio import is_several
 
-    val_x = validation_data[0] if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2 else None
-    if is_several(y) or (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2
-                         and is_several(validation_data[1])):
-        raise ValueError("asyncps.train: y is several arrays; asyncps trains models with one output (join the "
-                         "heads with keras.layers.Concatenate, and their labels into one array)")
-    several_inputs = _is_keras_model(model) and len(_inputs_or_none(model) or []) > 1
-    if not is_several(x) and not is_several(val_x) and not several_inputs:
+    pair = isinstance(validation_data, (tuple, list)) and len(validation_data) == 2
+    val_x, val_y = (validation_data[0], validation_data[1]) if pair else (None, None)
+    several = _is_keras_model(model) and (len(_inputs_or_none(model) or []) > 1 or len(model.outputs) > 1)
+    if not any(is_several(a) for a in (x, y, val_x, val_y)) and not several:
         return x, y, validation_data
     if not _is_keras_model(model):
-        raise ValueError("asyncps.train: x of several arrays (a list or dict) needs model= a keras.Model object, "
-                         "whose inputs say their order, names and shapes (for a package.module:function model, "
-                         "pack them with asyncps.ml.multiio.pack into one array)")
-    packed_x = _packed(model, x, "x") if x is not None else x
-    if val_x is not None:
-        validation_data = (_packed(model, val_x, "validation x"), validation_data[1])
-    return packed_x, y, validation_data
+        raise ValueError("asyncps.train: x or y of several arrays (a list or dict) needs model= a keras.Model "
+                         "object, whose inputs and outputs say their order, names and shapes (for a "
+                         "package.module:function model, pack them with asyncps.ml.multiio into one array)")
+    x, y = (_packed(model, x, "x") if x is not None else x), (_labels_of(model, y, "y") if y is not None else y)
+    if pair:
+        validation_data = (_packed(model, val_x, "validation x"), _labels_of(model, val_y, "validation y"))
+    return x, y, validation_data
+
+
+def _labels_of(model: Any, y: Any, what: str) -> Any:
+    """One output's labels, or the packed labels of several (asyncps.ml.multiio.pack_labels)."""
+    from asyncps.ml.heads import output_specs
+    from asyncps.ml.multiio import arrange, is_several, pack_labels
+
+    names = [str(n) for n in model.output_names]
+    if not is_several(y):
+        if len(names) > 1:
+            raise ValueError(f"asyncps.train: the model has {len(names)} outputs: give {what} as a list of arrays "
+                             f"in their order or a dict keyed by their names ({names})")
+        return y
+    try:
+        if len(names) == 1:
+            return arrange(y, names, what)[0]
+        return pack_labels(y, output_specs(model, model.get_compile_config() if model.compiled else None), what)
+    except ValueError as error:
+        raise ValueError(f"asyncps.train: {error}") from None
 
 
 def _inputs_or_none(model: Any) -> list[Any] | None:
@@ -651,7 +676,8 @@ def _compiled_loss(model: Any) -> str:
     Keras loss name or object: every process reads it from the file, with its metrics), or when it was
     not compiled (then `crossentropy` of logits); an importable function travels by name."""
     compiled = getattr(model, "loss", None) if model is not None else None
-    if compiled is None or isinstance(compiled, str):
+    # a loss per output (a dict or list): every process compiles the wrapper with it (asyncps.ml.heads)
+    if compiled is None or isinstance(compiled, (str, dict, list, tuple)):
         return "auto"
     import keras
 
