@@ -98,7 +98,8 @@ def test_asyncps_train_refuses_inputs_that_do_not_fit_before_any_process_starts(
         asyncps.train(model=model, x=x, y=y, validation_data=([x["features"]], y), run_dir=tmp_path / "b")
     with pytest.raises(ValueError, match=r"the model has 2 inputs: give x as a list of arrays"):
         asyncps.train(model=model, x=x["features"], y=y, validation_split=0.2, run_dir=tmp_path / "c")
-    with pytest.raises(ValueError, match=r"x or y of several arrays \(a list or dict\) needs model= a keras.Model"):
+    with pytest.raises(ValueError, match=r"x or y of several arrays \(a list or dict\) needs a model of several "
+                                         r"inputs or outputs: a keras.Model object or a builder, not 'mlp'"):
         asyncps.train(model="mlp", x=x, y=y, validation_split=0.2, run_dir=tmp_path / "d")
     assert not any((tmp_path / name).exists() for name in "abcd")
 
@@ -148,3 +149,21 @@ def test_a_builder_of_several_inputs_reads_the_packed_features_of_a_dataset_spec
     model.set_weights(wrapper.get_weights())
     np.testing.assert_allclose(wrapper(data.x_test), model([x_val["user_id"][:, None], x_val["features"]]),
                                rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_builder_of_two_inputs_trains_by_name_from_a_dict_of_arrays(tmp_path: Path) -> None:
+    """`model=package.module:function`: called here to learn its inputs (the dict packed in their order), by name
+    in every process; the chief's evaluation and the exported model (which takes the packed features) agree."""
+    x, y = synthetic(3000, 1)
+    x_val, y_val = synthetic(1000, 2)
+    started = time.monotonic()
+    result = asyncps.train(model="tests.test_multi_input:two_inputs", x=x, y=y, validation_data=(x_val, y_val),
+                           num_workers=2, num_ps=1, epochs=6, optimizer="adam", learning_rate=0.003,
+                           run_dir=tmp_path / "run", user_path=[str(Path(__file__).resolve().parent.parent)])
+    packed = pack(x_val, input_specs(two_inputs()))
+    exported = float(np.mean(np.argmax(result.model.predict(packed, verbose=0), axis=1) == y_val))
+    print(f"a builder by name: held-out accuracy {exported:.4f} in {time.monotonic() - started:.0f}s")
+    assert result.summary.model == "tests.test_multi_input:two_inputs"
+    assert exported >= 0.9
+    assert exported == pytest.approx(result.summary.final_eval.accuracy, abs=0.005)

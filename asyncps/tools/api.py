@@ -31,7 +31,14 @@ import numpy as np
 from asyncps.chief.main import ChiefConfig, run_chief
 from asyncps.config import RunConfig, coerce_settings
 from asyncps.ml.specs import KERAS_PREFIX, NPZ_PREFIX
-from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, call_with_accepted, is_function_spec, user_path_from_env
+from asyncps.ml.userfns import (
+    USER_PATH_ENV,
+    add_user_path,
+    call_with_accepted,
+    is_function_spec,
+    load_function,
+    user_path_from_env,
+)
 from asyncps.ps.main import PsConfig, run_ps
 from asyncps.rundir import EvalRow, PushRow, RunDir, RunSummary, atomic_write, iter_rows, read_rows
 from asyncps.tools import kerasdata
@@ -182,7 +189,8 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
             raise ValueError("asyncps.train: validation_data yields sample weights; the chief's evaluation is "
                              "unweighted (give (x, y) batches)")
         validation_data = (x_val, y_val)
-    x, y, validation_data = _pack_several(model, x, y, validation_data)
+    dirs = add_user_path([*user_path_from_env(), *user_path])
+    model, x, y, validation_data = _pack_several(model, x, y, validation_data, int(settings.get("seed", 0)))
     if _is_keras_model(model) and len(model.outputs) > 1 and (loss is not None or class_weight is not None):
         raise ValueError("asyncps.train: the model has several outputs: compile it with a loss per output "
                          "(model.compile(loss={name: loss}, loss_weights=...)) instead of loss=; class_weight= "
@@ -195,7 +203,6 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     arrays = _split_arrays(dataset, x, y, validation_data, validation_split)
     if arrays is not None and loss is None:
         _check_default_loss(arrays[1], model)
-    dirs = add_user_path([*user_path_from_env(), *user_path])
     where = (Path(run_dir) if run_dir is not None else default_run_dir()).resolve()
     files = RunDir(where)
     dataset_spec = spec_of(dataset if dataset is not None else "digits", "dataset")
@@ -584,25 +591,67 @@ def _saveable_model(model: ModelArg, arrays: Arrays | None, dataset_spec: str, s
     return model
 
 
-def _pack_several(model: ModelArg, x: Any, y: Any, validation_data: Any) -> tuple[Any, Any, Any]:
-    """x (and validation x) given as several arrays (a list, or a dict keyed by input name, as `model.fit`
-    takes them) packed into one array of features (asyncps.ml.multiio), for a keras.Model object; a list or dict of
-    one array for a one-input model, that array. ValueError for names or lengths that do not fit the model's."""
+def _pack_several(model: ModelArg, x: Any, y: Any, validation_data: Any,
+                  seed: int) -> tuple[ModelArg, Any, Any, Any]:
+    """(model, x, y, validation_data) with x and y (validation ones too) given as several arrays (a list, or a
+    dict keyed by input or output name, as `model.fit` takes them) packed into one array each (asyncps.ml.multiio);
+    a list or dict of one array for a model of one input or output, that array. A builder is called here to learn
+    its model's inputs and outputs (`_probe`); one that cannot travel by name is replaced by the model it built.
+    ValueError for names, counts, shapes or lengths that do not fit the model's."""
     from asyncps.ml.multiio import is_several
 
     pair = isinstance(validation_data, (tuple, list)) and len(validation_data) == 2
     val_x, val_y = (validation_data[0], validation_data[1]) if pair else (None, None)
     several = _is_keras_model(model) and (len(_inputs_or_none(model) or []) > 1 or len(model.outputs) > 1)
     if not any(is_several(a) for a in (x, y, val_x, val_y)) and not several:
-        return x, y, validation_data
-    if not _is_keras_model(model):
-        raise ValueError("asyncps.train: x or y of several arrays (a list or dict) needs model= a keras.Model "
-                         "object, whose inputs and outputs say their order, names and shapes (for a "
-                         "package.module:function model, pack them with asyncps.ml.multiio into one array)")
-    x, y = (_packed(model, x, "x") if x is not None else x), (_labels_of(model, y, "y") if y is not None else y)
+        return model, x, y, validation_data
+    probe = model if _is_keras_model(model) else _probe(model, x, y, seed)
+    if not _is_keras_model(model) and not _travels(model):
+        model = probe
+    x, y = (_packed(probe, x, "x") if x is not None else x), (_labels_of(probe, y, "y") if y is not None else y)
     if pair:
-        validation_data = (_packed(model, val_x, "validation x"), _labels_of(model, val_y, "validation y"))
-    return x, y, validation_data
+        validation_data = (_packed(probe, val_x, "validation x"), _labels_of(probe, val_y, "validation y"))
+    return model, x, y, validation_data
+
+
+def _travels(model: ModelArg) -> bool:
+    """Whether a builder (a function or a spec) travels to the other processes by name."""
+    try:
+        spec_of(model, "model")
+    except ValueError:
+        return False
+    return True
+
+
+def _probe(model: ModelArg, x: Any, y: Any, seed: int) -> Any:
+    """The model a builder (a function, or a package.module:function spec) builds, called as every process calls
+    it for packed data: `input_shape` (the packed features' width), `num_classes` and `output_shape` (the packed
+    labels' width: asyncps.ml.models.build_user_model); ValueError for a spec that names no builder."""
+    from asyncps.ml.multiio import is_several
+    from asyncps.ml.specs import MODEL_NAMES
+
+    if isinstance(model, str) and not is_function_spec(model, MODEL_NAMES):
+        raise ValueError(f"asyncps.train: x or y of several arrays (a list or dict) needs a model of several inputs "
+                         f"or outputs: a keras.Model object or a builder, not {model!r}")
+    fn = load_function(model, "model") if isinstance(model, str) else model
+    if not callable(fn):
+        raise ValueError(f"asyncps.train: model must be a keras.Model, a builder function or a spec, "
+                         f"got {type(model).__name__}")
+    width = _width(x) if is_several(x) else int(np.prod(np.shape(x)[1:]))
+    labels = _width(y) if is_several(y) else None
+    if labels is None:
+        ids = np.asarray(y)
+        labels = int(ids.max(initial=1)) + 1 if np.issubdtype(ids.dtype, np.integer) else int(np.prod(ids.shape[1:]))
+    built = call_with_accepted(fn, input_shape=(width,), num_classes=labels, output_shape=(labels,), seed=seed)
+    if not _is_keras_model(built):
+        raise ValueError(f"asyncps.train: model {model!r} must return a keras.Model, got {type(built).__name__}")
+    return built
+
+
+def _width(arrays: Any) -> int:
+    """The packed width of several arrays: the values per example of them all."""
+    values = arrays.values() if isinstance(arrays, Mapping) else arrays
+    return sum(int(np.prod(np.shape(a)[1:])) if np.ndim(a) > 1 else 1 for a in values)
 
 
 def _labels_of(model: Any, y: Any, what: str) -> Any:
