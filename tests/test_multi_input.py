@@ -128,6 +128,8 @@ def test_a_two_input_model_trains_on_two_shards_as_model_fit_trains_it(tmp_path:
           f"in {time.monotonic() - started:.0f}s")
     assert result.model is model
     assert ours >= fit_accuracy - 0.015, (ours, fit_accuracy)
+    # the id table behind the packed features was read by rows (the ids sliced out of them on each batch)
+    assert result.summary.row_staleness is not None and result.summary.row_staleness.rows > 0
     # the chief evaluated the packed features through the wrapper: the same accuracy as the model's own
     assert ours == pytest.approx(result.summary.final_eval.accuracy, abs=0.005)
 
