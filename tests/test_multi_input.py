@@ -101,7 +101,11 @@ def test_asyncps_train_refuses_inputs_that_do_not_fit_before_any_process_starts(
     with pytest.raises(ValueError, match=r"x or y of several arrays \(a list or dict\) needs a model of several "
                                          r"inputs or outputs: a keras.Model object or a builder, not 'mlp'"):
         asyncps.train(model="mlp", x=x, y=y, validation_split=0.2, run_dir=tmp_path / "d")
-    assert not any((tmp_path / name).exists() for name in "abcd")
+    # a builder (here a lambda) is built here to learn the inputs
+    with pytest.raises(ValueError, match=r"asyncps.train: x is keyed by \['features', 'ids'\]"):
+        asyncps.train(model=lambda: two_inputs(), x={"ids": x["user_id"], "features": x["features"]}, y=y,
+                      validation_split=0.2, run_dir=tmp_path / "e")
+    assert not any((tmp_path / name).exists() for name in "abcde")
 
 
 @pytest.mark.slow
