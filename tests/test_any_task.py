@@ -163,7 +163,7 @@ def test_a_loss_that_does_not_fit_the_labels_is_a_clear_error(tmp_path: Path) ->
     model = build_model(run.model, 8, 1, None, 0, targets=())
     with pytest.raises(ValueError, match=r"cannot compare labels float32 \(\) per example with the model's outputs"):
         resolve_run_task(run, data, model)
-    with pytest.raises(ValueError, match="has 2 outputs; asyncps trains models with one output"):
+    with pytest.raises(ValueError, match=r"the model has 2 outputs \[.a., .b.\]: compile it with a loss per output"):
         build_run_model(RunConfig(model="targets:build_two_heads", dataset="targets:regression_data"))
 
 
@@ -180,7 +180,7 @@ def test_asyncps_train_refuses_what_it_cannot_train_before_any_process_starts(tm
     assert not (tmp_path / "a").exists()
     two = keras.Model(inputs, [keras.layers.Dense(1)(inputs), keras.layers.Dense(1)(inputs)])
     two.compile(loss="mse")
-    with pytest.raises(ValueError, match="2 outputs; asyncps trains models with one input and one output"):
+    with pytest.raises(ValueError, match="the model has 2 outputs: give y as a list of arrays"):
         asyncps.train(model=two, x=x, y=y, validation_split=0.2, run_dir=tmp_path / "b")
 
 

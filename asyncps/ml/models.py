@@ -96,16 +96,25 @@ def build_user_model(
     if not isinstance(user, keras.Model):
         raise ValueError(f"model {spec!r} must return a keras.Model, got {type(user).__name__}")
     model = _flat_input_model(user, spec, num_features, input_shape)
-    _compile_like(model, spec, user.get_compile_config() if user.compiled else None)
+    _compile_like(model, spec, user.get_compile_config() if user.compiled else None, user)
     width = tuple(model.outputs[0].shape[1:])
     if targets is None and width != (num_classes,):
         raise ValueError(f"model {spec!r} outputs shape {width}, not ({num_classes},) (one score per class)")
     return model
 
 
-def _compile_like(model: keras.Model, spec: str, config: dict[str, Any] | None) -> None:
+def _compile_like(model: keras.Model, spec: str, config: dict[str, Any] | None, user: keras.Model) -> None:
     """Compile the wrapper with the loss and metrics of the user's compile `config` (its optimizer is not
-    used: the shards apply the run's); nothing when the user's model was not compiled."""
+    used: the shards apply the run's); nothing when the user's model was not compiled. A model of several
+    outputs needs a loss per output (asyncps.ml.heads)."""
+    if len(_outputs_of(user)) > 1:
+        from asyncps.ml.heads import compile_per_output
+
+        try:
+            compile_per_output(model, user, config)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"model {spec!r}: {error}") from None
+        return
     if not config or config.get("loss") is None:
         return
     try:
@@ -137,15 +146,12 @@ def build_saved_model(spec: str, num_features: int, num_classes: int,
     except (OSError, ValueError, TypeError, KeyError, zipfile.BadZipFile) as error:  # not a .keras, unregistered object
         raise ValueError(f"model {spec!r} cannot be loaded: {error} (register custom objects with "
                          "keras.saving.register_keras_serializable in a module on --user-path)") from None
-    if len(user.inputs) != 1 or len(user.outputs) != 1:
-        raise ValueError(f"model {spec!r} has {len(user.inputs)} inputs and {len(user.outputs)} outputs; "
-                         "asyncps trains models with one input and one output")
     input_shape = tuple(user.inputs[0].shape[1:])
-    if any(d is None for d in input_shape) or math.prod(input_shape) != num_features:
+    if len(user.inputs) == 1 and (any(d is None for d in input_shape) or math.prod(input_shape) != num_features):
         raise ValueError(f"model {spec!r} takes inputs of shape {input_shape}, which do not hold the data's "
                          f"{num_features} features per example")
     model = _flat_input_model(user, spec, num_features, input_shape)
-    _compile_like(model, spec, _saved_compile_config(path))
+    _compile_like(model, spec, _saved_compile_config(path), user)
     width = tuple(model.outputs[0].shape[1:])
     if targets is None and (len(width) != 1 or width[0] is None or width[0] < num_classes):
         raise ValueError(f"model {spec!r} outputs shape {width}: it needs one score per class "
@@ -243,16 +249,20 @@ def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_sha
     shards beside the trainable variables (state_variables). Variable paths must be unique: the shards key
     variables by path.
     """
-    inputs = keras.Input(shape=(num_features,), dtype=_input_dtype(user), name="features")
-    x = inputs if input_shape == (num_features,) else keras.layers.Reshape(input_shape, name="to_input")(inputs)
+    if len(_inputs_of(user)) > 1:
+        inputs, x = _packed_inputs(user, spec, num_features)
+    else:
+        inputs = keras.Input(shape=(num_features,), dtype=_input_dtype(user), name="features")
+        x = inputs if input_shape == (num_features,) else keras.layers.Reshape(input_shape, name="to_input")(inputs)
     try:
         outputs = user(x)
     except Exception as error:  # the user's model cannot take this input: say which one it got
         raise ValueError(f"model {spec!r} cannot take inputs of shape {input_shape}: {error}") from None
+    if isinstance(outputs, (list, tuple, dict)) and len(outputs) > 1:  # one output of them all (asyncps.ml.heads)
+        heads = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
+        flat = [keras.layers.Reshape((-1,), name=f"flat_output_{i}")(o) for i, o in enumerate(heads)]
+        outputs = keras.layers.Concatenate(name="outputs")(flat)
     model = keras.Model(inputs=inputs, outputs=outputs, name="user_model")
-    if len(model.outputs) != 1:
-        raise ValueError(f"model {spec!r} has {len(model.outputs)} outputs; asyncps trains models with one output "
-                         "(join the heads with keras.layers.Concatenate, and their labels into one array)")
     state = state_variables(model)
     bad = [f"{v.path} ({v.dtype})" for v in state if "float" not in str(v.dtype)]
     if bad:
@@ -262,6 +272,68 @@ def _flat_input_model(user: keras.Model, spec: str, num_features: int, input_sha
     if len(set(paths)) != len(paths):
         raise ValueError(f"model {spec!r}: variable paths are not unique ({paths}); give the layers distinct names")
     return model
+
+
+def _inputs_of(user: keras.Model) -> list[Any]:
+    """The user's model's Inputs ([] for a Sequential not built on an Input)."""
+    try:
+        return list(user.inputs or [])
+    except (AttributeError, ValueError):
+        return []
+
+
+def _outputs_of(user: keras.Model) -> list[Any]:
+    """The user's model's outputs ([] for a Sequential not built on an Input)."""
+    try:
+        return list(user.outputs or [])
+    except (AttributeError, ValueError):
+        return []
+
+
+def _packed_inputs(user: keras.Model, spec: str, num_features: int) -> tuple[Any, list[Any]]:
+    """An input of packed features for a model of several inputs, and its slices, one per input in order
+    (asyncps.ml.multiio); ValueError when the data's features are not as many as the inputs take together."""
+    from asyncps.ml.multiio import input_specs, packed_dtype
+
+    specs = input_specs(user)
+    width = sum(s.width for s in specs)
+    if width != num_features:
+        raise ValueError(f"model {spec!r} has inputs {[(s.name, s.shape) for s in specs]}, {width} values per "
+                         f"example packed, but the data has {num_features} features (pack them with "
+                         "asyncps.ml.multiio.pack)")
+    inputs = keras.Input(shape=(num_features,), dtype=np.dtype(packed_dtype(specs)).name, name="features")
+    slices, start = [], 0
+    for i, s in enumerate(specs):
+        slices.append(InputSlice(start, s.shape, s.dtype, name=f"input_{i}")(inputs))
+        start += s.width
+    return inputs, slices
+
+
+@keras.saving.register_keras_serializable(package="asyncps")
+class InputSlice(keras.layers.Layer):  # type: ignore[misc]  # keras is untyped
+    """One input of a model of several inputs, out of the packed features: the values from `start` on, as many
+    as `shape` holds, reshaped to it and cast to `dtype` (asyncps.ml.multiio: ids packed as float32 are exact)."""
+
+    def __init__(self, start: int, shape: tuple[int, ...], dtype_out: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start, self.slice_shape, self.dtype_out = int(start), tuple(int(d) for d in shape), str(dtype_out)
+
+    def call(self, inputs: Any) -> Any:
+        """[batch, packed] -> [batch, *shape] in dtype_out."""
+        values = inputs[:, self.start:self.start + math.prod(self.slice_shape)]
+        if "int" in self.dtype_out and "float" in str(values.dtype):
+            values = keras.ops.round(values)
+        return keras.ops.cast(keras.ops.reshape(values, (-1, *self.slice_shape)), self.dtype_out)
+
+    def compute_output_spec(self, inputs: Any) -> keras.KerasTensor:
+        """Symbolic [batch, *shape] output in dtype_out."""
+        return keras.KerasTensor((inputs.shape[0], *self.slice_shape), dtype=self.dtype_out)
+
+    def get_config(self) -> dict[str, Any]:
+        """Serializable config."""
+        config: dict[str, Any] = super().get_config()
+        config.update(start=self.start, shape=list(self.slice_shape), dtype_out=self.dtype_out)
+        return config
 
 
 def _input_dtype(user: keras.Model) -> str:

@@ -381,31 +381,50 @@ def _clone(model: Any, embeddings: list[Any], batch_size: int, seed: int) -> Spa
         raise _Unsupported(f"the ids a table looks up cannot be computed from the model's input ({exc})") from None
 
     def ids_fn(x: Array) -> list[Array]:
-        return [np.asarray(find(x)) for find in finders]
+        return [np.asarray(find([x])) for find in finders]
 
     return SparseModel(clone, tables, ids_fn)
 
 
-def _ids_of(model: Any, target: Any) -> Callable[[Any], Any]:
-    """A function of the model's input giving the ids `target` (a layer of the model, maybe in a nested
-    model) looks up: the input itself when the layer reads it, else the model's prefix up to the layer."""
+def _ids_of(model: Any, target: Any) -> Callable[[list[Any]], Any]:
+    """A function of the model's inputs (a list) giving the ids `target` (a layer of the model, maybe in a nested
+    model, such as a model of several inputs behind its packed features) looks up: an input itself when the layer
+    reads it, else the model's prefix up to the layer."""
     if target in model.layers:
         return _prefix(model, target)
     inner = next(layer for layer in model.layers if hasattr(layer, "layers") and target in _layers(layer))
-    outer, rest = _prefix(model, inner), _ids_of(inner, target)
-    return lambda x: rest(outer(x))
+    outer, rest = _inputs_of(model, inner), _ids_of(inner, target)
+    return lambda xs: rest(outer(xs))
 
 
-def _prefix(model: Any, layer: Any) -> Callable[[Any], Any]:
-    """The model's input → `layer`'s input (the identity when the layer reads the model's input)."""
+def _inbound(layer: Any) -> list[Any]:
+    """The tensors `layer` is called on, in its model's graph; _Unsupported unless it is called once."""
     nodes = [node for node in layer._inbound_nodes if node.operation is layer]
-    if len(nodes) != 1 or len(nodes[0].input_tensors) != 1:
-        raise _Unsupported(f"{layer.name} is called {len(nodes)} times or on several inputs")
-    tensor = nodes[0].input_tensors[0]  # in this model's graph (a nested model's `.input` is in its own)
-    if tensor is model.inputs[0]:
-        return lambda x: x
-    prefix = keras.Model(model.inputs, tensor)
-    return lambda x: prefix([x], training=False)
+    if len(nodes) != 1:
+        raise _Unsupported(f"{layer.name} is called {len(nodes)} times")
+    return list(nodes[0].input_tensors)  # in this model's graph (a nested model's `.input` is in its own)
+
+
+def _inputs_of(model: Any, inner: Any) -> Callable[[list[Any]], list[Any]]:
+    """The model's inputs → the inputs a nested model `inner` is called on (a list)."""
+    tensors = _inbound(inner)
+    if all(any(t is i for i in model.inputs) for t in tensors):
+        where = [next(k for k, i in enumerate(model.inputs) if t is i) for t in tensors]
+        return lambda xs: [xs[k] for k in where]
+    prefix = keras.Model(model.inputs, tensors)
+    return lambda xs: list(prefix(xs, training=False))
+
+
+def _prefix(model: Any, layer: Any) -> Callable[[list[Any]], Any]:
+    """The model's inputs → `layer`'s input (one of them when the layer reads it)."""
+    tensors = _inbound(layer)
+    if len(tensors) != 1:
+        raise _Unsupported(f"{layer.name} is called on several inputs")
+    for k, given in enumerate(model.inputs):
+        if tensors[0] is given:
+            return lambda xs: xs[k]
+    prefix = keras.Model(model.inputs, tensors[0])
+    return lambda xs: prefix(xs, training=False)
 
 
 def build_deferred(build: Callable[[], Any]) -> Any:

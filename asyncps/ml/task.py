@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from asyncps.ml.multiio import PER_OUTPUT_LOSS
 from asyncps.ml.userfns import is_function_spec, load_function
 
 log = logging.getLogger(__name__)
@@ -263,7 +264,8 @@ def check_loss(task: Task, model: Any, x: np.ndarray, y: np.ndarray) -> None:
 
     outputs = model(x[:2], training=False)
     labels, produced = tuple(y.shape[1:]) or (1,), tuple(outputs.shape[1:])
-    if not is_class_ids(y) and not is_function_spec(task.loss_name) and labels != produced:
+    if not is_class_ids(y) and not is_function_spec(task.loss_name) and task.loss_name != PER_OUTPUT_LOSS and (
+            labels != produced):
         # Keras' losses broadcast mismatched targets and outputs without a word ([n, 4] against [n, 1])
         raise ValueError(f"loss {task.loss_name!r} cannot compare labels {y.dtype} {tuple(y.shape[1:])} per example "
                          f"with the model's outputs {produced}: a Keras loss needs targets of the outputs' shape")

@@ -31,7 +31,14 @@ import numpy as np
 from asyncps.chief.main import ChiefConfig, run_chief
 from asyncps.config import RunConfig, coerce_settings
 from asyncps.ml.specs import KERAS_PREFIX, NPZ_PREFIX
-from asyncps.ml.userfns import USER_PATH_ENV, add_user_path, call_with_accepted, is_function_spec, user_path_from_env
+from asyncps.ml.userfns import (
+    USER_PATH_ENV,
+    add_user_path,
+    call_with_accepted,
+    is_function_spec,
+    load_function,
+    user_path_from_env,
+)
 from asyncps.ps.main import PsConfig, run_ps
 from asyncps.rundir import EvalRow, PushRow, RunDir, RunSummary, atomic_write, iter_rows, read_rows
 from asyncps.tools import datainput, kerasdata
@@ -137,6 +144,9 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     Data: `dataset` (a spec or importable function; default `digits`), or arrays `x`, `y` with
     `validation_data=(x, y)` or a `validation_split` (the last fraction, like Keras); evaluations run on
     the validation arrays. `x` of any shape per example, sent as float32 (integer arrays as int64 ids, exact);
+    for a model object of several inputs, a list of arrays in its input order or a dict keyed by its input names
+    (validation x too), packed into one array (asyncps.ml.multiio); of several outputs, `y` likewise, the model
+    compiled with a loss per output (its loss_weights and metrics per output come with it: asyncps.ml.heads);
     `y`: integer class ids [n] or [n, 1] (classification), or targets of any shape per example (float
     regression targets, 0/1 multi-label matrices), whatever the loss takes. `x` (and `validation_data`) may
     also be what `model.fit` reads batches of (x, y) from: a `tf.data.Dataset`, a `keras.utils.PyDataset`,
@@ -188,6 +198,12 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
             raise ValueError("asyncps.train: validation_data yields sample weights; the chief's evaluation is "
                              "unweighted (give (x, y) batches)")
         validation_data = (x_val, y_val)
+    dirs = add_user_path([*user_path_from_env(), *user_path])
+    model, x, y, validation_data = _pack_several(model, x, y, validation_data, int(settings.get("seed", 0)))
+    if _is_keras_model(model) and len(model.outputs) > 1 and (loss is not None or class_weight is not None):
+        raise ValueError("asyncps.train: the model has several outputs: compile it with a loss per output "
+                         "(model.compile(loss={name: loss}, loss_weights=...)) instead of loss=; class_weight= "
+                         "weighs class ids of one output")
     weights = _weights(sample_weight, class_weight, y, dataset)
     level = _verbosity(verbose, progress)
     if _is_keras_model(model):
@@ -217,7 +233,7 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
     else:
         model_spec = spec_of(model, "model")
     loss_spec = spec_of(loss, "loss") if loss is not None else _compiled_loss(saved)
-    if saved is not None:
+    if saved is not None and len(saved.outputs) == 1:
         _warn_logits_mismatch(saved, loss_spec)
     fields = {"model": model_spec, "dataset": dataset_spec, "loss": loss_spec, **derived, **settings}
     run = RunConfig.from_layers(coerce_settings(fields, "asyncps.train"))
@@ -567,6 +583,13 @@ def _saveable_model(model: ModelArg, arrays: Arrays | None, dataset_spec: str, s
         raise ValueError(f"asyncps.train: model must be a keras.Model, a builder function or a spec, "
                          f"got {type(model).__name__}")
     _refuse_keyed(model)
+    if len(model.outputs) > 1:
+        from asyncps.ml.heads import output_specs
+
+        try:
+            output_specs(model, model.get_compile_config() if model.compiled else None)
+        except ValueError as error:
+            raise ValueError(f"asyncps.train: {error}") from None
     try:
         inputs = model.inputs
     except (AttributeError, ValueError):
@@ -574,11 +597,113 @@ def _saveable_model(model: ModelArg, arrays: Arrays | None, dataset_spec: str, s
     if not inputs:
         raise ValueError("asyncps.train: the model has no inputs yet; build it with an Input "
                          "(keras.Input(shape=...) first, or model.build(input_shape))")
-    if len(inputs) != 1 or len(model.outputs) != 1:
-        raise ValueError(f"asyncps.train: the model has {len(inputs)} inputs and {len(model.outputs)} outputs; "
-                         "asyncps trains models with one input and one output (join the heads with "
-                         "keras.layers.Concatenate, and their labels into one array)")
     return model
+
+
+def _pack_several(model: ModelArg, x: Any, y: Any, validation_data: Any,
+                  seed: int) -> tuple[ModelArg, Any, Any, Any]:
+    """(model, x, y, validation_data) with x and y (validation ones too) given as several arrays (a list, or a
+    dict keyed by input or output name, as `model.fit` takes them) packed into one array each (asyncps.ml.multiio);
+    a list or dict of one array for a model of one input or output, that array. A builder is called here to learn
+    its model's inputs and outputs (`_probe`); one that cannot travel by name is replaced by the model it built.
+    ValueError for names, counts, shapes or lengths that do not fit the model's."""
+    from asyncps.ml.multiio import is_several
+
+    pair = isinstance(validation_data, (tuple, list)) and len(validation_data) == 2
+    val_x, val_y = (validation_data[0], validation_data[1]) if pair else (None, None)
+    several = _is_keras_model(model) and (len(_inputs_or_none(model) or []) > 1 or len(model.outputs) > 1)
+    if not any(is_several(a) for a in (x, y, val_x, val_y)) and not several:
+        return model, x, y, validation_data
+    probe = model if _is_keras_model(model) else _probe(model, x, y, seed)
+    if not _is_keras_model(model) and not _travels(model):
+        model = probe
+    x, y = (_packed(probe, x, "x") if x is not None else x), (_labels_of(probe, y, "y") if y is not None else y)
+    if pair:
+        validation_data = (_packed(probe, val_x, "validation x"), _labels_of(probe, val_y, "validation y"))
+    return model, x, y, validation_data
+
+
+def _travels(model: ModelArg) -> bool:
+    """Whether a builder (a function or a spec) travels to the other processes by name."""
+    try:
+        spec_of(model, "model")
+    except ValueError:
+        return False
+    return True
+
+
+def _probe(model: ModelArg, x: Any, y: Any, seed: int) -> Any:
+    """The model a builder (a function, or a package.module:function spec) builds, called as every process calls
+    it for packed data: `input_shape` (the packed features' width), `num_classes` and `output_shape` (the packed
+    labels' width: asyncps.ml.models.build_user_model); ValueError for a spec that names no builder."""
+    from asyncps.ml.multiio import is_several
+    from asyncps.ml.specs import MODEL_NAMES
+
+    if isinstance(model, str) and not is_function_spec(model, MODEL_NAMES):
+        raise ValueError(f"asyncps.train: x or y of several arrays (a list or dict) needs a model of several inputs "
+                         f"or outputs: a keras.Model object or a builder, not {model!r}")
+    fn = load_function(model, "model") if isinstance(model, str) else model
+    if not callable(fn):
+        raise ValueError(f"asyncps.train: model must be a keras.Model, a builder function or a spec, "
+                         f"got {type(model).__name__}")
+    width = _width(x) if is_several(x) else int(np.prod(np.shape(x)[1:]))
+    labels = _width(y) if is_several(y) else None
+    if labels is None:
+        ids = np.asarray(y)
+        labels = int(ids.max(initial=1)) + 1 if np.issubdtype(ids.dtype, np.integer) else int(np.prod(ids.shape[1:]))
+    built = call_with_accepted(fn, input_shape=(width,), num_classes=labels, output_shape=(labels,), seed=seed)
+    if not _is_keras_model(built):
+        raise ValueError(f"asyncps.train: model {model!r} must return a keras.Model, got {type(built).__name__}")
+    return built
+
+
+def _width(arrays: Any) -> int:
+    """The packed width of several arrays: the values per example of them all."""
+    values = arrays.values() if isinstance(arrays, Mapping) else arrays
+    return sum(int(np.prod(np.shape(a)[1:])) if np.ndim(a) > 1 else 1 for a in values)
+
+
+def _labels_of(model: Any, y: Any, what: str) -> Any:
+    """One output's labels, or the packed labels of several (asyncps.ml.multiio.pack_labels)."""
+    from asyncps.ml.heads import output_specs
+    from asyncps.ml.multiio import arrange, is_several, pack_labels
+
+    names = [str(n) for n in model.output_names]
+    if not is_several(y):
+        if len(names) > 1:
+            raise ValueError(f"asyncps.train: the model has {len(names)} outputs: give {what} as a list of arrays "
+                             f"in their order or a dict keyed by their names ({names})")
+        return y
+    try:
+        if len(names) == 1:
+            return arrange(y, names, what)[0]
+        return pack_labels(y, output_specs(model, model.get_compile_config() if model.compiled else None), what)
+    except ValueError as error:
+        raise ValueError(f"asyncps.train: {error}") from None
+
+
+def _inputs_or_none(model: Any) -> list[Any] | None:
+    """The model's Inputs, None while it has none (a Sequential not built yet)."""
+    try:
+        return list(model.inputs)
+    except (AttributeError, ValueError):
+        return None
+
+
+def _packed(model: Any, x: Any, what: str) -> Any:
+    """One input's array or the packed arrays of several (asyncps.ml.multiio), with the caller's name in errors."""
+    from asyncps.ml.multiio import arrange, input_specs, is_several, pack
+
+    if not is_several(x):
+        if len(model.inputs) > 1:
+            raise ValueError(f"asyncps.train: the model has {len(model.inputs)} inputs: give {what} as a list of "
+                             f"arrays in their order or a dict keyed by their names ({[t.name for t in model.inputs]})")
+        return x
+    try:
+        specs = input_specs(model)
+        return arrange(x, [s.name for s in specs], what)[0] if len(specs) == 1 else pack(x, specs, what)
+    except ValueError as error:
+        raise ValueError(f"asyncps.train: {error}") from None
 
 
 def _build_here(builder: Callable[..., Any], arrays: Arrays | None, dataset_spec: str, seed: int) -> Any:
@@ -609,7 +734,8 @@ def _compiled_loss(model: Any) -> str:
     Keras loss name or object: every process reads it from the file, with its metrics), or when it was
     not compiled (then `crossentropy` of logits); an importable function travels by name."""
     compiled = getattr(model, "loss", None) if model is not None else None
-    if compiled is None or isinstance(compiled, str):
+    # a loss per output (a dict or list): every process compiles the wrapper with it (asyncps.ml.heads)
+    if compiled is None or isinstance(compiled, (str, dict, list, tuple)):
         return "auto"
     import keras
 

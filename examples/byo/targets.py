@@ -59,7 +59,7 @@ def build_tagger(input_shape: tuple[int, ...], output_shape: tuple[int, ...], se
 
 
 def build_two_heads(input_shape: tuple[int, ...]) -> keras.Model:
-    """Two outputs: asyncps refuses it with a message (one output per model)."""
+    """Two outputs, uncompiled: asyncps refuses it with a message (a loss per output is needed)."""
     inputs = keras.Input(shape=input_shape)
     return keras.Model(inputs, [keras.layers.Dense(1, name="a")(inputs), keras.layers.Dense(2, name="b")(inputs)])
 
