@@ -82,7 +82,7 @@ EOF
 
 start_node() {  # NAME
     local name="$1"
-    docker volume create "${PREFIX}-${name}-lib" >/dev/null
+    docker volume create --label "asyncps.swarm-nodes=${PREFIX}" "${PREFIX}-${name}-lib" >/dev/null
     # `--privileged` is refused on the project's machines (SYS_RESOURCE cannot be granted); what a dockerd
     # needs, granted one by one:
     #   SYS_ADMIN         mounts (overlay2 layers, /proc and /sys of its containers, secrets' tmpfs), namespaces
@@ -174,11 +174,9 @@ stop() {
     names="$(docker ps -aq --filter "label=asyncps.swarm-nodes=${PREFIX}")"
     [[ -z "$names" ]] || docker rm -f -v $names >/dev/null
     docker network rm "$NET" >/dev/null 2>&1 || true
-    local name vols
-    vols="$(docker volume ls -q --filter "name=^${PREFIX}-")"
-    for name in $vols; do
-        [[ "$name" == "${PREFIX}-"*-lib ]] && docker volume rm "$name" >/dev/null 2>&1 || true
-    done
+    local vols  # each node's /var/lib/docker (its images and containers)
+    vols="$(docker volume ls -q --filter "label=asyncps.swarm-nodes=${PREFIX}")"
+    [[ -z "$vols" ]] || docker volume rm $vols >/dev/null 2>&1 || true
     # the cgroups the nodes' engines made in the host's hierarchy (empty once their processes are gone)
     if docker image inspect "$IMAGE" >/dev/null 2>&1; then
         docker run --rm --cgroupns host -v /sys/fs/cgroup:/sys/fs/cgroup:rw --user root "$IMAGE" \

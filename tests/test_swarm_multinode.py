@@ -16,9 +16,9 @@ worker task again on the node left, the chief declares the lost worker dead and 
 and the run must end by itself: the chief's task complete with exit 0, the accounting closed (every data
 task issued done, none in flight or pending). The nodes are always removed, with their volumes.
 Measured here (`pytest -m multinode -s --durations=5 tests/test_swarm_multinode.py`, 2 cores, the images
-built; the node image, when missing, ~50 s more): nodes and swarm 4-5 s, the image loaded into the three
-nodes 71-96 s, the run 146 s (both workers training 51 s after the deploy; the lost node Down ~6 s after
-the kill, its worker running on the other node ~12 s after), teardown 8 s: 3 min 51 s in all.
+built; the node image, when missing, 23-50 s more): nodes and swarm 4-7 s, the image loaded into the three
+nodes 71-98 s, the run 126-146 s (both workers training ~50 s after the deploy; the lost node Down ~6 s after
+the kill, its worker running on the other node ~12 s after), teardown 8-18 s: 3 min 51 s to 4 min 13 s.
 """
 
 from __future__ import annotations
