@@ -217,7 +217,8 @@ def docker_image(tmp_path_factory: pytest.TempPathFactory) -> str:
 # image build and the swarm: one unit (the Slurm cluster's image is built from the session's). Each reduced
 # experiment is a unit of its own (the largest, 25-175 s).
 # Every other module is one unit: its tests share its module-scoped clusters, started once.
-DOCKER_MODULES = frozenset({"test_docker_compose.py", "test_docker_swarm.py", "test_slurm_cluster.py"})
+DOCKER_MODULES = frozenset({"test_docker_compose.py", "test_docker_swarm.py", "test_slurm_cluster.py",
+                            "test_swarm_multinode.py"})
 SPLIT_MODULES = frozenset({"test_experiments_ci.py"})
 # `make test` runs the default suite the same way (TEST_WORKERS): its longest module goes out first, so it
 # does not start last and hold the run's end (tests/test_hostile_input.py: ~60-90 s against seconds for most)
