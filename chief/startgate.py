@@ -3,9 +3,11 @@
 Why: on a small machine TensorFlow's start-up (import, model, tracing the gradient function)
 staggers the workers by seconds, so the first seconds of a run have fewer workers pushing than
 planned and a few very stale first pushes: transients, not the phenomenon under study. A worker is
-*ready* once it registered and computed one warm-up gradient (not pushed); the gate opens when
-every planned index (0 .. num_workers-1) has a ready member, and stays open: workers joining later
-train at once. Switched off (`start_barrier` false), the gate is open from the start.
+*ready* once it registered and computed one warm-up gradient (not pushed); the gate opens when as
+many worker indices as planned have a ready member, and stays open: workers joining later train at
+once. Any index counts: a worker that replaces one lost before the release (its node died while the
+lost one was not yet declared dead) registers under a new index beyond the plan, and stands in.
+Switched off (`start_barrier` false), the gate is open from the start.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class StartGate:
             return self.released_after_s is not None
 
     def ready_count(self) -> int:
-        """Planned worker indices with a ready member."""
+        """Worker indices with a ready member."""
         with self._cond:
             return len(self._ready)
 
@@ -60,7 +62,7 @@ class StartGate:
             raise InvalidArgumentError("WaitStart needs at least one worker_id")
         indices = [self._index_of(m) for m in ids]
         with self._cond:
-            self._ready.update(i for i in indices if i < self.planned)
+            self._ready.update(indices)
             if self.released_after_s is None and len(self._ready) >= self.planned:
                 self._release()
 

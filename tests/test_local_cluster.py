@@ -69,7 +69,8 @@ def test_mean_staleness_is_workers_minus_one(tmp_path: Path, workers: int) -> No
     run_dir = tmp_path / f"run{workers}"
     result = run_cli(["local", "--run-dir", str(run_dir), "--num-workers", str(workers), "--num-ps", "1",
                       "--max-updates", str(60 * workers), "--compute-delay", "const:0.03",
-                      "--eval-every-s", "30", "--quiet"])
+                      "--eval-every-s", "30", "--quiet",
+                      *(["--exec-roles"] if workers == 2 else [])])  # and each role exec'd, not forked: the same
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(RunDir(run_dir).summary.read_text())
     mean = summary["staleness"]["mean"]

@@ -73,6 +73,13 @@ def test_a_worker_joining_after_the_release_starts_at_once(chief: Chief) -> None
     assert chief.client.wait_start(["late"], wait_s=0).released
 
 
+def test_a_replacement_registered_beyond_the_plan_stands_in_for_a_lost_worker(chief: Chief) -> None:
+    ids = chief.register(3)  # w2 is lost before it is ready; its replacement gets index 3
+    chief.client.register("replacement", "worker")
+    assert not chief.client.wait_start(ids[:2], wait_s=0.05).released
+    assert chief.client.wait_start(["replacement"], wait_s=30).released
+
+
 def test_switched_off_releases_each_worker_when_it_is_ready(tmp_path: Path) -> None:
     c = Chief(tmp_path, planned=3, enabled=False)
     try:
