@@ -42,6 +42,10 @@ from typing import IO, Any, Protocol
 PRELOAD: tuple[str, ...] = ("tensorflow", "keras", "asyncps.ml.models", "asyncps.tools.cli", "asyncps.chief.main",
                             "asyncps.worker.main")
 
+#: Where the launcher forks: Linux. macOS forbids much of its system frameworks in a child forked from a process
+#: that loaded them (TensorFlow's import does), and Windows has no fork: there every process is exec'd.
+FORK_SUPPORTED = sys.platform.startswith("linux")
+
 #: The returncode of a child whose server died before it could report the child's end.
 LOST_STATUS = -int(signal.SIGKILL)
 

@@ -21,7 +21,7 @@ from asyncps.net.security import SecurityConfig
 from asyncps.procenv import cli_command, process_env
 from asyncps.rundir import RunDir, RunSummary, wait_port_file
 from asyncps.signals import SignalRoute
-from asyncps.tools.forkserver import ForkServer, Process, shared_server
+from asyncps.tools.forkserver import FORK_SUPPORTED, ForkServer, Process, shared_server
 from asyncps.tools.memwatch import MemoryWatch
 from asyncps.tools.progress import StatusPoller, display_for
 from asyncps.transport import shmseg
@@ -158,7 +158,7 @@ class LocalCluster:
             self._make_secrets()
         config_file = self.files.launch_config
         config_file.write_text(self.run.to_json())
-        if self.fork and self._forkserver is None:  # a new one loads TensorFlow while the shards start
+        if self.fork and FORK_SUPPORTED and self._forkserver is None:  # a new one imports while the shards start
             self._forkserver = shared_server(self.env, per_request=(shmseg.TAG_ENV,))
         shards = []
         for i in range(self.run.num_ps):
