@@ -170,8 +170,9 @@ class ForkServer:
                     if child is not None:
                         child._end(int(message["code"]))
                     continue
-                if "pid" in message:  # registered here, before any exit of it can be read
-                    self._children[int(message["pid"])] = ForkedProcess(int(message["pid"]), self._pending_args, self)
+                if "pid" in message:  # registered here, before any exit of it can be read; the answer holds it
+                    child = ForkedProcess(int(message["pid"]), self._pending_args, self)  # even if that exit comes
+                    self._children[child.pid] = message["process"] = child  # before the asker wakes
                 self._answer.append(message)
                 self._answered.notify_all()
         with self._answered:
@@ -201,7 +202,8 @@ class ForkServer:
             with self._answered:
                 self._answered.wait_for(lambda: bool(self._answer) or not self.reporting, SPAWN_TIMEOUT_S)
                 answer = self._answer.pop() if self._answer else {}
-                return self._children.get(int(answer["pid"])) if "pid" in answer else None
+                process = answer.get("process")
+                return process if isinstance(process, ForkedProcess) else None
 
     def close(self) -> None:
         """Stop the server (its children, if any live, carry on: the launcher stops them)."""
