@@ -60,6 +60,19 @@ def test_every_source_reads_as_the_arrays_it_was_made_from(source: Any) -> None:
     assert x.dtype == X.dtype and y.dtype == Y.dtype  # integers stay integers (ids above 2**24 exact)
 
 
+def test_batches_of_several_inputs_and_outputs_read_as_model_fit_reads_them() -> None:
+    """A dict of inputs (by name) or a list (in the model's order), and several labels, joined key by key."""
+    ids = np.arange(35, dtype=np.int64)
+    x, y, _ = kerasdata.read(tf.data.Dataset.from_tensor_slices(({"ids": ids, "dense": X}, Y)).batch(8), "x")
+    assert isinstance(x, dict) and sorted(x) == ["dense", "ids"]
+    assert np.array_equal(x["ids"], ids) and np.array_equal(x["dense"], X) and np.array_equal(y, Y)
+    assert x["ids"].dtype == np.int64
+    x, y, _ = kerasdata.read(iter([([ids[:20], X[:20]], [Y[:20], X[:20, :1]]), ([ids[20:], X[20:]],
+                                                                               [Y[20:], X[20:, :1]])]), "x")
+    assert isinstance(x, list) and isinstance(y, list) and len(x) == len(y) == 2
+    assert np.array_equal(x[1], X) and np.array_equal(y[0], Y) and y[1].shape == (35, 1)
+
+
 def test_arrays_and_specs_are_not_sources() -> None:
     assert all(kerasdata.kind(s) is None for s in (X, [1, 2], (X, Y), None, {"a": X}))
 
@@ -70,9 +83,10 @@ def test_arrays_and_specs_are_not_sources() -> None:
     (tf.data.Dataset.from_tensor_slices((X, Y)), "not batched"),
     (iter([(X[:4], Y[:4], np.ones(4)), (X[4:8], Y[4:8])]), "lacks sample weights and batch 0 does not"),
     (iter([(X[:4], Y[:4], np.ones(3))]), r"\(3,\) sample weights"),
-    (tf.data.Dataset.from_tensor_slices(({"a": X}, Y)).batch(8), "several inputs"),
+    (iter([({"a": X[:4]}, Y[:4]), ({"b": X[4:8]}, Y[4:8])]), r"batch 1 of x has examples of shape \{'b'"),
     (tf.data.Dataset.from_tensor_slices(X).batch(8), r"not an \(x, y\) pair"),
-    (iter([(X[:4], Y[:3])]), "4 inputs but 3 labels"),
+    (iter([(X[:4], Y[:3])]), r"\[3, 4\] examples across its inputs and labels"),
+    (iter([([X[:4], X[:3]], Y[:4])]), r"\[3, 4\] examples across its inputs and labels"),
     (iter([(X[:4], Y[:4]), (np.zeros((4, 3)), Y[:4])]), r"batch 1 of x has examples of shape \(3,\)"),
     (iter([]), "no batches"),
     (lambda: 7, "returned int"),

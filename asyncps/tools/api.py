@@ -198,7 +198,6 @@ def train(model: ModelArg = "mlp", dataset: str | Callable[..., Any] | None = No
             raise ValueError("asyncps.train: validation_data yields sample weights; the chief's evaluation is "
                              "unweighted (give (x, y) batches)")
         validation_data = (x_val, y_val)
-    dirs = add_user_path([*user_path_from_env(), *user_path])
     model, x, y, validation_data = _pack_several(model, x, y, validation_data, int(settings.get("seed", 0)))
     if _is_keras_model(model) and len(model.outputs) > 1 and (loss is not None or class_weight is not None):
         raise ValueError("asyncps.train: the model has several outputs: compile it with a loss per output "

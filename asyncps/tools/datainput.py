@@ -32,7 +32,7 @@ import numpy as np
 from asyncps.ml.userfns import load_function
 from asyncps.tools import kerasdata
 
-Examples = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+Examples = tuple[kerasdata.Part, kerasdata.Part, np.ndarray | None]
 
 
 @dataclass(frozen=True)
@@ -175,15 +175,17 @@ def _call(dataset_fn: Callable[..., Any], context: InputContext) -> Any:
 
 
 def _join(parts: list[Examples]) -> Examples:
-    """The workers' examples as one set; ValueError when their shapes or weighting differ."""
+    """The workers' examples as one set; ValueError when their shapes, keys or weighting differ."""
     first_x, first_y, first_w = parts[0]
     for index, (x, y, w) in enumerate(parts[1:], start=1):
-        if x.shape[1:] != first_x.shape[1:] or y.shape[1:] != first_y.shape[1:] or (w is None) != (first_w is None):
+        if kerasdata.shapes(x) != kerasdata.shapes(first_x) or kerasdata.shapes(y) != kerasdata.shapes(first_y) \
+                or (w is None) != (first_w is None):
             raise ValueError(f"asyncps.train: dataset_fn's datasets differ: worker {index}'s examples are "
-                             f"{x.shape[1:]} -> {y.shape[1:]}{'' if w is None else ' weighted'}, the first's "
-                             f"{first_x.shape[1:]} -> {first_y.shape[1:]}{'' if first_w is None else ' weighted'}")
+                             f"{kerasdata.shown(x)} -> {kerasdata.shown(y)}{'' if w is None else ' weighted'}, "
+                             f"the first's {kerasdata.shown(first_x)} -> {kerasdata.shown(first_y)}"
+                             f"{'' if first_w is None else ' weighted'}")
     weights = None if first_w is None else np.concatenate([w for _, _, w in parts if w is not None])
-    return np.concatenate([x for x, _, _ in parts]), np.concatenate([y for _, y, _ in parts]), weights
+    return kerasdata.join([x for x, _, _ in parts]), kerasdata.join([y for _, y, _ in parts]), weights
 
 
 __all__ = ["InputContext", "bounded", "from_dataset_fn", "read_inputs", "refuse_endless"]

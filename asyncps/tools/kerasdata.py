@@ -7,7 +7,9 @@ chief's data tasks and its exactly-once accounting hold for them as for arrays: 
 trained once per epoch. Only a finite source can be read so: an infinite `tf.data.Dataset` (`repeat()`)
 or `PyDataset` is refused with what to do (`take(n)`), and an iterator that has not ended after
 MAX_EXAMPLES examples is refused instead of read forever. Batches of `(x, y, sample_weight)` bring their
-weights (the workers weight each example's loss by them).
+weights (the workers weight each example's loss by them). A batch's x (or y) may be several arrays, a list in
+the model's input order or a dict by name, as `fit` reads them: they are joined key by key and packed as
+arrays given so are (asyncps.ml.multiio).
 
 A `dataset_fn` per worker (TF's parameter-server habit) and `steps_per_epoch` for endless sources: see
 asyncps.tools.datainput, which reads them through `read`.
@@ -45,41 +47,84 @@ def kind(source: Any) -> str | None:
     return None
 
 
-def read(source: Any, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+#: One batch's inputs (or labels): an array, or several as model.fit reads them: a list in the model's order or a
+#: dict by name (asyncps.train packs several: asyncps.ml.multiio).
+Part = np.ndarray | list[np.ndarray] | dict[str, np.ndarray]
+
+
+def flat(part: Any) -> dict[str | int, np.ndarray]:
+    """A batch's inputs or labels by key: '' for one array, the position in a list or tuple, the name in a dict."""
+    if isinstance(part, dict):
+        return {str(k): np.asarray(v) for k, v in part.items()}
+    if isinstance(part, (tuple, list)):
+        return {i: np.asarray(v) for i, v in enumerate(part)}
+    return {"": np.asarray(part)}
+
+
+def shapes(part: Part) -> dict[str | int, tuple[int, ...]]:
+    """Each array's example shape (after the first axis), by key as `flat` gives it."""
+    return {k: v.shape[1:] for k, v in flat(part).items()}
+
+
+def join(parts: list[Part]) -> Part:
+    """Batches (or workers' sets) of the same keys and example shapes as one: each key's arrays concatenated."""
+    flats = [flat(p) for p in parts]
+    joined = {k: np.concatenate([f[k] for f in flats]) for k in flats[0]}
+    if isinstance(parts[0], dict):
+        return {str(k): v for k, v in joined.items()}
+    if isinstance(parts[0], (tuple, list)):
+        return [joined[i] for i in range(len(joined))]
+    return joined[""]
+
+
+def read(source: Any, what: str) -> tuple[Part, Part, np.ndarray | None]:
     """The examples of a dataset, PyDataset or generator `source` (see the module), joined: (x, y, sample
-    weights or None).
+    weights or None); x and y each an array, or a list or dict of them for several inputs or outputs.
     ValueError, naming `what`, for a source that does not end, batches that are not (x, y) pairs, or batches
-    whose shapes differ after the first axis."""
+    whose shapes or keys differ after the first."""
     how = kind(source)
     if how is None:
         raise ValueError(f"asyncps.train: {what} is not a dataset, PyDataset or generator")
     batches = _batches(source, how, what)
-    xs: list[np.ndarray] = []
-    ys: list[np.ndarray] = []
+    xs: list[Part] = []
+    ys: list[Part] = []
     ws: list[np.ndarray | None] = []
     examples = 0
     for i, batch in enumerate(batches):
         x, y, w = _pair(batch, what, i)
-        if len(x) != len(y) or (w is not None and w.shape != (len(x),)):
-            raise ValueError(f"asyncps.train: batch {i} of {what} has {len(x)} inputs but {len(y)} labels"
-                             + ("" if w is None else f" and {w.shape} sample weights"))
+        size = _size(x, y, w, what, i)
         if ws and (w is None) != (ws[0] is None):
             raise ValueError(f"asyncps.train: batch {i} of {what} {'lacks' if w is None else 'has'} sample weights "
                              "and batch 0 does not: all or none")
         ws.append(w)
-        if xs and (x.shape[1:] != xs[0].shape[1:] or y.shape[1:] != ys[0].shape[1:]):
-            raise ValueError(f"asyncps.train: batch {i} of {what} has examples of shape {x.shape[1:]} -> "
-                             f"{y.shape[1:]}, batch 0 {xs[0].shape[1:]} -> {ys[0].shape[1:]}")
+        if xs and (shapes(x) != shapes(xs[0]) or shapes(y) != shapes(ys[0])):
+            raise ValueError(f"asyncps.train: batch {i} of {what} has examples of shape {shown(x)} -> {shown(y)}, "
+                             f"batch 0 {shown(xs[0])} -> {shown(ys[0])}")
         xs.append(x)
         ys.append(y)
-        examples += len(x)
+        examples += size
         if examples > MAX_EXAMPLES:
             raise ValueError(f"asyncps.train: {what} had not ended after {MAX_EXAMPLES:,} examples: give a finite "
                              "one (itertools.islice(generator, batches), dataset.take(batches))")
     if not xs:
         raise ValueError(f"asyncps.train: {what} yielded no batches")
     weights = None if ws[0] is None else np.concatenate([w for w in ws if w is not None])
-    return np.concatenate(xs), np.concatenate(ys), weights
+    return join(xs), join(ys), weights
+
+
+def shown(part: Part) -> str:
+    """Example shapes for a message: `(8,)` for one array, `{'ids': (), 'dense': (8,)}` for several."""
+    by_key = shapes(part)
+    return str(by_key[""]) if list(by_key) == [""] else str(by_key)
+
+
+def _size(x: Part, y: Part, w: np.ndarray | None, what: str, i: int) -> int:
+    """The batch's example count; ValueError when its inputs, labels and weights disagree on it."""
+    lengths = {len(v) for v in (*flat(x).values(), *flat(y).values())}
+    if len(lengths) != 1 or (w is not None and w.shape != (min(lengths),)):
+        raise ValueError(f"asyncps.train: batch {i} of {what} has {sorted(lengths)} examples across its inputs "
+                         "and labels" + ("" if w is None else f" and {w.shape} sample weights"))
+    return lengths.pop()
 
 
 def _batches(source: Any, how: str, what: str) -> collections.abc.Iterable[Any]:
@@ -105,20 +150,25 @@ def _batches(source: Any, how: str, what: str) -> collections.abc.Iterable[Any]:
     return source  # type: ignore[no-any-return]
 
 
-def _pair(batch: Any, what: str, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _pair(batch: Any, what: str, i: int) -> tuple[Part, Part, np.ndarray | None]:
     if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
         raise ValueError(f"asyncps.train: batch {i} of {what} is {type(batch).__name__}, not an (x, y) pair "
                          "(as keras.Model.fit reads a dataset)")
     w = None if len(batch) == 2 or batch[2] is None else np.asarray(batch[2], dtype=np.float32).reshape(-1)
-    x, y = batch[0], batch[1]
-    if isinstance(x, dict) or isinstance(y, dict) or isinstance(x, (tuple, list)):
-        raise ValueError(f"asyncps.train: batch {i} of {what} has several inputs or outputs: asyncps.train "
-                         "takes one input array and one label array per batch")
-    x, y = np.asarray(x), np.asarray(y)
-    if x.ndim == 0 or y.ndim == 0:
-        raise ValueError(f"asyncps.train: batch {i} of {what} is not batched (x {x.shape}, y {y.shape}): "
+    x, y = (_part(v) for v in batch[:2])
+    if any(v.ndim == 0 for v in (*flat(x).values(), *flat(y).values())):
+        raise ValueError(f"asyncps.train: batch {i} of {what} is not batched (x {shown(x)}, y {shown(y)}): "
                          "batch it (dataset.batch(n)), as keras.Model.fit reads one")
     return x, y, w
 
 
-__all__ = ["MAX_EXAMPLES", "kind", "read"]
+def _part(value: Any) -> Part:
+    """A batch's x or y as arrays: one, a list of them (from a list or tuple), or a dict of them."""
+    if isinstance(value, dict):
+        return {str(k): np.asarray(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [np.asarray(v) for v in value]
+    return np.asarray(value)
+
+
+__all__ = ["MAX_EXAMPLES", "Part", "flat", "join", "kind", "read", "shapes", "shown"]
