@@ -19,6 +19,7 @@ import keras
 import asyncps
 from asyncps.ml.models import build_model
 from asyncps.ml.multiio import InputSpec, input_specs, pack
+from asyncps.rundir import RunDir
 
 IDS = 40  # the synthetic data's id space
 FEATURES = 8
@@ -188,7 +189,7 @@ def test_a_tf_data_dataset_of_two_inputs_trains_and_counts_each_example_once(tmp
     result = asyncps.train(model=two_inputs(), x=tf.data.Dataset.from_tensor_slices((x, y)).batch(64),
                            validation_data=(x_val, y_val), num_workers=2, num_ps=1, epochs=2, optimizer="adam",
                            learning_rate=0.003, run_dir=tmp_path / "run")
-    data = json.loads((tmp_path / "run" / "summary.json").read_text())["data"]
+    data = json.loads(RunDir(tmp_path / "run").summary.read_text())["data"]
     print(f"tf.data of two inputs: {data['examples_done']} examples done of 1200 x 2 epochs, "
           f"accuracy {result.summary.final_eval.accuracy:.3f}")
     assert data["examples_done"] == 2 * 1200 and data["tasks_done"] == data["tasks_planned"], data
