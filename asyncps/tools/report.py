@@ -2,11 +2,13 @@
 
 Figures (matplotlib, Agg backend, small PNGs):
 - `curves.png`: evaluation accuracy and loss against wall time and against updates, runs overlaid;
-- `staleness.png`: the staleness histogram of every run;
+- `staleness.png`: the staleness histogram of every setting (its seeds pooled);
 - `timeline.png`: a Gantt chart of each worker's steps (compute, push/pull round trip, time held
-  back by the consistency model) over a short window, one panel per run (sync vs async);
+  back by the consistency model) over a short window, one panel per setting (its first seed: sync vs async);
 - `scaling.png`: updates/s, mean staleness, idle share and final quality (mean ± sd over seeds) against the number of
-  workers (or per run, when every run has the same number of workers).
+  workers λ (log axis) or the one swept numeric setting, a line per variant and shard count; else a bar per
+  setting. Series are named readably (`async, 2 shards`); panels zero in every run are left out; a panel
+  whose values span more than two decades is drawn on a log axis.
 
 `python -m asyncps.tools.report --stale-gradient-figure PATH` draws the teaching picture of a stale
 gradient on a 1-D quadratic (no run needed).
@@ -224,39 +226,63 @@ def _histogram(run: RunData) -> list[tuple[int, int]]:
     return sorted(run.summary.staleness.histogram.items())
 
 
+def pooled_histogram(runs: Sequence[RunData]) -> list[tuple[int, int]]:
+    """The staleness histograms of several runs (the seeds of one setting) added up."""
+    counts: dict[int, int] = {}
+    for run in runs:
+        for k, c in _histogram(run):
+            counts[k] = counts.get(k, 0) + c
+    return sorted(counts.items())
+
+
+def _quantile(hist: Sequence[tuple[int, int]], q: float) -> int:
+    """The smallest staleness with at least a share q of the pushes at or below it."""
+    total, seen = sum(c for _, c in hist), 0
+    for k, c in hist:
+        seen += c
+        if seen >= q * total:
+            return k
+    return hist[-1][0]
+
+
 def plot_staleness(runs: Sequence[RunData], path: Path) -> Path | None:
-    """One staleness histogram per run (share of pushes), mean marked."""
-    runs = [r for r in runs if _histogram(r)]
-    if not runs:
+    """One staleness histogram per setting (share of pushes, the seeds of a setting pooled), mean marked;
+    a row per shard count when there are up to five settings of each."""
+    groups = [(name, members) for name, members in group_by_label_without_seed([r for r in runs if _histogram(r)])]
+    if not groups:
         return None
     plt = _pyplot()
-    cols = min(4, len(runs))
-    rows = math.ceil(len(runs) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 0.6, 2.3 * rows + 0.3), squeeze=False)
-    for i, run in enumerate(runs):
+    # a mode every panel shares, and the seeds pooled, go in the figure's title, not in every panel's
+    firsts = {name.split(", ")[0] for name, _ in groups}
+    common = firsts.pop() if len(firsts) == 1 and all(", " in name for name, _ in groups) else ""
+    if common:
+        groups = [(name[len(common) + 2:], members) for name, members in groups]
+    seeds = {len(members) for _, members in groups}
+    cols = min(5 if len(groups) % 5 == 0 else 4, len(groups))
+    rows = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.4 * cols + 0.6, 2.3 * rows + 0.3), squeeze=False)
+    for i, (name, members) in enumerate(groups):
         ax = axes[i // cols][i % cols]
-        hist = _histogram(run)
+        hist = pooled_histogram(members)
         total = sum(c for _, c in hist)
-        cutoff, seen = hist[-1][0], 0  # show 98% of the pushes; the tail's end is in the title
-        for k, c in hist:
-            seen += c
-            if seen >= 0.98 * total:
-                cutoff = k
-                break
-        right = max(cutoff, 4)
+        right = max(_quantile(hist, 0.98), 4)  # show 98% of the pushes; the tail's end is in the title
         shown = [(k, c) for k, c in hist if k <= right]
-        ax.bar([k for k, _ in shown], [100 * c / total for _, c in shown], color=_color(i), width=0.8)
+        ax.bar([k for k, _ in shown], [100 * c / total for _, c in shown], color=_color(i % cols),
+               width=0.8 if right <= 40 else 1.0)
         ax.set_xlim(-0.6, right + 0.6)
-        s = run.summary.staleness
-        ax.axvline(s.mean, color="black", ls="--", lw=1)
-        ax.set_title(f"{run.label}\nmean {s.mean:.2f}, p95 {s.p95}, max {s.max}")
+        mean = sum(k * c for k, c in hist) / total
+        ax.axvline(mean, color="black", ls="--", lw=1)
+        ax.set_title(f"{name}\nmean {mean:.3g}, p95 {_quantile(hist, 0.95)}, max {hist[-1][0]}")
         ax.set_xlabel("staleness (updates)")
         ax.xaxis.get_major_locator().set_params(integer=True)
         if i % cols == 0:
             ax.set_ylabel("% of pushes")
         ax.grid(alpha=0.3, axis="y")
-    for j in range(len(runs), rows * cols):
+    for j in range(len(groups), rows * cols):
         axes[j // cols][j % cols].set_visible(False)
+    pooled = f"the {max(seeds)} seeds of a setting pooled, " if seeds != {1} else ""
+    fig.suptitle(f"{common + ': ' if common else ''}staleness of every push ({pooled}98% of the pushes shown; "
+                 "dashed: the mean)", fontsize=9)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -274,11 +300,22 @@ def timeline_window(steps: Sequence[StepRow], window_s: float) -> tuple[float, f
     return start, start + window_s
 
 
+def timeline_runs(runs: Sequence[RunData], max_runs: int) -> list[tuple[str, RunData]]:
+    """The runs a timeline figure shows, named readably: the first seed of each setting, and of the first shard
+    count only when all shard counts would not fit in max_runs panels."""
+    groups = group_by_label_without_seed(runs)
+    if len(groups) > max_runs:
+        first = min(int(r.setting("num_ps") or 1) for r in runs)
+        groups = [(n, m) for n, m in groups if int(m[0].setting("num_ps") or 1) == first] or groups
+    return [(name, members[0]) for name, members in groups[:max_runs]]
+
+
 def plot_timeline(runs: Sequence[RunData], path: Path, window_s: float = 2.0, max_runs: int = 4) -> Path | None:
-    """Per-worker Gantt charts (one panel per run) over a window of window_s seconds."""
-    runs = [r for r in runs if r.steps][:max_runs]
-    if not runs:
+    """Per-worker Gantt charts (one panel per run: timeline_runs) over a window of window_s seconds."""
+    picked = timeline_runs([r for r in runs if r.steps], max_runs)
+    if not picked:
         return None
+    runs = [run for _, run in picked]
     plt = _pyplot()
     from matplotlib.patches import Patch
 
@@ -286,7 +323,7 @@ def plot_timeline(runs: Sequence[RunData], path: Path, window_s: float = 2.0, ma
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 0.3 * sum(heights) + 0.8 * len(runs) + 0.6),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     any_dropped = False
-    for ax, run in zip((a[0] for a in axes), runs, strict=True):
+    for ax, (name, run) in zip((a[0] for a in axes), picked, strict=True):
         lo, hi = timeline_window(run.steps, window_s)
         workers = sorted({s.worker for s in run.steps})
         dropped = run.dropped_steps
@@ -315,7 +352,7 @@ def plot_timeline(runs: Sequence[RunData], path: Path, window_s: float = 2.0, ma
         ax.invert_yaxis()
         ax.set_xlim(0, hi - lo)
         m = run.metrics
-        ax.set_title(f"{run.label}: {m['updates_per_s']:.1f} updates/s, {m['gradients_per_s']:.1f} gradients/s, "
+        ax.set_title(f"{name}: {m['updates_per_s']:.1f} updates/s, {m['gradients_per_s']:.1f} gradients/s, "
                      f"idle {m['idle_pct']:.0f}%", loc="left")
     axes[-1][0].set_xlabel(f"seconds (a {window_s:g} s window of each run, after every worker's first step)")
     handles = [Patch(facecolor=c, label=name) for c, name in SEGMENTS.values()]
@@ -348,46 +385,106 @@ def _varying(runs: Sequence[RunData]) -> list[str]:
     return [k for k in keys if k != "seed" and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
 
 
+#: x-axis names of the settings a scaling figure may be drawn against.
+AXIS_NAMES = {"num_workers": "workers λ", "num_ps": "parameter-server shards",
+              "staleness_bound": "SSP staleness bound s", "backup_workers": "backup workers"}
+
+
+def _follows(runs: Sequence[RunData], key: str, x_key: str) -> bool:
+    """Whether setting `key` has one value per value of `x_key` (e.g. a mode spec `ssp:bound=S` per bound)."""
+    values: dict[str, set[str]] = {}
+    for r in runs:
+        values.setdefault(json.dumps(r.config.get(x_key)), set()).add(json.dumps(r.config.get(key), sort_keys=True))
+    return all(len(v) == 1 for v in values.values())
+
+
 def scaling_axis(runs: Sequence[RunData]) -> str | None:
-    """The numeric setting to put on the x axis: num_workers if it varies, else the only varying
-    numeric setting (e.g. staleness_bound); None means one bar per run."""
+    """The numeric setting to put on the x axis: num_workers if it varies, else the one varying numeric
+    setting (e.g. staleness_bound) that all other varying settings follow from, the shard count aside
+    (shard counts are then series); None means one bar per setting."""
     varying = _varying(runs)
     if "num_workers" in varying:
         return "num_workers"
-    numeric = all(isinstance(r.config.get(varying[0]), (int, float)) for r in runs) if len(varying) == 1 else False
-    return varying[0] if numeric else None
+    numeric = [k for k in varying if all(isinstance(r.config.get(k), (int, float)) for r in runs)]
+    for key in [k for k in numeric if k != "num_ps"] or numeric:
+        if all(k in (key, "num_ps") or _follows(runs, k, key) for k in varying):
+            return key
+    return None
+
+
+_SEED_PART = re.compile(r"seed=\d+")
+_SHARDS_SUFFIX = re.compile(r", \d+ shards?$")
+LINE_STYLES = ("-", "--", ":", "-.")
+_WORKERS_TOKEN = re.compile(r"λ\s*=\s*\d+")
+_MODE_WORD = re.compile(r"(a?sync|ssp|local-sgd)\b")
+
+
+def readable_label(parts: Sequence[str], run: RunData) -> str:
+    """A short name from a run's label parts (seed and x-value parts already removed): `num_ps=2` reads
+    `2 shards` (last), `staleness_policy=lr-scale` reads `lr-scale`, other `key=value` parts stay; the run's
+    mode leads unless a part names it. E.g. `async, 2 shards`, `async lr-scale, 1 shard`, `sync+1 backup, 1 shard`."""
+    named: list[str] = []
+    shards: list[str] = []
+    policy = False
+    for part in (p.strip() for p in parts):
+        key, eq, value = part.partition("=")
+        if not part or _SEED_PART.fullmatch(part):
+            continue
+        if eq and key == "num_ps":
+            shards.append(f"{value} shard{'' if value == '1' else 's'}")
+        elif eq and key == "staleness_policy":
+            if value != "none":
+                policy = policy or not named
+                named.append(value)
+        else:
+            named.append(part)
+    if not any(_MODE_WORD.match(p) for p in named):
+        mode = str(run.setting("mode") or "async").partition(":")[0]
+        if named and (policy or ("=" not in named[0] and " " not in named[0])):
+            named[0] = f"{mode} {named[0]}"  # a one-word variant or policy: `async lr-scale`
+        else:
+            named.insert(0, mode)
+    return ", ".join(named + shards)
+
+
+def _label_parts(run: RunData) -> list[str]:
+    """The parts of a run's label (the spec's, from results.csv) without its seed part."""
+    return [p for p in run.label.split(", ") if not _SEED_PART.fullmatch(p)]
 
 
 def _series(runs: Sequence[RunData], x_key: str) -> list[str]:
-    """A series name per run: its label (the spec's, from results.csv) without the seed and without the
-    part that names the x value (a label part in one-to-one correspondence with x_key); runs without
-    comparable labels are named by their varying settings other than x_key."""
+    """A readable series name per run (readable_label): its label (the spec's, from results.csv) without the
+    seed and without what names the x value (a label part in one-to-one correspondence with x_key, or a
+    `λ=N` word when x is the worker count); runs without comparable labels are named by their varying
+    settings other than x_key and those that follow from it (one value per x, e.g. a step time scaled with λ)."""
     parts = [run.label.split(", ") for run in runs]
     if runs and all(run.label for run in runs) and len({len(p) for p in parts}) == 1:
         keep = []
         for j in range(len(parts[0])):
             values = [p[j] for p in parts]
-            if all(re.fullmatch(r"seed=\d+", v) for v in values):
+            if all(_SEED_PART.fullmatch(v) for v in values):
                 continue
             pairs = {(v, float(run.config[x_key])) for v, run in zip(values, runs, strict=True)}
             if len(pairs) == len({v for v, _ in pairs}) == len({x for _, x in pairs}):
                 continue  # this axis names the x value
             keep.append(j)
-        return [", ".join(p[j] for j in keep) or "runs" for p in parts]
-    others = [k for k in _varying(runs) if k != x_key]
-    names = []
-    for r in runs:
-        names.append(", ".join(f"{k}={r.config.get(k)}" for k in others) or str(r.config.get("mode", "runs")))
-    return names
+        named = [[p[j] for j in keep] for p in parts]
+        if x_key == "num_workers":
+            named = [[" ".join(_WORKERS_TOKEN.sub("", v).split()) for v in p] for p in named]
+        return [readable_label(p, run) for p, run in zip(named, runs, strict=True)]
+
+    others = [k for k in _varying(runs) if k != x_key and not _follows(runs, k, x_key)]
+    return [readable_label([f"{k}={r.config.get(k)}" for k in others], r) for r in runs]
 
 
 def group_by_label_without_seed(runs: Sequence[RunData]) -> list[tuple[str, list[RunData]]]:
-    """Runs grouped by their label with any `seed=N` part removed (repeats of one setting), in order."""
+    """Runs grouped by their label with any `seed=N` part removed (repeats of one setting), in order, each
+    named readably (readable_label)."""
     groups: dict[str, list[RunData]] = {}
     for run in runs:
-        name = ", ".join(p for p in run.label.split(", ") if not re.fullmatch(r"seed=\d+", p)) or run.label
-        groups.setdefault(name, []).append(run)
-    return list(groups.items())
+        groups.setdefault(", ".join(_label_parts(run)) or run.label, []).append(run)
+    return [(readable_label(_label_parts(members[0]), members[0]) if members[0].label else name, members)
+            for name, members in groups.items()]
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -407,6 +504,19 @@ def _log_workers_axis(ax: Any, xs: Sequence[float]) -> None:
     ax.set_xticks(xs, [f"{x:g}" for x in xs])
     ax.minorticks_off()
     ax.set_xlim(min(xs) / 1.25, max(xs) * 1.25)
+
+
+def log_x_axis(x_key: str, xs: Sequence[float]) -> bool:
+    """Whether the scaling figure's x axis is logarithmic: for a worker count λ (swept as 1, 4, 16, 64, 256, a
+    linear axis crushes the small counts together)."""
+    return x_key == "num_workers" and len(xs) > 1 and min(xs) > 0
+
+
+def log_y_axis(values: Sequence[float]) -> bool:
+    """Whether a scaling panel's y axis is logarithmic: positive values over more than two decades (an
+    optimality gap of 0.003 at λ = 4 and 2.3 at λ = 256), which a linear axis would flatten to zero."""
+    finite = [v for v in values if not math.isnan(v)]
+    return bool(finite) and min(finite) > 0 and max(finite) / min(finite) > 100
 
 
 def scaling_panels(runs: Sequence[RunData]) -> list[tuple[str, str]]:
@@ -433,14 +543,21 @@ def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
     x_key = scaling_axis(runs)
     if x_key is not None:
         xs_all = sorted({float(r.config[x_key]) for r in runs})
-        log_x = x_key == "num_workers" and min(xs_all) > 0 and len(xs_all) > 1
+        log_x = log_x_axis(x_key, xs_all)
         fig, axes = plt.subplots(rows, 2, figsize=(9, 3.1 * rows), squeeze=False)
         series = _series(runs, x_key)
         names = list(dict.fromkeys(series))
+        # one colour per variant, one line style per shard count (`…, 2 shards` dashed)
+        variants = list(dict.fromkeys(_SHARDS_SUFFIX.sub("", n) for n in names))
+        shard_counts = list(dict.fromkeys(m.group(0) for n in names if (m := _SHARDS_SUFFIX.search(n))))
+        styles = {n: (_color(variants.index(_SHARDS_SUFFIX.sub("", n))),
+                      LINE_STYLES[shard_counts.index(m.group(0)) % len(LINE_STYLES)]
+                      if (m := _SHARDS_SUFFIX.search(n)) else "-") for n in names}
         seeds = max(sum(1 for r, s in zip(runs, series, strict=True) if s == name and float(r.config[x_key]) == x)
                     for name in names for x in xs_all)
         for ax, (metric, title) in zip(axes.flat, panels, strict=False):
-            for i, name in enumerate(names):
+            log_y = log_y_axis([r.metrics[metric] for r in runs])
+            for name in names:
                 points: dict[float, list[float]] = {}
                 for run, s in zip(runs, series, strict=True):
                     if s == name:
@@ -450,19 +567,25 @@ def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
                 if not stats:
                     continue
                 xs, means, sds = zip(*stats, strict=True)
-                ax.plot(xs, means, marker="o", ms=4, color=_color(i), label=name)
+                color, style = styles[name]
+                ax.plot(xs, means, marker="o", ms=4, color=color, ls=style, label=name)
                 if any(sd > 0 for sd in sds):
-                    ax.fill_between(xs, [m - sd for m, sd in zip(means, sds, strict=True)],
+                    ax.fill_between(xs, [m - sd if m - sd > 0 or not log_y else m / 10
+                                         for m, sd in zip(means, sds, strict=True)],
                                     [m + sd for m, sd in zip(means, sds, strict=True)],
-                                    color=_color(i), alpha=0.18, lw=0)
+                                    color=color, alpha=0.15, lw=0)
             if (x_key == "num_workers" and metric == "staleness_mean"
                     and any(r.setting("mode") == "async" for r in runs)):
                 (reference,) = ax.plot(xs_all, [w - 1 for w in xs_all], ls="--", color="black", lw=1)
                 ax.legend([reference], ["λ-1 (Zhang et al. 2016)"], loc="upper left", frameon=False)
-            top = ax.get_ylim()[1]
-            ax.set_ylim(0, top * 1.08 if top > 0 else 1.0)  # from zero, with room above the highest point
+            if log_y:
+                ax.set_yscale("log")
+                title += " (log scale)"
+            else:
+                top = ax.get_ylim()[1]
+                ax.set_ylim(0, top * 1.08 if top > 0 else 1.0)  # from zero, with room above the highest point
             ax.set_title(title)
-            ax.set_xlabel("workers λ (log scale)" if log_x else "workers λ" if x_key == "num_workers" else x_key)
+            ax.set_xlabel(AXIS_NAMES.get(x_key, x_key) + (" (log scale)" if log_x else ""))
             if log_x:
                 _log_workers_axis(ax, xs_all)
             else:
@@ -477,19 +600,40 @@ def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
         _figure_legend(fig, handles, labels)
     else:
         groups = group_by_label_without_seed(runs)
-        labels = [name + (f" (n={len(members)})" if len(members) > 1 else "") for name, members in groups]
+        sizes = {len(members) for _, members in groups}
+        labels = [name + (f" (n={len(members)})" if len(sizes) > 1 and len(members) > 1 else "")
+                  for name, members in groups]
         fig, axes = plt.subplots(rows, 2, figsize=(9, 0.8 + (0.6 + 0.5 * len(groups)) * rows), sharey=True,
                                  squeeze=False)
         ys = list(range(len(groups)))
+        # one colour per variant; a second (third) shard count hatched
+        variants = list(dict.fromkeys(_SHARDS_SUFFIX.sub("", name) for name, _ in groups))
+        shard_counts = list(dict.fromkeys(m.group(0) for name, _ in groups if (m := _SHARDS_SUFFIX.search(name))))
+        colors = [_color(variants.index(_SHARDS_SUFFIX.sub("", name))) for name, _ in groups]
+        hatches = ["" if not (m := _SHARDS_SUFFIX.search(name)) or shard_counts.index(m.group(0)) == 0
+                   else "//" if shard_counts.index(m.group(0)) == 1 else ".." for name, _ in groups]
         for ax, (metric, title) in zip(axes.flat, panels, strict=False):
             spreads = [mean_sd([r.metrics[metric] for r in members]) for _, members in groups]
-            values = [m for m, _ in spreads]
+            values = [0.0 if math.isnan(m) else m for m, _ in spreads]
             errors = [0 if math.isnan(sd) else sd for _, sd in spreads]
-            ax.barh(ys, [0 if math.isnan(v) else v for v in values], color=[_color(i) for i in ys],
-                    xerr=errors if any(errors) else None, error_kw={"lw": 1, "capsize": 3})
+            # a diverged run (a gap of 1e12 beside 0.1) would flatten the others: a log axis over two decades
+            log_x = log_y_axis([r.metrics[metric] for r in runs])
+            floor = min(v for v in values if v > 0) / 3 if log_x else 0.0
+            xerr: Any = errors if any(errors) else None
+            if log_x and xerr is not None:  # the bar starts at the floor: a whisker below it is cut there
+                xerr = [[min(sd, v - floor) for v, sd in zip(values, errors, strict=True)], errors]
+            bars = ax.barh(ys, [max(v - floor, 0.0) for v in values], left=floor, color=colors,
+                           xerr=xerr, error_kw={"lw": 1, "capsize": 3})
+            if log_x:
+                ax.set_xscale("log")
+                ax.set_xlim(left=floor)
+                title += " (log scale)"
+            for bar, hatch in zip(bars, hatches, strict=True):
+                bar.set_hatch(hatch)
             for y, (v, sd) in zip(ys, spreads, strict=True):
                 text = f" {v:.3g}" + (f" ± {sd:.2g}" if sd > 0 else "")
-                ax.text(0 if math.isnan(v) else v + (0 if math.isnan(sd) else sd), y, text, va="center", fontsize=8)
+                ax.text(floor if math.isnan(v) else v + (0 if math.isnan(sd) else sd), y, text, va="center",
+                        fontsize=8)
             ax.set_title(title)
             ax.margins(x=0.25)
             ax.grid(alpha=0.3, axis="x")
@@ -498,7 +642,8 @@ def plot_scaling(runs: Sequence[RunData], path: Path) -> Path | None:
         axes[0][0].set_yticks(ys, labels)
         axes[0][0].invert_yaxis()  # the y axis is shared: first run on top
         workers = sorted({str(r.setting("num_workers")) for r in runs})
-        spread = " (bars: mean ± sd over seeds)" if any(len(m) > 1 for _, m in groups) else ""
+        over = f"{max(sizes)} seeds" if len(sizes) == 1 else "seeds"
+        spread = f" (bars: mean ± sd over {over})" if max(sizes) > 1 else ""
         fig.suptitle(f"{', '.join(workers)} workers per run{spread}", fontsize=9)
         fig.tight_layout()
     return _save(fig, path)
@@ -571,7 +716,8 @@ def stale_gradient_figure(path: Path) -> Path:
 FIGURES = ("curves", "staleness", "timeline", "scaling")
 CAPTIONS = {
     "curves": "Test accuracy and loss against wall time (left) and against updates applied (right).",
-    "staleness": "Staleness of every push (shard version now minus the version the gradient was computed from).",
+    "staleness": "Staleness of every push (shard version now minus the version the gradient was computed from), "
+                 "the seeds of each setting pooled.",
     "timeline": "What each worker did over a short window: compute, the push/pull round trip, and time held "
                 "back by the consistency model. Hatched: a gradient the shard dropped as late.",
     "scaling": "Throughput, staleness, idle share and final quality of each run.",

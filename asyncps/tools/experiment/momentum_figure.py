@@ -91,9 +91,10 @@ def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = F
     if not drawn:
         raise ExperimentError(f"no {EVAL_CSV} under {runs} for the points of {spec_path}")
     seeds = max(len(c) for c in curves.values())
+    same = len({len(c) for c in curves.values()}) == 1  # then the title says it once, not every legend entry
     for i, (variant, members) in enumerate(curves.items()):
         xs, means, sds = mean_sd_curve(members)
-        label = variant + (f" (mean ± sd of {len(members)} runs)" if len(members) > 1 else "")
+        label = variant + (f" (mean ± sd of {len(members)} runs)" if len(members) > 1 and not same else "")
         ax.plot(xs, means, color=_color(i), lw=1.4, label=label)
         if len(members) > 1:
             ax.fill_between(xs, [m - sd for m, sd in zip(means, sds, strict=True)],
@@ -104,7 +105,8 @@ def loss_curves_figure(spec_path: Path, runs: Path, out: Path, reduced: bool = F
                    "seconds": "seconds of training (wall clock)"}.get(x, "updates applied"))
     what = "test accuracy" if y == "accuracy" else "test loss"
     ax.set_ylabel(what if y == "accuracy" else "test loss above the optimum's" if excess_target else what)
-    ax.set_title(f"{spec.name}: {what}, {drawn} runs" + (f" (up to {seeds} runs per variant)" if seeds > 1 else ""))
+    per_variant = (f" (mean ± sd of {seeds} runs per variant)" if same else f" (up to {seeds} runs per variant)")
+    ax.set_title(f"{spec.name}: {what}, {drawn} runs" + (per_variant if seeds > 1 else ""))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     _save(fig, out)
