@@ -138,13 +138,14 @@ class ClusterRun:
 
 
 def run_watched(run: RunConfig, run_dir: Path, sample: Callable[[LocalCluster], None],
-                every_s: float) -> LocalCluster:
-    """Run `asyncps local` with `run` in `run_dir` to the chief's exit, calling `sample` every `every_s` meanwhile.
+                every_s: float, replicas: int = 1) -> LocalCluster:
+    """Run `asyncps local` with `run` in `run_dir` to the chief's exit, calling `sample` every `every_s` meanwhile
+    (`replicas` 2: a backup per shard, as `--replicas 2`).
 
     The one loop the benchmarks watch a cluster with (peak RSS, CPU per role); returns the stopped cluster.
     """
     # every process exec'd (no fork server), as the baselines' are: peak RSS and CPU per process compare like for like
-    cluster = LocalCluster(run, run_dir, fork=False)
+    cluster = LocalCluster(run, run_dir, fork=False, replicas=replicas)
     done = threading.Event()
 
     def watch() -> None:
@@ -165,8 +166,10 @@ def run_watched(run: RunConfig, run_dir: Path, sample: Callable[[LocalCluster], 
     return cluster
 
 
-def run_cluster_summary(run: RunConfig, window_s: float = 3.0, skip_s: float = WARMUP_S) -> ClusterRun:
-    """run_cluster, with the run's summary (the shards' byte counts) and `skip_s` of warm-up left out of the rates."""
+def run_cluster_summary(run: RunConfig, window_s: float = 3.0, skip_s: float = WARMUP_S,
+                        replicas: int = 1) -> ClusterRun:
+    """run_cluster, with the run's summary (the shards' byte counts) and `skip_s` of warm-up left out of the rates
+    (`replicas` 2: every shard with a backup)."""
     with tempfile.TemporaryDirectory(prefix="asyncps-bench-") as tmp:
         run_dir = Path(tmp) / "run"
         run_dir.mkdir(parents=True)
@@ -176,7 +179,7 @@ def run_cluster_summary(run: RunConfig, window_s: float = 3.0, skip_s: float = W
             for child in list(cluster.children):
                 peaks[child.name] = max(peaks.get(child.name, 0.0), _peak_rss_mb(child.proc.pid))
 
-        cluster = run_watched(run, run_dir, sample, every_s=0.25)
+        cluster = run_watched(run, run_dir, sample, every_s=0.25, replicas=replicas)
         codes = cluster.exit_codes()
         if codes.get("chief") != 0:
             log = RunDir(run_dir).log("chief").read_text(errors="replace")[-2000:]

@@ -1,7 +1,7 @@
 """`make bench`: asyncps against a plain Keras loop, TF's ParameterServerStrategy and raw gRPC.
 
 Everything runs in one invocation, so every ratio compares measurements taken on the same machine
-at the same time. Three sections (`--only` picks some):
+at the same time. Five sections (`--only` picks some):
 
 training  steps/s of every contender on the 784-512-512-10 and 784-2048-2048-10 MLPs (batch 64,
           2 shards + 2 workers where distributed): the local Keras loop, TF's
@@ -17,6 +17,9 @@ sparse    the recsys model (one shared id table) at 10K, 1M and 10M rows (`--spa
           Adagrad: the Keras loop, TF's ParameterServerStrategy with the table partitioned over 2 shards, asyncps
           over tcp and shm (2 shards x 2 workers): steps/s, bytes per step, peak RSS per role and same-run ratios
           (benchmarks.sparse).
+replication  what `--replicas 2` costs: steps/s with a backup per shard against none, back to back, over tcp
+          (2 shards x 2 workers), for each MLP of the training section and the recsys model at 10K rows
+          (benchmarks.replication).
 
 Every contender follows the same rules: each of `repeats` samples covers `seconds` of measured
 time after a warm-up; every child process gets asyncps.procenv's allocator settings and the
@@ -62,6 +65,7 @@ from benchmarks.baselines import (
     reexec_with_tuned_malloc,
     tf_ps_strategy,
 )
+from benchmarks.replication import check_replication, replication_point, replication_table, workloads
 from benchmarks.scaling import ScalingPoint, scaling_point
 from benchmarks.sparse import (
     CACHED_TCP,
@@ -79,7 +83,7 @@ from benchmarks.sparse import (
 )
 
 SCHEMA = 1
-SECTIONS = ("training", "transfer", "scaling", "sparse")
+SECTIONS = ("training", "transfer", "scaling", "sparse", "replication")
 #: the sparse section's table sizes, and the asyncps transports it runs
 SPARSE_ROWS = (10_000, 1_000_000, 10_000_000)
 SPARSE_TRANSPORTS = ("tcp", "shm")
@@ -319,6 +323,22 @@ def _run_sparse(cfg: BenchConfig, results: dict[str, Any]) -> None:
     section["ratios"] = sparse_ratios(section["rows"])
 
 
+def _run_replication(cfg: BenchConfig, results: dict[str, Any]) -> None:
+    section: dict[str, Any] = {"transport": "tcp", "num_ps": 2, "num_workers": 2, "workloads": {}}
+    results["replication"] = section
+    for label, run, skip_s in workloads(cfg.models, cfg.train_seconds):
+        print(f"## replication: {label}, replicas 1 then 2, tcp, 2 shards + 2 workers", flush=True)
+        try:
+            entry = replication_point(run, cfg.seconds, skip_s)
+        except _FAILURES as exc:
+            results["failures"][f"replication {label}"] = str(exc)[-2000:]
+            print(f"  FAILED: {exc}", flush=True)
+            continue
+        section["workloads"][label] = entry
+        print(f"  replicas 1: {entry['1']['median']:.1f} steps/s, replicas 2: {entry['2']['median']:.1f} steps/s "
+              f"({entry['ratio']:.2f}x)", flush=True)
+
+
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Measure every section of `cfg`; the results as a JSON-able dict (see validate)."""
     started = time.time()
@@ -332,7 +352,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "config": dataclasses.asdict(cfg),
         "failures": {},
     }
-    runners = {"training": _run_training, "transfer": _run_transfer, "scaling": _run_scaling, "sparse": _run_sparse}
+    runners = {"training": _run_training, "transfer": _run_transfer, "scaling": _run_scaling, "sparse": _run_sparse,
+               "replication": _run_replication}
     for section in SECTIONS:
         if section in cfg.sections:
             runners[section](cfg, results)
@@ -394,6 +415,8 @@ def validate(results: Any) -> list[str]:
         problems += check_sparse(results["sparse"])
         for rows, entry in results["sparse"].get("rows", {}).items():
             problems += [p for name, c in entry.items() for p in _check_samples(f"sparse.rows.{rows}.{name}", c)]
+    if "replication" in results:
+        problems += check_replication(results["replication"])
     if "scaling" in results:
         for i, p in enumerate(results["scaling"].get("points", [])):
             if set(p) != _POINT_KEYS:
@@ -454,6 +477,8 @@ def markdown_tables(results: dict[str, Any]) -> str:
         out.append("")
     if "sparse" in results:
         out += sparse_table(results["sparse"])
+    if "replication" in results:
+        out += replication_table(results["replication"])
     if results.get("failures"):
         out += ["### Failures", ""]
         out += [f"- {k}: {v.splitlines()[0] if v else ''}" for k, v in results["failures"].items()]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -173,15 +174,21 @@ class Checkpointer:
             if record and reply.created:
                 self._record_restore(shard, reply.version, "", 0)
             return
-        reply, snap = self._restore(shard, ckpt)
+        # the restore is recorded before it happens, with the incarnation it gives the state: a chief killed
+        # between the two leaves a row for a restore that may not have happened (harmless: the shard is
+        # still behind, and the next chief restores it again, recorded again), never a restore without one
+        incarnation = secrets.randbits(62) + 1
+        reply, _ = self._restore(shard, ckpt, incarnation,
+                                 (lambda snap: self._record_restore(shard, snap.version, ckpt.path.name,
+                                                                    snap.answers, incarnation)) if record else None)
         log.info("shard %d at %s: restored from %s at version %d", shard, self._config.ps[shard], ckpt.path.name,
                  reply.version)
-        if record:
-            self._record_restore(shard, reply.version, ckpt.path.name, snap.answers)
 
-    def _restore(self, shard: int, ckpt: Checkpoint) -> tuple[InitResult, Snapshot]:
-        """Restore a shard's part of a checkpoint: streamed from its tensor files a chunk at a time (the
-        chief never holds a tensor), or, for a model.npz checkpoint, split from its arrays as before."""
+    def _restore(self, shard: int, ckpt: Checkpoint, incarnation: int,
+                 before: Callable[[Snapshot], None] | None) -> tuple[InitResult, Snapshot]:
+        """Restore a shard's part of a checkpoint, giving the state `incarnation`: streamed from its tensor
+        files a chunk at a time (the chief never holds a tensor), or, for a model.npz checkpoint, split from
+        its arrays as before; `before(snapshot)` (its tensors aside) runs just before the restore is sent."""
         from asyncps.chief.checkpoint import part_slices, split, split_counters
 
         client = self._client.shards[shard]
@@ -194,10 +201,15 @@ class Checkpointer:
             raise ShardStateError(f"{ckpt.path.name} was taken over {taken_over} shards: its keyed tables {tables} "
                                   "restore onto as many shards only (a key's shard depends on the count)")
         if not ckpt.files:
-            snap = dataclasses.replace(split(self._placement, ckpt, rule)[shard], run_id=self.run_id, keyed=keyed)
+            snap = dataclasses.replace(split(self._placement, ckpt, rule)[shard], run_id=self.run_id, keyed=keyed,
+                                       incarnation=incarnation)
+            if before is not None:
+                before(snap)
             return client.restore(snap, shard), snap
         snap = dataclasses.replace(split_counters(self._placement, ckpt, rule)[shard], run_id=self.run_id,
-                                   keyed=keyed)
+                                   keyed=keyed, incarnation=incarnation)
+        if before is not None:
+            before(snap)
         chunk = self._run.chunk_bytes
         return client.restore_stream(snap, shard, lambda: part_slices(self._placement, ckpt, shard, chunk)), snap
 
@@ -205,10 +217,12 @@ class Checkpointer:
         """The tables' parts on `shard` the shard makes itself."""
         return generated_parts(self._placement, shard, self._tables)
 
-    def _record_restore(self, shard: int, version: int, checkpoint: str, answers: int) -> None:
-        """Append the restore to restores.csv, with the incarnation it gave the shard's state (asked
-        of the shard: a pull of nothing newer carries it) and the answers to pushes that state had given."""
-        incarnation = self._client.shards[shard].pull("", 1 << 62).incarnation
+    def _record_restore(self, shard: int, version: int, checkpoint: str, answers: int,
+                        incarnation: int | None = None) -> None:
+        """Append the restore to restores.csv, with the incarnation it gives the shard's state (None: asked
+        of the shard, a pull of nothing newer carries it) and the answers to pushes that state had given."""
+        if incarnation is None:
+            incarnation = self._client.shards[shard].pull("", 1 << 62).incarnation
         row = RestoreRow(time.time(), shard, version, incarnation, checkpoint, answers)
         path = RunDir(self._config.run_dir).restores
         with self._restores_lock:

@@ -40,7 +40,7 @@ from asyncps.chief.membership import LiveSet, Membership
 from asyncps.chief.metrics import MetricsServer, RunMetrics
 from asyncps.chief.progress import Progress, ShardPoller, TrainClock
 from asyncps.chief.recorder import EvalLog, Recorder, write_summary
-from asyncps.chief.reportlog import ReportLog
+from asyncps.chief.reportlog import ReportLog, drop_torn_report
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.startgate import START_TIMEOUT_S, StartGate
 from asyncps.chief.tasks import TaskLedger
@@ -530,11 +530,16 @@ def _run_locked(config: ChiefConfig, interrupt: threading.Event | None,
     ledger_log = LedgerLog(files.ledger, ledger)
     manifest.save(config.run_dir)
     append = resuming or config.resume
+    torn = (drop_torn_report(files.reports, config.run_dir,
+                             lambda worker, task: ledger.is_done(task) or ledger.complete(worker, task))
+            if append else None)
+    if torn is not None:
+        log.warning("%s", torn)
     recorder = Recorder(config.run_dir, append=append, planned_workers=run.num_workers)
     if append:
         checkpointer.examples_offset = 0  # the recorder counts the examples of the files it continues
     eval_log = EvalLog(config.run_dir, recorder, append=append, run=run)
-    reports = ReportLog(files.reports, resume=append)  # follows the rows the recorder continues
+    reports = ReportLog(files.reports, resume=append, sizes=recorder.sizes)  # follows the rows the recorder continues
     chief = Chief(config, interrupt or threading.Event(), model, progress, membership, ledger, checkpointer,
                   recorder, eval_log, manifest, reports, handover, provenance)
     try:

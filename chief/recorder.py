@@ -220,6 +220,12 @@ class Recorder:
             self._pushes.flush()
             self._steps.flush()
 
+    def sizes(self) -> dict[str, int]:
+        """The sizes of the files a report's rows go to (pushes.csv, timeline.csv), by file name, every row
+        written so far flushed: where a report's rows begin (asyncps.chief.reportlog)."""
+        with self._lock:
+            return {w.path.name: w.size() for w in (self._pushes, self._steps)}
+
     def example_outcomes(self) -> dict[str, int]:
         """Examples whose gradients were applied, dropped, partially applied, not pushed, not finite,
         or rolled back (summary.json's data): a step with a push that a shard restore rolled back

@@ -63,21 +63,27 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         """Record a worker's telemetry, once per report number; a final report marks it finished."""
         index = self._membership.index_of(request.worker_id)
         self._ledger.check_ids(request.completed_tasks)  # INVALID_ARGUMENT before anything is recorded
-        with self._reports.once(request.worker_id, request.seq) as fresh:
+        with self._reports.once(request.worker_id, request.seq, request.completed_tasks) as fresh:
             if fresh:
-                # the tasks first: a refusal (INVALID_ARGUMENT) then leaves no rows behind to be
-                # written again when the worker sends the report again
+                # the rows, then the tasks (their ids were checked above): a chief killed in between leaves
+                # a report whose rows are whole and that the next chief completes (asyncps.chief.reportlog)
+                self._recorder.add(index, request.pushes, request.steps)
+                self._reports.rows_written(request.worker_id, request.seq)
                 for task_id in request.completed_tasks:
                     if not self._ledger.complete(request.worker_id, task_id):
                         log.info("task %d completed again by worker %d (it was re-queued, or rolled back with "
                                  "the shards)", task_id, index)
-                self._recorder.add(index, request.pushes, request.steps)
             else:
                 log.info("report %d of worker %d (%s) was recorded before: not again", request.seq, index,
                          request.worker_id)
         if request.final:
             self._membership.finish(request.worker_id)
+            # a task it still holds (told to stop between being handed it and finishing it) goes back to the
+            # queue now: neither done nor in flight with a worker that is gone
+            returned = self._ledger.requeue(request.worker_id)
             log.info("worker %d (%s) finished", index, request.worker_id)
+            if returned:
+                log.info("worker %d handed back %d data task(s) it held unfinished: re-queued", index, returned)
         return cpb.ReportResponse(command=self._command()[0])  # type: ignore[arg-type]
 
     @handles_errors

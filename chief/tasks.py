@@ -128,6 +128,11 @@ class TaskLedger:
             self._record({"done": task_id, "by": worker})
             return True
 
+    def is_done(self, task_id: int) -> bool:
+        """Whether the task is done."""
+        with self._lock:
+            return task_id in self._done
+
     def requeue(self, worker: str) -> int:
         """A worker died: its in-flight tasks become pending again; returns how many."""
         with self._lock:

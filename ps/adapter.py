@@ -42,6 +42,10 @@ class ShardSide:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     on_shutdown: Callable[[str], None] | None = None
+    # replicated shards (asyncps.ps.replica): attach a backup at an address ("": let it go; the version it is
+    # seeded at), and take over a dead primary's port (where the shard serves now); None: not offered
+    on_set_backup: Callable[[str], int] | None = None
+    on_promote: Callable[[int], int] | None = None
     host: str = LOOPBACK_HOST  # where an adapter with a listener of its own binds (the shard's --host)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # the plugin modules a request's rule spec may import (the shard's --plugins; entry points always)

@@ -66,10 +66,10 @@ class ShardService:
                 self._pushed_by[transport] = self._pushed_by.get(transport, 0) + pushed
 
     def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array], run_id: str = "",
-                   generated: Mapping[str, TableSpec] | None = None) -> tuple[bool, int]:
-        """Create the variables, those in `generated` made here (idempotent for the same run); (created,
-        version)."""
-        created = self.store.initialize(rule, values, run_id, generated)
+                   generated: Mapping[str, TableSpec] | None = None, incarnation: int = 0) -> tuple[bool, int]:
+        """Create the variables, those in `generated` made here (idempotent for the same run), with
+        `incarnation` (0: drawn); (created, version)."""
+        created = self.store.initialize(rule, values, run_id, generated, incarnation)
         return created, self.store.version
 
     def pull(self, worker_id: str, if_newer_than: int, wait_s: float = 0.0,

@@ -13,7 +13,7 @@ import grpc
 from asyncps.ps.adapter import DEFAULT_MAX_REQUEST_BYTES, ShardSide, reply_header, wait_limit
 from asyncps.ps.service import ShardService
 
-from asyncps.errors import InvalidArgumentError
+from asyncps.errors import FailedPreconditionError, InvalidArgumentError
 from asyncps.net.handlers import Handler
 from asyncps.net.rpc import handles_errors
 from asyncps.pb import ps_pb2
@@ -80,6 +80,8 @@ class ParameterServerServicer:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         on_shutdown: Callable[[str], None] | None = None,
         plugin_modules: frozenset[str] = frozenset(),
+        on_set_backup: Callable[[str], int] | None = None,
+        on_promote: Callable[[int], int] | None = None,
     ) -> None:
         self._service = service
         # a request's rule spec imports plugin modules only from these (asyncps.rules.registry)
@@ -87,6 +89,7 @@ class ParameterServerServicer:
         self._chunk_bytes = chunk_bytes
         self._max_request_bytes = max_request_bytes
         self._on_shutdown = on_shutdown
+        self._on_set_backup, self._on_promote = on_set_backup, on_promote
         self._cache = _ReplyCache(chunk_bytes)
 
     @handles_errors
@@ -102,7 +105,7 @@ class ParameterServerServicer:
                 raise InvalidArgumentError(f"{name}: initial values must be dense")
             values[name] = value
         generated = generated_from_proto(header.generated)
-        created, version = self._service.initialize(rule, values, header.run_id, generated)
+        created, version = self._service.initialize(rule, values, header.run_id, generated, header.incarnation)
         log.info("Initialize from %s: %s (%d variables, %d made here)", header.worker_id,
                  "created" if created else "identical, accepted", len(values) + len(generated), len(generated))
         return ps_pb2.InitializeResponse(created=created, version=version)
@@ -205,6 +208,25 @@ class ParameterServerServicer:
             self._on_shutdown(request.reason)
         return ps_pb2.ShutdownResponse()
 
+    @handles_errors
+    def SetBackup(self, request: ps_pb2.SetBackupRequest, context: grpc.ServicerContext) -> ps_pb2.SetBackupResponse:
+        """Forward every state change to a backup shard from now on (asyncps.ps.replica), or let it go."""
+        if self._on_set_backup is None:
+            raise FailedPreconditionError("this shard process keeps no backup")
+        address = request.address.strip()
+        if address and (len(address) > 255 or ":" not in address or not address.rpartition(":")[2].isdigit()):
+            raise InvalidArgumentError(f"a backup's address is host:port, got {request.address[:80]!r}")
+        return ps_pb2.SetBackupResponse(version=self._on_set_backup(address))
+
+    @handles_errors
+    def Promote(self, request: ps_pb2.PromoteRequest, context: grpc.ServicerContext) -> ps_pb2.PromoteResponse:
+        """Take over a dead primary's port: serve there too."""
+        if self._on_promote is None:
+            raise FailedPreconditionError("this shard process cannot take over another's port")
+        if not 0 < request.port < 65536:
+            raise InvalidArgumentError(f"the primary's port must be 1-65535, got {request.port}")
+        return ps_pb2.PromoteResponse(port=self._on_promote(request.port))
+
 
     def rpc_handlers(self) -> dict[str, Handler]:
         """The shard service's control and frame methods: frame methods with pass-through
@@ -232,6 +254,8 @@ class ParameterServerServicer:
                 self.Restore, request_deserializer=identity,
                 response_serializer=ps_pb2.InitializeResponse.SerializeToString),
             "Shutdown": unary(self.Shutdown, ps_pb2.ShutdownRequest, ps_pb2.ShutdownResponse),
+            "SetBackup": unary(self.SetBackup, ps_pb2.SetBackupRequest, ps_pb2.SetBackupResponse),
+            "Promote": unary(self.Promote, ps_pb2.PromoteRequest, ps_pb2.PromoteResponse),
         }
 
     def start(self) -> None:
@@ -244,7 +268,7 @@ class ParameterServerServicer:
 def grpc_adapter(side: ShardSide) -> ParameterServerServicer:
     """The registry's shard adapter for "grpc": the servicer over the shard's service."""
     return ParameterServerServicer(side.service, side.chunk_bytes, side.max_request_bytes, side.on_shutdown,
-                                   side.plugin_modules)
+                                   side.plugin_modules, side.on_set_backup, side.on_promote)
 
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "SHARD_HANDLER_THREADS", "ParameterServerServicer", "grpc_adapter"]

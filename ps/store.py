@@ -37,7 +37,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from asyncps.ps.keyed import KEYS, TOUCHED, KeyedRows
+from asyncps.ps.live_state import LiveState, check_mode, decode_live, encode_live
 from asyncps.ps.policy_state import ReadValues, RowState
+from asyncps.ps.replica import Committed, HeldWith, Initialized, Journal, LiveSet, Pushed, Read, Restored, StoreOp
 
 from asyncps.errors import (
     AlreadyExistsError,
@@ -78,11 +80,11 @@ class Answers:
         self.total = total
         self._by_worker = collections.Counter(by_worker or {})
 
-    def give(self, outcome: PushOutcome, worker_index: int | None) -> PushOutcome:
-        """Count one answer; the outcome numbered."""
+    def give(self, outcome: PushOutcome, worker_index: int | None, incarnation: int) -> PushOutcome:
+        """Count one answer; the outcome numbered, with the `incarnation` of the state that gave it."""
         self.total += 1
         self._by_worker[-1 if worker_index is None else worker_index] += 1
-        return dataclasses.replace(outcome, seq=self.total)
+        return dataclasses.replace(outcome, seq=self.total, incarnation=incarnation)
 
     def by_worker(self) -> dict[int, int]:
         """The answers by worker index."""
@@ -277,17 +279,58 @@ class ShardStore:
         self._paused_until = 0.0  # pushes wait while clock() < this (a checkpoint cut)
         self._stopping = False  # set by stop(): every wait returns, new pushes are refused
         self._handle = _ModeHandle(self)  # what the mode's protocol hooks act on
+        self._journal: Journal | None = None  # where state changes are recorded for a backup (asyncps.ps.replica)
+        self._last_pushes: RetryMemo[PushOutcome] = RetryMemo()  # each worker's last push (_retries)
+        self._last_commits: RetryMemo[PushOutcome] = RetryMemo()  # each worker's last sync commit (commit)
+        self._recorded = threading.local()  # per calling thread: the number of its last op, to wait for
+
+    # -- replication ----------------------------------------------------------------------
+    def attach_journal(self, journal: Journal | None) -> None:
+        """Record every state change in `journal` from now on (None: stop), in the order they are made; an
+        initialized state is recorded first, whole (a Restored op of its snapshot and incarnation), so a
+        backup seeded from the journal starts from where the primary stands."""
+        with self._init_lock, self._all_locks(), self._version_cond:
+            if journal is not None and self._rule is not None:
+                assert self._mode is not None
+                clocks = {name: (var.clock, var.clock_base) for name, var in self._vars.items()
+                          if var.clock is not None and var.keyed is None}
+                try:
+                    live = encode_live(LiveState(self._mode, self._reads, self._last_pushes, self._last_commits,
+                                                 dict(self._dropped_by_reason), clocks))
+                except TypeError as exc:  # a plugin mode's own objects: nothing is attached
+                    raise FailedPreconditionError(f"this shard's live state cannot seed a backup: {exc}") from None
+                journal.record(Restored(dataclasses.replace(self._snapshot(), incarnation=self._incarnation,
+                                                            live=live)))
+            self._journal = journal
+
+    def _record(self, op: StoreOp) -> None:
+        """Record a state change (the lock that orders it held); the caller waits for it before answering."""
+        if self._journal is not None:
+            self._recorded.seq = self._journal.record(op)
+
+    def _acknowledged(self) -> None:
+        """Wait (no lock held) until the backup acknowledged the state change this thread's call made."""
+        seq = getattr(self._recorded, "seq", 0)
+        if seq:
+            self._recorded.seq = 0
+            journal = self._journal
+            if journal is not None:
+                journal.wait(seq)
 
     # -- initialization -------------------------------------------------------------------
     def initialize(self, rule: UpdateRuleConfig, values: Mapping[str, Array], run_id: str = "",
-                   generated: Mapping[str, TableSpec] | None = None) -> bool:
+                   generated: Mapping[str, TableSpec] | None = None, incarnation: int = 0) -> bool:
         """Create the variables; True if created, False if an identical init already happened.
+        `incarnation`: the one the state takes (a backup's, the primary's); 0: drawn here.
 
         `generated` names parts the shard makes itself from their row initializer (tables too large
         to send: asyncps.rules.initializers), beside the `values` sent. A conflicting re-initialization
         (other rule, names, shapes, dtypes, values or table specs, or another run's id) raises
         AlreadyExistsError and changes nothing.
         """
+        if incarnation < 0:
+            raise InvalidArgumentError(f"an initialized incarnation must be > 0 (0: the shard draws one), got "
+                                       f"{incarnation}")
         generated = dict(generated or {})
         # A shard may hold no variables: placement can leave one empty (fewer variables than shards).
         for name, value in values.items():
@@ -323,10 +366,14 @@ class ShardStore:
             self._optimizer = optimizer
             self._policy = rule.policy()
             self._mode = self._start_mode(rule)
-            self._incarnation = secrets.randbits(62) + 1
+            self._last_pushes = RetryMemo()
+            self._last_commits = RetryMemo()
+            self._incarnation = incarnation or secrets.randbits(62) + 1
             self._run_id = run_id
             self._rule = rule
-            return True
+            self._record(Initialized(rule, dict(values), run_id, generated, self._incarnation))
+        self._acknowledged()
+        return True
 
     def _start_mode(self, rule: UpdateRuleConfig) -> Consistency:
         mode = rule.consistency().start(rule.num_workers, self.shard_index)
@@ -393,6 +440,7 @@ class ShardStore:
                                        decisions=self._decisions(decisions_since))
         with self._all_locks(), self._version_cond:
             decisions = self._decisions(decisions_since)
+            clocks_made = any(self._vars[name].clock is None and self._vars[name].keyed is None for name in rows)
             read = {name: self._read_rows(self._vars[name], ids) for name, ids in rows.items()} or None
             keep: dict[str, Gradient] = dict(read or {})
             values: dict[str, Array] | None = None
@@ -406,9 +454,14 @@ class ShardStore:
                         var.shared = True
                     values[name] = var.value
                 keep.update(values)
-            if self._policy.needs_read_values and worker_id and keep:
+            kept = self._policy.needs_read_values and bool(worker_id) and bool(keep)
+            if kept:
                 self._reads.keep(worker_id, self._version, keep)
-            return ShardValues(self._version, self._incarnation, values, decisions=decisions, rows=read)
+            if clocks_made or kept:
+                self._record(Read(worker_id, if_newer_than, rows))
+            reply = ShardValues(self._version, self._incarnation, values, decisions=decisions, rows=read)
+        self._acknowledged()
+        return reply
 
     def check_rows(self, rows: Mapping[str, IndexArray]) -> None:
         """The rows a read asks, checked as `pull` checks them (NotFoundError for a part this shard does
@@ -478,10 +531,17 @@ class ShardStore:
         for this shard (counted, PushOutcome.seq)."""
         self._require_initialized()
         assert self._rule is not None
+        call_ballot = ballot
         ballot = ballot.naming(step)
         lr = self._rule.optimizer.rate_at(self._version)
         with self._unpaused(sorted(self._vars)):  # a cut holds commits too
             assert self._mode is not None
+            # a commit answered by a primary that died before its answer arrived, repeated to the backup that
+            # took over: its first answer again, not a second one (the worker records one per step)
+            # (a memo of its own: the worker's staging of the same step is remembered as a push)
+            repeated = self._last_commits.repeated(worker_id, step or None)
+            if repeated is not None:
+                return repeated
             try:
                 resolution = self._mode.commit(self._handle, worker_id, ballot, decisions)
             finally:
@@ -495,16 +555,23 @@ class ShardStore:
                 assert resolution.drop is not None
                 outcome = PushOutcome(False, resolution.staleness, resolution.version, 0.0, resolution.drop,
                                       resolution.reason)
-            return self._answers.give(outcome, worker_index)
+            outcome = self._last_commits.remember(worker_id, step or None,
+                                                  self._answers.give(outcome, worker_index, self._incarnation))
+            self._record(Committed(worker_id, call_ballot, decisions, step, worker_index, outcome))
+        self._acknowledged()
+        return outcome
 
     def set_live_workers(self, workers: Iterable[str]) -> None:
         """The chief's live set: a synchronous quorum shrinks or grows, SSP stops waiting for the dead."""
         self._require_initialized()
         assert self._mode is not None
+        workers = tuple(workers)
         with self._all_locks(), self._version_cond:
             self._mode.set_live(workers)
             self._maybe_complete_step()
             self._version_cond.notify_all()
+            self._record(LiveSet(workers))
+        self._acknowledged()
 
     def wait_newer(self, version: int, timeout_s: float) -> int:
         """Block until the shard's version exceeds `version` or timeout; return the version."""
@@ -524,6 +591,7 @@ class ShardStore:
         step: int | None = None, ballot: Ballot | None = None, worker_index: int | None = None,
     ) -> PushOutcome:
         """Apply, accumulate (sync) or drop one gradient computed from `base_version`; never partially.
+        Answered once a journal's backup has it (asyncps.ps.replica).
 
         Everything is validated before any state changes: unknown names (NotFoundError), shape,
         dtype, indices, NaN/Inf and versions from the future (InvalidArgumentError). A sync push
@@ -531,6 +599,15 @@ class ShardStore:
         With strict reads (SSP) a push of the same worker `step` as its last one is the retry of a
         call whose read was refused: it is not applied again, its first outcome is the answer.
         """
+        outcome = self._push(worker_id, base_version, grads, incarnation, step, ballot, worker_index)
+        self._acknowledged()
+        return outcome
+
+    def _push(
+        self, worker_id: str, base_version: int, grads: Mapping[str, Gradient], incarnation: int,
+        step: int | None, ballot: Ballot | None, worker_index: int | None,
+    ) -> PushOutcome:
+        call = (worker_id, base_version, grads, incarnation, step, ballot, worker_index)  # as a backup replays it
         self._require_initialized()
         if not grads and ballot is None:
             raise InvalidArgumentError("push without gradients")
@@ -552,9 +629,10 @@ class ShardStore:
             assert self._mode is not None
             refusal = None if outcome.accepted else Resolution(False, outcome.version, outcome.staleness,
                                                                outcome.drop, outcome.detail)
-            if self._mode.defers_answer(worker_id, ballot, refusal):
-                return outcome
-            return self._answers.give(outcome, worker_index)
+            if not self._mode.defers_answer(worker_id, ballot, refusal):
+                outcome = self._answers.give(outcome, worker_index, self._incarnation)
+            self._record(Pushed(*call, outcome))
+            return outcome
 
         with self._unpaused(names):
             version_now = self._version
@@ -568,8 +646,7 @@ class ShardStore:
                 raise InvalidArgumentError(
                     f"base_version {base_version} is from the future: shard version is {version_now}"
                 )
-            retries: RetryMemo[PushOutcome] | None = self._mode.retries
-            repeated = retries.repeated(worker_id, step) if retries is not None else None
+            repeated = self._retries().repeated(worker_id, self._retry_step(step))
             if repeated is not None:
                 return repeated
             staleness = version_now - base_version
@@ -582,8 +659,11 @@ class ShardStore:
                 self._mode.accumulate(worker_id, grads, ballot)
                 self._maybe_complete_step()
                 self._version_cond.notify_all()
-                return answer(PushOutcome(True, staleness, self._version, self._rule.optimizer.rate_at(self._version),
-                                          rows=rows))
+                accumulated = answer(PushOutcome(True, staleness, self._version,
+                                                 self._rule.optimizer.rate_at(self._version), rows=rows))
+                # its retry (an answer lost with a primary) is answered the same, not refused as a duplicate: a
+                # follower's staging (unnumbered; the commit gives the answer the worker records) too
+                return self._remember(worker_id, step, accumulated)
             decision = self._policy.decide_push(PushContext(worker_id, step or 0, staleness, worker_index))
             if admission.verdict is Verdict.DROP or not decision.accept:
                 drop = admission.drop if admission.verdict is Verdict.DROP else decision.drop
@@ -689,10 +769,22 @@ class ShardStore:
         return parts, part_scale, dropped
 
     def _remember(self, worker_id: str, step: int | None, outcome: PushOutcome) -> PushOutcome:
-        """Keep the outcome of a worker's push for a retry of it, in the mode's memo (state lock held)."""
+        """Keep the outcome of a worker's push for a retry of it (state lock held)."""
+        return self._retries().remember(worker_id, self._retry_step(step), outcome)
+
+    def _retries(self) -> RetryMemo[PushOutcome]:
+        """The memo of each worker's last push: the mode's (strict reads: a refused read repeats the push), else
+        the store's own (a push answered by a primary that died before its answer arrived is repeated to the
+        backup that took over, which applied it: answered again, not applied twice)."""
         assert self._mode is not None
-        retries: RetryMemo[PushOutcome] | None = self._mode.retries
-        return retries.remember(worker_id, step, outcome) if retries is not None else outcome
+        mode: RetryMemo[PushOutcome] | None = self._mode.retries
+        return mode if mode is not None else self._last_pushes
+
+    def _retry_step(self, step: int | None) -> int | None:
+        """The step a retry is known by: a mode with strict reads numbers every push; otherwise step 0 (a
+        worker's first, and every push of a caller that numbers none) is not remembered."""
+        assert self._mode is not None
+        return step if self._mode.retries is not None or step else None
 
     def _adjusted(self, name: str, grad: Gradient, read: dict[str, Gradient] | None) -> Gradient:
         """The gradient after the policy's correction with the values the worker read (a row the worker
@@ -834,9 +926,12 @@ class ShardStore:
                 else:
                     held = Held(self._version)
                 self._paused_until = self._clock() + hold_s if hold_s > 0 else 0.0
+                if sync is not None:
+                    self._record(HeldWith(sync, decisions_since))
             finally:
                 self._version_cond.notify_all()  # a release, or steps a commit applied
-            return held
+        self._acknowledged()
+        return held
 
     def _paused(self) -> bool:
         """Whether pushes are held now (call with the version condition held)."""
@@ -886,20 +981,30 @@ class ShardStore:
     def snapshot(self) -> Snapshot:
         """A consistent copy of the whole state: values, optimizer slots, policy state, counters."""
         self._require_initialized()
-        assert self._rule is not None
         with self._all_locks(), self._version_cond:
-            return Snapshot(
-                rule=self._rule, version=self._version, accepted=self._accepted, dropped=self._dropped,
-                values={n: v.value.copy() for n, v in self._vars.items()},
-                slots={n: {k: a.copy() for k, a in v.slots.items()} for n, v in self._vars.items()},
-                updates={n: v.updates for n, v in self._vars.items()}, run_id=self._run_id,
-                policy_state={n: state for n, v in self._vars.items() if (state := _row_state(v))},
-                keyed={n: v.generated for n, v in self._vars.items() if v.keyed is not None and v.generated},
-                answers=self._answers.total, answers_by_worker=self._answers.by_worker(),
-            )
+            return self._snapshot()
+
+    def _snapshot(self) -> Snapshot:
+        """`snapshot` with every lock held."""
+        assert self._rule is not None
+        return Snapshot(
+            rule=self._rule, version=self._version, accepted=self._accepted, dropped=self._dropped,
+            values={n: v.value.copy() for n, v in self._vars.items()},
+            slots={n: {k: a.copy() for k, a in v.slots.items()} for n, v in self._vars.items()},
+            updates={n: v.updates for n, v in self._vars.items()}, run_id=self._run_id,
+            policy_state={n: state for n, v in self._vars.items() if (state := _row_state(v))},
+            keyed={n: v.generated for n, v in self._vars.items() if v.keyed is not None and v.generated},
+            answers=self._answers.total, answers_by_worker=self._answers.by_worker(),
+        )
 
     def restore(self, snap: Snapshot) -> None:
-        """Replace the whole state with a snapshot (a new incarnation: older gradients are dropped)."""
+        """Replace the whole state with a snapshot (a new incarnation: older gradients are dropped): the
+        snapshot's, else one drawn here. A snapshot with a live part (a backup seeded from a live primary:
+        asyncps.ps.live_state) keeps the mode's state, the values read, the retry memo, the drops by reason
+        and the row clocks it holds; else they start over (every row clock at the first row read)."""
+        if snap.incarnation < 0:
+            raise InvalidArgumentError(f"a restored incarnation must be > 0 (0: the shard draws one), got "
+                                       f"{snap.incarnation}")
         if min(snap.version, snap.accepted, snap.dropped, snap.answers, *snap.updates.values(),
                *snap.answers_by_worker.values()) < 0:
             raise InvalidArgumentError("restored version, counters and update counts must be >= 0")
@@ -923,6 +1028,18 @@ class ShardStore:
         if unknown:
             raise InvalidArgumentError(f"policy state or keys for unknown variables {unknown}")
         _check_keyed_rule(snap.rule, snap.keyed)
+        mode = self._start_mode(snap.rule)
+        live = decode_live(snap.live, type(mode)) if snap.live is not None else None
+        if live is not None:
+            check_mode(live.mode, mode)
+            if not all(type(k) is str and type(v) is int and v >= 0 for k, v in live.dropped_by_reason.items()):
+                raise InvalidArgumentError("a live state's drops by reason must be counts >= 0 by name")
+        clocks = live.clocks if live is not None else {}
+        for name, (clock, base) in clocks.items():
+            rows = snap.values[name].shape[:1] if name in snap.values else None
+            if rows is None or name in snap.keyed or clock.shape != rows or base < 0:
+                raise InvalidArgumentError(f"{name}: row clocks of shape {list(clock.shape)} (made at {base} updates) "
+                                           "for no table of the snapshot read by rows")
         keyed: dict[str, KeyedRows] = {}
         policy_states: dict[str, RowState] = {}
         for name, value in snap.values.items():
@@ -948,16 +1065,25 @@ class ShardStore:
                 var.policy_state = policy_states[name]
                 if name in keyed:
                     _make_keyed(var, snap.keyed[name], keyed[name])
+            for name, (clock, base) in clocks.items():
+                self._vars[name].clock, self._vars[name].clock_base = np.array(clock, dtype=np.int64), base
             self._optimizer = optimizer
             self._policy = snap.rule.policy()
-            self._mode = self._start_mode(snap.rule)
+            self._mode = live.mode if live is not None else mode
+            self._mode.enforce_bound = self._enforce_bounds
+            self._last_pushes = live.last_pushes if live is not None else RetryMemo()
+            self._last_commits = live.last_commits if live is not None else RetryMemo()
             self._rule = snap.rule
             self._version, self._accepted, self._dropped = snap.version, snap.accepted, snap.dropped
+            if live is not None:  # else the drops counted so far stay counted
+                self._dropped_by_reason = dict(live.dropped_by_reason)
             self._answers = Answers(snap.answers, snap.answers_by_worker)
-            self._reads = ReadValues()
-            self._incarnation = secrets.randbits(62) + 1
+            self._reads = live.reads if live is not None else ReadValues()
+            self._incarnation = snap.incarnation or secrets.randbits(62) + 1
             self._run_id = snap.run_id
             self._version_cond.notify_all()
+            self._record(Restored(dataclasses.replace(snap, incarnation=self._incarnation)))
+        self._acknowledged()
 
     @property
     def incarnation(self) -> int:

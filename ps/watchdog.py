@@ -21,7 +21,7 @@ from asyncps.wire.proto import SHARD_SERVICE
 
 # The calls only a chief makes (GetStats is its poll, several times a second).
 CHIEF_METHODS = frozenset(f"/{SHARD_SERVICE}/{m}" for m in (
-    "Initialize", "Restore", "GetStats", "SetLiveWorkers", "Pause", "Snapshot", "Shutdown"))
+    "Initialize", "Restore", "GetStats", "SetLiveWorkers", "Pause", "Snapshot", "Shutdown", "SetBackup", "Promote"))
 
 
 class ChiefWatch:

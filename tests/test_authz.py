@@ -112,7 +112,7 @@ def expect(served: Served, caller: SecurityConfig, method: MethodDescriptor, all
 def test_every_method_has_roles_and_the_chief_owns_the_lifecycle() -> None:
     assert {path_of(m) for m in METHODS} == set(METHOD_ROLES)
     owned = {m.name for m in METHODS if chief_only(m)}
-    assert owned == {"Initialize", "Restore", "Pause", "Snapshot", "SetLiveWorkers", "Shutdown"}
+    assert owned == {"Initialize", "Restore", "Pause", "Snapshot", "SetLiveWorkers", "Shutdown", "SetBackup", "Promote"}
     assert all(WORKER in METHOD_ROLES[path_of(m)] for m in METHODS if not chief_only(m))
 
 

@@ -91,6 +91,10 @@ def _synthetic() -> dict[str, Any]:
         "scaling": {"hidden": [512, 512], "model": "784-512-512-10", "seconds": 17.0, "fixed_shards": 2,
                     "fixed_workers": 2, "points": points},
         "sparse": _sparse_section(samples),
+        "replication": {"transport": "tcp", "num_ps": 2, "num_workers": 2, "workloads": {"mlp 784-512-512-10": {
+            "1": {**samples("replicas 1", "steps/s", [200.0, 210.0]), "step_ms": 9.0, "steps": 400},
+            "2": {**samples("replicas 2", "steps/s", [150.0, 160.0]), "step_ms": 12.0, "steps": 300},
+            "ratio": 160.0 / 210.0}}},
     }
 
 
@@ -113,9 +117,10 @@ def test_tables_and_plot_of_every_section(tmp_path: Path) -> None:
     assert bench.validate(results) == []
     tables = bench.markdown_tables(results)
     for title in ("### Training steps/s, MLP 784-2048-2048-10", "### Per-step overhead", "### Transfer of a 40 MB",
-                  "### Scaling, MLP 784-512-512-10", "### Sparse: recsys model"):
+                  "### Scaling, MLP 784-512-512-10", "### Sparse: recsys model", "### Replication's cost"):
         assert title in tables
     assert "| asyncps-grpc | 210.0 | 200.0-220.0 | 3 | 1/1 | 9.00 | 5.00 | 4.00 | 0.68 | 1.31 |" in tables
+    assert "| mlp 784-512-512-10 | 210.0 | 200.0-210.0 | 9.00 | 160.0 | 150.0-160.0 | 12.00 | 0.76 |" in tables
     png = tmp_path / "plot.png"
     bench.plot(results, png)
     assert png.read_bytes()[:8] == PNG_MAGIC
@@ -141,6 +146,9 @@ def test_validate_rejects_broken_results() -> None:
         lambda r: r["overhead"]["grpc"]["784-512-512-10"].pop("overhead_ms"),
         lambda r: r["sparse"]["rows"]["10000"]["asyncps-tcp"].pop("rss_mb"),
         lambda r: r["sparse"]["rows"]["10000"]["keras-local"].update(values=[]),
+        lambda r: r["replication"]["workloads"]["mlp 784-512-512-10"]["2"].pop("step_ms"),
+        lambda r: r["replication"]["workloads"]["mlp 784-512-512-10"].update(ratio=0.0),
+        lambda r: r.update(replication={}),
     ):
         r = copy.deepcopy(good)
         mutate(r)
@@ -218,3 +226,16 @@ def test_capacity_arithmetic() -> None:
     assert capacity.shards_needed(100, 10.0, 8e6, 0.0, 10) == (4, "net")
     assert capacity.shards_needed(100, 10.0, 8e6, 0.0, 100) == (1, "net")
     assert capacity.shards_needed(100, 10.0, 8e3, 0.005, 10) == (5, "cpu")
+
+
+def test_replication_section_plumbing() -> None:
+    """The replication section's workloads: each MLP of the run and the recsys model, all over tcp on 2 shards x 2
+    workers (its measurement runs in `make bench`)."""
+    from benchmarks.replication import workloads
+
+    cfg = bench.parse_args(["--quick", "--only", "replication"])[0]
+    assert cfg.sections == ("replication",)
+    runs = workloads(cfg.models, cfg.train_seconds)
+    assert [label for label, _, _ in runs] == ["mlp 784-512-512-10", "recsys 10000 rows"]
+    assert all(r.transport == "tcp" and r.num_ps == 2 and r.num_workers == 2 for _, r, _ in runs)
+    assert runs[1][1].model == "recsys" and runs[1][1].dataset == "recsys:rows=10000"

@@ -5,6 +5,9 @@ during its own restart. The run must finish by itself (exit 0, summary.json) wit
 1 point of an unfaulted run of the same seed, and leave no process or shared-memory segment behind.
 Every push row is accounted per shard against the shard's own numbered count of its answers (kept,
 taken back by a restore, and answers no row reports: only killed workers' last steps).
+With `--replicas 2` (async and sync), every shard kill is a takeover by the shard's backup (each once the backup of
+the process it kills is seeded: two copies survive one fault at a time; from the second kill of a shard on, a
+backup seeded live, mid-step), and the run ends with no checkpoint restored and no push row taken back.
 
 The schedule and the figures are printed; ASYNCPS_CHAOS_SEED=N replays a seed's schedule (the same
 faults in the same order at the same offsets; the processes' own timing is the machine's)."""
@@ -25,10 +28,11 @@ import pytest
 from asyncps.chief.checkpoint import CheckpointDir
 from asyncps.chief.cut import CUT_GATE_ENV
 
-from asyncps.rundir import RunDir, RunSummary, StepRow, iter_rows
+from asyncps.rundir import PushRow, RunDir, RunSummary, StepRow, iter_rows
 from asyncps.transport.shmseg import SHM_DIR, TAG_ENV
 from tests.test_chief_restart import finish, role_pid, start_local
 from tests.test_cut_survives import kill_during_cut, wait_for, worker_pid
+from tests.test_replicas import seeded
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -44,6 +48,7 @@ class Fault:
     kills: int  # processes killed
     act: Callable[[Path, Path, subprocess.Popen[str]], None]
     workers: int = 0  # of them, worker processes (each may leave one data task partly trained)
+    shards: int = 0  # of them, shard processes (with --replicas 2: primaries, each taken over by its backup)
 
 
 def kill(pid: int) -> None:
@@ -103,15 +108,15 @@ def shard_during_checkpoint(i: str) -> Callable[[Path, Path, subprocess.Popen[st
 
 
 FAULTS = [
-    Fault("kill ps-0", 1, shard("0")),
-    Fault("kill worker 1 and ps-1 at once", 2, at_once(worker("1"), shard("1")), workers=1),
-    Fault("kill ps-0 during a checkpoint cut", 1, shard_during_checkpoint("0")),
+    Fault("kill ps-0", 1, shard("0"), shards=1),
+    Fault("kill worker 1 and ps-1 at once", 2, at_once(worker("1"), shard("1")), workers=1, shards=1),
+    Fault("kill ps-0 during a checkpoint cut", 1, shard_during_checkpoint("0"), shards=1),
     Fault("kill the chief", 1, chief),
     Fault("kill the chief, then the restarted chief during its restart", 2, chief_during_restart),
     Fault("kill worker 0", 1, worker("0"), workers=1),
-    Fault("kill ps-1 and worker 2 at once", 2, at_once(shard("1"), worker("2")), workers=1),
-    Fault("kill ps-1 during a checkpoint cut", 1, shard_during_checkpoint("1")),
-    Fault("kill the chief and ps-0 at once", 2, at_once(chief, shard("0"))),
+    Fault("kill ps-1 and worker 2 at once", 2, at_once(shard("1"), worker("2")), workers=1, shards=1),
+    Fault("kill ps-1 during a checkpoint cut", 1, shard_during_checkpoint("1"), shards=1),
+    Fault("kill the chief and ps-0 at once", 2, at_once(chief, shard("0")), shards=1),
 ]
 
 
@@ -137,20 +142,33 @@ def leftovers(launcher: subprocess.Popen[str]) -> tuple[list[int], list[str]]:
 
 
 def run(run_dir: Path, faults: list[tuple[float, Fault]], mode: str = "async", args: tuple[str, ...] = ARGS,
-        seed: int = SEED, finish_s: float = 400) -> tuple[RunSummary, float, str]:
+        seed: int = SEED, finish_s: float = 400, replicas: int = 1) -> tuple[RunSummary, float, str]:
     gate = run_dir.parent / f"{run_dir.name}-gate"
     gate.mkdir()
     started = time.monotonic()
-    proc = start_local(run_dir, *args, "--mode", mode, "--seed", str(seed), env={CUT_GATE_ENV: str(gate)})
+    proc = start_local(run_dir, *args, "--mode", mode, "--seed", str(seed), "--replicas", str(replicas),
+                       env={CUT_GATE_ENV: str(gate)})
+    shards_killed = 0
     try:
         if faults:  # from the first checkpoint on: a shard that lost its state is restored from one
             wait_for("a checkpoint", CheckpointDir(RunDir(run_dir).checkpoints).complete, proc, timeout_s=180)
         for pause, fault in faults:
             time.sleep(pause)  # the schedule's offsets, not an ordering of threads
             assert proc.poll() is None, f"the run ended before {fault.name!r}"
+            if replicas > 1 and fault.shards:
+                # two copies survive one fault at a time: a shard's next kill waits until the launcher seeded the
+                # backup of the process that took over (one seeding per shard at the start, one per takeover)
+                want = 2 + shards_killed
+                wait_for("every shard's backup seeded", lambda want=want: seeded(run_dir) >= want, proc,
+                         timeout_s=60)
+                shards_killed += fault.shards
             print(f"  t={time.monotonic() - started:5.1f}s  {fault.name}", flush=True)
             fault.act(run_dir, gate, proc)
         out = finish(proc, timeout_s=finish_s)
+    except AssertionError:
+        if proc.poll() is not None and proc.stdout is not None:  # the launcher ended: what it said
+            print("asyncps local's output:\n" + proc.stdout.read()[-6000:])
+        raise
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -193,17 +211,18 @@ def assert_examples_identity(summary: RunSummary, workers_killed: int) -> None:
     assert 0 <= extra <= bound, d
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
-def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "replicas"), [("async", 1), ("sync", 1), ("async", 2), ("sync", 2)],
+                         ids=["async", "sync", "async-replicas", "sync-replicas"])
+def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path, mode: str, replicas: int) -> None:
     faults = schedule(SEED)
     print(f"\nchaos seed {SEED} (replay: ASYNCPS_CHAOS_SEED={SEED} pytest -m chaos tests/test_chaos.py): "
           f"{len(faults)} faults, {sum(f.kills for _, f in faults)} processes killed")
     for pause, fault in faults:
         print(f"  after {pause:.1f}s: {fault.name}")
     assert len(faults) >= 8
-    base, base_s, _ = run(tmp_path / "unfaulted", [], mode)
-    print(f"faulted run ({mode}):")
-    faulted, faulted_s, out = run(tmp_path / "faulted", faults, mode)
+    base, base_s, _ = run(tmp_path / "unfaulted", [], mode, replicas=replicas)
+    print(f"faulted run ({mode}, replicas {replicas}):")
+    faulted, faulted_s, out = run(tmp_path / "faulted", faults, mode, replicas=replicas)
     chief_log = RunDir(tmp_path / "faulted").log("chief").read_text()
     print(f"unfaulted: accuracy {base.final_eval.accuracy:.4f}, {base.updates_applied} updates, {base_s:.0f}s; "
           f"faulted: accuracy {faulted.final_eval.accuracy:.4f}, {faulted.updates_applied} updates, "
@@ -221,6 +240,13 @@ def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path, mod
             print(f"{name} ps-{i}: {counts.rows} push rows = {counts.rows - counts.rows_taken_back} kept + "
                   f"{counts.rows_taken_back} taken back by restores; the shard's {counts.answers} answers = the rows "
                   f"kept + {sum(counts.unreported.values())} no worker reported {counts.unreported or ''}")
+    # no report's rows recorded twice, whole or in part (a chief killed while writing them: asyncps.chief.reportlog)
+    files = RunDir(tmp_path / "faulted")
+    steps = collections.Counter((s.worker, s.step, s.start) for s in iter_rows(files.timeline, StepRow))
+    assert not [k for k, n in steps.items() if n > 1], "a report's timeline rows were recorded more than once"
+    pushes = collections.Counter((p.worker, p.shard, p.step, p.wall_time, p.incarnation, p.seq)
+                                 for p in iter_rows(files.pushes, PushRow))
+    assert not [k for k, n in pushes.items() if n > 1], "a report's push rows were recorded more than once"
     # every push row against the shard's own count of its answers (numbered, restored with its state):
     # exact without faults; after them, the only answers without a row are of killed workers' last steps
     assert all(not c.unreported and not c.rows_taken_back and c.answers == c.rows for c in base.shards), base.shards
@@ -230,9 +256,10 @@ def test_a_seeded_schedule_of_kills_ends_as_an_unfaulted_run(tmp_path: Path, mod
         assert counts.answers == counts.rows - counts.rows_taken_back + sum(counts.unreported.values()), counts
     assert "abandoned" not in chief_log, chief_log[-4000:]
     assert "Traceback" not in chief_log, chief_log[-4000:]  # every report answered (a refused one was re-sent)
-    steps = collections.Counter((s.worker, s.step, s.start) for s in iter_rows(RunDir(tmp_path / "faulted").timeline,
-                                                                               StepRow))
-    assert not [k for k, n in steps.items() if n > 1], "a report's rows were recorded more than once"
     assert faulted.data["tasks_done"] == faulted.data["tasks_planned"], faulted.data
     assert abs(faulted.final_eval.accuracy - base.final_eval.accuracy) <= 0.01, (
         base.final_eval.accuracy, faulted.final_eval.accuracy, out[-3000:])
+    if replicas > 1:  # every shard kill a takeover: nothing went back to a checkpoint, no push row taken back
+        assert out.count("its backup took over its port") == sum(f.shards for _, f in faults), out[-3000:]
+        assert "restored from ckpt" not in chief_log, chief_log[-3000:]
+        assert all(c.rows_taken_back == 0 for c in faulted.shards), faulted.shards

@@ -37,20 +37,36 @@ def start_local(run_dir: Path, *args: str, env: dict[str, str] | None = None) ->
 
 
 def role_pid(run_dir: Path, role: str, index: str | None = None) -> int:
-    """The pid of a live cluster process of this run: `chief`, or `ps` with its index."""
+    """The pid of a live cluster process of this run: `chief`, or `ps` with its index (the process serving the
+    shard's port: the shard, a shard restarted there, or a backup that took over the port, --replicas 2)."""
+    if role == "ps" and index is not None:
+        return listening_pid(int(_ps_addresses(run_dir)[int(index)].rsplit(":", 1)[-1]))
     for pid, argv in asyncps_processes():
-        if not argv or argv[0] != role:
-            continue
-        if role == "chief" and str(run_dir) in argv:
+        if argv and argv[0] == role and role == "chief" and str(run_dir) in argv:
             return pid
-        # `--port` given, as `asyncps local` gives it: another test's shard may run beside this one (the
-        # long suites run two at a time) with its port in the environment (tests/test_k8s_manifests.py)
-        if role == "ps" and index is not None and "--port" in argv:
-            first = str(RunDir(run_dir).port_file(f"ps-{index}")) in argv  # started on port 0
-            restarted = argv[argv.index("--port") + 1] == _ps_addresses(run_dir)[int(index)].rsplit(":", 1)[-1]
-            if first or restarted:
-                return pid
     raise AssertionError(f"no live {role} {index or ''} of {run_dir}")
+
+
+def listening_pid(port: int) -> int:
+    """The pid of the process listening on `port` (from /proc: the socket's inode, then its owner)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in (entry / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    return int(entry.name)
+        except OSError:
+            continue
+    raise AssertionError(f"nothing listens on port {port}")
 
 
 def _ps_addresses(run_dir: Path) -> tuple[str, ...]:

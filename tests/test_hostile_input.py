@@ -210,6 +210,9 @@ class Shard:
                                                                ("grpc.max_receive_message_length", -1)])
         self.calls = {method.name: rpc_callable(self.channel, method.name) for method in SERVICE.methods}
         self._verified: State | None = None
+        # per worker id: the step (not 0) and answer of its last push the shard applied; the same step again is
+        # a retry, answered again and not applied (ShardStore._retries): what the fuzzed pushes have left
+        self.last_push: dict[str, tuple[int, ps_pb2.PushResult]] = {}
 
     def send(self, rpc: str, request: Any, timeout: float | None = CALL_TIMEOUT_S) -> Outcome:
         """Send one generated request (counted); streams are lists of messages (frames once sent;
@@ -760,10 +763,13 @@ def check_push(shard: Shard, rpc: str, request: PushRequest, state: State) -> No
         return
     reply = assert_succeeded(outcome, rpc, request.applied)
     version_before = state.version
+    worker, step = request.header.worker_id, request.header.step
+    last = shard.last_push.get(worker)
+    repeated = not dropped_ok and step != 0 and last is not None and last[0] == step
     if dropped_ok:
         state.dropped += 1
         DROPPED[rpc] += 1
-    else:
+    elif not repeated:
         state.apply(request.grads)
     if rpc == "Push":
         result = reply
@@ -777,7 +783,11 @@ def check_push(shard: Shard, rpc: str, request: PushRequest, state: State) -> No
     if dropped_ok:
         assert not result.accepted and result.drop == ps_pb2.DROP_RESTORED and result.drop_detail, result
         assert result.version == state.version
+    elif repeated:  # the same worker's same step: its first answer again, nothing applied
+        assert last is not None and result == last[1], (result, last)
     else:
+        if step != 0:
+            shard.last_push[worker] = (step, result)
         assert (result.accepted, result.staleness, result.version, result.effective_lr, result.drop,
                 result.drop_detail) == (
             True, version_before - request.header.base_version, state.version, 1.0, ps_pb2.DROP_NONE, ""), result

@@ -4,6 +4,7 @@ gradients, and the policy state carried by snapshots, checkpoints and restores."
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -164,9 +165,11 @@ def test_policy_state_survives_snapshot_and_restore_through_shard_processes(
         first.initialize("chief", 0, 1, rule(policy), values)
 
         def pusher(shard: object) -> Callable[[str, int, dict[str, object]], None]:
+            steps = itertools.count(1)  # each push its own step, as a worker numbers them (a repeat is a retry)
+
             def push(worker: str, base: int, grads: dict[str, object]) -> None:
                 shard.pull(worker)  # type: ignore[attr-defined]  # the values the correction reads
-                shard.push(PushRequest(worker, base, grads, 1, 0.0))  # type: ignore[attr-defined, arg-type]
+                shard.push(PushRequest(worker, base, grads, next(steps), 0.0))  # type: ignore[attr-defined, arg-type]
             return push
 
         push_sequence(pusher(first), 0)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import grpc
 import numpy as np
 import pytest
+from asyncps.ps.main import EXIT_TERMINATED
 
 from asyncps.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
 from asyncps.net.rpc import Unreachable, make_channel
@@ -571,6 +572,15 @@ def test_shutdown_rpc_makes_the_process_exit_cleanly(shard_factory: ShardLaunche
     assert process.process.wait(timeout=30) == 0, process.log_tail()
     assert "shutdown requested: tests are done" in process.log_tail()
     assert not check_health(process.address, SecurityConfig(), timeout_s=2.0)
+
+
+def test_sigterm_is_not_the_runs_end_the_shard_exits_143(shard_factory: ShardLauncher) -> None:
+    """An orchestrator's SIGTERM (a task replaced) exits 143, so an on-failure restart policy brings the shard back;
+    only the chief's Shutdown exits 0 (swarm read a SIGTERMed shard's 0 as "Complete" and never replaced it)."""
+    process = shard_factory(1)[0]
+    process.process.terminate()
+    assert process.process.wait(timeout=30) == EXIT_TERMINATED, process.log_tail()
+    assert f"stopped by SIGTERM: exiting {EXIT_TERMINATED}" in process.log_tail()
 
 
 def test_a_shards_refusal_of_a_non_finite_gradient_is_a_dropped_push_not_an_exception(

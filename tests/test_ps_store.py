@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -665,3 +666,59 @@ def test_a_scheduled_rate_is_applied_at_the_shards_version() -> None:
     _, values = pulled(store)
     assert values is not None
     np.testing.assert_allclose(values["b"], initial_values()["b"] - 1.75)
+
+
+def test_an_answer_names_the_incarnation_that_numbered_it_and_a_restore_takes_the_one_it_is_given() -> None:
+    """A push sent to an earlier incarnation is dropped and answered, and numbered, by the current one: its
+    answer says so (pushes.csv records that incarnation, so the restores that take the answer back are found).
+    A restore takes the incarnation the chief chose (recorded before the restore happens), or a backup's
+    primary's; a negative one is refused and changes nothing."""
+    store = make_store()
+    first = store.incarnation
+    applied = store.push("w0", 0, {"b": np.ones(3, np.float32)}, incarnation=first)
+    assert applied.accepted and applied.seq == 1 and applied.incarnation == first
+    snap = store.snapshot()
+    store.restore(dataclasses.replace(snap, incarnation=12345))
+    assert store.incarnation == 12345
+    late = store.push("w1", 0, {"b": np.ones(3, np.float32)}, incarnation=first)  # computed before the restore
+    assert late.drop is DropReason.RESTORED and late.seq == 2 and late.incarnation == 12345
+    unchecked = store.push("w1", 1, {"b": np.ones(3, np.float32)})  # a worker that names no incarnation
+    assert unchecked.accepted and unchecked.seq == 3 and unchecked.incarnation == 12345
+    before = snapshot(store)
+    with pytest.raises(InvalidArgumentError, match="incarnation"):
+        store.restore(dataclasses.replace(snap, incarnation=-1))
+    assert store.incarnation == 12345
+    assert_unchanged(store, before)
+    store.restore(snap)  # none given: the shard draws a new one
+    assert store.incarnation not in (0, first, 12345)
+
+
+def test_a_repeated_push_of_a_workers_step_is_answered_again_not_applied_twice() -> None:
+    """A worker numbers its pushes; the same step again is a retry of a call whose answer was lost (the shard, or
+    the primary a backup took over from, died after applying it): the first answer, with its number, and no
+    second update. Step 0 (a worker's first, or a caller that numbers none) is not remembered."""
+    store = make_store()
+    first = store.push("w0", 0, {"b": np.ones(3, np.float32)}, step=7)
+    again = store.push("w0", 0, {"b": np.ones(3, np.float32)}, step=7)
+    assert again == first and again.seq == first.seq == 1 and store.version == 1
+    np.testing.assert_array_equal(store.values()["b"], initial_values()["b"] - 1.0)
+    assert store.push("w1", 1, {"b": np.ones(3, np.float32)}, step=7).seq == 2  # another worker's step 7
+    assert store.push("w0", 2, {"b": np.ones(3, np.float32)}, step=8).seq == 3  # w0's next step
+    unnumbered = [store.push("w2", store.version, {"b": np.ones(3, np.float32)}, step=0) for _ in range(2)]
+    assert [o.seq for o in unnumbered] == [4, 5] and store.version == 5
+
+
+def test_a_repeated_sync_push_is_answered_again_not_refused_as_a_duplicate() -> None:
+    """Sync: a worker's gradient accumulated for the step, then the same step again (its answer lost with a
+    primary that died, asked again of the backup that took over): the first answer, not a DUPLICATE drop, and the
+    step averages each worker's gradient once."""
+    store = ShardStore(0)
+    store.initialize(UpdateRuleConfig(OptimizerConfig("sgd", 1.0), mode="sync", num_workers=2), initial_values())
+    first = store.push("w0", 0, {"b": np.full(3, 2.0, np.float32)}, step=7)
+    again = store.push("w0", 0, {"b": np.full(3, 2.0, np.float32)}, step=7)
+    assert first.accepted and again == first and again.seq == first.seq == 1 and store.version == 0
+    store.push("w1", 0, {"b": np.zeros(3, np.float32)}, step=7)  # the quorum: one step, the mean of the two
+    assert store.version == 1
+    np.testing.assert_array_equal(store.values()["b"], initial_values()["b"] - 1.0)
+    late = store.push("w0", 0, {"b": np.ones(3, np.float32)}, step=8)  # a new step of w0's from version 0: late
+    assert late.drop is DropReason.LATE

@@ -15,7 +15,7 @@ import pytest
 from asyncps.chief.ledgerlog import LedgerLog, replay
 from asyncps.chief.membership import Membership
 from asyncps.chief.recorder import Recorder
-from asyncps.chief.reportlog import ReportLog, read_last_reports
+from asyncps.chief.reportlog import ReportLog, drop_torn_report, read_last_reports
 from asyncps.chief.servicer import CoordinatorServicer
 from asyncps.chief.tasks import TaskLedger
 from asyncps.worker.chieflink import ChiefLink
@@ -57,8 +57,10 @@ def start_chief(run_dir: Path, port: int = 0, resume: bool = False,
     if resume:
         assert replay(RunDir(run_dir).ledger, ledger)
     ledger_log = LedgerLog(RunDir(run_dir).ledger, ledger)
+    if resume:  # as chief/main.py does, before the recorder reads
+        drop_torn_report(RunDir(run_dir).reports, run_dir, lambda w, t: ledger.is_done(t) or ledger.complete(w, t))
     recorder = Recorder(run_dir, append=resume)
-    reports = ReportLog(RunDir(run_dir).reports, resume=resume)
+    reports = ReportLog(RunDir(run_dir).reports, resume=resume, sizes=recorder.sizes)
     servicer = servicer_type(Membership(2, 10), recorder, ["127.0.0.1:1"], RunConfig().to_json(),
                              lambda: cpb.ClusterStatus(), ledger, reports=reports)
     server, bound, _ = create_server(f"127.0.0.1:{port}",
@@ -180,7 +182,8 @@ def test_a_worker_resends_an_unanswered_report_unchanged_and_it_is_recorded_once
         outbox.send()  # the new chief does not know the worker: the link registers again, then 3, then 4
         assert outbox.unanswered is None and outbox.seq == 4
         assert rows(tmp_path) == ([(1, 0), (2, 0), (3, 0), (4, 0)], [1, 2, 3, 4])
-        journal = [json.loads(line) for line in RunDir(tmp_path).reports.read_text().splitlines()]
+        journal = [event for line in RunDir(tmp_path).reports.read_text().splitlines()
+                   if "begin" not in (event := json.loads(line)) and "rows" not in event]  # the number lines
         assert journal == [{"state": {"worker#0-x": 2}}, {"worker_id": "worker#0-x", "seq": 3},
                            {"worker_id": "worker#0-x", "seq": 4}]
     finally:
@@ -263,4 +266,97 @@ def test_a_task_completed_past_the_checkpoint_the_ledger_went_back_to_is_recorde
         assert rows(tmp_path) == ([(1, 0)], [1]) and chief.reports.last("worker-a") == 1
     finally:
         client.close()
+        chief.stop()
+
+
+class Killed(BaseException):
+    """The chief's process killed (SIGKILL) at this point: nothing after it runs."""
+
+
+def test_a_report_torn_by_a_killed_chief_is_cut_back_and_recorded_once_when_sent_again(tmp_path: Path) -> None:
+    """A chief killed while writing a report's rows (its first rows reached pushes.csv, the rest and its
+    timeline rows did not): the next chief cuts the files back to where the report began, and the
+    re-sent report is recorded once, whole."""
+    chief = start_chief(tmp_path)
+    client = CoordinatorClient(f"127.0.0.1:{chief.port}", deadline_s=20)
+    try:
+        assert client.register("worker-a", "worker", 0).index == 0
+        client.report("worker-a", 0, seq=1, pushes=[push(1, 0), push(1, 1)], steps=[timing(1)])
+        with pytest.raises(Killed), chief.reports.once("worker-a", 2) as fresh:  # the chief's Report, in part
+            assert fresh
+            chief.recorder.add(0, [push(2, 0)], [])  # the rows' first piece is written and flushed ...
+            raise Killed  # ... and the chief dies before the rest and the report's number line
+        assert rows(tmp_path) == ([(1, 0), (1, 1), (2, 0)], [1])
+        chief.stop()
+        chief = start_chief(tmp_path, chief.port, resume=True)
+        assert rows(tmp_path) == ([(1, 0), (1, 1)], [1])  # cut back to where report 2 began
+        assert read_last_reports(RunDir(tmp_path).reports) == {"worker-a": 1}
+        assert client.register("worker-a", "worker", 0).index == 0
+        client.report("worker-a", 0, seq=2, pushes=[push(2, 0), push(2, 1)], steps=[timing(2)])  # sent again
+        client.report("worker-a", 0, seq=2, pushes=[push(2, 0), push(2, 1)], steps=[timing(2)])  # answer lost
+        assert rows(tmp_path) == ([(1, 0), (1, 1), (2, 0), (2, 1)], [1, 2])
+        assert chief.recorder.pushes_recorded == 4 and chief.recorder.examples == 20
+        chief.stop()
+        assert drop_torn_report(RunDir(tmp_path).reports, tmp_path) is None  # every report whole: nothing cut
+        chief = start_chief(tmp_path, chief.port, resume=True)
+        assert rows(tmp_path) == ([(1, 0), (1, 1), (2, 0), (2, 1)], [1, 2])
+    finally:
+        client.close()
+        chief.stop()
+
+
+@pytest.mark.parametrize("completed_before_kill", [0, 1])
+def test_a_report_cut_short_after_its_rows_is_completed_by_the_next_chief(tmp_path: Path,
+                                                                          completed_before_kill: int) -> None:
+    """A chief killed after a report's rows are whole, before all its tasks are completed and its number
+    written: the next chief completes the tasks the ledger does not hold done and numbers the report, so the
+    ledger and the rows agree even if the worker dies before sending it again (the chaos suite found tasks
+    done with their rows cut away); a re-send after all is recorded before, nothing twice."""
+    chief = start_chief(tmp_path)
+    client = CoordinatorClient(f"127.0.0.1:{chief.port}", deadline_s=20)
+    try:
+        assert client.register("worker-a", "worker", 0).index == 0
+        tasks = [chief.ledger.next_task("worker-a"), chief.ledger.next_task("worker-a")]
+        ids = [t.task_id for t in tasks if t is not None]
+        assert len(ids) == 2
+        with pytest.raises(Killed), chief.reports.once("worker-a", 1, ids) as fresh:  # the chief's Report, in part
+            assert fresh
+            chief.recorder.add(0, [push(1, 0), push(2, 0)], [timing(1), timing(2)])
+            chief.reports.rows_written("worker-a", 1)
+            for task_id in ids[:completed_before_kill]:
+                chief.ledger.complete("worker-a", task_id)
+            raise Killed  # ... and the chief dies before the rest of its tasks and its number line
+        chief.stop()
+        chief = start_chief(tmp_path, chief.port, resume=True)  # the worker died too: it never sends it again
+        assert all(chief.ledger.is_done(t) for t in ids) and chief.ledger.duplicates == 0
+        assert chief.ledger.examples_done == 20 and rows(tmp_path) == ([(1, 0), (2, 0)], [1, 2])
+        assert read_last_reports(RunDir(tmp_path).reports) == {"worker-a": 1}
+        assert client.register("worker-a", "worker", 0).index == 0
+        client.report("worker-a", 0, seq=1, pushes=[push(1, 0), push(2, 0)], steps=[timing(1), timing(2)],
+                      completed_tasks=ids)  # sent again after all: recorded before
+        assert rows(tmp_path) == ([(1, 0), (2, 0)], [1, 2]) and chief.ledger.duplicates == 0
+        chief.stop()
+        assert drop_torn_report(RunDir(tmp_path).reports, tmp_path) is None
+        chief = start_chief(tmp_path, chief.port, resume=True)
+        assert chief.ledger.examples_done == 20
+    finally:
+        client.close()
+        chief.stop()
+
+
+def test_a_task_held_unfinished_at_a_workers_final_report_goes_back_to_the_queue(tmp_path: Path) -> None:
+    """Told to stop between being handed a task and finishing it (the chief's stop reaching it by heartbeat), a
+    worker's final report leaves the task neither done nor in flight with a worker that is gone: it is pending
+    again, at once; a task completed in that same report stays done."""
+    chief = start_chief(tmp_path)
+    link = ChiefLink(CoordinatorClient(f"127.0.0.1:{chief.port}", deadline_s=20), "worker#0-x", 0)
+    try:
+        link.register()
+        done, held = link.get_task(), link.get_task()
+        assert done.has_task and held.has_task and chief.ledger.summary()["tasks_in_flight"] == 2
+        link.report([], [], final=True, completed_tasks=[done.task_id], seq=1)
+        summary = chief.ledger.summary()
+        assert (summary["tasks_done"], summary["tasks_in_flight"], summary["tasks_pending"]) == (1, 0, 1), summary
+    finally:
+        link.coord.close()
         chief.stop()

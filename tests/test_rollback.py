@@ -3,13 +3,17 @@ accounting of their examples (summary.json's data)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from asyncps.chief.recorder import Recorder
 
 from asyncps.pb import coordinator_pb2 as cpb
 from asyncps.pb import ps_pb2
+from asyncps.rules.drops import DropReason
 from asyncps.rundir import PushRow, RestoreRow, Rollbacks, RowWriter, RunDir
+from asyncps.wire.proto import push_record
+from asyncps.wire.shard import PushOutcome
 
 OLD, NEW, NEWER = 11, 22, 33  # incarnations: the initial state, then two restores
 
@@ -94,4 +98,27 @@ def test_every_answered_row_is_accounted_against_the_shards_own_count(tmp_path: 
                      "unreported": {"1": 1}}
     [exact] = recorder.push_accounting([3], [{0: 3}])
     assert exact["unreported"] == {}
+    recorder.close()
+
+
+def test_a_push_sent_to_an_earlier_incarnation_is_recorded_with_the_one_that_answered_it(tmp_path: Path) -> None:
+    """A gradient computed before a restore reaches the restored state: dropped, and numbered on from the
+    restored count by it. Its row names that state (not the one it was sent to), so a later restore of
+    the shard takes it back exactly when it takes back that state's other answers."""
+    late = PushOutcome(False, 0, 100, 0.0, DropReason.RESTORED, "restored", seq=131, incarnation=NEW)
+    record = push_record(late, 0.0, 1, 99, 0.5, 7, incarnation=OLD)  # sent with the values of OLD
+    assert record.incarnation == NEW and record.seq == 131
+    older_shard = push_record(dataclasses.replace(late, incarnation=0), 0.0, 1, 99, 0.5, 7, incarnation=OLD)
+    assert older_shard.incarnation == OLD  # a shard that does not say: the one it was sent to
+    recorder = Recorder(tmp_path)
+    with RowWriter(RunDir(tmp_path).restores, RestoreRow, append=True) as out:
+        out.write(RestoreRow(0.0, 1, 100, NEW, "ckpt-00000002", answers=130))
+    recorder.add(0, [record], [])
+    # kept by NEW's own count (131 answers): nothing taken back, nothing unreported
+    [_, shard] = recorder.push_accounting([0, 131], [{}, {0: 131}])
+    assert shard["rows_taken_back"] == 0 and shard["unreported"] == {"0": 130}
+    with RowWriter(RunDir(tmp_path).restores, RestoreRow, append=True) as out:  # NEW goes back to 130 answers
+        out.write(RestoreRow(0.0, 1, 100, NEWER, "ckpt-00000002", answers=130))
+    [_, shard] = recorder.push_accounting([0, 130], [{}, {0: 130}])
+    assert shard["rows_taken_back"] == 1 and shard["unreported"] == {"0": 130}
     recorder.close()

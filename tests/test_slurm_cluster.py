@@ -164,5 +164,7 @@ def test_losing_the_chiefs_node_requeues_and_the_run_finishes(cluster: Cluster) 
           f"the loss; {result['updates_applied']} updates")
     assert lost not in after and result["updates_applied"] >= 4000  # type: ignore[operator]
     data = result["data"]
-    assert data["tasks_in_flight"] == data["tasks_pending"] == 0, data  # type: ignore[index]
-    assert data["tasks_done"] == data["tasks_issued"], data  # type: ignore[index]
+    # every task issued is done, or back in the queue (handed out as the stop came, or re-queued and not handed
+    # out again before it: an updates-limited run ends with data left), none in flight with a worker that is gone
+    assert data["tasks_in_flight"] == 0, data  # type: ignore[index]
+    assert data["tasks_done"] + data["tasks_pending"] == data["tasks_issued"], data  # type: ignore[index,operator]

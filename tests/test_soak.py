@@ -13,6 +13,11 @@ Opt-in (about 25 minutes here, loaded): marked `soak`, in no make target, skippe
 ASYNCPS_SOAK_SEED=N replays seed N's schedule; ASYNCPS_SOAK_ARGS adds flags to both runs (e.g. a
 consistency mode). The schedule holds 90 faults and the run is long enough for most of them; the test
 needs at least 60 to have happened before the run ended by itself.
+
+With `ASYNCPS_SOAK_ARGS="--replicas 2"` every shard kill is a takeover by the shard's backup, each once the
+backup of the process it kills is seeded (two copies survive one fault at a time, as in the chaos suite), and
+the run must end with no checkpoint restored and no push row taken back (its runs are 2500 epochs: with nothing
+rolled back, 1000 end before 60 faults have happened).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from tests.test_chaos import (
 )
 from tests.test_chief_restart import finish, role_pid, start_local
 from tests.test_cut_survives import wait_for, worker_pid
+from tests.test_replicas import seeded
 
 pytestmark = [pytest.mark.soak, pytest.mark.slow, pytest.mark.timeout(3600),
               pytest.mark.skipif(os.environ.get("ASYNCPS_SOAK") != "1", reason="opt-in: ASYNCPS_SOAK=1")]
@@ -58,6 +64,9 @@ FAULTS_PLANNED, FAULTS_NEEDED = 90, 60
 ARGS = ("--num-workers", "3", "--num-ps", "2", "--epochs", "1000", "--checkpoint-every-s", "3", "--eval-every-s", "20",
         "--max-restarts", "1000",
         *shlex.split(os.environ.get("ASYNCPS_SOAK_ARGS", "")))
+REPLICAS = int(ARGS[ARGS.index("--replicas") + 1]) if "--replicas" in ARGS else 1
+if REPLICAS > 1 and ARGS.count("--epochs") == 1:  # nothing rolled back: a longer run for the faults to happen in
+    ARGS = (*ARGS, "--epochs", "2500")
 
 
 def pause(what: str, find: Callable[[Path], int], seconds: float) -> Callable[..., None]:
@@ -76,7 +85,7 @@ def pause(what: str, find: Callable[[Path], int], seconds: float) -> Callable[..
 
 def kinds(rng: random.Random) -> list[Fault]:
     """Every single fault, each pause with its own length; pairs are made of two of these."""
-    out = [Fault(f"kill ps-{i}", 1, shard(i)) for i in "01"]
+    out = [Fault(f"kill ps-{i}", 1, shard(i), shards=1) for i in "01"]
     out += [Fault(f"kill worker {i}", 1, worker(i), workers=1) for i in "012"]
     out += [Fault("kill the chief", 1, chief)]
     for i in "01":
@@ -100,13 +109,13 @@ def schedule(seed: int) -> list[tuple[float, Fault]]:
         roll = rng.random()
         if roll < 0.08:
             i = rng.choice("01")
-            fault = Fault(f"kill ps-{i} during a checkpoint cut", 1, shard_during_checkpoint(i))
+            fault = Fault(f"kill ps-{i} during a checkpoint cut", 1, shard_during_checkpoint(i), shards=1)
         elif roll < 0.12:
             fault = Fault("kill the chief, then the restarted chief during its restart", 2, chief_during_restart)
         elif roll < 0.45:
             a, b = rng.sample(kinds(rng), 2)
             fault = Fault(f"{a.name} + {b.name} at once", a.kills + b.kills, at_once(a.act, b.act),
-                          a.workers + b.workers)
+                          a.workers + b.workers, a.shards + b.shards)
         else:
             fault = rng.choice(kinds(rng))
         out.append((round(rng.uniform(1.0, 4.0), 1), fault))
@@ -131,6 +140,7 @@ def soak(run_dir: Path, faults: list[tuple[float, Fault]]) -> tuple[RunSummary, 
     started = time.monotonic()
     proc = start_local(run_dir, *ARGS, "--seed", str(SEED), env={CUT_GATE_ENV: str(gate)})
     done: list[str] = []
+    shards_killed = 0
     try:
         if faults:
             wait_for("a checkpoint", CheckpointDir(RunDir(run_dir).checkpoints).complete, proc, timeout_s=180)
@@ -138,6 +148,16 @@ def soak(run_dir: Path, faults: list[tuple[float, Fault]]) -> tuple[RunSummary, 
             time.sleep(wait)  # the schedule's offsets, not an ordering of threads
             if proc.poll() is not None:
                 break
+            if REPLICAS > 1 and fault.shards:  # a shard's next kill once the backup of what it kills is seeded
+                want = 2 + shards_killed
+                try:
+                    wait_for("every shard's backup seeded", lambda want=want: seeded(run_dir) >= want, proc,
+                             timeout_s=60)
+                except AssertionError:
+                    if proc.poll() is None:
+                        raise
+                    break
+                shards_killed += fault.shards
             print(f"  t={time.monotonic() - started:6.1f}s  {fault.name}", flush=True)
             try:
                 fault.act(run_dir, gate, proc)
@@ -170,8 +190,9 @@ def test_a_soak_of_sixty_faults_ends_as_an_unfaulted_run(tmp_path: Path) -> None
     happened = [by_name[n] for n in done]
     chief_log = RunDir(tmp_path / "faulted").log("chief").read_text()
     print(f"\nfaulted: accuracy {faulted.final_eval.accuracy:.4f}, {faulted.updates_applied} updates, "
-          f"{faulted_s:.0f}s; {len(done)} faults, {sum(f.kills for f in happened)} processes killed; chief starts "
-          f"{chief_log.count('chief serving on port')}, shard restores {chief_log.count('restored from ckpt-')}")
+          f"{faulted_s:.0f}s; {len(done)} faults, {sum(f.kills for f in happened)} processes killed "
+          f"({sum(f.shards for f in happened)} shards); chief starts {chief_log.count('chief serving on port')}, "
+          f"shard restores {chief_log.count('restored from ckpt-')}")
     print("\n| fault | times |\n|---|---|")
     for name, n in sorted(collections.Counter(kind(n) for n in done).items()):
         print(f"| {name} | {n} |")
@@ -187,5 +208,8 @@ def test_a_soak_of_sixty_faults_ends_as_an_unfaulted_run(tmp_path: Path) -> None
         assert all(n > 0 for n in counts.unreported.values()), f"rows the shard never answered: {counts}"
         assert counts.answers == counts.rows - counts.rows_taken_back + sum(counts.unreported.values()), counts
     assert faulted.data["tasks_done"] == faulted.data["tasks_planned"], faulted.data
+    if REPLICAS > 1:  # every shard kill a takeover: nothing went back to a checkpoint, no push row taken back
+        assert "restored from ckpt" not in chief_log, chief_log[-3000:]
+        assert all(c.rows_taken_back == 0 for c in faulted.shards), faulted.shards
     assert abs(faulted.final_eval.accuracy - base.final_eval.accuracy) <= 0.01, (base.final_eval.accuracy,
                                                                                  faulted.final_eval.accuracy)

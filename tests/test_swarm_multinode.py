@@ -203,8 +203,9 @@ def test_stack_across_nodes_trains_and_survives_a_lost_worker_node(nodes: Nodes,
               f"pushes by worker {dict(sorted(pushes.items()))}, data {data}")
         assert len(dead) == 1, chief_log[-4000:]
         assert summary["updates_applied"] >= 20000, summary
-        assert data["tasks_in_flight"] == data["tasks_pending"] == 0, data
-        assert data["tasks_done"] == data["tasks_issued"] and data["tasks_requeued"] >= 1, data
+        # every task issued is done or back in the queue (handed out as the stop came: an updates-limited run)
+        assert data["tasks_in_flight"] == 0 and data["tasks_requeued"] >= 1, data
+        assert data["tasks_done"] + data["tasks_pending"] == data["tasks_issued"], data
         for shard in summary["shards"]:
             crossed = shard["bytes_by_transport"]
             print(f"swarm multinode: shard bytes by transport: {crossed}")

@@ -170,3 +170,25 @@ def test_every_answer_a_worker_records_is_numbered_once_and_a_follower_answers_a
     lost = follower.commit("w1", ballot1, Decisions(coord.incarnation, ()), worker_index=1)
     assert lost.drop is DropReason.RESTORED and lost.seq == 4
     assert follower.stats().answers_by_worker == {0: 1, 1: 2, 2: 1}
+
+
+def test_a_repeated_staging_vote_or_commit_is_given_its_first_answer_not_a_second() -> None:
+    """A staging, a vote or a commit whose answer was lost (its shard died after answering and its backup took
+    over) is repeated: it gets the first answer again, numbered as before, and each shard counts one answer."""
+    coord, follower = shard(0, "sync", "a", workers=1), shard(1, "sync", "b", workers=1)
+    ballot = Ballot(0, coord.incarnation)
+    follower.push("w0", 0, {"b": g(2.0)}, follower.incarnation, 5, ballot=ballot, worker_index=0)
+    coord.push("w0", 0, {"a": g(2.0)}, coord.incarnation, 5, ballot=ballot, worker_index=0)
+    decisions = coord.decisions_since(0)
+    assert decisions is not None
+    # the staging and the vote of that step, repeated (their shards' primaries died after answering): the
+    # first answers again, not "already staged" (a refusal the worker would record) nor a second vote
+    restaged = follower.push("w0", 0, {"b": g(2.0)}, follower.incarnation, 5, ballot=ballot, worker_index=0)
+    assert restaged.accepted and restaged.seq == 0 and follower.stats().pushes_dropped == 0
+    revote = coord.push("w0", 0, {"a": g(2.0)}, coord.incarnation, 5, ballot=ballot, worker_index=0)
+    assert revote.accepted and revote.seq == 1 and coord.version == 1 and coord.stats().answers == 1
+    first = follower.commit("w0", ballot, decisions, 5, worker_index=0)
+    again = follower.commit("w0", ballot, decisions, 5, worker_index=0)
+    assert first.accepted and (again, again.seq) == (first, first.seq) == (first, 1)
+    assert follower.stats().answers == 1 and follower.version == 1
+    np.testing.assert_allclose(follower.values()["b"], -g(2.0))

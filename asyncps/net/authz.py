@@ -38,7 +38,8 @@ _ANY_ROLE = ALL_ROLES
 # Who may call what. Keys are full method paths; a role not listed gets PERMISSION_DENIED.
 METHOD_ROLES: Mapping[str, frozenset[str]] = {
     **{f"/{SHARD_SERVICE}/{name}": _CHIEF_ONLY
-       for name in ("Initialize", "Restore", "Pause", "Snapshot", "SetLiveWorkers", "Shutdown")},
+       for name in ("Initialize", "Restore", "Pause", "Snapshot", "SetLiveWorkers", "Shutdown", "SetBackup",
+                    "Promote")},
     **{f"/{SHARD_SERVICE}/{name}": _ANY_ROLE
        for name in ("Pull", "Push", "PushPull", "GetStats", "AttachShm", "ShmPushPull",
                      "DataPort")},

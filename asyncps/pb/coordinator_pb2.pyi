@@ -169,8 +169,10 @@ class PushRecord(google.protobuf.message.Message):
     local_steps: builtins.int
     """local SGD steps the push carried (0 from older workers: 1, a gradient)"""
     incarnation: builtins.int
-    """The incarnation of the shard's state the push was sent to, the one an accepted push was applied
-    to (0 from older workers): a restore of the shard to a checkpoint rolls back its later pushes.
+    """The incarnation of the shard's state that answered the push (PushResult.incarnation), the one an
+    accepted push was applied to and whose numbering its seq is (a push sent to an earlier incarnation is
+    dropped and answered by the current one; older shards: the one it was sent to; 0 from older workers):
+    a restore of the shard to a checkpoint takes back its later answers.
     """
     seq: builtins.int
     """The shard's answer number (PushResult.seq; 0 from older shards): pushes.csv against the shards'

@@ -107,12 +107,17 @@ class InitializeHeader(google.protobuf.message.Message):
     RULE_FIELD_NUMBER: builtins.int
     RUN_ID_FIELD_NUMBER: builtins.int
     GENERATED_FIELD_NUMBER: builtins.int
+    INCARNATION_FIELD_NUMBER: builtins.int
     worker_id: builtins.str
     shard_index: builtins.int
     num_shards: builtins.int
     run_id: builtins.str
     """The run this state belongs to (set by its chief): a chief of another run is refused
     (ALREADY_EXISTS) instead of training on this state. Empty: not checked.
+    """
+    incarnation: builtins.int
+    """The incarnation the created state takes (a backup's: its primary's, asyncps.ps.replica); 0: the shard
+    draws one. Negative: refused.
     """
     @property
     def rule(self) -> global___UpdateRule: ...
@@ -131,9 +136,10 @@ class InitializeHeader(google.protobuf.message.Message):
         rule: global___UpdateRule | None = ...,
         run_id: builtins.str = ...,
         generated: collections.abc.Iterable[global___GeneratedTable] | None = ...,
+        incarnation: builtins.int = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["rule", b"rule"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["generated", b"generated", "num_shards", b"num_shards", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "worker_id", b"worker_id"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["generated", b"generated", "incarnation", b"incarnation", "num_shards", b"num_shards", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "worker_id", b"worker_id"]) -> None: ...
 
 global___InitializeHeader = InitializeHeader
 
@@ -392,6 +398,7 @@ class PushResult(google.protobuf.message.Message):
     DROP_FIELD_NUMBER: builtins.int
     SEQ_FIELD_NUMBER: builtins.int
     ROWS_FIELD_NUMBER: builtins.int
+    INCARNATION_FIELD_NUMBER: builtins.int
     accepted: builtins.bool
     staleness: builtins.int
     """version_now - base_version when the push arrived"""
@@ -408,6 +415,10 @@ class PushResult(google.protobuf.message.Message):
     count back to its checkpoint's): the one a worker records for this push; 0 when it is not the
     recorded one (a gradient staged on a sync follower: the commit answers for it).
     """
+    incarnation: builtins.int
+    """The incarnation of the shard's state that gave this answer (numbered it: seq); a push sent to an
+    earlier one (dropped as restored) is answered, and numbered, by the current one. 0: not said.
+    """
     @property
     def rows(self) -> global___RowStaleness:
         """Per-row staleness over the rows the push's sparse gradients touched with their read clocks"""
@@ -423,9 +434,10 @@ class PushResult(google.protobuf.message.Message):
         drop: global___DropReason.ValueType = ...,
         seq: builtins.int = ...,
         rows: global___RowStaleness | None = ...,
+        incarnation: builtins.int = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["rows", b"rows"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "rows", b"rows", "seq", b"seq", "staleness", b"staleness", "version", b"version"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["accepted", b"accepted", "drop", b"drop", "drop_detail", b"drop_detail", "effective_lr", b"effective_lr", "incarnation", b"incarnation", "rows", b"rows", "seq", b"seq", "staleness", b"staleness", "version", b"version"]) -> None: ...
 
 global___PushResult = PushResult
 
@@ -780,6 +792,70 @@ class ShutdownResponse(google.protobuf.message.Message):
 global___ShutdownResponse = ShutdownResponse
 
 @typing.final
+class SetBackupRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    ADDRESS_FIELD_NUMBER: builtins.int
+    address: builtins.str
+    """host:port of the backup shard; empty: no backup any more"""
+    def __init__(
+        self,
+        *,
+        address: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["address", b"address"]) -> None: ...
+
+global___SetBackupRequest = SetBackupRequest
+
+@typing.final
+class SetBackupResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: builtins.int
+    version: builtins.int
+    """the version the backup is seeded at (the shard's now)"""
+    def __init__(
+        self,
+        *,
+        version: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["version", b"version"]) -> None: ...
+
+global___SetBackupResponse = SetBackupResponse
+
+@typing.final
+class PromoteRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    PORT_FIELD_NUMBER: builtins.int
+    port: builtins.int
+    """the primary's port, on this shard's host (1-65535)"""
+    def __init__(
+        self,
+        *,
+        port: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["port", b"port"]) -> None: ...
+
+global___PromoteRequest = PromoteRequest
+
+@typing.final
+class PromoteResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    PORT_FIELD_NUMBER: builtins.int
+    port: builtins.int
+    """where the shard serves now, beside its own port"""
+    def __init__(
+        self,
+        *,
+        port: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["port", b"port"]) -> None: ...
+
+global___PromoteResponse = PromoteResponse
+
+@typing.final
 class PauseRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
@@ -900,6 +976,8 @@ class SnapshotHeader(google.protobuf.message.Message):
     ANSWERS_FIELD_NUMBER: builtins.int
     ANSWERS_BY_WORKER_FIELD_NUMBER: builtins.int
     KEYED_FIELD_NUMBER: builtins.int
+    INCARNATION_FIELD_NUMBER: builtins.int
+    LIVE_TREE_FIELD_NUMBER: builtins.int
     version: builtins.int
     pushes_accepted: builtins.int
     pushes_dropped: builtins.int
@@ -908,6 +986,17 @@ class SnapshotHeader(google.protobuf.message.Message):
     """the run the state belongs to (Restore: it becomes the shard's run)"""
     answers: builtins.int
     """ShardStats.answers and answers_by_worker of the state"""
+    incarnation: builtins.int
+    """Restore: the incarnation the restored state takes, chosen by the chief so that restores.csv names it
+    before the restore happens; 0: the shard draws one. It must differ from the shard's current one.
+    A snapshot read from a shard: 0.
+    """
+    live_tree: builtins.bytes
+    """A backup seeded from a live primary (asyncps.ps.replica): the part of the state a checkpoint leaves
+    out (mode state, read values, retry memo, drop reasons, row clocks; asyncps.ps.live_state), as a JSON
+    tree of plain values and the named classes of the shard's modes, whose arrays are the tensors
+    "live/INDEX". Empty: none (a checkpoint's part, a snapshot read from a shard).
+    """
     @property
     def rule(self) -> global___UpdateRule: ...
     @property
@@ -935,15 +1024,17 @@ class SnapshotHeader(google.protobuf.message.Message):
         answers: builtins.int = ...,
         answers_by_worker: collections.abc.Mapping[builtins.int, builtins.int] | None = ...,
         keyed: collections.abc.Iterable[global___GeneratedTable] | None = ...,
+        incarnation: builtins.int = ...,
+        live_tree: builtins.bytes = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["rule", b"rule"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["answers", b"answers", "answers_by_worker", b"answers_by_worker", "keyed", b"keyed", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "updates", b"updates", "version", b"version"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["answers", b"answers", "answers_by_worker", b"answers_by_worker", "incarnation", b"incarnation", "keyed", b"keyed", "live_tree", b"live_tree", "pushes_accepted", b"pushes_accepted", "pushes_dropped", b"pushes_dropped", "rule", b"rule", "run_id", b"run_id", "shard_index", b"shard_index", "updates", b"updates", "version", b"version"]) -> None: ...
 
 global___SnapshotHeader = SnapshotHeader
 
 @typing.final
 class SnapshotChunk(google.protobuf.message.Message):
-    """Tensor names: "value/NAME" and "slot/SLOT/NAME"."""
+    """Tensor names: "value/NAME", "slot/SLOT/NAME", "policy/KEY/NAME" and "live/INDEX"."""
 
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 

@@ -79,6 +79,16 @@ class ParameterServerStub(object):
                 request_serializer=asyncps_dot_pb_dot_ps__pb2.DataPortRequest.SerializeToString,
                 response_deserializer=asyncps_dot_pb_dot_ps__pb2.DataPortResponse.FromString,
                 )
+        self.SetBackup = channel.unary_unary(
+                '/asyncps.pb.ParameterServer/SetBackup',
+                request_serializer=asyncps_dot_pb_dot_ps__pb2.SetBackupRequest.SerializeToString,
+                response_deserializer=asyncps_dot_pb_dot_ps__pb2.SetBackupResponse.FromString,
+                )
+        self.Promote = channel.unary_unary(
+                '/asyncps.pb.ParameterServer/Promote',
+                request_serializer=asyncps_dot_pb_dot_ps__pb2.PromoteRequest.SerializeToString,
+                response_deserializer=asyncps_dot_pb_dot_ps__pb2.PromoteResponse.FromString,
+                )
 
 
 class ParameterServerServicer(object):
@@ -180,6 +190,23 @@ class ParameterServerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetBackup(self, request, context):
+        """Replicated shards (asyncps/ps/replica.py): from now on every state change is forwarded to the backup
+        shard at `address`, its whole state first, and a call is answered once the backup applied it. An
+        empty address lets the backup go. The chief's (or its launcher's) call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Promote(self, request, context):
+        """Replicated shards: this backup takes over its primary's address (the primary died): it serves on
+        `port` of its host too, so the workers and the chief reach it where they reached the primary.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -247,6 +274,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.DataPort,
                     request_deserializer=asyncps_dot_pb_dot_ps__pb2.DataPortRequest.FromString,
                     response_serializer=asyncps_dot_pb_dot_ps__pb2.DataPortResponse.SerializeToString,
+            ),
+            'SetBackup': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetBackup,
+                    request_deserializer=asyncps_dot_pb_dot_ps__pb2.SetBackupRequest.FromString,
+                    response_serializer=asyncps_dot_pb_dot_ps__pb2.SetBackupResponse.SerializeToString,
+            ),
+            'Promote': grpc.unary_unary_rpc_method_handler(
+                    servicer.Promote,
+                    request_deserializer=asyncps_dot_pb_dot_ps__pb2.PromoteRequest.FromString,
+                    response_serializer=asyncps_dot_pb_dot_ps__pb2.PromoteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,5 +513,39 @@ class ParameterServer(object):
         return grpc.experimental.unary_unary(request, target, '/asyncps.pb.ParameterServer/DataPort',
             asyncps_dot_pb_dot_ps__pb2.DataPortRequest.SerializeToString,
             asyncps_dot_pb_dot_ps__pb2.DataPortResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SetBackup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/asyncps.pb.ParameterServer/SetBackup',
+            asyncps_dot_pb_dot_ps__pb2.SetBackupRequest.SerializeToString,
+            asyncps_dot_pb_dot_ps__pb2.SetBackupResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Promote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/asyncps.pb.ParameterServer/Promote',
+            asyncps_dot_pb_dot_ps__pb2.PromoteRequest.SerializeToString,
+            asyncps_dot_pb_dot_ps__pb2.PromoteResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

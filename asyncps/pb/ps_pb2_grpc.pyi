@@ -105,6 +105,23 @@ class ParameterServerStub:
     ]
     """Where this shard's lean TCP data path listens (asyncps/ps/tcp.py); port 0: none."""
 
+    SetBackup: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.SetBackupRequest,
+        asyncps.pb.ps_pb2.SetBackupResponse,
+    ]
+    """Replicated shards (asyncps/ps/replica.py): from now on every state change is forwarded to the backup
+    shard at `address`, its whole state first, and a call is answered once the backup applied it. An
+    empty address lets the backup go. The chief's (or its launcher's) call.
+    """
+
+    Promote: grpc.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.PromoteRequest,
+        asyncps.pb.ps_pb2.PromoteResponse,
+    ]
+    """Replicated shards: this backup takes over its primary's address (the primary died): it serves on
+    `port` of its host too, so the workers and the chief reach it where they reached the primary.
+    """
+
 class ParameterServerAsyncStub:
     Initialize: grpc.aio.StreamUnaryMultiCallable[
         asyncps.pb.ps_pb2.InitializeChunk,
@@ -191,6 +208,23 @@ class ParameterServerAsyncStub:
         asyncps.pb.ps_pb2.DataPortResponse,
     ]
     """Where this shard's lean TCP data path listens (asyncps/ps/tcp.py); port 0: none."""
+
+    SetBackup: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.SetBackupRequest,
+        asyncps.pb.ps_pb2.SetBackupResponse,
+    ]
+    """Replicated shards (asyncps/ps/replica.py): from now on every state change is forwarded to the backup
+    shard at `address`, its whole state first, and a call is answered once the backup applied it. An
+    empty address lets the backup go. The chief's (or its launcher's) call.
+    """
+
+    Promote: grpc.aio.UnaryUnaryMultiCallable[
+        asyncps.pb.ps_pb2.PromoteRequest,
+        asyncps.pb.ps_pb2.PromoteResponse,
+    ]
+    """Replicated shards: this backup takes over its primary's address (the primary died): it serves on
+    `port` of its host too, so the workers and the chief reach it where they reached the primary.
+    """
 
 class ParameterServerServicer(metaclass=abc.ABCMeta):
     @abc.abstractmethod
@@ -304,5 +338,26 @@ class ParameterServerServicer(metaclass=abc.ABCMeta):
         context: _ServicerContext,
     ) -> typing.Union[asyncps.pb.ps_pb2.DataPortResponse, collections.abc.Awaitable[asyncps.pb.ps_pb2.DataPortResponse]]:
         """Where this shard's lean TCP data path listens (asyncps/ps/tcp.py); port 0: none."""
+
+    @abc.abstractmethod
+    def SetBackup(
+        self,
+        request: asyncps.pb.ps_pb2.SetBackupRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[asyncps.pb.ps_pb2.SetBackupResponse, collections.abc.Awaitable[asyncps.pb.ps_pb2.SetBackupResponse]]:
+        """Replicated shards (asyncps/ps/replica.py): from now on every state change is forwarded to the backup
+        shard at `address`, its whole state first, and a call is answered once the backup applied it. An
+        empty address lets the backup go. The chief's (or its launcher's) call.
+        """
+
+    @abc.abstractmethod
+    def Promote(
+        self,
+        request: asyncps.pb.ps_pb2.PromoteRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[asyncps.pb.ps_pb2.PromoteResponse, collections.abc.Awaitable[asyncps.pb.ps_pb2.PromoteResponse]]:
+        """Replicated shards: this backup takes over its primary's address (the primary died): it serves on
+        `port` of its host too, so the workers and the chief reach it where they reached the primary.
+        """
 
 def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

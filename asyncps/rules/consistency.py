@@ -25,7 +25,7 @@ import abc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from asyncps.errors import InvalidArgumentError
 from asyncps.rules.drops import DropReason
@@ -102,6 +102,10 @@ class Consistency(abc.ABC):
     # call and the worker pushes again (the shard recognizes the repeated push: `retries`)
     strict_reads = False
     enforce_bound = True  # False only in tests that show what the bound prevents
+    # the classes the mode's state holds besides plain values, containers, numpy arrays and the mode itself:
+    # all a backup seeded from a live shard may be sent of it (asyncps.ps.live_state); a mode of a plugin
+    # module that keeps objects of its own lists them here
+    state_types: ClassVar[tuple[type, ...]] = ()
 
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers

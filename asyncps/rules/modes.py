@@ -39,6 +39,7 @@ class SSPConsistency(Consistency):
 
     name = "ssp"
     strict_reads = True
+    state_types = (RetryMemo,)
 
     def __init__(self, num_workers: int, staleness_bound: int) -> None:
         super().__init__(num_workers)

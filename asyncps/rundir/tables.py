@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,6 +216,11 @@ class RowWriter(Generic[R]):
     def flush(self) -> None:
         """Hand the rows written so far to the operating system (readers see them)."""
         self._file.flush()
+
+    def size(self) -> int:
+        """The file's size in bytes once the rows written so far are flushed."""
+        self._file.flush()
+        return os.fstat(self._file.fileno()).st_size
 
     def close(self) -> None:
         """Flush and close."""

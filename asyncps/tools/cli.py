@@ -268,7 +268,7 @@ def require_tensorflow(command: str) -> None:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     """asyncps ps."""
-    from asyncps.ps.main import PsConfig, run_ps
+    from asyncps.ps.main import EXIT_TERMINATED, PsConfig, run_ps
 
     tf = _tf_config()
     port, index = _port(args, tf, "ps"), int(args.index)
@@ -285,9 +285,22 @@ def cmd_ps(args: argparse.Namespace) -> int:
                       transport_settings={s.name: getattr(args, s.name) for _, s in TRANSPORTS.shard_settings()},
                       plugins=tuple(m.strip() for m in str(args.plugins).split(",") if m.strip()))
     _setup_logging(args.log_level, f"ps-{index}")
-    stop = threading.Event()
-    _install_signals(stop)
-    return run_ps(config, stop)
+    stop, terminated = threading.Event(), threading.Event()
+
+    def on_sigterm(_signum: int) -> None:
+        terminated.set()
+        stop.set()
+
+    SignalRoute({signal.SIGTERM: on_sigterm, signal.SIGINT: lambda _: stop.set()}).install()
+    code = run_ps(config, stop)
+    if code == 0 and terminated.is_set():
+        # SIGTERM is an orchestrator replacing this task (unhealthy, drained, evicted), not the run's end (the
+        # chief's Shutdown): exiting 0 would read as "complete" to swarm's or Kubeflow's on-failure restart policy,
+        # which would then never bring the shard back
+        logging.getLogger("asyncps.ps").info("shard %d: stopped by SIGTERM: exiting %d (the chief's Shutdown "
+                                                "exits 0)", index, EXIT_TERMINATED)
+        return EXIT_TERMINATED
+    return code
 
 
 def chief_beside(port_file: Path, timeout_s: float) -> str:
@@ -384,7 +397,7 @@ def cmd_local(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
     return run_local(run, run_dir, progress=not args.quiet, resume=bool(args.resume), secure=bool(args.secure),
                      client_auth=not args.tls_no_client_auth, prometheus_port=int(args.prometheus_port),
-                     max_restarts=int(args.max_restarts), fork=not args.exec_roles)
+                     max_restarts=int(args.max_restarts), fork=not args.exec_roles, replicas=int(args.replicas))
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -522,6 +535,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --secure: servers do not require client certificates (TLS instead of mTLS)")
     _add(p, "--max-restarts", 5, "restarts of each process (a shard, a worker, the chief) after a crash; one more "
          "crash and the launcher gives up on it (a dead chief or shard ends the run)", type=int)
+    _add(p, "--replicas", 1, "copies of each shard's state: 2 starts a backup per shard that applies every push "
+         "before the shard answers it and takes over the shard's port when it dies, nothing lost (async and SSP "
+         "runs; a new backup is seeded from the live shard); 1: none, a dead shard is restored from the latest "
+         "checkpoint", type=int)
     p.add_argument("--exec-roles", action="store_true",
                    help="start the chief and each worker process as a fresh interpreter that loads TensorFlow "
                         "itself, instead of forking them from one process that loaded it once (the default)")

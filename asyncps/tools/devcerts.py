@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 DEFAULT_NAMES = ("localhost", "127.0.0.1", "::1")
 DEFAULT_DAYS = 30
 CHIEF_COMMON_NAME = "asyncps-chief"  # asyncps.net.authz.DEFAULT_CHIEF_IDENTITY
+SERVER_COMMON_NAME = "asyncps-server"  # the shards' certificate
 # Host names (with an optional leading wildcard label) or IP literals.
 _HOST_NAME = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
@@ -172,7 +173,7 @@ def generate_dev_certs(directory: Path, extra_names: Sequence[str] = (), days: i
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = _certificate("asyncps development CA", ca_key, None, ca_key, days, (), ())
     server, client = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
-    leaves = ((paths.server_cert, paths.server_key, "asyncps-server", (server, client), names),
+    leaves = ((paths.server_cert, paths.server_key, SERVER_COMMON_NAME, (server, client), names),
               (paths.client_cert, paths.client_key, "asyncps-client", (client,), ()),
               (paths.chief_cert, paths.chief_key, CHIEF_COMMON_NAME, (server, client), names))
     _write_key(paths.ca_key, ca_key)

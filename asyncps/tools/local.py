@@ -11,11 +11,13 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from asyncps.config import RunConfig, env_name, flag_name, run_options
+from asyncps.errors import AsyncpsError
 from asyncps.ml.specs import load_problems
 from asyncps.net.security import SecurityConfig
 from asyncps.procenv import cli_command, process_env
@@ -25,9 +27,13 @@ from asyncps.tools.forkserver import FORK_SUPPORTED, ForkServer, Process, shared
 from asyncps.tools.memwatch import MemoryWatch
 from asyncps.tools.progress import StatusPoller, display_for
 from asyncps.transport import shmseg
+from asyncps.transport.grpc_shard import GrpcShardControl, ShardLink
 
 if TYPE_CHECKING:
     from asyncps.tools.progress import StatusSink
+
+
+BACKUP_SUFFIX = "-backup"  # a shard's backup process is named ps-I-backup (--replicas 2)
 
 
 def default_run_dir() -> Path:
@@ -91,10 +97,17 @@ class Child:
     name: str
     proc: Process  # a subprocess.Popen (a shard, or any process without the fork server) or a ForkedProcess
     log: IO[bytes]
+    terminated: bool = False  # the launcher sent it SIGTERM (stop): a shard then exits 143, as it should
 
     def alive(self) -> bool:
         """True while the process runs."""
         return self.proc.poll() is None
+
+    def failed(self) -> bool:
+        """It exited with a status other than 0 and the one SIGTERM gives, when the launcher sent it."""
+        code = self.proc.poll()
+        by_sigterm = (128 + signal.SIGTERM, -signal.SIGTERM)
+        return code is not None and code != 0 and not (self.terminated and code in by_sigterm)
 
 
 class LocalCluster:
@@ -102,7 +115,10 @@ class LocalCluster:
 
     def __init__(self, run: RunConfig, run_dir: Path, env: dict[str, str] | None = None,
                  resume: bool = False, max_restarts: int = 5, secure: bool = False,
-                 client_auth: bool = True, prometheus_port: int = -1, fork: bool = True) -> None:
+                 client_auth: bool = True, prometheus_port: int = -1, fork: bool = True, replicas: int = 1) -> None:
+        if replicas not in (1, 2):
+            raise ValueError(f"--replicas is 1 (no backups) or 2 (a backup per shard), got {replicas}")
+        self.replicas = replicas
         self.run = run
         # `fork`: the chief and the workers are forked from a server that loaded TensorFlow once
         # (asyncps.tools.forkserver); without it each is a fresh interpreter that loads its own
@@ -128,6 +144,8 @@ class LocalCluster:
         self.children: list[Child] = []
         self.chief_address = ""
         self.ps_addresses: list[str] = []
+        self.backups: dict[int, str] = {}  # shard index -> its seeded backup's address (--replicas 2)
+        self.takeovers: list[float] = []  # seconds from a primary's death noticed to its backup serving its port
         self._ps_args: dict[str, list[str]] = {}
         self._chief_args: list[str] = []
         self._worker_args: dict[str, list[str]] = {}
@@ -174,6 +192,9 @@ class LocalCluster:
                                          "--index", child.name.split("-")[1],
                                          "--chunk-bytes", str(self.run.chunk_bytes), *self._timeout_args,
                                          *self._plugin_args]
+        if self.replicas > 1:  # before the chief initializes them: a backup holds every state change
+            for i in range(self.run.num_ps):
+                self._start_backup(i, port_timeout_s)
         port_file = self.files.port_file("chief")
         port_file.unlink(missing_ok=True)
         args = ["chief", "--host", "127.0.0.1", "--ps", ",".join(self.ps_addresses),
@@ -215,7 +236,7 @@ class LocalCluster:
     def _make_secrets(self) -> None:
         """A development CA, a certificate per role (shards, chief, workers) and a token per role:
         a worker's credentials cannot call the shards' chief-only methods."""
-        from asyncps.tools.devcerts import cert_paths, generate_dev_certs
+        from asyncps.tools.devcerts import CHIEF_COMMON_NAME, SERVER_COMMON_NAME, cert_paths, generate_dev_certs
 
         secrets_dir = self.files.secrets
         secrets_dir.mkdir(mode=0o700, exist_ok=True)
@@ -229,24 +250,100 @@ class LocalCluster:
         tls_mode = [] if self.client_auth else ["--tls-no-client-auth"]
         tokens = ["--token-file", str(token_file)]
         chief_tokens = [*tokens, "--chief-token-file", str(chief_token_file)]
+        # --replicas 2: a primary forwards the chief's calls to its backup (asyncps.ps.replica) with the shards'
+        # certificate and the chief's token, which every shard holds already (it checks the chief's calls with it):
+        # the shards take that certificate's name for a chief's too; workers have neither
+        ps_tokens = [*chief_tokens, "--chief-identity", f"{CHIEF_COMMON_NAME},{SERVER_COMMON_NAME}"] \
+            if self.replicas > 1 else chief_tokens
         self._security_args = {
             role: [*role_tokens, "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(certs.ca_cert),
                    *tls_mode]
             for role, role_tokens, cert, key in (
-                ("ps", chief_tokens, certs.server_cert, certs.server_key),
+                ("ps", ps_tokens, certs.server_cert, certs.server_key),
                 ("chief", chief_tokens, certs.chief_cert, certs.chief_key),
                 ("worker", tokens, certs.client_cert, certs.client_key))}
         self.security = SecurityConfig.from_flags(str(token_file), str(certs.chief_cert), str(certs.chief_key),
                                                   str(certs.ca_cert), require_client_cert=self.client_auth,
                                                   chief_token_file=str(chief_token_file))
 
+    def _start_backup(self, index: int, port_timeout_s: float = 120.0) -> str | None:
+        """Start shard `index`'s backup (`ps-I-backup`) and have its primary forward to it, its whole state
+        first (asyncps.ps.replica); its address, or None when it could not be seeded (its primary is gone or
+        refused: the process is stopped, and the shard goes on without a backup, saying so)."""
+        name = f"ps-{index}{BACKUP_SUFFIX}"
+        port_file = self.files.port_file(name)
+        port_file.unlink(missing_ok=True)
+        # no chief watch: the chief never calls a backup (its primary does) until it takes over
+        child = self._spawn(name, ["ps", "--host", "127.0.0.1", "--port", "0", "--index", str(index),
+                                   "--chunk-bytes", str(self.run.chunk_bytes), flag_name("chief_timeout_s"), "0",
+                                   *self._plugin_args, "--port-file", str(port_file)])
+        try:
+            address = f"127.0.0.1:{self._wait_port(child, port_file, port_timeout_s)}"
+            link = ShardLink(self.ps_addresses[index], deadline_s=5.0, security=self.security)
+            with closing(GrpcShardControl(link)) as primary:
+                primary.set_backup(address)
+        except (ProcessDied, AsyncpsError) as exc:
+            print(f"\nasyncps local: ps-{index} has no backup for now: {exc}", file=sys.stderr)
+            child.proc.kill()
+            child.proc.wait()
+            child.log.close()
+            self.children.remove(child)
+            return None
+        self.backups[index] = address
+        return address
+
     def restart_dead_shards(self) -> list[str]:
-        """Start again, on the same port, every shard that died (the chief restores its state)."""
+        """Start again, on the same port, every shard that died (the chief restores its state); with backups
+        (--replicas 2), a dead primary's backup takes over its port instead, with every push it answered, and
+        a new backup is started for it; a dead backup is replaced (seeded from its primary)."""
         restarted = []
         for child in list(self.children):
-            if child.name.startswith("ps-") and child.proc.poll() not in (None, 0) and self._restart(child):
+            if not child.name.startswith("ps-") or child.proc.poll() in (None, 0):
+                continue
+            index = int(child.name.removeprefix("ps-").removesuffix(BACKUP_SUFFIX))
+            backup = next((c for c in self.children if c.name == f"ps-{index}{BACKUP_SUFFIX}"), None)
+            if child.name.endswith(BACKUP_SUFFIX):
+                if self._within_restarts(child):
+                    self.children.remove(child)
+                    child.log.close()
+                    self._start_backup(index)
+                    restarted.append(f"{child.name} died; started a new backup, seeded from its primary")
+            elif backup is not None and backup.alive() and index in self.backups and self._within_restarts(child):
+                started = time.monotonic()
+                port = int(self.ps_addresses[index].rpartition(":")[2])
+                try:
+                    link = ShardLink(self.backups[index], deadline_s=5.0, security=self.security)
+                    with closing(GrpcShardControl(link)) as control:
+                        control.promote(port)
+                except AsyncpsError as exc:  # the backup went too: the shard restarts, the chief restores it
+                    print(f"\nasyncps local: ps-{index}'s backup could not take over: {exc}", file=sys.stderr)
+                    del self.backups[index]
+                    self._replace(child)  # its restart is counted already
+                    restarted.append(child.name)
+                    continue
+                self.children.remove(child)
+                child.log.close()
+                backup.name = child.name  # the backup is the primary now, where the primary served
+                del self.backups[index]  # until a new one is seeded
+                self.takeovers.append(time.monotonic() - started)
+                self._start_backup(index)
+                restarted.append(f"{child.name} died; its backup took over its port in {self.takeovers[-1]:.2f}s "
+                                 "with every push it answered, and a new backup started")
+            elif self._restart(child):
                 restarted.append(child.name)
+                if self.replicas > 1 and (backup is None or not backup.alive()):
+                    self.backups.pop(index, None)
+                    self._start_backup(index)  # seeded from the restarted shard once the chief restored it
         return restarted
+
+    def _within_restarts(self, child: Child) -> bool:
+        """Count one restart of `child`'s name: False (given up) past max_restarts."""
+        count = self.restarts.get(child.name, 0)
+        if count >= self.max_restarts:
+            self._given_up.add(child.name)
+            return False
+        self.restarts[child.name] = count + 1
+        return True
 
     def restart_dead_workers(self) -> list[str]:
         """Start again every worker process that crashed (exited non-zero or was killed), under the
@@ -269,8 +366,8 @@ class LocalCluster:
             return False
         # a shard the dead chief told to exit (exit 0) is needed by the run it resumes: started again
         # on its port, empty, it gets the latest checkpoint from the new chief
-        for child in list(self.children):
-            if child.name.startswith("ps-") and not child.alive():
+        for child in list(self.children):  # (a backup that exited is the next takeover's business, not the chief's)
+            if child.name.startswith("ps-") and not child.name.endswith(BACKUP_SUFFIX) and not child.alive():
                 self._restart(child)
         return True
 
@@ -282,11 +379,13 @@ class LocalCluster:
 
     def _restart(self, child: Child) -> bool:
         """Replace a dead child by a new process with its arguments (within max_restarts per name)."""
-        count = self.restarts.get(child.name, 0)
-        if count >= self.max_restarts:
-            self._given_up.add(child.name)
+        if not self._within_restarts(child):
             return False
-        self.restarts[child.name] = count + 1
+        self._replace(child)
+        return True
+
+    def _replace(self, child: Child) -> None:
+        """A new process in a dead child's place, with its arguments (the restart already counted)."""
         child.log.close()
         i = self.children.index(child)
         self.children.pop(i)
@@ -295,7 +394,6 @@ class LocalCluster:
         replacement = self._spawn(child.name, args)
         self.children.remove(replacement)
         self.children.insert(i, replacement)
-        return True
 
     @property
     def chief(self) -> Child:
@@ -315,6 +413,7 @@ class LocalCluster:
             try:
                 child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                child.terminated = True
                 child.proc.terminate()
         for child in self.children:
             try:
@@ -341,8 +440,9 @@ class LocalCluster:
 def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
               env: dict[str, str] | None = None, resume: bool = False, secure: bool = False,
               client_auth: bool = True, sink: StatusSink | None = None, prometheus_port: int = -1,
-              max_restarts: int = 5, quiet: bool = False, fork: bool = True) -> int:
-    """Run a whole local cluster to completion; return the chief's exit code. The run's status goes
+              max_restarts: int = 5, quiet: bool = False, fork: bool = True, replicas: int = 1) -> int:
+    """Run a whole local cluster to completion (`replicas` 2: a backup per shard, which takes over when its
+    primary dies: asyncps.ps.replica); return the chief's exit code. The run's status goes
     to `sink`, else (with `progress`) to a progress bar or status lines on stdout. ValueError, before
     any process starts, for a spec that does not load (a user function that does not import, a
     missing npz file), instead of a process that exits before publishing its port. `quiet`: none of its own
@@ -357,7 +457,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     if max_restarts < 0:
         raise ValueError(f"--max-restarts must be 0 or more, got {max_restarts}")
     cluster = LocalCluster(run, run_dir, env, resume=resume, secure=secure, client_auth=client_auth,
-                           prometheus_port=prometheus_port, max_restarts=max_restarts, fork=fork)
+                           prometheus_port=prometheus_port, max_restarts=max_restarts, fork=fork, replicas=replicas)
     interrupted = threading.Event()
 
     def on_signal(signum: int) -> None:  # run by the route's thread, not in the signal handler
@@ -373,7 +473,8 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
     shown = False  # a dead process's last lines were shown already
     try:
         where = f" in {run.worker_processes} processes" if 0 < run.worker_processes < run.num_workers else ""
-        say(f"asyncps local: {run.num_ps} shards, {run.num_workers} workers{where}, {run.model} on "
+        backed = " (each with a backup)" if replicas > 1 else ""
+        say(f"asyncps local: {run.num_ps} shards{backed}, {run.num_workers} workers{where}, {run.model} on "
             f"{run.dataset}, mode {run.mode}; run directory {run_dir}", flush=True)
         cluster.start()
         if sink is None and progress:
@@ -392,7 +493,8 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
             # a shard that exits 0 was told to by the chief; any other exit is a crash: restart it
             # on its port and the chief restores its part of the latest checkpoint
             for name in cluster.restart_dead_shards():
-                print(f"\nasyncps local: {name} died; restarted it (the chief restores it)", file=sys.stderr)
+                print(f"\nasyncps local: {name}" if " " in name else
+                      f"\nasyncps local: {name} died; restarted it (the chief restores it)", file=sys.stderr)
             # a worker that crashed comes back under its index (up to max_restarts times each); the
             # chief re-queues the tasks its previous incarnation held
             if cluster.chief.alive():
@@ -422,7 +524,7 @@ def run_local(run: RunConfig, run_dir: Path, progress: bool = True,
         route.restore()
     mem = memory.write(run_dir, run.num_workers)
     codes = cluster.exit_codes()
-    failed = {n: c for n, c in codes.items() if c != 0}
+    failed = {c.name: codes[c.name] for c in cluster.children if c.failed()}
     if failed:
         print(f"asyncps local: non-zero exits {failed}; logs in {cluster.logs}", file=sys.stderr)
         if codes.get("chief") not in (0, None) and not shown:

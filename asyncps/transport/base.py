@@ -105,9 +105,11 @@ class ShardControl(Protocol):
     def initialize(
         self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
         values: Mapping[str, Array], run_id: str = "", generated: Mapping[str, TableSpec] | None = None,
+        incarnation: int = 0,
     ) -> InitResult:
         """Send initial values and the update rule (idempotent on the shard for the same run); the parts
-        in `generated` the shard makes itself from their row initializer (no values sent)."""
+        in `generated` the shard makes itself from their row initializer (no values sent); `incarnation`:
+        the one the state takes (0: the shard draws one)."""
 
     def stats(self, deadline_s: float | None = None) -> StoreStats:
         """The shard's counters and variable metadata."""
@@ -181,9 +183,11 @@ class ShardClient:
     def initialize(
         self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
         values: Mapping[str, Array], run_id: str = "", generated: Mapping[str, TableSpec] | None = None,
+        incarnation: int = 0,
     ) -> InitResult:
         """See ShardControl.initialize."""
-        return self.control.initialize(worker_id, shard_index, num_shards, rule, values, run_id, generated)
+        return self.control.initialize(worker_id, shard_index, num_shards, rule, values, run_id, generated,
+                                       incarnation)
 
     def stats(self, deadline_s: float | None = None) -> StoreStats:
         """See ShardControl.stats."""

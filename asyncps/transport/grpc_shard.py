@@ -157,16 +157,23 @@ class GrpcShardControl:
                                     response_deserializer=ps_pb2.LiveWorkersResponse.FromString)
         self._shutdown = ch.unary_unary(path("Shutdown"), request_serializer=ps_pb2.ShutdownRequest.SerializeToString,
                                         response_deserializer=ps_pb2.ShutdownResponse.FromString)
+        self._set_backup = ch.unary_unary(path("SetBackup"),
+                                          request_serializer=ps_pb2.SetBackupRequest.SerializeToString,
+                                          response_deserializer=ps_pb2.SetBackupResponse.FromString)
+        self._promote = ch.unary_unary(path("Promote"), request_serializer=ps_pb2.PromoteRequest.SerializeToString,
+                                       response_deserializer=ps_pb2.PromoteResponse.FromString)
 
     def initialize(
         self, worker_id: str, shard_index: int, num_shards: int, rule: UpdateRuleConfig,
         values: Mapping[str, Array], run_id: str = "", generated: Mapping[str, TableSpec] | None = None,
+        incarnation: int = 0,
     ) -> InitResult:
         """Send initial values and the update rule (idempotent on the shard for the same run); the parts
-        in `generated` the shard makes itself (only their specs travel)."""
+        in `generated` the shard makes itself (only their specs travel); `incarnation`: the one the state
+        takes (0: the shard draws one)."""
         header = ps_pb2.InitializeHeader(worker_id=worker_id, shard_index=shard_index, num_shards=num_shards,
                                          rule=rule_to_proto(rule), run_id=run_id,
-                                         generated=generated_to_proto(generated))
+                                         generated=generated_to_proto(generated), incarnation=incarnation)
         reply = self.link.retry(lambda: self._initialize(initialize_frames(header, values, self._chunk_bytes),
                                                      timeout=self.link.call_timeout_s))
         return InitResult(reply.created, reply.version)
@@ -242,6 +249,16 @@ class GrpcShardControl:
     def shutdown(self, reason: str, deadline_s: float = 5.0) -> None:
         """Ask the shard process to exit."""
         self.link.retry(lambda: self._shutdown(ps_pb2.ShutdownRequest(reason=reason), timeout=deadline_s), deadline_s)
+
+    def set_backup(self, address: str) -> int:
+        """Replicated shards: forward every state change to the backup at `address` ("": none); the version."""
+        request = ps_pb2.SetBackupRequest(address=address)
+        return int(self.link.retry(lambda: self._set_backup(request, timeout=self.link.call_timeout_s)).version)
+
+    def promote(self, port: int) -> int:
+        """Replicated shards: this backup takes over its dead primary's `port`; where it serves now."""
+        request = ps_pb2.PromoteRequest(port=port)
+        return int(self.link.retry(lambda: self._promote(request, timeout=self.link.call_timeout_s)).port)
 
     def close(self) -> None:
         """Close the link's channel (every data path over it stops too)."""

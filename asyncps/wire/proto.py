@@ -33,6 +33,7 @@ from asyncps.wire.shard import (
     Ballot,
     Decisions,
     DropReason,
+    LiveBlob,
     PushOutcome,
     PushRequest,
     RowStaleness,
@@ -100,6 +101,7 @@ def outcome_to_proto(outcome: PushOutcome) -> ps_pb2.PushResult:
         drop=drop_to_wire(outcome.drop),
         drop_detail=outcome.detail,
         seq=outcome.seq,
+        incarnation=outcome.incarnation,
         rows=None if outcome.rows is None else ps_pb2.RowStaleness(
             rows=outcome.rows.rows, mean=outcome.rows.mean, p95=outcome.rows.p95, max=outcome.rows.max,
             dropped=outcome.rows.dropped, hot_rows=outcome.rows.hot_rows, hot_mean=outcome.rows.hot_mean),
@@ -117,7 +119,7 @@ def outcome_from_proto(msg: ps_pb2.PushResult) -> PushOutcome:
         rows = RowStaleness(r.rows, r.mean, r.p95, r.max, r.dropped, r.hot_rows, r.hot_mean)
     try:
         return PushOutcome(msg.accepted, msg.staleness, msg.version, msg.effective_lr, drop_from_wire(msg.drop),
-                           msg.drop_detail, msg.seq, rows)
+                           msg.drop_detail, msg.seq, rows=rows, incarnation=msg.incarnation)
     except ValueError as exc:
         raise InvalidArgumentError(f"bad push result: {exc}") from None
 
@@ -171,13 +173,14 @@ def push_record(
     local_steps: int = 1, incarnation: int = 0,
 ) -> coordinator_pb2.PushRecord:
     """The telemetry record of one push, as a worker reports it to the chief (`local_steps`: the
-    steps of local SGD its model change carried; 1 for a gradient; `incarnation`: of the shard's
-    state the push was sent to)."""
+    steps of local SGD its model change carried; 1 for a gradient). Its incarnation is the one of the
+    shard's state that answered (and numbered) it, else (an older shard) `incarnation`, the one it was
+    sent to."""
     record = coordinator_pb2.PushRecord(
         wall_time=wall_time, shard=shard, base_version=base_version, version=outcome.version,
         staleness=outcome.staleness, accepted=outcome.accepted, effective_lr=outcome.effective_lr, loss=loss,
         step=step, drop=drop_to_wire(outcome.drop), drop_detail=outcome.detail, local_steps=local_steps,
-        incarnation=incarnation, seq=outcome.seq)
+        incarnation=outcome.incarnation or incarnation, seq=outcome.seq)
     rows = outcome.rows
     if rows is not None:  # per-row staleness (tables read by rows)
         record.rows, record.row_staleness_mean, record.row_staleness_p95 = rows.rows, rows.mean, rows.p95
@@ -237,7 +240,8 @@ def snapshot_header(snap: Snapshot, shard_index: int) -> ps_pb2.SnapshotHeader:
                                  pushes_accepted=snap.accepted, pushes_dropped=snap.dropped,
                                  updates=snap.updates, shard_index=shard_index, run_id=snap.run_id,
                                  answers=snap.answers, answers_by_worker=snap.answers_by_worker,
-                                 keyed=generated_to_proto(snap.keyed))
+                                 keyed=generated_to_proto(snap.keyed), incarnation=snap.incarnation,
+                                 live_tree=snap.live.tree if snap.live is not None else b"")
 
 
 def snapshot_frames(
@@ -251,6 +255,8 @@ def snapshot_frames(
          for s in tensor_slices(f"slot/{slot}/{name}", a, chunk_bytes=chunk_bytes)),
         (s for name, state in snap.policy_state.items() for key, a in state.items()
          for s in tensor_slices(f"policy/{key}/{name}", a, chunk_bytes=chunk_bytes)),
+        (s for index, a in enumerate(snap.live.arrays if snap.live is not None else ())
+         for s in tensor_slices(f"live/{index}", a, chunk_bytes=chunk_bytes)),
     )
     return frames(lambda h, chunks: ps_pb2.SnapshotChunk(header=h, tensors=chunks), header, slices, chunk_bytes)
 
@@ -260,24 +266,33 @@ def snapshot_from_wire(header: ps_pb2.SnapshotHeader, tensors: dict[str, Gradien
     values: dict[str, Array] = {}
     slots: dict[str, dict[str, Array]] = {}
     policy_state: dict[str, dict[str, Array]] = {}
+    live: dict[int, Array] = {}
     for key, tensor in tensors.items():
         if isinstance(tensor, SparseRows):
             raise InvalidArgumentError(f"{key}: snapshot tensors must be dense")
         kind, _, rest = key.partition("/")
         if kind == "value" and rest:
             values[rest] = tensor
+        elif kind == "live" and rest.isdigit() and header.live_tree:
+            live[int(rest)] = tensor
         elif kind in ("slot", "policy") and "/" in rest:
             slot, _, name = rest.partition("/")
             (slots if kind == "slot" else policy_state).setdefault(name, {})[slot] = tensor
         else:
             raise InvalidArgumentError(
-                f"snapshot tensor {key!r}: expected value/NAME, slot/SLOT/NAME or policy/KEY/NAME")
+                f"snapshot tensor {key!r}: expected value/NAME, slot/SLOT/NAME, policy/KEY/NAME or live/INDEX "
+                "(with a live tree)")
     if set(slots) - set(values):
         raise InvalidArgumentError(f"slots for unknown variables {sorted(set(slots) - set(values))}")
+    if sorted(live) != list(range(len(live))):
+        raise InvalidArgumentError(f"live tensors numbered {sorted(live)[:10]}: expected 0..{len(live) - 1}")
     return Snapshot(rule=rule_from_proto(header.rule), version=header.version, accepted=header.pushes_accepted,
                     dropped=header.pushes_dropped, values=values, slots=slots, updates=dict(header.updates),
                     policy_state=policy_state, run_id=header.run_id, answers=header.answers,
-                    answers_by_worker=dict(header.answers_by_worker), keyed=generated_from_proto(header.keyed))
+                    answers_by_worker=dict(header.answers_by_worker), keyed=generated_from_proto(header.keyed),
+                    incarnation=header.incarnation,
+                    live=LiveBlob(header.live_tree, tuple(live[i] for i in range(len(live))))
+                    if header.live_tree else None)
 
 
 # -- the shard service's streams ---------------------------------------------------------------

@@ -66,6 +66,9 @@ class PushOutcome:
     seq: int = field(default=0, compare=False)
     # per-row staleness of the rows the push's sparse gradients touched (None: no row sent its clock)
     rows: RowStaleness | None = field(default=None, compare=False)
+    # the incarnation of the shard's state that gave (and numbered) the answer: the one whose restores
+    # can take it back, also for a push sent to an earlier incarnation; 0: not said (an older shard)
+    incarnation: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
         if self.accepted == (self.drop is not None):
@@ -110,6 +113,15 @@ class ShardValues:
 
 
 @dataclass(frozen=True)
+class LiveBlob:
+    """The live part of a shard's state that a snapshot leaves out, encoded (asyncps.ps.live_state): a JSON
+    tree of plain values and named classes whose arrays are `arrays`, by index."""
+
+    tree: bytes
+    arrays: tuple[Array, ...] = ()
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything a shard needs to continue from where it was: a checkpoint's part."""
 
@@ -127,6 +139,12 @@ class Snapshot:
     answers_by_worker: dict[int, int] = field(default_factory=dict)
     # the keyed parts (asyncps.ps.keyed) with their specs: their keys ride in policy_state, by row
     keyed: dict[str, TableSpec] = field(default_factory=dict)
+    # a restore: the incarnation the restored state takes (chosen by the chief, recorded before the
+    # restore happens); 0: the shard draws one. A snapshot read from a shard: 0
+    incarnation: int = 0
+    # a backup seeded from a live primary (asyncps.ps.replica): the state's live part (mode state, read
+    # values, retry memo, drop reasons, row clocks); None: a checkpoint's part, which starts them over
+    live: LiveBlob | None = None
 
 
 @dataclass(frozen=True)
@@ -159,5 +177,5 @@ class StoreStats:
                        "pulled": self.bytes_pulled_by_transport.get(name, 0)} for name in names}
 
 
-__all__ = ["Ballot", "Decisions", "DropReason", "PushOutcome", "PushRequest", "RowStaleness", "ShardValues", "Snapshot",
-           "StoreStats"]
+__all__ = ["Ballot", "Decisions", "DropReason", "LiveBlob", "PushOutcome", "PushRequest", "RowStaleness", "ShardValues",
+           "Snapshot", "StoreStats"]

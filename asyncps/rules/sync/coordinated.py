@@ -27,6 +27,8 @@ class Coordinator(Consistency):
     A subclass calls `decide` when a step is made; the shard answers its `decisions` to workers
     (with every reply) and to the chief's cut (`hold`, the default's)."""
 
+    state_types = (PendingStep,)  # a subclass's accumulated step
+
     def __init__(self, num_workers: int) -> None:
         super().__init__(num_workers)
         self._decided: collections.OrderedDict[int, frozenset[str]] = collections.OrderedDict()

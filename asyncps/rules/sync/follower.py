@@ -72,6 +72,7 @@ class SyncFollower(Consistency):
 
     name = "sync"
     exclusive = True
+    state_types = (FollowRule, _Staged, Resolution)  # DropReason: every state may hold one
 
     def __init__(self, num_workers: int, rule: FollowRule = SYNC_RULE) -> None:
         super().__init__(num_workers)
