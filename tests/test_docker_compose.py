@@ -25,6 +25,10 @@ Scenarios:
      0 with a complete summary.json on the host.
   E  compose-run over mutual TLS with a token per role, all files from a host directory mounted
      read-only at /secrets: trains to the end, exit 0, every server logs "mTLS, per-role tokens auth".
+  G  shards as pairs (ASYNCPS_PS_REPLICAS=2: `asyncps ps --replicas 2`, asyncps.tools.shardpair): ps-1's primary
+     process is SIGKILLed inside its container once a checkpoint is written; its backup takes over port 8470
+     with every push it answered: the container is not restarted, nothing is restored, no push row is taken
+     back, the chief exits 0 with accuracy >= 0.90.
   F  network partitions (`docker network disconnect`/`connect`): a worker cut off past the heartbeat
      timeout is declared dead and trains on once healed; then ps-1 is cut off for twice the heartbeat
      timeout and healed without a restart; the chief exits 0 with accuracy >= 0.90.
@@ -334,6 +338,47 @@ def test_killed_shard_restarts_and_is_restored_from_a_checkpoint(compose: Compos
     assert summary["shards"][1]["version"] > version, summary  # shard 1 trained on after the restore
     assert set(pushes_by_worker(compose.run_file(PUSHES_CSV))) == {0, 1}
 
+    compose.down()
+    assert compose.leftovers() == {}, f"`down -v --remove-orphans` left {compose.leftovers()}"
+
+
+# -- G: a shard as a pair of processes: its primary's death costs nothing -----------------------------
+KILL_PRIMARY = ("import os, signal\n"
+                "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+                "    try:\n"
+                "        argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+                "    except OSError:\n"
+                "        continue\n"
+                "    if any(b'/primary-' in a and a.endswith(b'.port') for a in argv):  # the primary's port file\n"
+                "        os.kill(int(pid), signal.SIGKILL)\n"
+                "        print(pid)\n")
+
+
+def test_a_shard_pairs_backup_takes_over_its_killed_primary_with_nothing_lost(compose: Compose) -> None:
+    compose.set(ASYNCPS_PS_REPLICAS=2, ASYNCPS_EPOCHS=0, ASYNCPS_MAX_TRAINING_S=30, ASYNCPS_NUM_WORKERS=2,
+                ASYNCPS_CHECKPOINT_EVERY_UPDATES=100, ASYNCPS_CHECKPOINT_EVERY_S="off")
+    compose("up", "-d", "--no-build", timeout=120)
+    (ps1,) = compose.containers("ps-1")
+    compose.wait_for_log("ps-1", r"serves on port 8470 as a pair: primary pid \d+, backup pid", timeout=120)
+    compose.wait_for_log("worker", r"injected delays: ", timeout=180, every=True)
+    compose.wait_for_log("chief", r"checkpoint ckpt-\d{8} at versions", timeout=120)
+    killed = subprocess.run(["docker", "exec", ps1, "python3", "-c", KILL_PRIMARY], capture_output=True, text=True,
+                            timeout=60)
+    killed_at = time.monotonic()
+    assert killed.returncode == 0 and killed.stdout.strip().isdigit(), (killed.stdout, killed.stderr)
+    compose.wait_for_log("ps-1", r"took over port 8470 with every push it answered", timeout=60)
+    seen_s = time.monotonic() - killed_at  # an upper bound: the log is looked at every few seconds
+    code = compose.wait_for_exit("chief", timeout=SCENARIO_TIMEOUT_S - 60)
+    chief_log = compose.docker_logs(compose.containers("chief")[0])
+    assert code == 0, compose.logs()
+    assert "restored from" not in chief_log, chief_log[-6000:]  # the shard was never empty
+    assert compose.restart_count(ps1) == 0, "ps-1's container restarted"
+    summary = json.loads(compose.run_file(SUMMARY_JSON))
+    print(f"scenario G: ps-1's primary killed, its takeover in the log {seen_s:.1f}s later; " + "; ".join(
+        f"ps-{i}: {s['rows']} push rows, {s['rows_taken_back']} taken back, {s['answers']} answers"
+        for i, s in enumerate(summary["shards"])) + f"; accuracy {summary['final_eval']['accuracy']:.4f}")
+    assert all(s["rows_taken_back"] == 0 for s in summary["shards"]), summary["shards"]
+    assert summary["final_eval"]["accuracy"] >= 0.90, summary
     compose.down()
     assert compose.leftovers() == {}, f"`down -v --remove-orphans` left {compose.leftovers()}"
 

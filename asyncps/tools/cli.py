@@ -284,7 +284,10 @@ def cmd_ps(args: argparse.Namespace) -> int:
                       max_streams_per_peer=int(args.max_streams_per_peer),
                       transport_settings={s.name: getattr(args, s.name) for _, s in TRANSPORTS.shard_settings()},
                       plugins=tuple(m.strip() for m in str(args.plugins).split(",") if m.strip()))
-    _setup_logging(args.log_level, f"ps-{index}")
+    replicas = int(args.replicas)
+    if replicas not in (1, 2):
+        raise ValueError(f"--replicas is 1 (the shard alone) or 2 (the shard and its backup), got {replicas}")
+    _setup_logging(args.log_level, f"ps-{index}" if replicas == 1 else f"ps-{index} pair")
     stop, terminated = threading.Event(), threading.Event()
 
     def on_sigterm(_signum: int) -> None:
@@ -292,7 +295,14 @@ def cmd_ps(args: argparse.Namespace) -> int:
         stop.set()
 
     SignalRoute({signal.SIGTERM: on_sigterm, signal.SIGINT: lambda _: stop.set()}).install()
-    code = run_ps(config, stop)
+    if replicas == 2:
+        from asyncps.tools.shardpair import ShardPair
+
+        pair = ShardPair(args.argv, args.host, port, index, args.port_file, config.security,
+                         data_port=int(getattr(args, "data_port", -1)))
+        code = pair.run(stop)
+    else:
+        code = run_ps(config, stop)
     if code == 0 and terminated.is_set():
         # SIGTERM is an orchestrator replacing this task (unhealthy, drained, evicted), not the run's end (the
         # chief's Shutdown): exiting 0 would read as "complete" to swarm's or Kubeflow's on-failure restart policy,
@@ -479,6 +489,10 @@ def build_parser() -> argparse.ArgumentParser:
          "--handler-threads))", type=count_or_auto)
     for owner, setting in TRANSPORTS.shard_settings():  # the data connection's and each transport's, from the registry
         _add(g, setting.flag, setting.default, f"{setting.help} [{owner}]", type=type(setting.default))
+    _add(p, "--replicas", 1, "2: this shard as a pair of processes, the shard and a backup that applies every push "
+         "before the shard answers it and takes over the shard's port when the shard's process dies, nothing lost; "
+         "a new backup is seeded from it (asyncps.tools.shardpair). The pair shares this container, pod or node: "
+         "losing that still costs a restore from the latest checkpoint", type=int)
     _add(p, "--plugins", "", "comma-separated modules (package.module) whose rule plugins (package.module:Class "
          "specs) an Initialize may name; the shard imports no other module a request names (installed entry "
          "points of asyncps.optimizers, .policies, .modes are always allowed)")
@@ -619,6 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, run, and turn configuration errors into one clear line."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given (asyncps ps --replicas 2 passes it on)
     fn: Callable[[argparse.Namespace], int] = args.fn
     try:
         apply_user_path(args)
